@@ -1,0 +1,20 @@
+"""The per-step forward context: what the engine tells the model about the tokens it is computing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.kv import KVCache
+
+
+@dataclass
+class ForwardContext:
+    kv: KVCache
+    start: int  # position of the first token of this step
+    n_tokens: int
+    want_all_logits: bool = False  # the prompt path's logits for every token, not only the last
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        return torch.arange(self.start, self.start + self.n_tokens, device=device)

@@ -1,0 +1,173 @@
+"""The attention + FFN decoder of Qwen2, Qwen3 and Qwen3-MoE (and Qwen2-MoE's shared expert), on llama.cpp's names.
+
+One file serves the three GGUF architectures because they differ only in flags the file itself shows:
+QKV bias (qwen2), per-head QK RMSNorm (qwen3*), and routed experts in place of the dense FFN (*moe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.context import ForwardContext
+from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
+from strata.errors import StrataError
+from strata.gguf.reader import GGUFModelFile
+from strata.models.config import ModelConfig
+from strata.models.layers import Rope, attend, rms_norm, route_topk, swiglu
+from strata.models.weights import QuantWeight, linear
+
+
+@dataclass
+class AttentionWeights:
+    norm: torch.Tensor
+    q: QuantWeight
+    k: QuantWeight
+    v: QuantWeight
+    o: QuantWeight
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
+    v_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class FFNWeights:
+    norm: torch.Tensor
+    gate: QuantWeight | None = None  # dense FFN
+    up: QuantWeight | None = None
+    down: QuantWeight | None = None
+    router: QuantWeight | None = None  # MoE
+    shared_gate: QuantWeight | None = None
+    shared_up: QuantWeight | None = None
+    shared_down: QuantWeight | None = None
+    shared_router: torch.Tensor | None = None  # [embd]: sigmoid gate of the shared expert
+
+
+class WeightLoader:
+    """Fetches tensors by llama.cpp name, checks their shapes, and places them on the device."""
+
+    def __init__(self, model: GGUFModelFile, device: torch.device, dtype: torch.dtype):
+        self.model, self.device, self.dtype = model, device, dtype
+
+    def _info(self, name: str, shape: tuple[int, ...]):
+        info = self.model.tensor(name)
+        if tuple(info.shape) != tuple(shape):
+            raise StrataError(f"{self.model.path}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}")
+        return info
+
+    def quant(self, name: str, *shape: int) -> QuantWeight:
+        return QuantWeight.from_info(self._info(name, shape), self.device)
+
+    def dense(self, name: str, *shape: int) -> torch.Tensor:
+        """A small tensor (norm, bias) dequantized once into the compute dtype."""
+        return QuantWeight.from_info(self._info(name, shape), self.device).dequantize(self.dtype)
+
+    def optional_dense(self, name: str, *shape: int) -> torch.Tensor | None:
+        return self.dense(name, *shape) if name in self.model.tensors else None
+
+    def optional_quant(self, name: str, *shape: int) -> QuantWeight | None:
+        return self.quant(name, *shape) if name in self.model.tensors else None
+
+
+class DecoderLM:
+    """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
+
+    def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
+                 experts: ExpertBackend | None = None):
+        self.config, self.device, self.dtype = config, device, dtype
+        c, load = config, WeightLoader(model, device, dtype)
+        self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
+        self.output_norm = load.dense("output_norm.weight", c.n_embd)
+        self.output = self.embed if c.tied_embeddings else load.quant("output.weight", c.vocab_size, c.n_embd)
+        q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        self.attention: list[AttentionWeights] = []
+        self.ffn: list[FFNWeights] = []
+        stacks: dict[int, ExpertStack] = {}
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            self.attention.append(AttentionWeights(
+                norm=load.dense(p + "attn_norm.weight", c.n_embd),
+                q=load.quant(p + "attn_q.weight", q_dim, c.n_embd),
+                k=load.quant(p + "attn_k.weight", kv_dim, c.n_embd),
+                v=load.quant(p + "attn_v.weight", kv_dim, c.n_embd),
+                o=load.quant(p + "attn_output.weight", c.n_embd, q_dim),
+                q_bias=load.optional_dense(p + "attn_q.bias", q_dim),
+                k_bias=load.optional_dense(p + "attn_k.bias", kv_dim),
+                v_bias=load.optional_dense(p + "attn_v.bias", kv_dim),
+                q_norm=load.optional_dense(p + "attn_q_norm.weight", c.head_dim),
+                k_norm=load.optional_dense(p + "attn_k_norm.weight", c.head_dim),
+            ))
+            norm = load.dense(p + "ffn_norm.weight", c.n_embd)
+            if p + "ffn_gate_inp.weight" in model.tensors:
+                stacks[i] = ExpertStack(
+                    gate=load.quant(p + "ffn_gate_exps.weight", c.n_experts, c.expert_ff, c.n_embd),
+                    up=load.quant(p + "ffn_up_exps.weight", c.n_experts, c.expert_ff, c.n_embd),
+                    down=load.quant(p + "ffn_down_exps.weight", c.n_experts, c.n_embd, c.expert_ff),
+                )
+                sff = c.shared_expert_ff
+                self.ffn.append(FFNWeights(
+                    norm=norm,
+                    router=load.quant(p + "ffn_gate_inp.weight", c.n_experts, c.n_embd),
+                    shared_gate=load.optional_quant(p + "ffn_gate_shexp.weight", sff, c.n_embd),
+                    shared_up=load.optional_quant(p + "ffn_up_shexp.weight", sff, c.n_embd),
+                    shared_down=load.optional_quant(p + "ffn_down_shexp.weight", c.n_embd, sff),
+                    shared_router=load.optional_dense(p + "ffn_gate_inp_shexp.weight", c.n_embd),
+                ))
+            else:
+                self.ffn.append(FFNWeights(
+                    norm=norm,
+                    gate=load.quant(p + "ffn_gate.weight", c.n_ff, c.n_embd),
+                    up=load.quant(p + "ffn_up.weight", c.n_ff, c.n_embd),
+                    down=load.quant(p + "ffn_down.weight", c.n_embd, c.n_ff),
+                ))
+        self.experts = experts if experts is not None else ResidentExperts(stacks)
+        self.expert_stacks = stacks
+        self.rope = Rope(c.head_dim, c.rope_theta, device)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        # Dequantize only the rows asked for, not the whole vocabulary.
+        return self.embed[ids].dequantize(self.dtype)
+
+    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+        w, c = self.attention[i], self.config
+        x = rms_norm(h, w.norm, c.rms_eps)
+        q = linear(x, w.q, w.q_bias).view(-1, c.n_heads, c.head_dim)
+        k = linear(x, w.k, w.k_bias).view(-1, c.n_kv_heads, c.head_dim)
+        v = linear(x, w.v, w.v_bias).view(-1, c.n_kv_heads, c.head_dim)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, c.rms_eps), rms_norm(k, w.k_norm, c.rms_eps)
+        q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+        ctx.kv.write(i, ctx.start, k, v)
+        # Past positions come from the cache; this step's keys and values are used at full precision.
+        past_k, past_v = ctx.kv.read(i, ctx.start, h.dtype)
+        out = attend(q, torch.cat((past_k, k)), torch.cat((past_v, v)), ctx.start)
+        return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
+
+    def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        w, c = self.ffn[i], self.config
+        x = rms_norm(h, w.norm, c.rms_eps)
+        if w.router is None:
+            return swiglu(x, w.gate, w.up, w.down)
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
+        out = self.experts.run(i, x, weights, ids)
+        if w.shared_gate is not None:
+            shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
+            if w.shared_router is not None:
+                shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
+            out = out + shared
+        return out
+
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
+        ctx.kv.reserve(ctx.start + ctx.n_tokens)
+        h = self.embed_tokens(ids)
+        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
+        for i in range(self.config.n_layers):
+            h = h + self._attention(i, h, ctx, cos, sin)
+            h = h + self._ffn(i, h)
+        if not ctx.want_all_logits:
+            h = h[-1:]
+        return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()

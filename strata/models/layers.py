@@ -1,0 +1,60 @@
+"""The building blocks every decoder here shares: RMSNorm, neox RoPE, GQA attention, SwiGLU, routed experts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from strata.models.weights import QuantWeight, linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 whatever the activation dtype, as the reference implementations do.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Rope:
+    """Neox-style rotary embedding: the two halves of each head rotate together."""
+
+    def __init__(self, head_dim: int, theta: float, device: torch.device):
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal GQA attention of T new queries at positions start.. over S = start + T keys.
+
+    q: [T, H, D]; k, v: [S, Hkv, D]; returns [T, H, D].
+    """
+    n_tokens, n_keys = q.shape[0], k.shape[0]
+    allowed = torch.arange(n_keys, device=q.device)[None, :] <= (start + torch.arange(n_tokens, device=q.device))[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=allowed, enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+def route_topk(router_logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax routing: (weights [T, k] float32, expert ids [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids

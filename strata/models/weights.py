@@ -1,0 +1,59 @@
+"""Weights kept in their GGUF format on the device, dequantized where they are used."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from strata.gguf.reader import TensorInfo
+
+# GGML type ids whose bytes are already plain floats: viewed, never converted ahead of use.
+FLOAT_VIEWS = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+
+
+def bytes_as_tensor(data: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # The mapping is copy-on-write; torch warns about any numpy array it cannot prove writable.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
+
+
+class QuantWeight:
+    """A tensor in GGML block format: raw bytes `[..., bytes_per_row]` plus its logical shape."""
+
+    def __init__(self, name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor):
+        self.name, self.ggml_type, self.shape, self.raw = name, ggml_type, tuple(shape), raw
+
+    @classmethod
+    def from_info(cls, info: TensorInfo, device: torch.device | str = "cpu") -> "QuantWeight":
+        return cls(info.name, info.ggml_type, info.shape, bytes_as_tensor(info.data).to(device))
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    @property
+    def n_bytes(self) -> int:
+        return self.raw.numel()
+
+    def __getitem__(self, index) -> "QuantWeight":
+        """Rows along the first dimension (an expert of a stacked tensor, token rows of an embedding)."""
+        raw = self.raw[index]
+        return QuantWeight(self.name, self.ggml_type, (*raw.shape[:-1], self.shape[-1]), raw)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        float_type = FLOAT_VIEWS.get(self.ggml_type)
+        if float_type is not None:
+            return self.raw.contiguous().view(float_type).reshape(self.shape).to(dtype)
+        from strata.quant import dequantize
+
+        return dequantize(self.raw, self.ggml_type, self.shape).to(dtype)
+
+    def to(self, device: torch.device | str) -> "QuantWeight":
+        return QuantWeight(self.name, self.ggml_type, self.shape, self.raw.to(device))
+
+
+def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight.dequantize(x.dtype), bias)
