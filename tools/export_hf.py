@@ -1,0 +1,319 @@
+"""Tiny random transformers models, written as GGUF under llama.cpp's names: the oracle for parity tests.
+
+The engine is later compared logit by logit against transformers on these files, so each tensor is written
+exactly as llama.cpp's converter lays it out: nn.Linear weights as they are ([out, in] in numpy, so ggml's
+ne = [in, out]), qwen2/qwen3 q/k not permuted, experts stacked into one [n_expert, ...] tensor per role.
+
+    python tools/export_hf.py --arch qwen3moe --qtype Q8_0 -o out.gguf [--seed N] [--set hidden_size=256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `strata` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+log = logging.getLogger(__name__)
+
+# The GGUF architecture name -> (transformers config class, model class), by name to import lazily.
+ARCHS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+}
+
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
+TINY_MOE = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+# Q4_K packs rows in blocks of 256: these sizes make every weight row (n_embd, n_ff, n_head*head_dim) fit.
+K_QUANT_SIZES = dict(hidden_size=256, head_dim=64, intermediate_size=256, moe_intermediate_size=256)
+
+QTYPES = {
+    "F32": gguf.GGMLQuantizationType.F32,
+    "F16": gguf.GGMLQuantizationType.F16,
+    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "Q4_K": gguf.GGMLQuantizationType.Q4_K,
+}
+FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S,  # every matrix in Q4_K, as llama.cpp's Q4_K_S mostly is
+}
+
+
+def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny float32 transformers model of `arch` in eval mode, every parameter drawn from `seed`."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
+    config_name, model_name = ARCHS[arch]
+    fields = dict(TINY, **(TINY_MOE if arch == "qwen3moe" else {}), **overrides)
+    config = getattr(transformers, config_name)(**fields)
+    model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+    _redraw(model, seed)
+    return model
+
+
+def _redraw(model: torch.nn.Module, seed: int) -> None:
+    """Replace the init (zeros for routers, ones for norms) so a swapped or mis-read tensor changes the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            if name.endswith(".bias"):
+                param.copy_(0.1 * noise)
+            elif param.ndim == 1:  # RMSNorm gains
+                param.copy_(1.0 + 0.1 * noise)
+            elif "embed_tokens" in name:
+                param.copy_(noise)
+            else:  # unit-variance inputs stay unit-variance through each matrix
+                param.copy_(noise * param.shape[-1] ** -0.5)
+
+
+# ---------------------------------------------------------------------------------------------- names
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    """One GGUF tensor and where it comes from: a transformers parameter, or one half of a fused one."""
+
+    gguf_name: str
+    hf_name: str
+    half: int | None = None  # 0 or 1: first or second half of dim 1 (gate / up of a fused gate_up_proj)
+
+
+# Per-layer parameter suffix -> llama.cpp tensor name (without "blk.N." and ".weight"/".bias").
+_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # the MoE router
+}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def tensor_sources(model: torch.nn.Module) -> list[TensorSource]:
+    """Every GGUF tensor of `model`, in file order; raises on a parameter it has no name for."""
+    tied = model.config.tie_word_embeddings
+    sources = []
+    for hf_name, _ in model.named_parameters(remove_duplicate=False):
+        if hf_name in _GLOBAL_NAMES:
+            if not (tied and hf_name == "lm_head.weight"):  # llama.cpp omits output.weight when tied
+                sources.append(TensorSource(_GLOBAL_NAMES[hf_name], hf_name))
+            continue
+        match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(\w+)", hf_name)
+        if match is None:
+            raise ValueError(f"no GGUF name for parameter {hf_name}")
+        blk, module, kind = f"blk.{match[1]}", match[2], match[3]
+        if module == "mlp.experts" and kind == "gate_up_proj":  # [E, 2*n_ff, n_embd], gate rows first
+            sources.append(TensorSource(f"{blk}.ffn_gate_exps.weight", hf_name, half=0))
+            sources.append(TensorSource(f"{blk}.ffn_up_exps.weight", hf_name, half=1))
+        elif module == "mlp.experts" and kind == "down_proj":  # [E, n_embd, n_ff]
+            sources.append(TensorSource(f"{blk}.ffn_down_exps.weight", hf_name))
+        elif module in _LAYER_NAMES and kind in ("weight", "bias"):
+            sources.append(TensorSource(f"{blk}.{_LAYER_NAMES[module]}.{kind}", hf_name))
+        else:
+            raise ValueError(f"no GGUF name for parameter {hf_name}")
+    return sources
+
+
+def _source_array(params: dict[str, torch.Tensor], source: TensorSource) -> np.ndarray:
+    tensor = params[source.hf_name].detach()
+    if source.half is not None:
+        tensor = tensor.chunk(2, dim=1)[source.half]
+    return np.ascontiguousarray(tensor.to(torch.float32).numpy())
+
+
+# ---------------------------------------------------------------------------------------------- types
+
+
+def stored_qtype(gguf_name: str, ndim: int, qtype: str) -> str:
+    """The type a tensor is written in: norms, biases and routers stay F32 (llama.cpp never quantizes those)."""
+    if ndim < 2 or gguf_name.endswith("ffn_gate_inp.weight"):
+        return "F32"
+    return qtype
+
+
+def encode(array: np.ndarray, qtype: str) -> np.ndarray:
+    """`array` (float32) as stored in the file: float32/float16 values, or uint8 blocks [..., row_bytes]."""
+    if qtype == "F32":
+        return array.astype(np.float32)
+    if qtype == "F16":
+        return array.astype(np.float16)
+    block, _ = gguf.GGML_QUANT_SIZES[QTYPES[qtype]]
+    if array.shape[-1] % block:
+        raise ValueError(
+            f"{qtype} packs rows in blocks of {block}; a row of {array.shape[-1]} does not fit "
+            f"(make the model with sizes like {K_QUANT_SIZES})"
+        )
+    try:
+        from strata.quant import quantize
+    except ImportError:
+        if qtype != "Q8_0":
+            raise ImportError(f"writing {qtype} needs strata.quant") from None
+        return gguf.quants.quantize(array, QTYPES[qtype])
+    return quantize(array, qtype)
+
+
+def decode(data: np.ndarray, qtype: str) -> np.ndarray:
+    """The float32 values a reader gets back from `encode`'s output, by gguf-py's reference dequantizer."""
+    if qtype in ("F32", "F16"):
+        return data.astype(np.float32)
+    return gguf.quants.dequantize(data, QTYPES[qtype]).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def gguf_arch(model: torch.nn.Module) -> str:
+    model_type = model.config.model_type
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}.get(model_type)
+    if arch is None:
+        raise ValueError(f"no GGUF architecture for model_type {model_type!r}")
+    return arch
+
+
+def _write_hparams(writer: gguf.GGUFWriter, config, arch: str, qtype: str) -> None:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_name(f"strata-tiny-{arch}")
+    writer.add_file_type(FILE_TYPES[qtype])
+    if qtype not in ("F32", "F16"):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    # llama.cpp takes the vocabulary size from the tokenizer when this is absent; the file may carry none
+    writer.add_vocab_size(config.vocab_size)
+    if arch == "qwen3moe":
+        if config.mlp_only_layers or config.decoder_sparse_step != 1:
+            raise ValueError("qwen3moe in llama.cpp has every layer MoE: mlp_only_layers / decoder_sparse_step")
+        if not config.norm_topk_prob:
+            raise ValueError("qwen3moe in llama.cpp renormalizes the top-k weights: norm_topk_prob must be True")
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+
+
+def export_gguf(model: torch.nn.Module, path, qtype: str = "F32", tokenizer_metadata: dict | None = None) -> None:
+    """Write `model` to `path` as llama.cpp would: its names and hparams, matrices in `qtype`."""
+    if qtype not in QTYPES:
+        raise ValueError(f"unknown qtype {qtype!r}; known: {sorted(QTYPES)}")
+    arch = gguf_arch(model)
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_hparams(writer, model.config, arch, qtype)
+    if tokenizer_metadata is not None:
+        try:
+            from strata.tokenizer_train import write_tokenizer_metadata
+        except ImportError:
+            log.warning("strata.tokenizer_train is not importable: writing no tokenizer")
+        else:
+            write_tokenizer_metadata(writer, tokenizer_metadata)
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for source in tensor_sources(model):
+        array = _source_array(params, source)
+        tensor_qtype = stored_qtype(source.gguf_name, array.ndim, qtype)
+        data = encode(array, tensor_qtype)
+        raw_dtype = QTYPES[tensor_qtype] if data.dtype == np.uint8 else None
+        writer.add_tensor(source.gguf_name, data, raw_dtype=raw_dtype)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def dequantized_hf_model(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
+    """A copy of `model` holding the weights a reader of `export_gguf(model, qtype=qtype)` gets back."""
+    copied = copy.deepcopy(model)
+    params = dict(copied.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for source in tensor_sources(copied):
+            array = _source_array(params, source)
+            tensor_qtype = stored_qtype(source.gguf_name, array.ndim, qtype)
+            values = torch.from_numpy(decode(encode(array, tensor_qtype), tensor_qtype)).reshape(array.shape)
+            target = params[source.hf_name]
+            if source.half is not None:
+                target = target.chunk(2, dim=1)[source.half]
+            target.copy_(values)
+    return copied
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def _parse_value(text: str):
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", required=True, choices=sorted(ARCHS))
+    parser.add_argument("--qtype", default="F32", choices=sorted(QTYPES))
+    parser.add_argument("-o", "--output", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
+    model = make_hf_model(args.arch, args.seed, **{key: _parse_value(value) for key, value in overrides.items()})
+    export_gguf(model, args.output, args.qtype)
+    print(f"wrote {args.output} ({args.arch}, {args.qtype}, seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()
