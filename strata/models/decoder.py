@@ -49,13 +49,18 @@ class FFNWeights:
 class WeightLoader:
     """Fetches tensors by llama.cpp name, checks their shapes, and places them on the device."""
 
-    def __init__(self, model: GGUFModelFile, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False):
+        from tqdm import tqdm
+
         self.model, self.device, self.dtype = model, device, dtype
+        total = sum(t.n_bytes for t in model.tensors.values())
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading", disable=not progress, leave=False)
 
     def _info(self, name: str, shape: tuple[int, ...]):
         info = self.model.tensor(name)
         if tuple(info.shape) != tuple(shape):
             raise StrataError(f"{self.model.path}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}")
+        self.bar.update(info.n_bytes)
         return info
 
     def quant(self, name: str, *shape: int) -> QuantWeight:
@@ -76,9 +81,9 @@ class DecoderLM:
     """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertBackend | None = None):
+                 experts: ExpertBackend | None = None, progress: bool = False):
         self.config, self.device, self.dtype = config, device, dtype
-        c, load = config, WeightLoader(model, device, dtype)
+        c, load = config, WeightLoader(model, device, dtype, progress)
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
         self.output_norm = load.dense("output_norm.weight", c.n_embd)
         self.output = self.embed if c.tied_embeddings else load.quant("output.weight", c.vocab_size, c.n_embd)
@@ -126,6 +131,7 @@ class DecoderLM:
         self.experts = experts if experts is not None else ResidentExperts(stacks)
         self.expert_stacks = stacks
         self.rope = Rope(c.head_dim, c.rope_theta, device)
+        load.bar.close()
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         # Dequantize only the rows asked for, not the whole vocabulary.

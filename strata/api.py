@@ -1,0 +1,59 @@
+"""`strata.LLM`: the Python API, shaped like llama_cpp.Llama and vllm.LLM; the CLI and server are thin layers over it."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.generation import Chunk, Completion, complete, stream_completion
+from strata.engine.sampling import SamplingParams
+from strata.errors import StrataError
+
+
+class LLM:
+    """A loaded model. `LLM(path, device="cuda", n_ctx=8192)`; see EngineConfig for every engine option."""
+
+    def __init__(self, model_path: str | os.PathLike, **engine_options):
+        unknown = set(engine_options) - set(EngineConfig.__dataclass_fields__)
+        if unknown:
+            raise StrataError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        self.engine = Engine(model_path, EngineConfig(**engine_options))
+        self.tokenizer = self.engine.tokenizer
+        self.config = self.engine.model.config
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def logits(self, token_ids: list[int]) -> torch.Tensor:
+        """The prompt path's logits: float32 [n_tokens, vocab]."""
+        return self.engine.logits(list(token_ids))
+
+    def generate(self, prompt: str | list[int], *, max_tokens: int = 256, stop: list[str] | None = None,
+                 stream: bool = False, **sampling) -> Completion | Iterator[Chunk]:
+        """Continue `prompt` (text or token ids). Sampling options: temperature, top_k, top_p, min_p,
+        repetition_penalty, seed (temperature=0 is greedy). With stream=True, yields Chunks as they come."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._run(ids, max_tokens, stop, stream, sampling)
+
+    def chat(self, messages: list[dict], *, max_tokens: int = 256, stop: list[str] | None = None,
+             stream: bool = False, template_options: dict | None = None, **sampling) -> Completion | Iterator[Chunk]:
+        """Answer a conversation ([{"role": "user", "content": "..."}, ...]) through the file's chat template."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(template_options or {}))
+        return self._run(self.tokenize(text), max_tokens, stop, stream, sampling)
+
+    def _run(self, ids, max_tokens, stop, stream, sampling):
+        unknown = set(sampling) - set(SamplingParams.__dataclass_fields__)
+        if unknown:
+            raise StrataError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        if max_tokens < 1:
+            raise StrataError(f"max_tokens must be at least 1, got {max_tokens}")
+        params = SamplingParams(**sampling)
+        if stream:
+            return stream_completion(self.engine, ids, params, max_tokens, stop)
+        return complete(self.engine, ids, params, max_tokens, stop)

@@ -1,0 +1,162 @@
+"""The `strata` command: run, chat, info, make-model, bench. Every path ends in one line on error, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.errors import StrataError
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF file (any shard of a split model)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
+    p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=128)
+    p.add_argument("--temp", type=float, default=0.7, help="temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--top-p", type=float, default=0.8)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _load(args):
+    from strata.api import LLM
+
+    return LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True)
+
+
+def _sampling(args) -> dict:
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repetition_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def _print_stream(chunks) -> None:
+    for chunk in chunks:
+        print(chunk.text, end="", flush=True)
+        if chunk.finish_reason:
+            s = chunk.stats
+            print(f"\n[{s.prompt_tokens} prompt tokens at {s.prompt_tokens_per_second:.1f} tok/s, "
+                  f"{s.completion_tokens} generated at {s.decode_tokens_per_second:.1f} tok/s, "
+                  f"finish: {chunk.finish_reason}]", file=sys.stderr)
+
+
+def cmd_run(args) -> None:
+    llm = _load(args)
+    if args.chat:
+        chunks = llm.chat([{"role": "user", "content": args.prompt}], max_tokens=args.max_tokens, stop=args.stop,
+                          stream=True, **_sampling(args))
+    else:
+        chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **_sampling(args))
+    _print_stream(chunks)
+
+
+def cmd_chat(args) -> None:
+    llm = _load(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("Type a message; /reset starts over, /quit leaves.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        if line.strip() == "/quit":
+            return
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for chunk in llm.chat(messages, max_tokens=args.max_tokens, stop=args.stop, stream=True, **_sampling(args)):
+            reply.append(chunk.text)
+            print(chunk.text, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_info(args) -> None:
+    from strata.models.info import describe
+
+    print(describe(args.model, args.ctx))
+
+
+def cmd_make_model(args) -> None:
+    from strata.models.synthetic import make_model
+
+    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True)
+    print(f"wrote {path}")
+
+
+def cmd_bench(args) -> None:
+    from strata.bench.generate import bench_generate
+
+    bench_generate(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="continue a prompt (or answer it as chat with --chat), streaming tokens")
+    _engine_args(p)
+    _sampling_args(p)
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="interactive chat; /reset, /quit")
+    _engine_args(p)
+    _sampling_args(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("info", help="architecture, parameters, quant types and a memory estimate")
+    p.add_argument("model")
+    p.add_argument("-c", "--ctx", type=int, default=4096, help="context size for the memory estimate")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("make-model", help="write a GGUF with synthetic weights and a small real tokenizer")
+    p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3 or qwen3moe")
+    p.add_argument("--preset", default="tiny", help="tiny, small, qwen3-30b-a3b, qwen4exp-experts")
+    p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_make_model)
+
+    p = sub.add_parser("bench", help="speed measurements")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("generate", help="prompt and decode tokens/s")
+    _engine_args(b)
+    b.add_argument("--prompt-tokens", type=int, default=128)
+    b.add_argument("--gen-tokens", type=int, default=32)
+    b.add_argument("--reps", type=int, default=3)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except StrataError as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The Engine: one model, its tokenizer and KV cache; the object every front end (API, CLI, server) talks to."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from strata.engine.context import ForwardContext
+from strata.engine.kv import KVCache
+from strata.engine.sampling import Sampler, SamplingParams
+from strata.errors import StrataError
+from strata.gguf.reader import GGUFModelFile
+from strata.models import load_model
+from strata.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "auto"  # "cpu", "cuda", "cuda:1", or "auto" (CUDA when there is one)
+    dtype: str = "auto"  # activations: float32 on CPU, bfloat16 on CUDA
+    kv_dtype: str = "float16"  # "float16", "bfloat16" or "float32"
+    n_ctx: int | None = None  # context size; default min(model's, 4096)
+    prefill_chunk: int = 512  # prompt tokens per forward step
+    progress: bool = False
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise StrataError(f"device {self.device} asked for, but this torch sees no CUDA GPU (use device='cpu')")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        name = self.dtype if self.dtype != "auto" else ("float32" if device.type == "cpu" else "bfloat16")
+        return _dtype(name, "dtype")
+
+
+def _dtype(name: str, what: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise StrataError(f"{what} {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _check_gpu_memory(model_file: GGUFModelFile, device: torch.device) -> None:
+    free, _ = torch.cuda.mem_get_info(device)
+    need = model_file.n_bytes
+    if need > free:
+        raise StrataError(
+            f"{model_file.path}: the model needs {need / 2**30:.1f} GiB on {device} but {free / 2**30:.1f} GiB is free "
+            "(use device='cpu', or a smaller quant)")
+
+
+class Engine:
+    def __init__(self, path: str | os.PathLike, config: EngineConfig = EngineConfig()):
+        self.config = config
+        self.file = GGUFModelFile(path)
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata, source=str(self.file.path))
+        self.device = config.resolve_device()
+        self.dtype = config.resolve_dtype(self.device)
+        if self.device.type == "cuda":
+            _check_gpu_memory(self.file, self.device)
+        self.model = load_model(self.file, self.device, self.dtype, progress=config.progress)
+        c = self.model.config
+        self.n_ctx = config.n_ctx or min(c.context_length, 4096)
+        if self.n_ctx <= 0:
+            raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
+        self.kv = KVCache(c.n_layers, c.n_kv_heads, c.head_dim, self.n_ctx, _dtype(config.kv_dtype, "kv_dtype"), self.device)
+        self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+
+    def _check_fits(self, n_tokens: int) -> None:
+        if n_tokens > self.n_ctx:
+            raise StrataError(f"prompt of {n_tokens} tokens is longer than the context of {self.n_ctx} (raise n_ctx)")
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], start: int, all_logits: bool) -> torch.Tensor:
+        outputs = []
+        step = self.config.prefill_chunk
+        for offset in range(0, len(ids), step):
+            chunk = ids[offset : offset + step]
+            ctx = ForwardContext(self.kv, start + offset, len(chunk), want_all_logits=all_logits)
+            outputs.append(self.model.forward(torch.tensor(chunk, device=self.device), ctx))
+        self.cached_tokens = self.cached_tokens[:start] + list(ids)
+        return torch.cat(outputs) if all_logits else outputs[-1]
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Logits [1, vocab] after `ids`, reusing the cached keys of the longest shared prefix."""
+        if not ids:
+            raise StrataError("empty prompt: nothing to continue from")
+        self._check_fits(len(ids))
+        shared = 0
+        for a, b in zip(self.cached_tokens, ids[:-1]):  # at least the last token is always recomputed
+            if a != b:
+                break
+            shared += 1
+        return self._forward(ids[shared:], shared, all_logits=False)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""
+        if not ids:
+            raise StrataError("logits: no tokens given")
+        self._check_fits(len(ids))
+        return self._forward(list(ids), 0, all_logits=True).cpu()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
+                 stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:
+        """Yields new token ids until a stop id (yielded, then ending), max_tokens or the end of the context."""
+        sampler = Sampler(params)
+        logits = self.prefill(prompt_ids)
+        history = list(prompt_ids)
+        for _ in range(max_tokens):
+            token = sampler(logits[-1], history)
+            history.append(token)
+            yield token
+            if token in stop_ids or len(history) >= self.n_ctx:
+                return
+            logits = self._forward([token], len(history) - 1, all_logits=False)

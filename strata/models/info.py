@@ -1,0 +1,53 @@
+"""`strata info`: what a GGUF model is, what it is made of, and what it will need in memory."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from strata.gguf.reader import GGUFModelFile
+from strata.models.config import ModelConfig
+
+GiB = 2**30
+
+
+def describe(path: str, n_ctx: int) -> str:
+    model = GGUFModelFile(path)
+    config = ModelConfig.from_gguf(model)
+    by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # tensors, parameters, bytes
+    expert_bytes = 0
+    for t in model.tensors.values():
+        row = by_type[t.type_name]
+        row[0] += 1
+        row[1] += t.n_elements
+        row[2] += t.n_bytes
+        if "_exps." in t.name:
+            expert_bytes += t.n_bytes
+    n_params = sum(r[1] for r in by_type.values())
+    weight_bytes = sum(r[2] for r in by_type.values())
+    kv_bytes = 2 * config.n_layers * n_ctx * config.n_kv_heads * config.head_dim * 2  # fp16 keys and values
+    lines = [
+        f"file          {model.path} ({len(model.shards)} file{'s' if len(model.shards) > 1 else ''}, {model.n_bytes / GiB:.2f} GiB)",
+        f"name          {model.metadata.get('general.name', '-')}",
+        f"architecture  {config.arch}: {config.n_layers} layers, hidden {config.n_embd}, "
+        f"{config.n_heads} query / {config.n_kv_heads} KV heads of {config.head_dim}, vocab {config.vocab_size}",
+    ]
+    if config.is_moe:
+        shared = f", shared expert {config.shared_expert_ff}" if config.shared_expert_ff else ""
+        lines.append(f"experts       {config.n_experts} per layer, top {config.n_experts_used}, width {config.expert_ff}{shared}")
+    else:
+        lines.append(f"feed-forward  dense, width {config.n_ff}")
+    lines += [
+        f"context       {config.context_length} trained; rope theta {config.rope_theta:g}",
+        f"parameters    {n_params / 1e9:.3f} B" if n_params >= 1e8 else f"parameters    {n_params / 1e6:.3f} M",
+        "quant types:",
+    ]
+    for name, (count, params, nbytes) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
+        bits = 8 * nbytes / params if params else 0
+        lines.append(f"  {name:8} {count:5} tensors  {params:>15,} weights  {nbytes / GiB:8.3f} GiB  {bits:5.2f} bits/weight")
+    lines += [
+        f"memory at context {n_ctx}:",
+        f"  weights     {weight_bytes / GiB:8.3f} GiB (routed experts {expert_bytes / GiB:.3f} GiB)",
+        f"  KV cache    {kv_bytes / GiB:8.3f} GiB (fp16)",
+        f"  total       {(weight_bytes + kv_bytes) / GiB:8.3f} GiB",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""`strata make-model`: valid GGUF models with synthetic weights and a real small BPE tokenizer, at named shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from strata.errors import StrataError
+from strata.gguf.writer import TensorSpec, write_gguf
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    n_ff: int = 0  # dense archs
+    n_experts: int = 0  # MoE archs
+    n_experts_used: int = 0
+    expert_ff: int = 0
+    shared_expert_ff: int = 0
+    context_length: int = 4096
+    expert_quant: str | None = None  # expert tensors' type when it differs from --quant
+
+
+PRESETS: dict[str, Shape] = {
+    "tiny": Shape(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, vocab=512,
+                  n_ff=128, n_experts=8, n_experts_used=2, expert_ff=32),
+    "small": Shape(n_layers=8, n_embd=512, n_heads=8, n_kv_heads=2, head_dim=64, vocab=4096,
+                   n_ff=1536, n_experts=32, n_experts_used=4, expert_ff=256),
+    # Full-size shapes, for benchmarks on the GPU machine (the peers' figures are taken on these).
+    "qwen3-30b-a3b": Shape(n_layers=48, n_embd=2048, n_heads=32, n_kv_heads=4, head_dim=128, vocab=151936,
+                           n_experts=128, n_experts_used=8, expert_ff=768, context_length=40960),
+    # Strata's qwen4exp experts (2560 x 640, 512 of them, top 10, a shared expert) behind plain attention.
+    "qwen4exp-experts": Shape(n_layers=48, n_embd=2560, n_heads=24, n_kv_heads=2, head_dim=256, vocab=248320,
+                              n_experts=512, n_experts_used=10, expert_ff=640, shared_expert_ff=640,
+                              context_length=262144, expert_quant="Q2_0"),
+}
+ARCHS = ("qwen2", "qwen3", "qwen3moe")
+WEIGHT_SCALE = 0.02
+
+
+def _normal(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+
+def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int) -> TensorSpec:
+    from strata.quant import get_format, random_blocks
+
+    fmt = get_format(quant)
+    rng_seed = [seed, *name.encode()]
+
+    def make() -> np.ndarray:
+        rng = np.random.default_rng(rng_seed)
+        if fmt.name in ("F32", "F16", "BF16"):
+            from strata.quant import quantize
+
+            return quantize(_normal(rng, shape, WEIGHT_SCALE), fmt.name)
+        n_blocks = int(np.prod(shape)) // fmt.block_size
+        return random_blocks(fmt.name, n_blocks, rng, WEIGHT_SCALE)
+
+    if shape[-1] % fmt.block_size:
+        raise StrataError(f"{name}: rows of {shape[-1]} weights are not a multiple of {fmt.name}'s block of {fmt.block_size}")
+    return TensorSpec(name, shape, fmt.ggml_type, make)
+
+
+def _vector(name: str, n: int, value: float | None = None, seed: int = 0, scale: float = 0.1) -> TensorSpec:
+    def make() -> np.ndarray:
+        if value is not None:
+            return np.full(n, value, dtype=np.float32)
+        return _normal(np.random.default_rng([seed, *name.encode()]), n, scale)
+
+    return TensorSpec(name, (n,), 0, make)
+
+
+def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec]:
+    expert_quant = s.expert_quant or quant
+    q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    out = [_matrix("token_embd.weight", (s.vocab, s.n_embd), quant, seed), _vector("output_norm.weight", s.n_embd, 1.0)]
+    for i in range(s.n_layers):
+        p = f"blk.{i}."
+        out += [
+            _vector(p + "attn_norm.weight", s.n_embd, 1.0),
+            _matrix(p + "attn_q.weight", (q_dim, s.n_embd), quant, seed),
+            _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
+            _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
+            _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
+            _vector(p + "ffn_norm.weight", s.n_embd, 1.0),
+        ]
+        if arch == "qwen2":
+            out += [_vector(p + f"attn_{x}.bias", d, seed=seed) for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+        else:
+            out += [_vector(p + "attn_q_norm.weight", s.head_dim, 1.0), _vector(p + "attn_k_norm.weight", s.head_dim, 1.0)]
+        if arch == "qwen3moe":
+            e, ff = s.n_experts, s.expert_ff
+            out += [
+                # Routers stay F32 as llama.cpp keeps them; N(0, 0.02) gives a realistic spread of choices.
+                TensorSpec(p + "ffn_gate_inp.weight", (e, s.n_embd), 0,
+                           lambda n=p: _normal(np.random.default_rng([seed, *n.encode()]), (e, s.n_embd), WEIGHT_SCALE)),
+                _matrix(p + "ffn_gate_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
+                _matrix(p + "ffn_up_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
+                _matrix(p + "ffn_down_exps.weight", (e, s.n_embd, ff), expert_quant, seed),
+            ]
+            if s.shared_expert_ff:
+                sff = s.shared_expert_ff
+                out += [
+                    _vector(p + "ffn_gate_inp_shexp.weight", s.n_embd, seed=seed, scale=WEIGHT_SCALE),
+                    _matrix(p + "ffn_gate_shexp.weight", (sff, s.n_embd), expert_quant, seed),
+                    _matrix(p + "ffn_up_shexp.weight", (sff, s.n_embd), expert_quant, seed),
+                    _matrix(p + "ffn_down_shexp.weight", (s.n_embd, sff), expert_quant, seed),
+                ]
+        else:
+            out += [
+                _matrix(p + "ffn_gate.weight", (s.n_ff, s.n_embd), quant, seed),
+                _matrix(p + "ffn_up.weight", (s.n_ff, s.n_embd), quant, seed),
+                _matrix(p + "ffn_down.weight", (s.n_embd, s.n_ff), quant, seed),
+            ]
+    out.append(_matrix("output.weight", (s.vocab, s.n_embd), quant, seed))
+    return out
+
+
+def model_metadata(arch: str, s: Shape, preset: str) -> dict:
+    meta = {
+        "general.name": f"strata-synthetic-{arch}-{preset}",
+        f"{arch}.block_count": s.n_layers,
+        f"{arch}.context_length": s.context_length,
+        f"{arch}.embedding_length": s.n_embd,
+        f"{arch}.attention.head_count": s.n_heads,
+        f"{arch}.attention.head_count_kv": s.n_kv_heads,
+        f"{arch}.attention.key_length": s.head_dim,
+        f"{arch}.attention.value_length": s.head_dim,
+        f"{arch}.rope.freq_base": 1_000_000.0,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+    }
+    if arch == "qwen3moe":
+        meta |= {
+            f"{arch}.expert_count": s.n_experts,
+            f"{arch}.expert_used_count": s.n_experts_used,
+            f"{arch}.expert_feed_forward_length": s.expert_ff,
+        }
+        if s.shared_expert_ff:
+            meta[f"{arch}.expert_shared_feed_forward_length"] = s.shared_expert_ff
+    else:
+        meta[f"{arch}.feed_forward_length"] = s.n_ff
+    return meta
+
+
+def make_model(path: str | Path, arch: str = "qwen3moe", preset: str = "tiny", quant: str = "Q8_0",
+               seed: int = 0, progress: bool = False, **overrides) -> Path:
+    """Write a synthetic model; `overrides` replace fields of the preset's Shape (e.g. n_layers=4)."""
+    from strata.tokenizer_train import train_small_bpe, write_tokenizer_metadata
+
+    if arch not in ARCHS:
+        raise StrataError(f"make-model: unknown --arch {arch} (choose from {', '.join(ARCHS)})")
+    if preset not in PRESETS:
+        raise StrataError(f"make-model: unknown --preset {preset} (choose from {', '.join(PRESETS)})")
+    shape = replace(PRESETS[preset], **overrides)
+    tokenizer = train_small_bpe(vocab_size=shape.vocab)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    # Written beside the target and renamed at the end, so an interrupted run never leaves a truncated model.
+    write_gguf(tmp, arch, model_metadata(arch, shape, preset), model_tensors(arch, shape, quant, seed),
+               extra=lambda w: write_tokenizer_metadata(w, tokenizer), progress=progress)
+    tmp.replace(path)
+    return path
