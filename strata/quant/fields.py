@@ -1,0 +1,34 @@
+"""Reading GGML block fields out of raw bytes with torch: fp16 scalars, little-endian words, packed bit planes."""
+
+import torch
+
+
+def fp16_at(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The fp16 at byte `start` of each block of a [n, type_size] byte tensor, as float32 [n, 1]."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+
+
+def u16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian uint16 words of a [..., 2k] byte tensor, as int32 [..., k]."""
+    # torch's unsigned 16/32-bit types lack shifts on some devices, so words live in wider signed ints.
+    return b.contiguous().view(torch.int16).int() & 0xFFFF
+
+
+def u32(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian uint32 words of a [..., 4k] byte tensor, as int64 [..., k]."""
+    return b.contiguous().view(torch.int32).long() & 0xFFFFFFFF
+
+
+def planes(b: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., g] bytes -> [..., 8 // bits, g] codes: plane p holds bits [p*bits, (p+1)*bits) of every byte.
+
+    This is ggml's usual packing (a byte carries one code from each of 8 // bits runs of g weights). For the
+    interleaved packing (a byte carries consecutive weights) call it on b.unsqueeze(-1) and flatten.
+    """
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=b.device)
+    return (b.unsqueeze(-2) >> shifts.unsqueeze(-1)) & ((1 << bits) - 1)
+
+
+def interleaved(b: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., g] bytes -> [..., g * 8 // bits] codes, byte i carrying codes i*k .. i*k+k-1 from its low bits up."""
+    return planes(b.unsqueeze(-1), bits).flatten(-3)

@@ -1,0 +1,53 @@
+"""Lookup tables of the IQ formats as torch tensors, built once per device.
+
+The lattice grids and IQ4_NL's non-linear levels are read at run time from the installed gguf package (which
+carries them for its numpy reference), so the two can never disagree and no large literal table lives here.
+"""
+
+import functools
+
+import gguf.quants
+import numpy as np
+import torch
+
+_GRID_OWNERS = {
+    "iq2_xxs": gguf.quants.IQ2_XXS,
+    "iq2_xs": gguf.quants.IQ2_XS,
+    "iq2_s": gguf.quants.IQ2_S,
+    "iq3_xxs": gguf.quants.IQ3_XXS,
+    "iq3_s": gguf.quants.IQ3_S,
+    "iq1_s": gguf.quants.IQ1_S,
+}
+
+
+def grid_values(name: str) -> np.ndarray:
+    """The lattice of one IQ format as float32 [entries, 4 or 8]."""
+    owner = _GRID_OWNERS[name]
+    owner.init_grid()
+    return np.asarray(owner.grid, dtype=np.float32).reshape(owner.grid_shape)
+
+
+def sign_patterns() -> np.ndarray:
+    """±1 float32 [128, 8]: 7 stored sign bits plus an 8th that makes the count of minus signs even."""
+    index = np.arange(128)
+    parity = np.array([bin(i).count("1") & 1 for i in index])
+    byte = index | (parity << 7)
+    bits = (byte[:, None] >> np.arange(8)) & 1
+    return (1 - 2 * bits).astype(np.float32)
+
+
+def iq4_nl_levels() -> np.ndarray:
+    """The 16 non-linear levels of IQ4_NL and IQ4_XS, float32."""
+    return np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
+
+
+@functools.cache
+def table(name: str, device: torch.device) -> torch.Tensor:
+    """A grid ("iq2_xxs", ...), "signs" or "iq4_nl" as a float32 tensor on `device`, cached."""
+    if name == "signs":
+        values = sign_patterns()
+    elif name == "iq4_nl":
+        values = iq4_nl_levels()
+    else:
+        values = grid_values(name)
+    return torch.from_numpy(values).to(device)
