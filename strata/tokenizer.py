@@ -101,23 +101,23 @@ class _Fields:
     def fail(self, key: str, problem: str) -> StrataError:
         return StrataError(f"{self.source}: {key} {problem}")
 
-    def get(self, key: str, kind: type | tuple[type, ...], required: bool = False) -> Any:
+    def get(self, key: str, kind: type, required: bool = False) -> Any:
         if key not in self.metadata:
             if required:
                 raise StrataError(f"{self.source}: missing tokenizer field {key}")
             return None
         value = self.metadata[key]
         # bool is an int in Python; a flag must not pass as an id or the other way round.
-        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-            raise self.fail(key, f"should be {_type_names(kind)}, got {type(value).__name__}")
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise self.fail(key, f"should be {_type_name(kind)}, got {type(value).__name__}")
         return value
 
-    def string_list(self, key: str, required: bool = False) -> list[str] | None:
+    def list_of(self, key: str, kind: type, required: bool = False) -> list | None:
         values = self.get(key, list, required)
         if values is not None:
-            bad = next((index for index, value in enumerate(values) if not isinstance(value, str)), None)
+            bad = next((index for index, value in enumerate(values) if not isinstance(value, kind)), None)
             if bad is not None:
-                raise self.fail(key, f"entry {bad} should be a string, got {type(values[bad]).__name__}")
+                raise self.fail(key, f"entry {bad} should be {_type_name(kind)}, got {type(values[bad]).__name__}")
         return values
 
     def token_id(self, key: str, vocab_size: int) -> int | None:
@@ -129,12 +129,8 @@ class _Fields:
         return int(value)
 
 
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _type_names(kind: type | tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in _as_tuple(kind))
+def _type_name(kind: type) -> str:
+    return "an int" if kind is Integral else f"a {kind.__name__}"
 
 
 class Tokenizer:
@@ -142,8 +138,10 @@ class Tokenizer:
 
     def __init__(
         self,
+        source: str,
         tokens: list[str],
         token_types: list[int],
+        first_ids: dict[str, int],
         backend: _BackendTokenizer,
         *,
         bos_token_id: int | None,
@@ -152,12 +150,11 @@ class Tokenizer:
         chat_template: jinja2.Template,
         template_tokens: dict[str, str],
     ):
+        self._source = source
         self._tokens = tokens
         self._token_types = token_types
+        self._first_ids = first_ids
         self._backend = backend
-        self._ids = {}
-        for index, token in enumerate(tokens):
-            self._ids.setdefault(token, index)
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
         self._add_bos = add_bos
@@ -169,41 +166,45 @@ class Tokenizer:
         fields = _Fields(metadata, source)
         model = fields.get("tokenizer.ggml.model", str, required=True)
         if model != "gpt2":
-            raise fields.fail("tokenizer.ggml.model", f"= {model!r} is not supported (supported: 'gpt2', byte-level BPE)")
-        pre = fields.get("tokenizer.ggml.pre", str) or "default"
+            raise fields.fail("tokenizer.ggml.model", f"= {model!r} is not supported (only 'gpt2', byte-level BPE)")
+        pre = fields.get("tokenizer.ggml.pre", str) or "default"  # llama.cpp's name when the converter knew none
         if pre not in SPLIT_PATTERNS:
-            raise fields.fail("tokenizer.ggml.pre", f"= {pre!r} is not a known pre-tokenizer (known: {', '.join(SPLIT_PATTERNS)})")
+            known = ", ".join(SPLIT_PATTERNS)
+            raise fields.fail("tokenizer.ggml.pre", f"= {pre!r} is not a known pre-tokenizer (known: {known})")
 
-        tokens = fields.string_list("tokenizer.ggml.tokens", required=True)
+        tokens = fields.list_of("tokenizer.ggml.tokens", str, required=True)
         if not tokens:
             raise fields.fail("tokenizer.ggml.tokens", "is empty")
         token_types = _read_token_types(fields, len(tokens))
-        merges = _read_merges(fields)
+        first_ids: dict[str, int] = {}
+        for index, token in enumerate(tokens):
+            first_ids.setdefault(token, index)  # a spelling listed twice encodes to its first id
+        backend = _build_backend(fields, tokens, token_types, first_ids, _read_merges(fields), SPLIT_PATTERNS[pre])
 
-        backend = _build_backend(fields, tokens, token_types, merges, SPLIT_PATTERNS[pre])
         bos = fields.token_id("tokenizer.ggml.bos_token_id", len(tokens))
         eos = fields.token_id("tokenizer.ggml.eos_token_id", len(tokens))
         eot = fields.token_id("tokenizer.ggml.eot_token_id", len(tokens))
         add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", bool))
         if add_bos and bos is None:
             raise fields.fail("tokenizer.ggml.add_bos_token", "is true but tokenizer.ggml.bos_token_id is missing")
-
         stop_ids = {token_id for token_id in (eos, eot) if token_id is not None}
-        if "<|im_end|>" in tokens:
+        if "<|im_end|>" in first_ids:
             # ChatML: a turn ends with <|im_end|>, a document with <|endoftext|>, whatever the file calls EOS.
-            stop_ids.update(tokens.index(name) for name in ("<|im_end|>", "<|endoftext|>") if name in tokens)
+            stop_ids.update(first_ids[name] for name in ("<|im_end|>", "<|endoftext|>") if name in first_ids)
 
         template_source = fields.get("tokenizer.chat_template", str) or CHATML_TEMPLATE
-        template_tokens = {name: tokens[token_id] for name, token_id in (("bos_token", bos), ("eos_token", eos)) if token_id is not None}
+        special_names = (("bos_token", bos), ("eos_token", eos))
         return cls(
+            source,
             tokens,
             token_types,
+            first_ids,
             backend,
             bos_token_id=bos,
             eos_token_ids=frozenset(stop_ids),
             add_bos=add_bos,
             chat_template=_compile_chat_template(fields, template_source),
-            template_tokens=template_tokens,
+            template_tokens={name: tokens[token_id] for name, token_id in special_names if token_id is not None},
         )
 
     @property
@@ -216,6 +217,17 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._first_ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def is_control(self, token_id: int) -> bool:
+        self._check_id(token_id)
+        return self._token_types[token_id] == TOKEN_TYPE_CONTROL
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for; control and user-defined tokens are stored as plain text."""
         token = self.id_to_token(token_id)
@@ -224,21 +236,9 @@ class Tokenizer:
         # A character outside the byte alphabet (rare, hand-edited vocabularies) stands for its own UTF-8.
         return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in token)
 
-    def is_control(self, token_id: int) -> bool:
-        self.id_to_token(token_id)  # the range check
-        return self._token_types[token_id] == TOKEN_TYPE_CONTROL
-
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         pieces = (self.token_bytes(i) for i in ids if not (skip_special_tokens and self.is_control(i)))
         return b"".join(pieces).decode("utf-8", errors="replace")
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._ids.get(token)
-
-    def id_to_token(self, token_id: int) -> str:
-        if not 0 <= token_id < len(self._tokens):
-            raise StrataError(f"token id {token_id} is outside the vocabulary of {len(self._tokens)} tokens")
-        return self._tokens[token_id]
 
     def stream_decoder(self, skip_special_tokens: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
@@ -248,9 +248,15 @@ class Tokenizer:
         (`tools`, `enable_thinking`, ...) over them."""
         variables = {**self._template_tokens, "tools": None, "documents": None, **kwargs}
         try:
-            return self._chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+            return self._chat_template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **variables
+            )
         except jinja2.TemplateError as error:
-            raise StrataError(f"chat template: {error}") from error
+            raise StrataError(f"{self._source}: chat template: {error}") from error
+
+    def _check_id(self, token_id: int) -> None:
+        if not 0 <= token_id < len(self._tokens):
+            raise StrataError(f"{self._source}: token id {token_id} is outside the vocabulary of {len(self._tokens)}")
 
 
 class StreamDecoder:
@@ -273,36 +279,35 @@ class StreamDecoder:
 
 
 def _read_token_types(fields: _Fields, vocab_size: int) -> list[int]:
-    types = fields.get("tokenizer.ggml.token_type", list)
+    types = fields.list_of("tokenizer.ggml.token_type", Integral)
     if types is None:
         return [TOKEN_TYPE_NORMAL] * vocab_size
     if len(types) != vocab_size:
         raise fields.fail("tokenizer.ggml.token_type", f"has {len(types)} entries for {vocab_size} tokens")
-    bad = next((index for index, value in enumerate(types) if not isinstance(value, Integral)), None)
-    if bad is not None:
-        raise fields.fail("tokenizer.ggml.token_type", f"entry {bad} should be an int, got {type(types[bad]).__name__}")
     return [int(value) for value in types]
 
 
 def _read_merges(fields: _Fields) -> list[tuple[str, str]]:
-    merges = fields.string_list("tokenizer.ggml.merges", required=True)
+    merges = fields.list_of("tokenizer.ggml.merges", str, required=True)
     pairs = []
     for index, merge in enumerate(merges):
         parts = merge.split(" ")
         if len(parts) != 2 or not all(parts):
-            raise fields.fail("tokenizer.ggml.merges", f"entry {index} = {merge!r} is not two tokens joined by a space")
+            raise fields.fail("tokenizer.ggml.merges", f"entry {index} = {merge!r} is not two tokens and a space")
         pairs.append((parts[0], parts[1]))
     return pairs
 
 
 def _build_backend(
-    fields: _Fields, tokens: list[str], token_types: list[int], merges: list[tuple[str, str]], split_pattern: str
+    fields: _Fields,
+    tokens: list[str],
+    token_types: list[int],
+    first_ids: dict[str, int],
+    merges: list[tuple[str, str]],
+    split_pattern: str,
 ) -> _BackendTokenizer:
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)  # a repeated spelling encodes to its first id
     try:
-        backend = _BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        backend = _BackendTokenizer(models.BPE(vocab=first_ids, merges=merges))
     except Exception as error:  # the Rust side reports a merge of unknown tokens as a plain Exception
         raise fields.fail("tokenizer.ggml.merges", f"does not fit the vocabulary: {error}") from error
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -312,17 +317,17 @@ def _build_backend(
         ]
     )
     # Whole-token matches in the text: control tokens are special (dropped by skip_special_tokens), user-defined not.
-    special = [
+    whole = [
         AddedToken(token, special=kind == TOKEN_TYPE_CONTROL, normalized=False)
         for token, kind in zip(tokens, token_types)
         if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
     ]
-    backend.add_special_tokens([token for token in special if token.special])
-    backend.add_tokens([token for token in special if not token.special])
+    backend.add_special_tokens([token for token in whole if token.special])
+    backend.add_tokens([token for token in whole if not token.special])
     return backend
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+def _tojson(value: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
     # jinja's own tojson escapes <, >, & and ' for HTML, which would change the prompt.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -337,11 +342,14 @@ def _strftime_now(format: str) -> str:
 
 def _compile_chat_template(fields: _Fields, source: str) -> jinja2.Template:
     # Templates come from downloaded files: a sandbox, and the same environment transformers gives them.
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     try:
         return environment.from_string(source)
     except jinja2.TemplateSyntaxError as error:
-        raise fields.fail("tokenizer.chat_template", f"does not compile: {error.message} (line {error.lineno})") from error
+        problem = f"does not compile: {error.message} (line {error.lineno})"
+        raise fields.fail("tokenizer.chat_template", problem) from error

@@ -15,6 +15,7 @@ import gguf
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _BackendTokenizer
 
+from strata.errors import StrataError
 from strata.tokenizer import CHATML_TEMPLATE, SPLIT_PATTERNS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, byte_to_char
 
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -30,7 +31,8 @@ def train_small_bpe(vocab_size: int = 512) -> dict[str, Any]:
     byte_tokens = list(byte_to_char().values())
     n_merges = vocab_size - len(byte_tokens) - len(CHATML_SPECIAL_TOKENS)
     if n_merges < 0:
-        raise ValueError(f"vocab_size {vocab_size} is below the {len(byte_tokens) + len(CHATML_SPECIAL_TOKENS)} byte and ChatML tokens")
+        floor = len(byte_tokens) + len(CHATML_SPECIAL_TOKENS)
+        raise StrataError(f"small BPE tokenizer: vocab_size {vocab_size} is below its {floor} byte and ChatML tokens")
 
     backend = _BackendTokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(

@@ -101,7 +101,8 @@ def load_both(directory: Path, architecture: str, metadata: dict):
 
 # transformers picks the tokenizer class by architecture; these pairs give it the split named by `pre`.
 @pytest.mark.parametrize(
-    "architecture,pre", [("qwen2", "qwen2"), ("qwen2", "qwen35"), ("llama", "llama-bpe"), ("gpt2", "gpt-2"), ("qwen2", "default")]
+    "architecture,pre",
+    [("qwen2", "qwen2"), ("qwen2", "qwen35"), ("llama", "llama-bpe"), ("gpt2", "gpt-2"), ("qwen2", "default")],
 )
 def test_encode_decode_match_transformers(tmp_path, metadata, architecture, pre):
     ours, theirs = load_both(tmp_path, architecture, {**metadata, "tokenizer.ggml.pre": pre})
@@ -156,7 +157,9 @@ def test_eot_joins_stop_ids(metadata):
 def test_chat_template_matches_transformers(tmp_path, metadata, tools):
     ours, theirs = load_both(tmp_path, "qwen2", {**metadata, "tokenizer.chat_template": TEST_TEMPLATE})
     for kwargs in ({}, {"enable_thinking": False}):
-        expected = theirs.apply_chat_template(CONVERSATION, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs)
+        expected = theirs.apply_chat_template(
+            CONVERSATION, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+        )
         assert ours.apply_chat_template(CONVERSATION, tools=tools, **kwargs) == expected
     assert "<|endoftext|>" in expected and "&'quotes'" in expected and "enable_thinking" not in expected
 
