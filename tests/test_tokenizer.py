@@ -114,6 +114,21 @@ def test_encode_decode_match_transformers(tmp_path, metadata, architecture, pre)
         assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
 
 
+def test_user_defined_tokens_match_transformers(tmp_path, metadata):
+    with_think = {
+        **metadata,
+        "tokenizer.ggml.tokens": [*metadata["tokenizer.ggml.tokens"], "<think>", "</think>"],
+        "tokenizer.ggml.token_type": [*metadata["tokenizer.ggml.token_type"], 4, 4],
+    }
+    ours, theirs = load_both(tmp_path, "qwen2", with_think)
+    text = "<|im_start|>assistant\n<think>\nhmm</think>\n\nYes.<|im_end|>"
+    ids = ours.encode(text)
+    assert ids == theirs.encode(text, add_special_tokens=False)
+    assert ours.token_to_id("<think>") in ids and ours.token_to_id("</think>") in ids
+    assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids, skip_special_tokens=True) == "assistant\n<think>\nhmm</think>\n\nYes."
+
+
 def test_special_tokens_are_single_ids(metadata):
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
     im_start, im_end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
@@ -162,6 +177,18 @@ def test_chat_template_matches_transformers(tmp_path, metadata, tools):
         )
         assert ours.apply_chat_template(CONVERSATION, tools=tools, **kwargs) == expected
     assert "<|endoftext|>" in expected and "&'quotes'" in expected and "enable_thinking" not in expected
+
+
+def test_generation_tag_renders_its_body(tmp_path, metadata):
+    template = (
+        "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}{% generation %}"
+        "{% set reply = m.content | upper %}{{ reply }}{% endgeneration %}{% else %}{{ m.content }}{% endif %};"
+        "{% endfor %}"
+    )
+    ours, theirs = load_both(tmp_path, "qwen2", {**metadata, "tokenizer.chat_template": template})
+    expected = theirs.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(CONVERSATION) == expected
+    assert expected.endswith("assistant:4;")
 
 
 def test_default_chatml_template_matches_transformers(tmp_path, metadata):
