@@ -11,8 +11,8 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterable
-from numbers import Integral
 from datetime import datetime
+from numbers import Integral
 from typing import Any
 
 import jinja2
