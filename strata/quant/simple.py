@@ -2,11 +2,11 @@
 
 import torch
 
-from strata.quant.fields import fp16_at, interleaved, planes
+from strata.quant.fields import fp16_at, interleaved, planes, view_as
 
 
 def f32(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.float32)
+    return view_as(blocks, torch.float32)
 
 
 def f16(blocks: torch.Tensor) -> torch.Tensor:
@@ -15,7 +15,7 @@ def f16(blocks: torch.Tensor) -> torch.Tensor:
 
 def bf16(blocks: torch.Tensor) -> torch.Tensor:
     # bf16 is the top half of a float32; shifting keeps every bit (NaN payloads included).
-    return (blocks.contiguous().view(torch.int16).int() << 16).view(torch.float32)
+    return (view_as(blocks, torch.int16).int() << 16).view(torch.float32)
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
