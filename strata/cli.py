@@ -34,8 +34,13 @@ def _load(args):
 
 
 def _sampling(args) -> dict:
-    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+    """Sampling options, checked before the model loads so a typo fails at once."""
+    from strata.engine.sampling import SamplingParams
+
+    options = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repetition_penalty=args.repeat_penalty, seed=args.seed)
+    SamplingParams(**options)
+    return options
 
 
 def _print_stream(chunks) -> None:
@@ -49,16 +54,18 @@ def _print_stream(chunks) -> None:
 
 
 def cmd_run(args) -> None:
+    sampling = _sampling(args)
     llm = _load(args)
     if args.chat:
         chunks = llm.chat([{"role": "user", "content": args.prompt}], max_tokens=args.max_tokens, stop=args.stop,
-                          stream=True, **_sampling(args))
+                          stream=True, **sampling)
     else:
-        chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **_sampling(args))
+        chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling)
     _print_stream(chunks)
 
 
 def cmd_chat(args) -> None:
+    sampling = _sampling(args)
     llm = _load(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("Type a message; /reset starts over, /quit leaves.", file=sys.stderr)
@@ -78,7 +85,7 @@ def cmd_chat(args) -> None:
             continue
         messages.append({"role": "user", "content": line})
         reply = []
-        for chunk in llm.chat(messages, max_tokens=args.max_tokens, stop=args.stop, stream=True, **_sampling(args)):
+        for chunk in llm.chat(messages, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling):
             reply.append(chunk.text)
             print(chunk.text, end="", flush=True)
         print()

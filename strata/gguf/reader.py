@@ -57,19 +57,38 @@ def _field_value(field: gguf.ReaderField) -> Any:
     return field.contents()
 
 
+class _CheckedReader(gguf.GGUFReader):
+    """gguf's reader, with each tensor's type and extent checked before it is mapped, so errors can name it."""
+
+    def __init__(self, path: Path):
+        self.source = path
+        # Copy-on-write mapping: pages are shared with the page cache, and torch may wrap them without copying.
+        super().__init__(path, mode="c")
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        file_size = len(self.data)
+        for field in fields:
+            _, name_bytes, _, dims, raw_dtype, offset = field.parts
+            name = bytes(name_bytes).decode("utf-8", errors="replace")
+            type_id = int(raw_dtype[0])
+            if type_id not in gguf.GGMLQuantizationType._value2member_map_:
+                raise StrataError(f"{self.source}: tensor {name} has unsupported quant type (ggml type id {type_id})")
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
+            end = start_offs + int(offset[0]) + int(np.prod(dims)) * size // block
+            if end > file_size:
+                raise StrataError(f"{self.source}: truncated: tensor {name} ends at byte {end:,} but the file has {file_size:,}")
+        super()._build_tensors(start_offs, fields)
+
+
 def _open_reader(path: Path) -> gguf.GGUFReader:
     if not path.exists():
         raise StrataError(f"{path}: no such file")
     if path.stat().st_size < 24:
         raise StrataError(f"{path}: not a GGUF file (only {path.stat().st_size} bytes)")
     try:
-        # Copy-on-write mapping: pages are shared with the page cache, and torch may wrap them without copying.
-        return gguf.GGUFReader(path, mode="c")
+        return _CheckedReader(path)
     except ValueError as exc:
         text = str(exc)
-        unknown = re.match(r"(\d+) is not a valid GGMLQuantizationType", text)
-        if unknown:
-            raise StrataError(f"{path}: unsupported quant type (ggml type id {unknown[1]})") from None
         if "magic" in text:
             raise StrataError(f"{path}: not a GGUF file (bad magic)") from None
         raise StrataError(f"{path}: corrupt or truncated GGUF ({text})") from None
@@ -78,12 +97,8 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
 
 
 def _tensors_of(reader: gguf.GGUFReader, path: Path) -> dict[str, TensorInfo]:
-    file_size = len(reader.data)
     tensors = {}
     for t in reader.tensors:
-        end = t.data_offset + t.n_bytes
-        if end > file_size:
-            raise StrataError(f"{path}: truncated: tensor {t.name} ends at byte {end:,} but the file has {file_size:,}")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         raw = t.data.view(np.uint8)
         raw = raw.reshape(*shape[:-1], -1) if len(shape) > 1 else raw.reshape(-1)

@@ -81,4 +81,4 @@ def _byte_shape(t: TensorSpec) -> tuple[int, ...]:
 def _progress_bar(tensors: list[TensorSpec], enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=sum(t.n_bytes for t in tensors), unit="B", unit_scale=True, desc="writing", disable=not enabled)
+    return tqdm(total=sum(t.n_bytes for t in tensors), unit="B", unit_scale=True, desc="writing", disable=None if enabled else True)

@@ -54,7 +54,7 @@ class WeightLoader:
 
         self.model, self.device, self.dtype = model, device, dtype
         total = sum(t.n_bytes for t in model.tensors.values())
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading", disable=not progress, leave=False)
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading", disable=None if progress else True, leave=False)
 
     def _info(self, name: str, shape: tuple[int, ...]):
         info = self.model.tensor(name)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 from strata.gguf.reader import GGUFModelFile
-from strata.models.config import ModelConfig
+from strata.models import config_of
 
 GiB = 2**30
 
 
 def describe(path: str, n_ctx: int) -> str:
     model = GGUFModelFile(path)
-    config = ModelConfig.from_gguf(model)
+    config = config_of(model)
     by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # tensors, parameters, bytes
     expert_bytes = 0
     for t in model.tensors.values():
