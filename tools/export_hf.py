@@ -4,7 +4,9 @@ The engine is later compared logit by logit against transformers on these files,
 exactly as llama.cpp's converter lays it out: nn.Linear weights as they are ([out, in] in numpy, so ggml's
 ne = [in, out]), qwen2/qwen3 q/k not permuted, experts stacked into one [n_expert, ...] tensor per role.
 
-    python tools/export_hf.py --arch qwen3moe --qtype Q8_0 -o out.gguf [--seed N] [--set hidden_size=256]
+    python tools/export_hf.py --arch qwen3moe --qtype Q8_0 -o out.gguf [--seed N] [--set num_experts=16]
+
+Q4_K rows come in blocks of 256, so the CLI makes Q4_K models with K_QUANT_SIZES.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     config_name, model_name = ARCHS[arch]
-    fields = dict(TINY, **(TINY_MOE if arch == "qwen3moe" else {}), **overrides)
+    fields = {**TINY, **(TINY_MOE if arch == "qwen3moe" else {}), **overrides}
     config = getattr(transformers, config_name)(**fields)
     model = getattr(transformers, model_name)(config).to(torch.float32).eval()
     _redraw(model, seed)
@@ -249,6 +251,9 @@ def export_gguf(model: torch.nn.Module, path, qtype: str = "F32", tokenizer_meta
     if qtype not in QTYPES:
         raise ValueError(f"unknown qtype {qtype!r}; known: {sorted(QTYPES)}")
     arch = gguf_arch(model)
+    tokens = (tokenizer_metadata or {}).get("tokenizer.ggml.tokens")
+    if tokens is not None and len(tokens) != model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokens)} tokens and the model {model.config.vocab_size} rows")
     writer = gguf.GGUFWriter(str(path), arch)
     _write_hparams(writer, model.config, arch, qtype)
     if tokenizer_metadata is not None:
@@ -263,7 +268,10 @@ def export_gguf(model: torch.nn.Module, path, qtype: str = "F32", tokenizer_meta
     for source in tensor_sources(model):
         array = _source_array(params, source)
         tensor_qtype = stored_qtype(source.gguf_name, array.ndim, qtype)
-        data = encode(array, tensor_qtype)
+        try:
+            data = encode(array, tensor_qtype)
+        except ValueError as error:
+            raise ValueError(f"{source.gguf_name}: {error}") from None
         raw_dtype = QTYPES[tensor_qtype] if data.dtype == np.uint8 else None
         writer.add_tensor(source.gguf_name, data, raw_dtype=raw_dtype)
 
@@ -309,8 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     args = parser.parse_args(argv)
-    overrides = dict(item.split("=", 1) for item in args.set)
-    model = make_hf_model(args.arch, args.seed, **{key: _parse_value(value) for key, value in overrides.items()})
+    overrides = K_QUANT_SIZES if args.qtype == "Q4_K" else {}  # the tiny sizes do not fill a 256-block
+    overrides = {**overrides, **{key: _parse_value(value) for key, value in (s.split("=", 1) for s in args.set)}}
+    model = make_hf_model(args.arch, args.seed, **overrides)
     export_gguf(model, args.output, args.qtype)
     print(f"wrote {args.output} ({args.arch}, {args.qtype}, seed {args.seed})")
 
