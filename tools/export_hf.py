@@ -191,12 +191,8 @@ def encode(array: np.ndarray, qtype: str) -> np.ndarray:
             f"{qtype} packs rows in blocks of {block}; a row of {array.shape[-1]} does not fit "
             f"(make the model with sizes like {K_QUANT_SIZES})"
         )
-    try:
-        from strata.quant import quantize
-    except ImportError:
-        if qtype != "Q8_0":
-            raise ImportError(f"writing {qtype} needs strata.quant") from None
-        return gguf.quants.quantize(array, QTYPES[qtype])
+    from strata.quant import quantize
+
     return quantize(array, qtype)
 
 
