@@ -1,0 +1,67 @@
+"""Every STRATA_* environment switch: read once, typed, documented here and in docs/SWITCHES.md.
+
+An unset switch leaves the default path, and its output bytes, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from strata.errors import StrataError
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    default: bool | int | float | str
+    doc: str
+
+
+SWITCHES: dict[str, Switch] = {s.name: s for s in [
+    Switch("STRATA_PROMPT_ATTN_OLD", False, "prompt attention: the plain fp32 reference kernel instead of v2"),
+    Switch("STRATA_PA_V2T", False, "prompt attention: v2 with register staging (no async copies); automatic below sm_80"),
+    Switch("STRATA_PROMPT_ATTN_IMMA", False, "prompt attention: int8 x int8 tensor-core dots on the stored codes"),
+    Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
+    Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
+]}
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+_values: dict[str, bool | int | float | str] = {}
+
+
+def _parse(switch: Switch, text: str):
+    kind = type(switch.default)
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered not in _TRUE | _FALSE:
+                raise ValueError(text)
+            return lowered in _TRUE
+        return kind(text)
+    except ValueError:
+        raise StrataError(f"environment switch {switch.name}={text!r} is not a valid {kind.__name__}") from None
+
+
+def get(name: str):
+    """The switch's value: from the environment the first time it is asked for, then fixed for the process."""
+    if name not in SWITCHES:
+        raise KeyError(f"{name} is not a declared switch; add it to strata/switches.py")
+    if name not in _values:
+        text = os.environ.get(name)
+        _values[name] = SWITCHES[name].default if text is None else _parse(SWITCHES[name], text)
+    return _values[name]
+
+
+@contextmanager
+def override(**values):
+    """Tests: set switches for a block (`with override(STRATA_PF_FUSED=True): ...`)."""
+    for name in values:
+        get(name)  # checks the name and fixes the current value so it can be restored
+    saved = {name: _values[name] for name in values}
+    _values.update(values)
+    try:
+        yield
+    finally:
+        _values.update(saved)
