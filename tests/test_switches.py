@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from strata import switches
@@ -5,7 +7,7 @@ from strata.errors import StrataError
 
 
 def test_every_switch_is_documented():
-    table = open("docs/SWITCHES.md").read()
+    table = (Path(__file__).resolve().parents[1] / "docs" / "SWITCHES.md").read_text()
     for name in switches.SWITCHES:
         assert f"`{name}`" in table
 
