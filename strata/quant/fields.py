@@ -30,8 +30,8 @@ def u32(b: torch.Tensor) -> torch.Tensor:
 def planes(b: torch.Tensor, bits: int) -> torch.Tensor:
     """[..., g] bytes -> [..., 8 // bits, g] codes: plane p holds bits [p*bits, (p+1)*bits) of every byte.
 
-    This is ggml's usual packing (a byte carries one code from each of 8 // bits runs of g weights). For the
-    interleaved packing (a byte carries consecutive weights) call it on b.unsqueeze(-1) and flatten.
+    This is ggml's usual packing: a byte carries one code from each of 8 // bits runs of g weights. See
+    `interleaved` for the other, where a byte carries consecutive weights.
     """
     # One scalar shift per plane: on CPU a broadcast shift tensor is ~50x slower.
     return torch.stack([(b >> shift) & ((1 << bits) - 1) for shift in range(0, 8, bits)], dim=-2)

@@ -6,7 +6,7 @@ Each expression keeps gguf-py's order of float32 operations so the result is bit
 import torch
 
 from strata.quant.fields import bit_fields, fp16_at, interleaved, planes, u16, u32
-from strata.quant.iq_grids import lookup
+from strata.quant.tables import lookup
 
 _DELTA = 0.125  # IQ1's shift of every grid point, its sign chosen per group
 _SIGN_INDICES = (0, 7, 14, 21)  # four 7-bit sign-pattern indices in a uint32

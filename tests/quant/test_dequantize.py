@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from strata.quant import FORMATS, dequantize, random_blocks
-from strata.quant.iq_grids import sign_patterns
+from strata.quant.tables import sign_patterns
 
 GGUF_NAMES = [f.name for f in FORMATS.values() if f.name != "Q2_0"]
 
@@ -82,3 +82,6 @@ def test_any_raw_shape_and_layout(device):
     flat = dequantize(torch.from_numpy(blocks.reshape(-1)).to(device), "Q4_K", (3, 512))
     rows = dequantize(torch.from_numpy(blocks.reshape(3, -1)).to(device), "Q4_K", (3, 512))
     assert torch.equal(flat, rows)
+    # Bytes starting at an odd address (a tensor carved out of a file buffer) read the same.
+    padded = torch.from_numpy(np.concatenate([[0], blocks.reshape(-1)]).astype(np.uint8)).to(device)
+    assert torch.equal(dequantize(padded[1:], "Q4_K", (3, 512)), rows)

@@ -1,7 +1,7 @@
-"""Lookup tables of the IQ formats as torch tensors, built once per device.
+"""Lookup tables of the quant formats (IQ grids, sign patterns, non-linear levels) as torch tensors, per device.
 
-The lattice grids and IQ4_NL's non-linear levels are read at run time from the installed gguf package (which
-carries them for its numpy reference), so the two can never disagree and no large literal table lives here.
+The IQ lattice grids and IQ4_NL's levels are read at run time from the installed gguf package (which carries them
+for its numpy reference), so the two can never disagree and no large literal table lives here.
 """
 
 import functools
@@ -41,15 +41,17 @@ def iq4_nl_levels() -> np.ndarray:
     return np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
 
 
+def mxfp4_levels() -> np.ndarray:
+    """MXFP4's 16 e2m1 codes doubled to integers (magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6), the top bit the sign."""
+    magnitudes = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32)
+    return np.concatenate([magnitudes, 0 - magnitudes])  # 0 - x: the negative zero code reads as +0, as in ggml
+
+
 @functools.cache
 def table(name: str, device: torch.device) -> torch.Tensor:
-    """A grid ("iq2_xxs", ...), "signs" or "iq4_nl" as a float32 tensor on `device`, cached."""
-    if name == "signs":
-        values = sign_patterns()
-    elif name == "iq4_nl":
-        values = iq4_nl_levels()
-    else:
-        values = grid_values(name)
+    """A grid ("iq2_xxs", ...), "signs", "iq4_nl" or "mxfp4" as a float32 tensor on `device`, cached."""
+    builders = {"signs": sign_patterns, "iq4_nl": iq4_nl_levels, "mxfp4": mxfp4_levels}
+    values = builders[name]() if name in builders else grid_values(name)
     return torch.from_numpy(values).to(device)
 
 
