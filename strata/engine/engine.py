@@ -9,7 +9,6 @@ from typing import Iterator
 import torch
 
 from strata.engine.context import ForwardContext
-from strata.engine.kv import KVCache
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
@@ -66,11 +65,10 @@ class Engine:
         if self.device.type == "cuda":
             _check_gpu_memory(self.file, self.device)
         self.model = load_model(self.file, self.device, self.dtype, progress=config.progress)
-        c = self.model.config
-        self.n_ctx = config.n_ctx or min(c.context_length, 4096)
+        self.n_ctx = config.n_ctx or min(self.model.config.context_length, 4096)
         if self.n_ctx <= 0:
             raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
-        self.kv = KVCache(c.n_layers, c.n_kv_heads, c.head_dim, self.n_ctx, _dtype(config.kv_dtype, "kv_dtype"), self.device)
+        self.kv = self.model.new_cache(self.n_ctx, _dtype(config.kv_dtype, "kv_dtype"))
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
 
     def _check_fits(self, n_tokens: int) -> None:
@@ -98,6 +96,9 @@ class Engine:
             if a != b:
                 break
             shared += 1
+        if shared < len(self.cached_tokens) and not self.kv.can_truncate:
+            shared = 0  # a recurrent state cannot be rewound: start over
+        self.kv.truncate(shared)
         return self._forward(ids[shared:], shared, all_logits=False)
 
     def logits(self, ids: list[int]) -> torch.Tensor:

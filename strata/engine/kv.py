@@ -10,6 +10,8 @@ from strata.errors import StrataError
 class KVCache:
     """Dense fp16/bf16/fp32 cache that grows by doubling up to `max_tokens` (the context size)."""
 
+    can_truncate = True  # positions can be forgotten from the end (a recurrent state could not)
+
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
                  dtype: torch.dtype, device: torch.device, initial_tokens: int = 256):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
@@ -18,7 +20,6 @@ class KVCache:
         shape = (self.capacity, n_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.length = 0  # positions filled and committed
 
     @property
     def n_bytes(self) -> int:
@@ -45,5 +46,5 @@ class KVCache:
         return self.keys[layer][:end].to(dtype), self.values[layer][:end].to(dtype)
 
     def truncate(self, length: int) -> None:
-        """Forget positions from `length` on (a new prompt sharing only a prefix, or a rejected draft)."""
-        self.length = min(self.length, length)
+        """Forget positions from `length` on. Here nothing needs doing: later writes overwrite them, and reads
+        stop at the step's start. Caches holding recurrent state reset it instead (can_truncate = False)."""

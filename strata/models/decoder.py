@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.context import ForwardContext
+from strata.engine.kv import KVCache
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
@@ -132,6 +133,10 @@ class DecoderLM:
         self.expert_stacks = stacks
         self.rope = Rope(c.head_dim, c.rope_theta, device)
         load.bar.close()
+
+    def new_cache(self, max_tokens: int, kv_dtype: torch.dtype) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, max_tokens, kv_dtype, self.device)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         # Dequantize only the rows asked for, not the whole vocabulary.
