@@ -1,6 +1,5 @@
 """The registry's look-ups, sizes and one-line errors; quantize for the formats gguf-py encodes; random blocks."""
 
-import time
 
 import gguf
 import gguf.quants
@@ -70,17 +69,3 @@ def test_random_blocks(name):
     w = dequantize(torch.from_numpy(blocks), name, (300, fmt.block_size))
     assert torch.isfinite(w).all()
     assert 0.05 / 1.5 < w.std().item() < 0.05 * 1.5
-
-
-@pytest.mark.parametrize("name", [f.name for f in FORMATS.values() if f.block_size > 1])
-def test_expert_matrix_is_fast(name):
-    # One 2048x768 expert matrix: a few ms when vectorized; a loop over its blocks would take seconds.
-    # CPU time, not wall time, so that other work on a shared machine does not fail the test.
-    fmt = get_format(name)
-    raw = torch.from_numpy(random_blocks(name, 2048 * 768 // fmt.block_size, np.random.default_rng(0)))
-    times = []
-    for _ in range(3):
-        start = time.process_time()
-        dequantize(raw, name, (2048, 768))
-        times.append(time.process_time() - start)
-    assert min(times) < 0.5
