@@ -1,0 +1,222 @@
+"""Per-format decoding of a 32-weight slice of a GGML block into int8 codes and float scales, in Triton.
+
+Every expert kernel reads its weights through `decode32`: the slice's weights are `q * s + mn`, with `s = s_lo` on
+the first 16 values and `s_hi` on the last 16 (they differ only for the formats with a scale per 16 weights), and
+`mn` non-zero only for the formats with a per-sub-block offset (Q4_K). So an int8 dot of the codes against int8
+activations gives an exact integer that the kernels scale in their epilogue.
+
+The lookup tables (IQ grids, sign patterns, IQ4_NL levels) are all small integers; they live in one int8 tensor per
+device (`code_tables`). `dequantize_rows` runs the decoder alone, for the tests against `strata.quant.dequantize`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from strata.errors import StrataError
+from strata.kernels.moe.dispatch import use_triton
+from strata.quant import dequantize, get_format
+from strata.quant.tables import grid_values, iq4_nl_levels, sign_patterns
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What a kernel needs to know about a format at compile time."""
+
+    name: str
+    fmt_id: int  # the constexpr selecting the branch of decode32
+    block_size: int
+    type_size: int
+    split16: bool = False  # a scale per 16 weights: two dots per slice
+    has_min: bool = False  # w = s*q + mn: the kernels add mn times the activation codes' sum
+    scale_per_64: bool = False  # one scale per 64 weights (Q2_0): both halves of a 64-step share it
+
+
+SPECS = {
+    s.name: s
+    for s in [
+        DecodeSpec("Q2_0", 0, 64, 18, scale_per_64=True),
+        DecodeSpec("Q4_0", 1, 32, 18),
+        DecodeSpec("Q8_0", 2, 32, 34),
+        DecodeSpec("IQ4_NL", 3, 32, 18),
+        DecodeSpec("IQ4_XS", 4, 256, 136),
+        DecodeSpec("IQ2_XXS", 5, 256, 66),
+        DecodeSpec("IQ2_XS", 6, 256, 74, split16=True),
+        DecodeSpec("IQ2_S", 7, 256, 82, split16=True),
+        DecodeSpec("IQ3_XXS", 8, 256, 98),
+        DecodeSpec("IQ3_S", 9, 256, 110),
+        DecodeSpec("Q4_K", 10, 256, 144, has_min=True),
+    ]
+}
+
+
+def decode_spec(qtype: int | str) -> DecodeSpec:
+    name = get_format(qtype).name
+    if name not in SPECS:
+        raise StrataError(f"the prompt expert kernels do not decode {name} (they do: {', '.join(SPECS)})")
+    return SPECS[name]
+
+
+# Offsets (in entries) of the tables inside the one int8 table tensor.
+_SIGNS, _IQ2_XXS, _IQ2_XS, _IQ2_S, _IQ3_XXS, _IQ3_S, _IQ4_NL = 0, 1024, 3072, 7168, 15360, 16384, 18432
+
+
+@functools.cache
+def code_tables(device: torch.device) -> torch.Tensor:
+    """int8 [18448]: sign patterns [128, 8], the IQ2/IQ3 grids, then IQ4_NL's 16 levels, at the offsets above."""
+    parts = [sign_patterns(), *(grid_values(g) for g in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")),
+             iq4_nl_levels()]
+    flat = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int8)
+    assert flat.size == _IQ4_NL + 16
+    return torch.from_numpy(flat).to(device)
+
+
+@triton.jit
+def _byte(w, off, mask):
+    return tl.load(w + off, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _fp16(w, off, mask):
+    """The little-endian fp16 at byte offsets `off`, as float32."""
+    lo = tl.load(w + off, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(w + off + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _u32(w, off, mask):
+    word = tl.load(w + off, mask=mask, other=0).to(tl.uint32)
+    for i in tl.static_range(1, 4):
+        word = word | (tl.load(w + off + i, mask=mask, other=0).to(tl.uint32) << (8 * i))
+    return word
+
+
+@triton.jit
+def _nibble(byte, j):
+    """Value j of a 32-weight run packed as 16 low nibbles then 16 high nibbles of the same 16 bytes."""
+    return tl.where(j < 16, byte & 15, byte >> 4)
+
+
+@triton.jit
+def _signed(codes, tab, sign_index, j):
+    """Apply a 7-bit sign-pattern index (the 8th sign is the parity) to the codes."""
+    return codes * tl.load(tab + _SIGNS + sign_index * 8 + j % 8).to(tl.int32)
+
+
+@triton.jit
+def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
+    """Weights [sub*32, sub*32 + 32) of the blocks at byte offsets blk [BN] of w.
+
+    Returns codes int8 [BN, 32], s_lo, s_hi, mn float32 [BN]; masked rows decode to scale 0.
+    """
+    j = tl.arange(0, 32)[None, :]
+    b = blk[:, None]
+    m = nm[:, None]
+    zero = tl.zeros(blk.shape, tl.float32)
+    d = _fp16(w, blk, nm)
+    s_lo = d
+    s_hi = d
+    mn = zero
+    if FMT == 0:  # Q2_0: 2-bit codes c, weight d*(c - 1); 16 bytes per 64 weights
+        q = ((_byte(w, b + 2 + sub * 8 + j // 4, m) >> ((j % 4) * 2)) & 3) - 1
+    elif FMT == 1:  # Q4_0
+        q = _nibble(_byte(w, b + 2 + j % 16, m), j) - 8
+    elif FMT == 2:  # Q8_0
+        q = tl.load(w + b + 2 + j, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+    elif FMT == 3:  # IQ4_NL: 4-bit indices of 16 non-linear levels
+        q = tl.load(tab + _IQ4_NL + _nibble(_byte(w, b + 2 + j % 16, m), j)).to(tl.int32)
+    elif FMT == 4:  # IQ4_XS: a 6-bit scale per 32, low nibbles at byte 4, top bits in the uint16 at byte 2
+        low = (_byte(w, blk + 4 + sub // 2, nm) >> (4 * (sub % 2))) & 15
+        high = (_byte(w, blk + 2 + sub // 4, nm) >> (2 * (sub % 4))) & 3
+        s_lo = d * ((low | (high << 4)) - 32).to(tl.float32)
+        s_hi = s_lo
+        q = tl.load(tab + _IQ4_NL + _nibble(_byte(w, b + 8 + 16 * sub + j % 16, m), j)).to(tl.int32)
+    elif FMT == 5:  # IQ2_XXS: per 32, 4 grid bytes then a uint32 of 4x7 sign indices and a 4-bit scale
+        aux = _u32(w, blk + 2 + 8 * sub + 4, nm)
+        s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.25
+        s_hi = s_lo
+        grid = tl.load(tab + _IQ2_XXS + _byte(w, b + 2 + 8 * sub + j // 8, m) * 8 + j % 8).to(tl.int32)
+        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+    elif FMT == 6:  # IQ2_XS: uint16 words (9-bit grid index, 7-bit sign index), a 4-bit scale per 16
+        word_at = b + 2 + 2 * (4 * sub + j // 8)
+        word = _byte(w, word_at, m) | (_byte(w, word_at + 1, m) << 8)
+        grid = tl.load(tab + _IQ2_XS + (word & 511) * 8 + j % 8).to(tl.int32)
+        q = _signed(grid, tab, word >> 9, j)
+        scales = _byte(w, blk + 66 + sub, nm)
+        s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
+        s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
+    elif FMT == 7:  # IQ2_S: 10-bit grid index (8 low bits + 2 in qh), explicit sign bits, a 4-bit scale per 16
+        group = 4 * sub + j // 8
+        index = _byte(w, b + 2 + group, m) | (((_byte(w, blk[:, None] + 66 + sub, m) >> (2 * (j // 8))) & 3) << 8)
+        grid = tl.load(tab + _IQ2_S + index * 8 + j % 8).to(tl.int32)
+        negative = (_byte(w, b + 34 + group, m) >> (j % 8)) & 1
+        q = tl.where(negative != 0, -grid, grid)
+        scales = _byte(w, blk + 74 + sub, nm)
+        s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
+        s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
+    elif FMT == 8:  # IQ3_XXS: 64 grid bytes (4 weights each), then per 32 a uint32 of signs and scale
+        aux = _u32(w, blk + 66 + 4 * sub, nm)
+        s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5
+        s_hi = s_lo
+        grid = tl.load(tab + _IQ3_XXS + _byte(w, b + 2 + 8 * sub + j // 4, m) * 4 + j % 4).to(tl.int32)
+        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+    elif FMT == 9:  # IQ3_S: 9-bit grid index (8 low bits + 1 in qh), explicit sign bits, a 4-bit scale per 32
+        index = _byte(w, b + 2 + 8 * sub + j // 4, m) | (((_byte(w, b + 66 + sub, m) >> (j // 4)) & 1) << 8)
+        grid = tl.load(tab + _IQ3_S + index * 4 + j % 4).to(tl.int32)
+        negative = (_byte(w, b + 74 + 4 * sub + j // 8, m) >> (j % 8)) & 1
+        q = tl.where(negative != 0, -grid, grid)
+        scale = (_byte(w, blk + 106 + sub // 2, nm) >> (4 * (sub % 2))) & 15
+        s_lo = d * (1 + 2 * scale).to(tl.float32)
+        s_hi = s_lo
+    else:  # Q4_K: w = d*sc*q - dmin*m with 6-bit sc, m per 32 packed in 12 bytes; nibbles in 32-byte chunks
+        a = _byte(w, blk + 4 + sub, nm)
+        c = _byte(w, blk + 8 + sub, nm)
+        e = _byte(w, blk + sub, nm)
+        scale = tl.where(sub < 4, a & 63, (c & 15) | ((e >> 2) & 48))
+        mins = tl.where(sub < 4, c & 63, (c >> 4) | ((a >> 2) & 48))
+        s_lo = d * scale.to(tl.float32)
+        s_hi = s_lo
+        mn = -(_fp16(w, blk + 2, nm) * mins.to(tl.float32))
+        q = (_byte(w, b + 16 + 32 * (sub // 2) + j, m) >> (4 * (sub % 2))) & 15
+    return q.to(tl.int8), s_lo, s_hi, mn
+
+
+@triton.jit
+def _dequantize_kernel(w, tab, out, n_rows, row_bytes, K: tl.constexpr,
+                       FMT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    nm = rows < n_rows
+    j = tl.arange(0, 32)
+    for k in range(0, K, 32):
+        blk = rows.to(tl.int64) * row_bytes + (k // QK) * TS
+        q, s_lo, s_hi, mn = decode32(FMT, w, blk, (k % QK) // 32, tab, nm)
+        s = tl.where(j[None, :] < 16, s_lo[:, None], s_hi[:, None])
+        value = q.to(tl.float32) * s + mn[:, None]
+        tl.store(out + rows[:, None].to(tl.int64) * K + k + j[None, :], value, mask=nm[:, None])
+
+
+def dequantize_rows(raw: torch.Tensor, qtype: int | str, shape: tuple[int, int]) -> torch.Tensor:
+    """The weights of raw uint8 [rows, row_bytes] as float32 [rows, cols]."""
+    return (dequantize_rows_triton if use_triton(raw) else dequantize_rows_ref)(raw, qtype, shape)
+
+
+def dequantize_rows_triton(raw: torch.Tensor, qtype: int | str, shape: tuple[int, int]) -> torch.Tensor:
+    """Through decode32, the expert kernels' own decoder."""
+    spec = decode_spec(qtype)
+    rows, cols = shape
+    out = torch.empty(rows, cols, dtype=torch.float32, device=raw.device)
+    grid = (triton.cdiv(rows, 32),)
+    _dequantize_kernel[grid](raw, code_tables(raw.device), out, rows, raw.shape[-1], cols,
+                             FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, BN=32)
+    return out
+
+
+def dequantize_rows_ref(raw: torch.Tensor, qtype: int | str, shape: tuple[int, int]) -> torch.Tensor:
+    return dequantize(raw, qtype, shape)
