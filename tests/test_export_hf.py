@@ -2,6 +2,7 @@
 weights and the same logits, so llama.cpp's names, shapes and layouts are checked by an independent reader."""
 
 import importlib.util
+import re
 
 import gguf
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 from tools.export_hf import (
     ARCHS,
     K_QUANT_SIZES,
+    _qkvz_rows,
+    tensor_sources,
     dequantized_hf_model,
     encode,
     export_gguf,
@@ -22,6 +25,9 @@ transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
 
 TOKENS = torch.tensor([[1, 5, 77, 300, 511, 2, 9, 64]])
+# transformers' GGUF loader has no qwen3next: that export is checked against gguf-py's names and llama.cpp's
+# conversion rules below, and end to end by tests/models/test_qwen3next.py.
+LOADABLE = [arch for arch in sorted(ARCHS) if arch != "qwen3next"]
 
 
 def _config_gaps(path) -> dict:
@@ -85,7 +91,7 @@ def _assert_same_model(expected, loaded):
         assert torch.equal(loaded(TOKENS).logits, expected(TOKENS).logits)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", LOADABLE)
 def test_f32_loads_back_identically(arch, tmp_path):
     model = make_hf_model(arch)
     path = tmp_path / f"{arch}.gguf"
@@ -103,7 +109,7 @@ def test_tied_embeddings_omit_output(tmp_path):
     _assert_same_model(model, loaded)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", LOADABLE)
 @pytest.mark.parametrize("qtype", ["F16", "Q8_0"])
 def test_quantized_loads_back_as_dequantized_model(arch, qtype, tmp_path):
     model = make_hf_model(arch, seed=1)
@@ -166,7 +172,7 @@ def _expected_layout(arch: str, tied: bool = False) -> dict[str, tuple[tuple[int
     return layout
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", LOADABLE)
 def test_file_layout_and_metadata(arch, tmp_path):
     path = tmp_path / f"{arch}.gguf"
     export_gguf(make_hf_model(arch), path, "Q8_0")
@@ -248,3 +254,129 @@ def test_cli_writes_a_file(tmp_path):
     fields = gguf.GGUFReader(path).fields
     assert fields["general.architecture"].contents() == "qwen3moe"
     assert fields["qwen3moe.expert_count"].contents() == 4
+
+
+# ---------------------------------------------------------------------------------------------- qwen3next
+
+
+def _qwen3next_export(tmp_path, qtype="F32", **overrides):
+    model = make_hf_model("qwen3next", **overrides)
+    path = tmp_path / f"qwen3next-{qtype}.gguf"
+    export_gguf(model, path, qtype)
+    reader = gguf.GGUFReader(path)
+    return model, reader, {t.name: t for t in reader.tensors}
+
+
+def test_qwen3next_names_are_gguf_py_names(tmp_path):
+    """Every tensor has a QWEN3NEXT name, and gguf-py's own HF -> GGUF map agrees with ours."""
+    model, _, tensors = _qwen3next_export(tmp_path)
+    arch = gguf.MODEL_ARCH.QWEN3NEXT
+    known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}
+    name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    for source in tensor_sources(model):
+        base = source.gguf_name.removesuffix(".weight").removesuffix(".bias")
+        assert re.sub(r"blk\.\d+\.", "blk.{bid}.", base) in known, source.gguf_name
+        hf = source.hf_name.removesuffix(".weight").removesuffix(".bias").replace(".dt_bias", ".dt_proj")
+        hf = hf.replace(".gate_up_proj", ".gate_proj" if source.half == 0 else ".up_proj")
+        expected = name_map.get_name(hf)
+        if hf.endswith("in_proj_qkvz"):  # gguf-py still maps it to the legacy fused ssm_in; the converter splits it
+            assert expected.endswith("ssm_in") and base.endswith(("attn_qkv", "attn_gate"))
+        else:
+            assert expected == base, source.hf_name
+    assert len(tensors) == len(tensor_sources(model))
+
+
+def test_qwen3next_layout_and_metadata(tmp_path):
+    model, reader, tensors = _qwen3next_export(tmp_path, "Q8_0")
+    layout = {name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type.name) for name, t in tensors.items()}
+    gdn = {  # value heads 4 x 16, key heads 2 x 16: conv channels 2*32 + 64 = 128
+        "attn_qkv.weight": ((128, 64), "Q8_0"), "attn_gate.weight": ((64, 64), "Q8_0"),
+        "ssm_ba.weight": ((8, 64), "Q8_0"), "ssm_conv1d.weight": ((128, 4), "F32"), "ssm_dt.bias": ((4,), "F32"),
+        "ssm_a": ((4,), "F32"), "ssm_norm.weight": ((16,), "F32"), "ssm_out.weight": ((64, 64), "Q8_0"),
+    }
+    attention = {
+        "attn_q.weight": ((128, 64), "Q8_0"), "attn_k.weight": ((32, 64), "Q8_0"), "attn_v.weight": ((32, 64), "Q8_0"),
+        "attn_output.weight": ((64, 64), "Q8_0"), "attn_q_norm.weight": ((16,), "F32"),
+        "attn_k_norm.weight": ((16,), "F32"),
+    }
+    common = {
+        "attn_norm.weight": ((64,), "F32"), "post_attention_norm.weight": ((64,), "F32"),
+        "ffn_gate_inp.weight": ((8, 64), "F32"), "ffn_gate_exps.weight": ((8, 32, 64), "Q8_0"),
+        "ffn_up_exps.weight": ((8, 32, 64), "Q8_0"), "ffn_down_exps.weight": ((8, 64, 32), "Q8_0"),
+        "ffn_gate_shexp.weight": ((64, 64), "Q8_0"), "ffn_up_shexp.weight": ((64, 64), "Q8_0"),
+        "ffn_down_shexp.weight": ((64, 64), "Q8_0"), "ffn_gate_inp_shexp.weight": ((1, 64), "F32"),
+    }
+    expected = {"token_embd.weight": ((512, 64), "Q8_0"), "output_norm.weight": ((64,), "F32"),
+                "output.weight": ((512, 64), "Q8_0")}
+    for i in range(4):
+        for name, value in {**(attention if i % 2 else gdn), **common}.items():
+            expected[f"blk.{i}.{name}"] = value
+    assert layout == expected
+
+    metadata = {key: f.contents() for key, f in reader.fields.items() if key.startswith("qwen3next.")}
+    assert metadata == {
+        "qwen3next.block_count": 4, "qwen3next.context_length": 256, "qwen3next.embedding_length": 64,
+        "qwen3next.feed_forward_length": 128, "qwen3next.attention.head_count": 4,
+        "qwen3next.attention.head_count_kv": 2, "qwen3next.attention.key_length": 16,
+        "qwen3next.attention.value_length": 16, "qwen3next.rope.freq_base": 10000.0,
+        "qwen3next.attention.layer_norm_rms_epsilon": pytest.approx(1e-6, rel=1e-7), "qwen3next.vocab_size": 512,
+        "qwen3next.expert_count": 8, "qwen3next.expert_used_count": 2,
+        "qwen3next.expert_feed_forward_length": 32, "qwen3next.expert_shared_feed_forward_length": 64,
+        "qwen3next.rope.dimension_count": 8,  # head_dim 16 x partial_rotary_factor 0.5
+        "qwen3next.ssm.conv_kernel": 4, "qwen3next.ssm.state_size": 16, "qwen3next.ssm.group_count": 2,
+        "qwen3next.ssm.time_step_rank": 4, "qwen3next.ssm.inner_size": 64, "qwen3next.full_attention_interval": 2,
+    }
+
+
+def test_qwen3next_values_follow_llama_cpp_conversion(tmp_path):
+    """(1 + w) norms baked in except the gated one, A = -exp(A_log), conv squeezed, qkvz split as transformers
+    splits it at run time (its own fix_query_key_value_ordering is the oracle), ba unchanged."""
+    model, _, tensors = _qwen3next_export(tmp_path)
+    layers = model.model.layers
+
+    def read(name):
+        return torch.from_numpy(np.array(tensors[name].data))
+
+    def hf(param):
+        return param.detach()
+
+    assert torch.equal(read("output_norm.weight"), hf(model.model.norm.weight) + 1)
+    assert torch.equal(read("blk.3.attn_norm.weight"), hf(layers[3].input_layernorm.weight) + 1)
+    assert torch.equal(read("blk.0.post_attention_norm.weight"), hf(layers[0].post_attention_layernorm.weight) + 1)
+    assert torch.equal(read("blk.1.attn_k_norm.weight"), hf(layers[1].self_attn.k_norm.weight) + 1)
+    gdn = layers[2].linear_attn
+    assert torch.equal(read("blk.2.ssm_norm.weight"), hf(gdn.norm.weight))
+    assert torch.equal(read("blk.2.ssm_a"), -torch.exp(hf(gdn.A_log)))
+    assert torch.equal(read("blk.2.ssm_dt.bias"), hf(gdn.dt_bias))
+    assert torch.equal(read("blk.2.ssm_conv1d.weight"), hf(gdn.conv1d.weight)[:, 0])
+    assert torch.equal(read("blk.2.ssm_ba.weight"), hf(gdn.in_proj_ba.weight))
+    assert torch.equal(read("blk.2.ffn_gate_inp_shexp.weight"), hf(layers[2].mlp.shared_expert_gate.weight))
+
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        q, k, v, z, _, _ = gdn.fix_query_key_value_ordering(gdn.in_proj_qkvz(x), gdn.in_proj_ba(x))
+        qkv = x @ read("blk.2.attn_qkv.weight").T
+        gate = x @ read("blk.2.attn_gate.weight").T
+    torch.testing.assert_close(qkv, torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(gate, z.flatten(2), rtol=0, atol=1e-5)
+
+
+def test_qwen3next_quantized_round_trip(tmp_path):
+    model, _, tensors = _qwen3next_export(tmp_path, "Q8_0")
+    expected = dequantized_hf_model(model, "Q8_0")
+    qkvz = expected.model.layers[0].linear_attn.in_proj_qkvz.weight.detach()
+    original = model.model.layers[0].linear_attn.in_proj_qkvz.weight.detach()
+    assert not torch.equal(qkvz, original) and (qkvz - original).abs().max() < 0.02
+    stored = gguf.quants.dequantize(tensors["blk.0.attn_gate.weight"].data, gguf.GGMLQuantizationType.Q8_0)
+    _, z_rows = _qkvz_rows(model.config)
+    assert torch.equal(qkvz[list(z_rows)], torch.from_numpy(stored))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(layer_types=["linear_attention", "full_attention", "full_attention", "linear_attention"]), "layer_types"),
+    (dict(mlp_only_layers=[1]), "every layer MoE"),
+    (dict(linear_value_head_dim=8), "head dims equal"),
+])
+def test_qwen3next_configs_llama_cpp_cannot_load_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        export_gguf(make_hf_model("qwen3next", **overrides), tmp_path / "bad.gguf")

@@ -33,6 +33,7 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen3next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
 }
 
 TINY = dict(
@@ -55,6 +56,20 @@ TINY_MOE = dict(
     norm_topk_prob=True,
     decoder_sparse_step=1,
     mlp_only_layers=[],
+)
+# Qwen3-Next: GatedDeltaNet layers with full attention every second layer (0-based 1 and 3), 4 value heads on 2
+# key heads, half of each attention head rotated, and a sigmoid-gated shared expert beside the routed ones.
+TINY_QWEN3NEXT = dict(
+    TINY_MOE,
+    num_hidden_layers=4,
+    full_attention_interval=2,
+    partial_rotary_factor=0.5,
+    linear_conv_kernel_dim=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    shared_expert_intermediate_size=64,
 )
 # Q4_K packs rows in blocks of 256: these sizes make every weight row (n_embd, n_ff, n_head*head_dim) fit.
 K_QUANT_SIZES = dict(hidden_size=256, head_dim=64, intermediate_size=256, moe_intermediate_size=256)
@@ -80,7 +95,8 @@ def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     config_name, model_name = ARCHS[arch]
-    fields = {**TINY, **(TINY_MOE if arch == "qwen3moe" else {}), **overrides}
+    extra = {"qwen3moe": TINY_MOE, "qwen3next": TINY_QWEN3NEXT}.get(arch, {})
+    fields = {**TINY, **extra, **overrides}
     config = getattr(transformers, config_name)(**fields)
     model = getattr(transformers, model_name)(config).to(torch.float32).eval()
     _redraw(model, seed)
@@ -90,13 +106,16 @@ def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
 def _redraw(model: torch.nn.Module, seed: int) -> None:
     """Replace the init (zeros for routers, ones for norms) so a swapped or mis-read tensor changes the logits."""
     generator = torch.Generator().manual_seed(seed)
+    centred = model.config.model_type == "qwen3_next"  # its RMSNorms scale by (1 + w)
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-            if name.endswith(".bias"):
+            if name.endswith(".A_log"):  # decay exp(-A softplus(.)) near 0.85 per token: the state lasts a while
+                param.copy_(-2.0 + 0.5 * noise)
+            elif name.endswith((".bias", ".dt_bias")):
                 param.copy_(0.1 * noise)
             elif param.ndim == 1:  # RMSNorm gains
-                param.copy_(1.0 + 0.1 * noise)
+                param.copy_((0.0 if centred and not name.endswith("linear_attn.norm.weight") else 1.0) + 0.1 * noise)
             elif "embed_tokens" in name:
                 param.copy_(noise)
             else:  # unit-variance inputs stay unit-variance through each matrix
@@ -113,6 +132,8 @@ class TensorSource:
     gguf_name: str
     hf_name: str
     half: int | None = None  # 0 or 1: first or second half of dim 1 (gate / up of a fused gate_up_proj)
+    rows: tuple[int, ...] | None = None  # these rows of dim 0, in this order (Qwen3-Next's in_proj_qkvz split)
+    transform: str | None = None  # a llama.cpp conversion of the values: see TRANSFORMS
 
 
 # Per-layer parameter suffix -> llama.cpp tensor name (without "blk.N." and ".weight"/".bias").
@@ -130,6 +151,29 @@ _LAYER_NAMES = {
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",  # the MoE router
 }
+# Qwen3-Next's own parameters (transformers name -> llama.cpp name, transform).
+_QWEN3NEXT_NAMES = {
+    "input_layernorm.weight": ("attn_norm.weight", "plus_one"),
+    "post_attention_layernorm.weight": ("post_attention_norm.weight", "plus_one"),
+    "self_attn.q_norm.weight": ("attn_q_norm.weight", "plus_one"),
+    "self_attn.k_norm.weight": ("attn_k_norm.weight", "plus_one"),
+    "linear_attn.in_proj_ba.weight": ("ssm_ba.weight", None),
+    "linear_attn.conv1d.weight": ("ssm_conv1d.weight", "squeeze"),
+    "linear_attn.dt_bias": ("ssm_dt.bias", None),
+    "linear_attn.A_log": ("ssm_a", "neg_exp"),
+    "linear_attn.norm.weight": ("ssm_norm.weight", None),  # a plain gated RMSNorm weight: no +1
+    "linear_attn.out_proj.weight": ("ssm_out.weight", None),
+    "mlp.shared_expert.gate_proj.weight": ("ffn_gate_shexp.weight", None),
+    "mlp.shared_expert.up_proj.weight": ("ffn_up_shexp.weight", None),
+    "mlp.shared_expert.down_proj.weight": ("ffn_down_shexp.weight", None),
+    "mlp.shared_expert_gate.weight": ("ffn_gate_inp_shexp.weight", None),
+}
+# Each applies to a tensor llama.cpp stores in F32 (norms, A, the conv), so the values are never quantized.
+TRANSFORMS = {
+    "plus_one": lambda t: t + 1.0,  # (1 + w) RMSNorms, baked in as llama.cpp does
+    "neg_exp": lambda t: -torch.exp(t),  # A_log -> A = -exp(A_log)
+    "squeeze": lambda t: t.squeeze(1),  # depthwise conv weight [channels, 1, kernel] -> [channels, kernel]
+}
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -137,20 +181,45 @@ _GLOBAL_NAMES = {
 }
 
 
+def _qkvz_rows(config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """in_proj_qkvz's rows as llama.cpp splits them: (attn_qkv = all q, all k, all v; attn_gate = all z).
+
+    transformers groups the rows by key head g: [q_g (dk), k_g (dk), v of g's value heads (r dv), z of them (r dv)].
+    """
+    nk, dk, dv = config.linear_num_key_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    r = config.linear_num_value_heads // nk
+    per = 2 * dk + 2 * r * dv
+    parts = [[], [], [], []]
+    for g in range(nk):
+        start = g * per
+        for part, (offset, size) in enumerate(((0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv))):
+            parts[part] += range(start + offset, start + offset + size)
+    return tuple(parts[0] + parts[1] + parts[2]), tuple(parts[3])
+
+
 def tensor_sources(model: torch.nn.Module) -> list[TensorSource]:
     """Every GGUF tensor of `model`, in file order; raises on a parameter it has no name for."""
     tied = model.config.tie_word_embeddings
+    next_arch = model.config.model_type == "qwen3_next"
     sources = []
     for hf_name, _ in model.named_parameters(remove_duplicate=False):
         if hf_name in _GLOBAL_NAMES:
             if not (tied and hf_name == "lm_head.weight"):  # llama.cpp omits output.weight when tied
-                sources.append(TensorSource(_GLOBAL_NAMES[hf_name], hf_name))
+                transform = "plus_one" if next_arch and hf_name == "model.norm.weight" else None
+                sources.append(TensorSource(_GLOBAL_NAMES[hf_name], hf_name, transform=transform))
             continue
         match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(\w+)", hf_name)
         if match is None:
             raise ValueError(f"no GGUF name for parameter {hf_name}")
         blk, module, kind = f"blk.{match[1]}", match[2], match[3]
-        if module == "mlp.experts" and kind == "gate_up_proj":  # [E, 2*n_ff, n_embd], gate rows first
+        if next_arch and f"{module}.{kind}" in _QWEN3NEXT_NAMES:
+            name, transform = _QWEN3NEXT_NAMES[f"{module}.{kind}"]
+            sources.append(TensorSource(f"{blk}.{name}", hf_name, transform=transform))
+        elif next_arch and module == "linear_attn.in_proj_qkvz":
+            qkv_rows, z_rows = _qkvz_rows(model.config)
+            sources.append(TensorSource(f"{blk}.attn_qkv.weight", hf_name, rows=qkv_rows))
+            sources.append(TensorSource(f"{blk}.attn_gate.weight", hf_name, rows=z_rows))
+        elif module == "mlp.experts" and kind == "gate_up_proj":  # [E, 2*n_ff, n_embd], gate rows first
             sources.append(TensorSource(f"{blk}.ffn_gate_exps.weight", hf_name, half=0))
             sources.append(TensorSource(f"{blk}.ffn_up_exps.weight", hf_name, half=1))
         elif module == "mlp.experts" and kind == "down_proj":  # [E, n_embd, n_ff]
@@ -166,6 +235,10 @@ def _source_array(params: dict[str, torch.Tensor], source: TensorSource) -> np.n
     tensor = params[source.hf_name].detach()
     if source.half is not None:
         tensor = tensor.chunk(2, dim=1)[source.half]
+    if source.rows is not None:
+        tensor = tensor[list(source.rows)]
+    if source.transform is not None:
+        tensor = TRANSFORMS[source.transform](tensor.to(torch.float32))
     return np.ascontiguousarray(tensor.to(torch.float32).numpy())
 
 
@@ -173,10 +246,14 @@ def _source_array(params: dict[str, torch.Tensor], source: TensorSource) -> np.n
 
 
 def stored_qtype(gguf_name: str, ndim: int, qtype: str) -> str:
-    """The type a tensor is written in: norms, biases and routers stay F32 (llama.cpp never quantizes those)."""
-    if ndim < 2 or gguf_name.endswith("ffn_gate_inp.weight"):
+    """The type a tensor is written in: norms, biases, routers and the GDN conv stay F32 (llama.cpp never
+    quantizes those)."""
+    if ndim < 2 or not gguf_name.endswith(".weight") or gguf_name.endswith(F32_SUFFIXES):
         return "F32"
     return qtype
+
+
+F32_SUFFIXES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "norm.weight")
 
 
 def encode(array: np.ndarray, qtype: str) -> np.ndarray:
@@ -208,7 +285,7 @@ def decode(data: np.ndarray, qtype: str) -> np.ndarray:
 
 def gguf_arch(model: torch.nn.Module) -> str:
     model_type = model.config.model_type
-    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}.get(model_type)
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen3_next": "qwen3next"}.get(model_type)
     if arch is None:
         raise ValueError(f"no GGUF architecture for model_type {model_type!r}")
     return arch
@@ -240,6 +317,41 @@ def _write_hparams(writer: gguf.GGUFWriter, config, arch: str, qtype: str) -> No
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "qwen3next":
+        _write_qwen3next_hparams(writer, config, head_dim)
+
+
+def full_attention_interval(layer_types: list[str]) -> int:
+    """The n with layer i full attention iff (i + 1) % n == 0, the only pattern llama.cpp's qwen3next reads."""
+    for n in range(1, len(layer_types) + 1):
+        if all((t == "full_attention") == ((i + 1) % n == 0) for i, t in enumerate(layer_types)):
+            return n
+    raise ValueError(f"layer_types {layer_types} is not 'full attention every n-th layer'; llama.cpp cannot express it")
+
+
+def _write_qwen3next_hparams(writer: gguf.GGUFWriter, config, head_dim: int) -> None:
+    if config.mlp_only_layers or config.decoder_sparse_step != 1:
+        raise ValueError("qwen3next in llama.cpp has every layer MoE: mlp_only_layers / decoder_sparse_step")
+    if not config.norm_topk_prob:
+        raise ValueError("qwen3next in llama.cpp renormalizes the top-k weights: norm_topk_prob must be True")
+    if config.attention_bias:
+        raise ValueError("qwen3next in llama.cpp has no attention biases")
+    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+    if config.linear_key_head_dim != config.linear_value_head_dim or nv % nk:
+        raise ValueError("qwen3next in llama.cpp needs linear key and value head dims equal, value heads a multiple of key heads")
+    writer.add_expert_count(config.num_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    # transformers 5 keeps the factor inside rope_parameters; llama.cpp's converter reads the top-level one
+    partial = config.rope_parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 0.25))
+    writer.add_rope_dimension_count(int(head_dim * partial))
+    writer.add_ssm_conv_kernel(config.linear_conv_kernel_dim)
+    writer.add_ssm_state_size(config.linear_key_head_dim)
+    writer.add_ssm_group_count(nk)
+    writer.add_ssm_time_step_rank(nv)
+    writer.add_ssm_inner_size(config.linear_value_head_dim * nv)
+    writer.add_full_attention_interval(full_attention_interval(config.layer_types))
 
 
 def export_gguf(model: torch.nn.Module, path, qtype: str = "F32", tokenizer_metadata: dict | None = None) -> None:
@@ -285,11 +397,16 @@ def dequantized_hf_model(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
         for source in tensor_sources(copied):
             array = _source_array(params, source)
             tensor_qtype = stored_qtype(source.gguf_name, array.ndim, qtype)
+            if tensor_qtype == "F32":
+                continue  # stored exactly (every transformed tensor is one of these)
             values = torch.from_numpy(decode(encode(array, tensor_qtype), tensor_qtype)).reshape(array.shape)
             target = params[source.hf_name]
             if source.half is not None:
                 target = target.chunk(2, dim=1)[source.half]
-            target.copy_(values)
+            if source.rows is not None:
+                target[list(source.rows)] = values
+            else:
+                target.copy_(values)
     return copied
 
 
