@@ -14,6 +14,17 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from triton.runtime import interpreter as _interpreter
+
+    def _patch_lang_tensor(tensor, scope, _original=_interpreter._patch_lang_tensor):
+        """Triton 3.6's interpreter holds scalars as 1-element arrays, which numpy >= 2.4 no longer turns into an
+        int: loops with runtime bounds (`range(0, n, TILE)`) need the scalar read as an element."""
+        _original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_lang_tensor
+
 
 def capability(t: torch.Tensor) -> tuple[int, int]:
     """The GPU generation a tensor lives on; the interpreter counts as the newest (it runs every kernel)."""
