@@ -62,7 +62,7 @@ def stream_completion(engine: Engine, prompt_ids: list[int], params: SamplingPar
     tokenizer = engine.tokenizer
     stops = [s for s in (stop or []) if s]
     stop_ids = tokenizer.eos_token_ids if stop_ids is None else stop_ids
-    decoder = tokenizer.stream_decoder()
+    decoder = tokenizer.stream_decoder(skip_special_tokens=True)  # control tokens are not text
     stats = Stats(prompt_tokens=len(prompt_ids))
     pending, pending_ids = "", []
     finish = "length"
