@@ -1,0 +1,108 @@
+"""Prompt attention IMMA (`STRATA_PROMPT_ATTN_IMMA=1`): both products as int8 x int8 dots on the stored codes.
+
+The other operand is split exactly into three signed bytes (24 bits). For `|y| <= 127` and `X = round(y * 65536)`:
+`m = ((X + 128) & 255) - 128`, `X1 = (X - m) >> 8`, `l = ((X1 + 128) & 255) - 128`, `h = (X1 - l) >> 8`, so
+`X = 65536 h + 256 l + m` with h, l, m in [-128, 127] (h in [-127, 127]); Triton's int8 dot wants signed bytes on both
+sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l b + sum m b) / 65536`.
+- q . k: q scaled per (head, 64-dim group) to 127: `part_g = join3 * (mx / 127) * k_scale_g`; `s = sum_g part_g`,
+  times `scale_log2`.
+- P . V: `a = e * v_scale_g` scaled per (row, group) over the chunk's 32 cells to 127 (a per-group scale alone loses
+  accuracy); `acc_g = acc_g * alpha + join3 * mx / 127`.
+v2's block, pipeline and softmax; int8 pools, sm_80+.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.attention.paged import PagedKV
+from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_v2 import STAGES
+
+SPLIT_LIMIT = 127 * 65536
+
+
+def split3_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Torch mirror of `split3` on integers X (int32/int64 tensor, |X| <= 127 * 65536): (h, l, m) as int8."""
+    x = x.long()
+    m = ((x + 128) & 255) - 128
+    x1 = (x - m) >> 8
+    low = ((x1 + 128) & 255) - 128
+    return ((x1 - low) >> 8).to(torch.int8), low.to(torch.int8), m.to(torch.int8)
+
+
+@triton.jit
+def split3(y):
+    """Three signed-byte parts of `round(y * 65536)` for |y| <= 127 (clamped there)."""
+    x = tl.floor(y * 65536.0 + 0.5).to(tl.int32)
+    x = tl.minimum(tl.maximum(x, -8323072), 8323072)
+    m = ((x + 128) & 255) - 128
+    x1 = (x - m) >> 8
+    low = ((x1 + 128) & 255) - 128
+    return ((x1 - low) >> 8).to(tl.int8), low.to(tl.int8), m.to(tl.int8)
+
+
+@triton.jit
+def dot3(h, low, m, b):
+    """`round(y * 65536) . b / 65536` from y's parts and int8 `b`: three exact int32 dots joined in fp32."""
+    hb = tl.dot(h, b).to(tl.float32)
+    rest = (tl.dot(low, b) * 256 + tl.dot(m, b)).to(tl.float32)
+    return hb + rest * (1.0 / 65536.0)
+
+
+@triton.jit
+def _prompt_imma_kernel(q_ptr, out_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                        cap, n_kv_heads, scale_log2,
+                        G: tl.constexpr, BM: tl.constexpr, NG: tl.constexpr, CH: tl.constexpr):
+    D: tl.constexpr = NG * 64
+    qi = tl.program_id(0)
+    kvh = tl.program_id(1)
+    gi = tl.arange(0, NG)
+    g = gi[:, None, None]
+    r = tl.arange(0, BM)[None, :, None]
+    d = tl.arange(0, 64)[None, None, :]
+    head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
+    q = tl.load(q_ptr + head * D + g * 64 + d, mask=r < G, other=0.0)  # [NG, BM, 64]
+    qmax = tl.max(tl.abs(q), axis=2)  # [NG, BM]
+    qh, ql, qm = split3(q * tl.where(qmax > 0, tl.math.div_rn(tl.zeros_like(qmax) + 127.0, qmax), 0.0)[:, :, None])
+    qdown = qmax * (scale_log2 / 127.0)
+    width = tl.load(width_ptr + qi)
+    ids_row = ids_ptr + qi.to(tl.int64) * cap
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((NG, BM, 64), tl.float32)
+    dk = tl.arange(0, 64)[None, :, None]
+    for c0 in range(0, width, CH):
+        rows, valid = chunk_rows(ids_row, page_table_ptr, c0, width, kvh, n_kv_heads, CH)
+        k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
+        ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+        part = dot3(qh, ql, qm, k) * qdown[:, :, None] * ks[:, None, :]  # [NG, BM, CH]
+        e, alpha, m, l = softmax_step(tl.sum(part, axis=0), valid, m, l)
+        v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
+        vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+        a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
+        amax = tl.max(a, axis=2)
+        ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax), 0.0)[:, :, None])
+        acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
+    out = tl.where(l[None, :, None] > 0, acc / l[None, :, None], 0.0)
+    tl.store(out_ptr + head * D + g * 64 + d, out, mask=r < G)
+
+
+def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
+                     width: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+    """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
+    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    if n_q == 0:
+        return out
+    _prompt_imma_kernel[(n_q, pool.n_kv_heads)](
+        q.float().contiguous(), out, ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
+        page_table.to(torch.int32).contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, ids.shape[1],
+        pool.n_kv_heads, scale * LOG2E, G=group, BM=rows_block(group), NG=dim // 64, CH=CHUNK,
+        num_warps=4, num_stages=STAGES)
+    return out
