@@ -44,7 +44,7 @@ class HFExports:
             from strata.tokenizer_train import train_small_bpe
             from tools.export_hf import K_QUANT_SIZES, export_gguf, make_hf_model
 
-            sizes = K_QUANT_SIZES if qtype.endswith("_K") else {}
+            sizes = K_QUANT_SIZES if qtype in ("Q4_K", "Q2_0") else {}  # rows of whole blocks
             model = make_hf_model(arch, seed=7, tie_word_embeddings=tied, **sizes)
             path = self.root / f"{arch}-{qtype}{'-tied' if tied else ''}.gguf"
             export_gguf(model, path, qtype, tokenizer_metadata=train_small_bpe(model.config.vocab_size))

@@ -26,6 +26,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `strata` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from strata.gguf import Q2_0  # noqa: E402  (after the path fix above)
+
 log = logging.getLogger(__name__)
 
 # The GGUF architecture name -> (transformers config class, model class), by name to import lazily.
@@ -79,6 +81,7 @@ QTYPES = {
     "F16": gguf.GGMLQuantizationType.F16,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
     "Q4_K": gguf.GGMLQuantizationType.Q4_K,
+    "Q2_0": Q2_0,  # Strata's type 42, which gguf-py only knows once strata.gguf registers it
 }
 FILE_TYPES = {
     "F32": gguf.LlamaFileType.ALL_F32,
@@ -277,6 +280,11 @@ def decode(data: np.ndarray, qtype: str) -> np.ndarray:
     """The float32 values a reader gets back from `encode`'s output, by gguf-py's reference dequantizer."""
     if qtype in ("F32", "F16"):
         return data.astype(np.float32)
+    if qtype == "Q2_0":  # gguf-py has no Q2_0 dequantizer; ours is checked against the format's definition
+        from strata.quant import dequantize
+
+        rows = torch.from_numpy(np.ascontiguousarray(data))
+        return dequantize(rows, qtype, (*data.shape[:-1], data.shape[-1] // 18 * 64)).numpy()
     return gguf.quants.dequantize(data, QTYPES[qtype]).astype(np.float32)
 
 
@@ -294,7 +302,8 @@ def gguf_arch(model: torch.nn.Module) -> str:
 def _write_hparams(writer: gguf.GGUFWriter, config, arch: str, qtype: str) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_name(f"strata-tiny-{arch}")
-    writer.add_file_type(FILE_TYPES[qtype])
+    if qtype in FILE_TYPES:
+        writer.add_file_type(FILE_TYPES[qtype])
     if qtype not in ("F32", "F16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_block_count(config.num_hidden_layers)

@@ -32,7 +32,7 @@ def test_f32_logits_match_transformers(hf_exports, arch, tied):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q2_0"])
 def test_quantized_logits_match_transformers_on_the_dequantized_weights(hf_exports, arch, qtype):
     model, path = hf_exports.get(arch, qtype)
     reference = dequantized_hf_model(model, qtype)
