@@ -1,0 +1,101 @@
+"""Decode attention over selected cells: split-K over the selection, then a log-sum-exp merge.
+
+Each program takes one (split of `split` cells, KV head, query): fp32 math as the fp32 prompt kernel (same chunks,
+same order), writing its running max `m`, sum `l` (base 2) and unnormalized accumulator. The merge scales each split
+by `exp2(m_s - max m)`. With one split the result is the fp32 prompt kernel's, bit for bit. int8 or fp16 pools.
+Reference: `prompt_ref.prompt_attn_ref` (the same attention, one query at a time).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.attention.paged import PagedKV
+from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_ref import prompt_attn_ref
+
+SPLIT = 128  # cells per program
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
+                         cap, n_kv_heads, n_splits, scale_log2, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+                         CH: tl.constexpr, SPLIT: tl.constexpr, INT8: tl.constexpr):
+    sp = tl.program_id(0)
+    kvh = tl.program_id(1)
+    qi = tl.program_id(2)
+    r = tl.arange(0, BM)
+    d = tl.arange(0, D)
+    head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
+    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=r[:, None] < G, other=0.0)
+    end = tl.minimum(tl.load(width_ptr + qi), (sp + 1) * SPLIT)
+    ids_row = ids_ptr + qi.to(tl.int64) * cap
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    for c0 in range(sp * SPLIT, end, CH):
+        rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+        k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
+        v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        if INT8:
+            k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
+            v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, k, input_precision="ieee") * scale_log2
+        e, alpha, m, l = softmax_step(s, valid, m, l)
+        acc = acc * alpha[:, None] + tl.dot(e, v, input_precision="ieee")
+    part = head * n_splits + sp  # (query, head, split)
+    tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=r[:, None] < G)
+    tl.store(ml_ptr + part * 2, m, mask=r < G)
+    tl.store(ml_ptr + part * 2 + 1, l, mask=r < G)
+
+
+@triton.jit
+def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S: tl.constexpr):
+    head = tl.program_id(0).to(tl.int64)  # (query, head) flattened
+    sp = tl.arange(0, S)
+    d = tl.arange(0, D)
+    live = sp < n_splits
+    part = head * n_splits + sp
+    m = tl.load(ml_ptr + part * 2, mask=live, other=float("-inf"))
+    l = tl.load(ml_ptr + part * 2 + 1, mask=live, other=0.0)
+    top = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - tl.where(top == float("-inf"), 0.0, top)))
+    total = tl.sum(w * l, axis=0)
+    acc = tl.sum(tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=live[:, None], other=0.0) * w[:, None], 0)
+    tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0))
+
+
+def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
+                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT) -> torch.Tensor:
+    """Split-K attention of a few queries [n_q, H, D] over their selected cells: [n_q, H, D] fp32."""
+    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width)
+    if split % CHUNK:
+        raise ValueError(f"split {split} is not a multiple of {CHUNK}")
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    n_splits = triton.cdiv(max(ids.shape[1], 1), split)
+    if n_q == 0:
+        return out
+    acc = torch.empty(n_q, n_heads, n_splits, dim, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
+    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
+    _decode_split_kernel[(n_splits, pool.n_kv_heads, n_q)](
+        q.float().contiguous(), ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
+        page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales, acc, ml, ids.shape[1], pool.n_kv_heads,
+        n_splits, scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=pool.int8,
+        num_warps=8, num_stages=2)
+    _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
+                                           num_warps=4)
+    return out
+
+
+def decode_attention(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
+                     width: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+    """Decode attention: the split-K kernel on the GPU, the reference (fp32) on the CPU."""
+    if q.is_cuda:
+        return decode_attn_triton(q, pool, page_table, ids, width, sm_scale)
+    return prompt_attn_ref(q, pool, page_table, ids, width, sm_scale, dtype=torch.float32)
