@@ -1,9 +1,14 @@
-"""Expert execution backends: how the routed experts of a MoE layer are computed. The model never knows which."""
+"""Expert execution backends: how the routed experts of a MoE layer are computed. The model never knows which.
+
+A backend's `start` launches the work and returns a handle; the model computes the shared expert meanwhile and
+then calls `finish`, so experts computed elsewhere (the CPU pool) overlap with the GPU's own work.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,21 +25,66 @@ class ExpertStack:
     down: QuantWeight
 
     @property
+    def n_experts(self) -> int:
+        return self.gate.shape[0]
+
+    @property
     def n_bytes(self) -> int:
         return self.gate.n_bytes + self.up.n_bytes + self.down.n_bytes
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.n_bytes // self.n_experts
+
+    def expert(self, e: int) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
+        return self.gate[e], self.up[e], self.down[e]
+
+
+def swiglu_expert(weights: tuple[QuantWeight, QuantWeight, QuantWeight], x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of one expert from its three quantized matrices, dequantized on use."""
+    gate, up, down = weights
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def routed_tokens(ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """expert -> (token rows, top-k slot) of the tokens routed to it."""
+    order = {}
+    for expert in ids.unique().tolist():
+        order[expert] = (ids == expert).nonzero(as_tuple=True)
+    return order
+
+
+def accumulate(out: torch.Tensor, routes: dict, weights: torch.Tensor, x: torch.Tensor,
+               expert_weights: Callable[[int], tuple], experts) -> None:
+    """out[token] += weight * expert(x[token]) for the given experts (all on out's device)."""
+    for expert in experts:
+        token, slot = routes[expert]
+        y = swiglu_expert(expert_weights(expert), x[token])
+        out.index_add_(0, token, y * weights[token, slot, None].to(x.dtype))
+
+
+class PendingExperts:
+    """The result of `ExpertBackend.start`; `finish()` waits for any part computed elsewhere and sums."""
+
+    def __init__(self, out: torch.Tensor, finish: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self._out, self._finish = out, finish
+
+    def finish(self) -> torch.Tensor:
+        return self._finish(self._out) if self._finish else self._out
 
 
 class ExpertBackend(ABC):
     name: str
 
     @abstractmethod
+    def start(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> PendingExperts:
+        """Begin sum over each token's chosen experts of weight * expert(x). x: [T, embd]; weights, ids: [T, k]."""
+
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's chosen experts of weight * expert(x). x: [T, embd]; weights, ids: [T, k]."""
+        return self.start(layer, x, weights, ids).finish()
 
-
-def run_expert(stack: ExpertStack, expert: int, x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of one expert, dequantizing only that expert's slices of the stacked tensors."""
-    return linear(F.silu(linear(x, stack.gate[expert])) * linear(x, stack.up[expert]), stack.down[expert])
+    def end_step(self) -> None:
+        """Called once per forward step, after the last layer (caches adapt here)."""
 
 
 class ResidentExperts(ExpertBackend):
@@ -45,14 +95,8 @@ class ResidentExperts(ExpertBackend):
     def __init__(self, stacks: dict[int, ExpertStack]):
         self.stacks = stacks
 
-    def run(self, layer, x, weights, ids):
-        stack = self.stacks[layer]
+    def start(self, layer, x, weights, ids):
+        stack, routes = self.stacks[layer], routed_tokens(ids)
         out = torch.zeros_like(x)
-        for expert in ids.unique().tolist():
-            token, slot = (ids == expert).nonzero(as_tuple=True)
-            y = run_expert(stack, expert, x[token])
-            out.index_add_(0, token, y * weights[token, slot, None].to(x.dtype))
-        return out
-
-
-EXPERT_BACKENDS = {ResidentExperts.name: ResidentExperts}
+        accumulate(out, routes, weights, x, stack.expert, routes)
+        return PendingExperts(out)

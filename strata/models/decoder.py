@@ -163,13 +163,14 @@ class DecoderLM:
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
-        out = self.experts.run(i, x, weights, ids)
-        if w.shared_gate is not None:
-            shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
-            if w.shared_router is not None:
-                shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
-            out = out + shared
-        return out
+        pending = self.experts.start(i, x, weights, ids)
+        if w.shared_gate is None:
+            return pending.finish()
+        # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
+        shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
+        if w.shared_router is not None:
+            shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
+        return pending.finish() + shared
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
@@ -179,6 +180,7 @@ class DecoderLM:
         for i in range(self.config.n_layers):
             h = h + self._attention(i, h, ctx, cos, sin)
             h = h + self._ffn(i, h)
+        self.experts.end_step()
         if not ctx.want_all_logits:
             h = h[-1:]
         return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()
