@@ -1,0 +1,210 @@
+"""`strata bench prompt-attn`: the prompt-attention parity tool. Per shape and kernel variant: ms per launch, error
+against float64, error against the fp32 kernel, PASS/FAIL by the bounds below, the fraction of the HBM floor; plus
+torch SDPA on the same cells dequantized to bf16.
+
+Data (synthetic, as the upstream parity test): int8 codes U[-127, 127] with fp16 scales U[0.005, 0.03], q ~ N(0, 2^2),
+a shuffled page table; queries at ctx - Q .. ctx - 1; each selects every cell while they fit in top_k + 3, else the
+512 newest plus older cells drifting about 3% per query.
+Bounds: `err <= max(4 * err_fp32, 1e-6 * scale)` against float64 (on every (Q/16)-th query, `scale = max|ref|`) and
+`max|x - fp32| <= 1e-4 * max|fp32|` over all outputs.
+Floor: bytes of K/V codes, scales and cell ids read once per query (plus q and the output) over the measured copy
+bandwidth of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+
+import numpy as np
+import torch
+
+DEFAULT_SHAPES = [(32768, 1024), (65536, 512), (1500, 1500), (2100, 256), (32768, 2048)]
+VARIANT_ORDER = ["fp32", "v1", "v2", "v2t", "imma"]
+DRIFT = 0.03
+
+
+def make_pool(ctx: int, n_kv_heads: int, dim: int, device, seed: int):
+    from strata.kernels.attention.paged import PagedKV
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    n_pages = (ctx + 3) // 4
+    pool = PagedKV.empty(n_pages, n_kv_heads, dim, int8=True, device=device)
+    for codes, scales in ((pool.k, pool.k_scale), (pool.v, pool.v_scale)):
+        codes.copy_(torch.randint(-127, 128, codes.shape, generator=g, device=device))
+        scales.copy_(torch.rand(scales.shape, generator=g, device=device) * 0.025 + 0.005)
+    table = torch.randperm(n_pages, generator=g, device=device).int()
+    return pool, table
+
+
+def make_selections(ctx: int, n_q: int, cap: int, recent: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [n_q, cap] (ascending, -1 padded) and width [n_q] for queries at ctx - n_q .. ctx - 1."""
+    rng = np.random.default_rng(seed)
+    ids = np.full((n_q, cap), -1, dtype=np.int32)
+    width = np.zeros(n_q, dtype=np.int32)
+    member = np.zeros(ctx, dtype=bool)
+    older = None
+    for i, pos in enumerate(range(ctx - n_q, ctx)):
+        n_kv = pos + 1
+        if n_kv <= cap:
+            ids[i, :n_kv] = np.arange(n_kv)
+            width[i] = n_kv
+            continue
+        n_old, old_end = cap - recent, n_kv - recent  # older cells come from [0, old_end)
+        if older is None:
+            older = rng.choice(old_end, n_old, replace=False)
+        else:
+            out = rng.choice(n_old, min(n_old, max(1, round(DRIFT * n_old))), replace=False)
+            member[older] = True
+            member[older[out]] = False
+            free = np.flatnonzero(~member[:old_end])
+            free = free[~np.isin(free, older[out])]
+            fresh = rng.choice(free, min(len(out), len(free)), replace=False)
+            older[out[: len(fresh)]] = fresh
+            member[:] = False
+        ids[i] = np.sort(np.concatenate([older, np.arange(old_end, n_kv)]))
+        width[i] = cap
+    return torch.from_numpy(ids), torch.from_numpy(width)
+
+
+def floor_bytes(width: torch.Tensor, n_kv_heads: int, n_heads: int, dim: int) -> int:
+    cells = int(width.long().sum())
+    per_cell = n_kv_heads * (2 * dim + 2 * (dim // 64) * 2) + 4  # K and V codes, their fp16 scales, the id
+    return cells * per_cell + 2 * width.shape[0] * n_heads * dim * 4  # + q and the output, fp32
+
+
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn, reps: int) -> float:
+        """Milliseconds per call, averaged over `reps` calls."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def sdpa_inputs(q, pool, table, ids, width, step: int = 256):
+    """bf16 q [n_q, H, 1, D], K/V [n_q, KVH, cap, D] of the selected cells (dequantized in fp32), mask [n_q, 1, 1, cap]."""
+    from strata.kernels.attention.kv_int8 import gather_kv
+
+    n_q, cap = ids.shape
+    valid = torch.arange(cap, device=ids.device)[None] < width[:, None]
+    cells = torch.where(valid, ids.long(), 0)
+    k = torch.empty(n_q, pool.n_kv_heads, cap, pool.head_dim, dtype=torch.bfloat16, device=q.device)
+    v = torch.empty_like(k)
+    for q0 in range(0, n_q, step):
+        for kvh in range(pool.n_kv_heads):
+            kk, vv = gather_kv(pool, table, cells[q0 : q0 + step], kvh, torch.float32)
+            k[q0 : q0 + step, kvh], v[q0 : q0 + step, kvh] = kk, vv
+    return q.bfloat16()[:, :, None], k, v, valid[:, None, None]
+
+
+def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) -> bool:
+    from strata.kernels.attention.prompt import VARIANTS
+    from strata.kernels.attention.prompt_ref import prompt_attn_ref
+
+    cap = args.top_k + 3
+    pool, table = make_pool(ctx, args.kv_heads, args.dim, device, args.seed)
+    ids, width = (t.to(device) for t in make_selections(ctx, n_q, cap, min(args.recent, cap), args.seed))
+    g = torch.Generator(device=device).manual_seed(args.seed + 1)
+    q = torch.randn(n_q, args.heads, args.dim, generator=g, device=device) * 2
+    sample = torch.arange(0, n_q, max(1, n_q // 16), device=device)
+    ref = prompt_attn_ref(q[sample], pool, table, ids[sample], width[sample])
+    ref_scale = ref.abs().max().item()
+    n_bytes = floor_bytes(width, args.kv_heads, args.heads, args.dim)
+    floor_ms = n_bytes / bandwidth * 1e3
+    n_sparse = max(0, min(n_q, ctx - cap))  # queries at pos >= cap see more cells than they select
+    print(f"ctx {ctx} x {n_q} queries ({args.heads}/{args.kv_heads} heads x {args.dim}, width <= {cap}, "
+          f"{n_sparse} sparse): "
+          f"floor {floor_ms:.3f} ms ({n_bytes / 1e9:.3f} GB at {bandwidth / 1e12:.2f} TB/s); "
+          f"output scale {ref_scale:.3f}")
+    timer = Timer(device)
+    names = [n for n in VARIANT_ORDER if n in args.variants]
+    calls = {n: (lambda n=n: VARIANTS[n](q, pool, table, ids, width)) for n in names}
+    outs = {n: call() for n, call in calls.items()}  # compiles, and the outputs compared below
+    ms = {}
+    for _ in range(2):  # alternate the variants twice; the second round counts
+        for n, call in calls.items():
+            ms[n] = timer(call, args.reps)
+    fp32 = outs.get("fp32")
+    if fp32 is None:
+        fp32 = VARIANTS["fp32"](q, pool, table, ids, width)
+    fp32_scale = fp32.abs().max().item()
+    err_fp32 = (fp32[sample].double() - ref).abs().max().item()
+    ok = True
+    for n in names:
+        out = outs[n]
+        err = (out[sample].double() - ref).abs().max().item()
+        vs_fp32 = (out - fp32).abs().max().item()
+        good = err <= max(4 * err_fp32, 1e-6 * ref_scale) and vs_fp32 <= 1e-4 * fp32_scale
+        ok &= good
+        digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()[:12]
+        print(f"  {'PASS' if good else 'FAIL'} {n:<9} {ms[n]:9.3f} ms  {floor_ms / ms[n]:6.1%} of floor  "
+              f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}")
+    if args.sdpa:
+        import torch.nn.functional as F
+
+        sq, sk, sv, mask = sdpa_inputs(q, pool, table, ids, width)
+
+        def sdpa():
+            return F.scaled_dot_product_attention(sq, sk, sv, attn_mask=mask, enable_gqa=True)
+
+        out = sdpa()[:, :, 0].float()
+        t = timer(sdpa, args.reps)
+        err = (out[sample].double() - ref).abs().max().item()
+        vs_fp32 = (out - fp32).abs().max().item()
+        print(f"  info sdpa-bf16 {t:9.3f} ms  {floor_ms / t:6.1%} of floor  vs FP64 {err / ref_scale:.2e}  "
+              f"vs fp32 {vs_fp32 / fp32_scale:.2e}  (cells pre-gathered, {2 * sk.numel() * 2 / 1e9:.2f} GB)")
+        del sq, sk, sv, mask
+    return ok
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata bench prompt-attn", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ctx", type=int, help="context cells (default: the five standard shapes)")
+    p.add_argument("--queries", type=int, default=1024, help="queries with --ctx")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--heads", type=int, default=24)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--top-k", type=int, default=2048, help="selection budget in cells (width = top_k + 3)")
+    p.add_argument("--recent", type=int, default=512, help="newest cells in every sparse selection")
+    p.add_argument("--variants", nargs="+", default=VARIANT_ORDER, choices=VARIANT_ORDER)
+    p.add_argument("--no-sdpa", dest="sdpa", action="store_false")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one block per shape; 0 if every variant passes its bounds, else 1."""
+    args = parser().parse_args(argv)
+    device = torch.device(args.device)
+    from strata.bench.generate import copy_bandwidth
+
+    bandwidth = copy_bandwidth(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
+    print(f"prompt attention parity on {name}, torch {torch.__version__}")
+    shapes = [(args.ctx, args.queries)] if args.ctx else DEFAULT_SHAPES
+    ok = True
+    for ctx, n_q in shapes:
+        ok &= run_shape(ctx, min(n_q, ctx), args, device, bandwidth)
+    print("all PASS" if ok else "some FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

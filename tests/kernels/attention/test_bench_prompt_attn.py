@@ -1,0 +1,37 @@
+"""The parity tool: its selections follow the recipe, and a tiny run passes every bound."""
+
+import numpy as np
+
+from strata.bench.prompt_attn import main, make_selections
+
+
+def test_selections_recipe():
+    ctx, n_q, cap, recent = 400, 40, 67, 16
+    ids, width = make_selections(ctx, n_q, cap, recent, seed=0)
+    previous = None
+    for i, pos in enumerate(range(ctx - n_q, ctx)):
+        w = int(width[i])
+        row = ids[i, :w].numpy()
+        assert w == min(pos + 1, cap) and (ids[i, w:] == -1).all()
+        assert (np.diff(row) > 0).all() and row[-1] == pos and row[0] >= 0
+        assert set(range(pos + 1 - recent, pos + 1)) <= set(row.tolist())
+        older = set(row[row < pos + 1 - recent].tolist())
+        if previous is not None:
+            assert 1 <= len(previous - older) <= 3  # about 3% of 51 older cells change per query
+        previous = older
+
+
+def test_identity_below_the_budget():
+    ids, width = make_selections(50, 20, 67, 16, seed=0)
+    for i, pos in enumerate(range(30, 50)):
+        assert ids[i, : int(width[i])].tolist() == list(range(pos + 1))
+
+
+def test_tiny_run_passes(capsys):
+    rc = main(["--ctx", "160", "--queries", "8", "--reps", "1", "--heads", "4", "--kv-heads", "2", "--dim", "64",
+               "--top-k", "29", "--recent", "8"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    for name in ("fp32", "v1", "v2", "v2t", "imma"):
+        assert f"PASS {name}" in text
+    assert "sdpa-bf16" in text and "all PASS" in text
