@@ -57,9 +57,10 @@ def _quantize_store(x, code_ptr, scale_ptr, row, G: tl.constexpr, NG: tl.constex
     g = tl.arange(0, NG)[:, None]
     d = tl.arange(0, G)[None, :]
     if INT8:
-        scale = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0).to(tl.float16)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 127.0).to(tl.float16)  # IEEE division, like torch's
         s = scale.to(tl.float32)[:, None]
-        y = tl.math.div_rn(x, tl.where(s == 0, 1.0, s))
+        y = tl.math.div_rn(x, tl.zeros_like(x) + tl.where(s == 0, 1.0, s))
         y = (y + 12582912.0) - 12582912.0  # rint, ties to even: exact for |y| < 2^22
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
         tl.store(code_ptr + row * (NG * G) + g * G + d, tl.where(s == 0, 0.0, y).to(tl.int8))
