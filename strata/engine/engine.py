@@ -12,7 +12,9 @@ from strata.engine.context import ForwardContext
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
-from strata.models import load_model
+from strata.engine.offload import offloaded_experts
+from strata.engine.placement import plan_placement
+from strata.models import config_of, load_model
 from strata.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -26,6 +28,11 @@ class EngineConfig:
     n_ctx: int | None = None  # context size; default min(model's, 4096)
     prefill_chunk: int = 512  # prompt tokens per forward step
     progress: bool = False
+    vram_budget: float | None = None  # GiB: behave as if the GPU had this much (None: what is free)
+    expert_cache: str | int = "auto"  # GPU expert slots when experts do not all fit: "auto" or a count
+    pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
+    pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
+    expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -46,15 +53,6 @@ def _dtype(name: str, what: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _check_gpu_memory(model_file: GGUFModelFile, device: torch.device) -> None:
-    free, _ = torch.cuda.mem_get_info(device)
-    need = model_file.n_bytes
-    if need > free:
-        raise StrataError(
-            f"{model_file.path}: the model needs {need / 2**30:.1f} GiB on {device} but {free / 2**30:.1f} GiB is free "
-            "(use device='cpu', or a smaller quant)")
-
-
 class Engine:
     def __init__(self, path: str | os.PathLike, config: EngineConfig = EngineConfig()):
         self.config = config
@@ -62,13 +60,21 @@ class Engine:
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata, source=str(self.file.path))
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
-        if self.device.type == "cuda":
-            _check_gpu_memory(self.file, self.device)
-        self.model = load_model(self.file, self.device, self.dtype, progress=config.progress)
-        self.n_ctx = config.n_ctx or min(self.model.config.context_length, 4096)
+        model_config = config_of(self.file)
+        self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
         if self.n_ctx <= 0:
             raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
-        self.kv = self.model.new_cache(self.n_ctx, _dtype(config.kv_dtype, "kv_dtype"))
+        kv_dtype = _dtype(config.kv_dtype, "kv_dtype")
+        if not 0 <= config.pcie_frac <= 1:
+            raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
+        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_dtype.itemsize,
+                                   config.vram_budget, config.expert_cache)
+        # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
+        offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
+        self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
+        if offload:
+            self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
+        self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
 
     def _check_fits(self, n_tokens: int) -> None:

@@ -100,3 +100,41 @@ class ResidentExperts(ExpertBackend):
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, stack.expert, routes)
         return PendingExperts(out)
+
+
+class CachedExperts(ExpertBackend):
+    """Experts live in host RAM; a GPU cache holds some. Hits run on the device; misses run on the CPU pool, or
+    (a `pcie_frac` share of them) are copied over PCIe and run on the device."""
+
+    name = "cached"
+
+    def __init__(self, host_stacks: dict[int, ExpertStack], cache, pool, device: torch.device, pcie_frac: float = 0.0):
+        self.host_stacks, self.cache, self.pool = host_stacks, cache, pool
+        self.device, self.pcie_frac = torch.device(device), pcie_frac
+        self.pcie_bytes = 0
+
+    def start(self, layer, x, weights, ids):
+        routes = routed_tokens(ids)
+        experts = list(routes)
+        hits, misses = self.cache.lookup(layer, experts) if self.cache is not None else ({}, experts)
+        n_pcie = round(len(misses) * self.pcie_frac)
+        over_pcie, on_cpu = misses[:n_pcie], misses[n_pcie:]
+        future = None
+        if on_cpu:
+            host_routes = {e: (routes[e][0].cpu(), routes[e][1].cpu()) for e in on_cpu}
+            future = self.pool.submit(layer, x.float().cpu(), host_routes, weights.float().cpu(), on_cpu)
+        out = torch.zeros_like(x)
+        if hits:
+            accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, hits[e]), hits)
+        if over_pcie:
+            stack = self.host_stacks[layer]
+            self.pcie_bytes += len(over_pcie) * stack.expert_bytes
+            accumulate(out, routes, weights, x,
+                       lambda e: tuple(w.to(self.device) for w in stack.expert(e)), over_pcie)
+        if future is None:
+            return PendingExperts(out)
+        return PendingExperts(out, lambda out: out + future.result().to(out.device, out.dtype))
+
+    def end_step(self) -> None:
+        if self.cache is not None:
+            self.cache.end_step()

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.decoder import DecoderLM
 
-ARCHITECTURES = {"qwen2": DecoderLM, "qwen3": DecoderLM, "qwen3moe": DecoderLM, "qwen2moe": DecoderLM}
+# Imported on first use: the model modules import the engine's expert backends, which import model weights.
+ARCHITECTURES = {
+    "qwen2": "decoder:DecoderLM",
+    "qwen3": "decoder:DecoderLM",
+    "qwen3moe": "decoder:DecoderLM",
+    "qwen2moe": "decoder:DecoderLM",
+    "qwen3next": "qwen3next:Qwen3NextLM",
+}
+
+
+def model_class(arch: str):
+    module, name = ARCHITECTURES[arch].split(":")
+    return getattr(importlib.import_module(f"strata.models.{module}"), name)
 
 
 def config_of(model: GGUFModelFile) -> ModelConfig:
@@ -19,6 +32,7 @@ def config_of(model: GGUFModelFile) -> ModelConfig:
     return ModelConfig.from_gguf(model)
 
 
-def load_model(model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False) -> DecoderLM:
+def load_model(model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False, **placement):
+    """`placement` may name an `expert_device` for the routed experts (the host, when they are offloaded)."""
     config = config_of(model)
-    return ARCHITECTURES[config.arch](config, model, device, dtype, progress=progress)
+    return model_class(config.arch)(config, model, device, dtype, progress=progress, **placement)

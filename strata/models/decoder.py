@@ -64,8 +64,8 @@ class WeightLoader:
         self.bar.update(info.n_bytes)
         return info
 
-    def quant(self, name: str, *shape: int) -> QuantWeight:
-        return QuantWeight.from_info(self._info(name, shape), self.device)
+    def quant(self, name: str, *shape: int, device: torch.device | None = None) -> QuantWeight:
+        return QuantWeight.from_info(self._info(name, shape), device or self.device)
 
     def dense(self, name: str, *shape: int) -> torch.Tensor:
         """A small tensor (norm, bias) dequantized once into the compute dtype."""
@@ -82,7 +82,7 @@ class DecoderLM:
     """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertBackend | None = None, progress: bool = False):
+                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
         self.config, self.device, self.dtype = config, device, dtype
         c, load = config, WeightLoader(model, device, dtype, progress)
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
@@ -109,9 +109,9 @@ class DecoderLM:
             norm = load.dense(p + "ffn_norm.weight", c.n_embd)
             if p + "ffn_gate_inp.weight" in model.tensors:
                 stacks[i] = ExpertStack(
-                    gate=load.quant(p + "ffn_gate_exps.weight", c.n_experts, c.expert_ff, c.n_embd),
-                    up=load.quant(p + "ffn_up_exps.weight", c.n_experts, c.expert_ff, c.n_embd),
-                    down=load.quant(p + "ffn_down_exps.weight", c.n_experts, c.n_embd, c.expert_ff),
+                    gate=load.quant(p + "ffn_gate_exps.weight", c.n_experts, c.expert_ff, c.n_embd, device=expert_device),
+                    up=load.quant(p + "ffn_up_exps.weight", c.n_experts, c.expert_ff, c.n_embd, device=expert_device),
+                    down=load.quant(p + "ffn_down_exps.weight", c.n_experts, c.n_embd, c.expert_ff, device=expert_device),
                 )
                 sff = c.shared_expert_ff
                 self.ffn.append(FFNWeights(

@@ -1,0 +1,155 @@
+"""The GPU expert cache: fixed slots holding experts in their GGUF format, filled from a routing profile and then
+adapted to what the model routes to (decayed counts; the most-routed missing experts replace the least-routed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.experts import ExpertStack
+from strata.models.weights import QuantWeight
+
+Key = tuple[int, int]  # (layer, expert)
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    swaps: int = 0
+    bytes_moved: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else float("nan")
+
+
+class ExpertCache:
+    """`n_slots` slots of `slot_bytes` on `device`; a slot holds one expert's gate, up and down bytes back to back."""
+
+    def __init__(self, stacks: dict[int, ExpertStack], n_slots: int, device: torch.device,
+                 decay: float = 0.7, adapt_every: int = 4, adapt_swaps: int = 96):
+        self.stacks, self.device = stacks, torch.device(device)
+        self.decay, self.adapt_every, self.adapt_swaps = decay, adapt_every, adapt_swaps
+        self.slot_bytes = max((s.expert_bytes for s in stacks.values()), default=0)
+        self.n_slots = n_slots
+        self.slots = torch.empty((n_slots, self.slot_bytes), dtype=torch.uint8, device=self.device)
+        self.slot_of: dict[Key, int] = {}
+        self.owner: list[Key | None] = [None] * n_slots
+        n_experts = max((s.n_experts for s in stacks.values()), default=0)
+        self.counts = {layer: torch.zeros(n_experts, dtype=torch.float64) for layer in stacks}
+        self.stats = CacheStats()
+        self.steps = 0
+        self.in_use: set[Key] = set()
+        # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.landing: dict[int, torch.cuda.Event] = {}
+
+    # ---- what is where
+
+    def expert_weights(self, layer: int, slot: int) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
+        """Views of a slot's bytes shaped like the layer's gate, up and down matrices of one expert."""
+        stack, row = self.stacks[layer], self.slots[slot]
+        views, offset = [], 0
+        for part in (stack.gate, stack.up, stack.down):
+            n_rows, row_bytes = part.raw.shape[1], part.raw.shape[2]
+            raw = row[offset : offset + n_rows * row_bytes].view(n_rows, row_bytes)
+            views.append(QuantWeight(part.name, part.ggml_type, part.shape[1:], raw))
+            offset += n_rows * row_bytes
+        return tuple(views)
+
+    def _landed(self, slot: int) -> bool:
+        event = self.landing.get(slot)
+        if event is None:
+            return True
+        if event.query():
+            del self.landing[slot]
+            return True
+        return False
+
+    def lookup(self, layer: int, experts: list[int]) -> tuple[dict[int, int], list[int]]:
+        """Split the experts a layer routes to into hits (expert -> slot) and misses; counts them."""
+        hits, misses = {}, []
+        for e in experts:
+            slot = self.slot_of.get((layer, e))
+            if slot is not None and self._landed(slot):
+                hits[e] = slot
+            else:
+                misses.append(e)
+            self.in_use.add((layer, e))
+        self.counts[layer][experts] += 1
+        self.stats.hits += len(hits)
+        self.stats.misses += len(misses)
+        return hits, misses
+
+    # ---- filling and adapting
+
+    def admit(self, key: Key, slot: int) -> None:
+        """Copy an expert's bytes from the host into `slot`, evicting whatever was there."""
+        layer, e = key
+        old = self.owner[slot]
+        if old is not None:
+            del self.slot_of[old]
+        stack = self.stacks[layer]
+        parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
+        n = sum(p.numel() for p in parts)
+        if self.copy_stream is None:
+            torch.cat(parts, out=self.slots[slot, :n])
+        else:
+            # Wait for work already queued on the compute stream, which may still read the old expert.
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.copy_stream):
+                offset = 0
+                for p in parts:
+                    self.slots[slot, offset : offset + p.numel()].copy_(p, non_blocking=True)
+                    offset += p.numel()
+                event = torch.cuda.Event()
+                event.record(self.copy_stream)
+            self.landing[slot] = event
+        self.owner[slot] = key
+        self.slot_of[key] = slot
+        self.stats.bytes_moved += n
+
+    def fill(self, ranking: list[Key]) -> None:
+        """Fill empty slots in the order given (a routing profile's ranking, or an even spread)."""
+        free = [s for s in range(self.n_slots) if self.owner[s] is None]
+        for key, slot in zip((k for k in ranking if k not in self.slot_of), free):
+            self.admit(key, slot)
+
+    def even_ranking(self) -> list[Key]:
+        """Without a profile: the same share of every layer, expert 0 first."""
+        n = max((s.n_experts for s in self.stacks.values()), default=0)
+        return [(layer, e) for e in range(n) for layer in sorted(self.stacks)]
+
+    def end_step(self) -> None:
+        """Decay counts; every `adapt_every` steps swap hot missing experts in for cold residents."""
+        self.steps += 1
+        if self.steps % self.adapt_every == 0:
+            self.adapt()
+        for counts in self.counts.values():
+            counts *= self.decay
+        self.in_use.clear()
+
+    def adapt(self) -> int:
+        """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use."""
+        missing = [(c, (layer, e)) for layer, counts in self.counts.items()
+                   for e, c in enumerate(counts.tolist()) if c > 0 and (layer, e) not in self.slot_of]
+        missing.sort(reverse=True)
+        free = [s for s in range(self.n_slots) if self.owner[s] is None]
+        residents = sorted((self.counts[k[0]][k[1]].item(), s) for s, k in enumerate(self.owner)
+                           if k is not None and k not in self.in_use)
+        swaps = 0
+        for count, key in missing[: self.adapt_swaps]:
+            if free:
+                slot = free.pop()
+            elif residents and residents[0][0] < count:
+                slot = residents.pop(0)[1]
+            else:
+                break
+            self.admit(key, slot)
+            swaps += 1
+        self.stats.swaps += swaps
+        return swaps

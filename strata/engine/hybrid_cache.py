@@ -1,0 +1,84 @@
+"""The cache of a hybrid model (GatedDeltaNet + attention) for one sequence.
+
+Attention layers keep keys and values per position (a KVCache over those layers only). GatedDeltaNet layers
+keep a fixed-size summary instead: the last kernel-1 inputs of their causal conv, and the recurrent state
+[value heads, key dim, value dim]. A summary cannot forget its last tokens, so the cache cannot be rewound:
+the engine starts such a sequence over (position 0) rather than truncate it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.kv import KVCache
+from strata.errors import StrataError
+
+
+class HybridCache:
+    can_truncate = False
+
+    def __init__(self, recurrent_layers: tuple[bool, ...], n_kv_heads: int, head_dim: int,
+                 conv_shape: tuple[int, int], state_shape: tuple[int, int, int], max_tokens: int,
+                 kv_dtype: torch.dtype, conv_dtype: torch.dtype, device: torch.device):
+        self.recurrent_layers = tuple(recurrent_layers)
+        self.conv_shape, self.state_shape = tuple(conv_shape), tuple(state_shape)
+        attention = [i for i, recurrent in enumerate(self.recurrent_layers) if not recurrent]
+        self.kv_slot = {layer: slot for slot, layer in enumerate(attention)}
+        self.kv = KVCache(len(attention), n_kv_heads, head_dim, max_tokens, kv_dtype, device)
+        recurrent = [i for i, r in enumerate(self.recurrent_layers) if r]
+        self.conv = {i: torch.zeros(self.conv_shape, dtype=conv_dtype, device=device) for i in recurrent}
+        # The state accumulates over the whole sequence: float32 whatever the activations are.
+        self.state = {i: torch.zeros(self.state_shape, dtype=torch.float32, device=device) for i in recurrent}
+        self.length = 0  # tokens the states have seen
+
+    @property
+    def max_tokens(self) -> int:
+        return self.kv.max_tokens
+
+    @property
+    def n_bytes(self) -> int:
+        fixed = sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.state.values()))
+        return self.kv.n_bytes + fixed
+
+    def check(self, source: str, recurrent_layers: tuple[bool, ...], conv_shape: tuple[int, int],
+              state_shape: tuple[int, int, int]) -> None:
+        """Raise unless this cache was made for a model of this layer pattern and these state shapes."""
+        if self.recurrent_layers != tuple(recurrent_layers):
+            raise StrataError(f"{source}: the cache's layer pattern {_pattern(self.recurrent_layers)} is not the "
+                              f"model's {_pattern(recurrent_layers)}")
+        for what, have, want in (("conv state", self.conv_shape, conv_shape),
+                                 ("recurrent state", self.state_shape, state_shape)):
+            if have != tuple(want):
+                raise StrataError(f"{source}: the cache's {what} has shape {list(have)}, the model needs {list(want)}")
+
+    def begin(self, start: int, n_tokens: int) -> None:
+        """Before a forward step over positions start..start+n_tokens: a new sequence at 0, else continue."""
+        if start == 0:
+            self.reset()
+        elif start != self.length:
+            raise StrataError(f"a recurrent state holds {self.length} tokens and cannot continue at position {start}")
+        self.kv.reserve(start + n_tokens)
+        self.length = start + n_tokens
+
+    def reset(self) -> None:
+        for t in (*self.conv.values(), *self.state.values()):
+            t.zero_()
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens: possible only for all of them (nothing to do) or none (reset)."""
+        if length == 0:
+            self.reset()
+        elif length != self.length:
+            raise StrataError(f"a recurrent state cannot be rewound from {self.length} to {length} tokens")
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.kv.write(self.kv_slot[layer], start, k, v)
+
+    def read(self, layer: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv.read(self.kv_slot[layer], end, dtype)
+
+
+def _pattern(recurrent_layers: tuple[bool, ...]) -> str:
+    """'RRRA...': R for a recurrent layer, A for attention."""
+    return "".join("R" if r else "A" for r in recurrent_layers) or "(none)"

@@ -1,0 +1,50 @@
+"""Putting together the offloaded expert path: host stacks (pinned or mapped), the GPU cache and the CPU pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from strata.engine.cpu_pool import CPUExpertPool
+from strata.engine.expert_cache import ExpertCache, Key
+from strata.engine.experts import CachedExperts, ExpertStack
+from strata.engine.placement import PlacementPlan
+from strata.errors import StrataError
+from strata.models.weights import QuantWeight
+
+
+def pinned(stacks: dict[int, ExpertStack]) -> dict[int, ExpertStack]:
+    """Copies of the stacks in page-locked RAM: PCIe copies from there run at full speed, from pageable at ~1/7."""
+
+    def pin(w: QuantWeight) -> QuantWeight:
+        raw = torch.empty(w.raw.shape, dtype=torch.uint8, pin_memory=True)
+        raw.copy_(w.raw)
+        return QuantWeight(w.name, w.ggml_type, w.shape, raw)
+
+    return {layer: ExpertStack(pin(s.gate), pin(s.up), pin(s.down)) for layer, s in stacks.items()}
+
+
+def load_profile(path: str, stacks: dict[int, ExpertStack]) -> list[Key]:
+    """A `strata profile` file -> every (layer, expert) it counted, most routed first."""
+    try:
+        counts = json.loads(Path(path).read_text())["counts"]
+        ranked = [(c, int(layer), e) for layer, row in counts.items() for e, c in enumerate(row)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StrataError(f"{path}: not a routing profile from `strata profile` ({exc})") from None
+    keys = [(layer, e) for c, layer, e in sorted(ranked, key=lambda t: (-t[0], t[1], t[2]))]
+    for layer, e in keys:
+        if layer not in stacks or e >= stacks[layer].n_experts:
+            raise StrataError(f"{path}: routing profile names expert {e} of layer {layer}, which this model lacks")
+    return keys
+
+
+def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, device: torch.device, config) -> CachedExperts:
+    host = pinned(stacks) if device.type == "cuda" and config.pin_experts else stacks
+    cache = None
+    if plan.n_slots:
+        cache = ExpertCache(host, plan.n_slots, device)
+        ranking = load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking()
+        cache.fill(ranking)
+    return CachedExperts(host, cache, CPUExpertPool(host), device, config.pcie_frac)

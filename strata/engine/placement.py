@@ -1,0 +1,99 @@
+"""The placement plan: what lives where. Dense weights and the KV cache on the GPU; routed experts all there when
+they fit, else in host RAM behind a GPU expert cache whose slots take the VRAM that is left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import StrataError
+from strata.gguf.reader import GGUFModelFile
+from strata.models.config import ModelConfig
+
+GiB = 2**30
+RESERVE_BYTES = 700 * 2**20  # left free for the allocator, CUDA context and kernels' scratch, as Strata does
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    device: str
+    vram_budget: int | None  # bytes; None where nothing bounds it (the CPU)
+    dense_bytes: int
+    kv_bytes: int
+    work_bytes: int
+    expert_bytes: int  # all routed experts
+    expert_bytes_each: int  # the largest single expert (a cache slot)
+    n_experts: int  # routed experts over all layers
+    n_slots: int  # cache slots on the device; n_experts when all are resident
+    host_expert_bytes: int  # experts kept in host RAM
+
+    @property
+    def all_resident(self) -> bool:
+        return self.n_slots >= self.n_experts
+
+    def describe(self) -> str:
+        budget = "unbounded" if self.vram_budget is None else f"{self.vram_budget / GiB:.2f} GiB"
+        lines = [
+            f"device        {self.device} (budget {budget})",
+            f"dense weights {self.dense_bytes / GiB:8.3f} GiB on the device",
+            f"KV cache      {self.kv_bytes / GiB:8.3f} GiB on the device",
+            f"work buffers  {self.work_bytes / GiB:8.3f} GiB on the device",
+        ]
+        if self.all_resident:
+            lines.append(f"experts       {self.expert_bytes / GiB:8.3f} GiB: all {self.n_experts} on the device")
+        else:
+            share = self.n_slots / self.n_experts if self.n_experts else 0
+            lines += [
+                f"expert cache  {self.n_slots * self.expert_bytes_each / GiB:8.3f} GiB: {self.n_slots} of "
+                f"{self.n_experts} experts ({share:.1%}) in slots of {self.expert_bytes_each / 2**20:.2f} MiB",
+                f"host RAM      {self.host_expert_bytes / GiB:8.3f} GiB of experts (misses run on the CPU pool)",
+            ]
+        return "\n".join(lines)
+
+
+def expert_tensor_bytes(model: GGUFModelFile) -> tuple[int, int, int]:
+    """(bytes of all routed experts, bytes of the largest single expert, number of experts) from the file."""
+    per_layer: dict[str, list] = {}
+    for t in model.tensors.values():
+        if "_exps." in t.name:
+            layer = t.name.split(".")[1]
+            per_layer.setdefault(layer, []).append(t)
+    total = sum(t.n_bytes for ts in per_layer.values() for t in ts)
+    each = max((sum(t.n_bytes for t in ts) // ts[0].shape[0] for ts in per_layer.values()), default=0)
+    count = sum(ts[0].shape[0] for ts in per_layer.values())
+    return total, each, count
+
+
+def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.device, n_ctx: int, kv_bytes_per_value: int,
+                   vram_budget_gib: float | None = None, expert_cache: str | int = "auto") -> PlacementPlan:
+    expert_bytes, each, n_experts = expert_tensor_bytes(model)
+    dense = model.n_bytes - expert_bytes
+    kv = 2 * config.n_layers * n_ctx * config.n_kv_heads * config.head_dim * kv_bytes_per_value
+    # Activations of a prompt chunk and the logits dominate the scratch space (a rough, generous bound).
+    work = 512 * (8 * config.n_embd + config.vocab_size) * 4
+    budget = None
+    if vram_budget_gib is not None:
+        budget = int(vram_budget_gib * GiB)
+    elif device.type == "cuda":
+        budget = torch.cuda.mem_get_info(device)[0]
+    if budget is not None:
+        fixed = dense + kv + work + RESERVE_BYTES
+        if fixed > budget:
+            raise StrataError(
+                f"{model.path}: dense weights ({dense / GiB:.2f} GiB), KV cache for {n_ctx} tokens ({kv / GiB:.2f} GiB) "
+                f"and work buffers need {fixed / GiB:.2f} GiB but the VRAM budget is {budget / GiB:.2f} GiB "
+                "(lower --ctx, use --kv-dtype with fewer bytes, or a smaller quant)")
+        room = budget - fixed
+    if expert_cache == "auto":
+        slots = n_experts if budget is None or not each else min(n_experts, room // each)
+    else:
+        slots = int(expert_cache)
+        if slots < 0:
+            raise StrataError(f"--expert-cache must be 'auto' or a number of experts >= 0, got {expert_cache}")
+        if budget is not None and each and slots > room // each:
+            raise StrataError(f"--expert-cache {slots} needs {slots * each / GiB:.2f} GiB but only "
+                              f"{room / GiB:.2f} GiB of the VRAM budget is left (ask for at most {room // each})")
+        slots = min(slots, n_experts)
+    host = 0 if slots >= n_experts else expert_bytes
+    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host)
