@@ -98,7 +98,8 @@ def _select_kernel(scores_ptr, n_kv_ptr, ids_ptr, width_ptr, stride, cap, TILE: 
             before = seen + tl.cumsum(at, 0) - at
             take = tl.where(live & (key > prefix), cells, tl.minimum(tl.maximum(need - before, 0), at))
             pos = written + tl.cumsum(take, 0) - take
-            tl.store(out + pos[:, None] + sub[None, :], b[:, None] * 4 + sub[None, :], mask=sub[None, :] < take[:, None])
+            cell = b[:, None] * 4 + sub[None, :]
+            tl.store(out + pos[:, None] + sub[None, :], cell, mask=sub[None, :] < take[:, None])
             written += tl.sum(take, 0)
             seen += tl.sum(at, 0)
 
