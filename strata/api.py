@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,25 +35,31 @@ class LLM:
         return self.engine.logits(list(token_ids))
 
     def generate(self, prompt: str | list[int], *, max_tokens: int = 256, stop: list[str] | None = None,
-                 stream: bool = False, **sampling) -> Completion | Iterator[Chunk]:
+                 stream: bool = False, logprobs: int | None = None, cancel: Callable[[], bool] | None = None,
+                 **sampling) -> Completion | Iterator[Chunk]:
         """Continue `prompt` (text or token ids). Sampling options: temperature, top_k, top_p, min_p,
-        repetition_penalty, seed (temperature=0 is greedy). With stream=True, yields Chunks as they come."""
+        repetition_penalty, seed (temperature=0 is greedy). With stream=True, yields Chunks as they come.
+        `logprobs=K`: each token's logprob and its K most likely alternatives (Chunk/Completion.logprobs).
+        `cancel`: a function asked before each token; when it returns True, generation ends ("cancelled")."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._run(ids, max_tokens, stop, stream, sampling)
+        return self._run(ids, max_tokens, stop, stream, sampling, logprobs, cancel)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 256, stop: list[str] | None = None,
-             stream: bool = False, template_options: dict | None = None, **sampling) -> Completion | Iterator[Chunk]:
+             stream: bool = False, template_options: dict | None = None, logprobs: int | None = None,
+             cancel: Callable[[], bool] | None = None, **sampling) -> Completion | Iterator[Chunk]:
         """Answer a conversation ([{"role": "user", "content": "..."}, ...]) through the file's chat template."""
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(template_options or {}))
-        return self._run(self.tokenize(text), max_tokens, stop, stream, sampling)
+        return self._run(self.tokenize(text), max_tokens, stop, stream, sampling, logprobs, cancel)
 
-    def _run(self, ids, max_tokens, stop, stream, sampling):
+    def _run(self, ids, max_tokens, stop, stream, sampling, logprobs=None, cancel=None):
         unknown = set(sampling) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise StrataError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
         if max_tokens < 1:
             raise StrataError(f"max_tokens must be at least 1, got {max_tokens}")
+        if logprobs is not None and not 0 <= logprobs <= 256:
+            raise StrataError(f"logprobs must be between 0 and 256, got {logprobs}")
         params = SamplingParams(**sampling)
         if stream:
-            return stream_completion(self.engine, ids, params, max_tokens, stop)
-        return complete(self.engine, ids, params, max_tokens, stop)
+            return stream_completion(self.engine, ids, params, max_tokens, stop, top_logprobs=logprobs, cancel=cancel)
+        return complete(self.engine, ids, params, max_tokens, stop, top_logprobs=logprobs, cancel=cancel)

@@ -1,0 +1,1 @@
+"""Quality measurement: per-position logprob records, teacher-forced comparisons of two configurations."""
