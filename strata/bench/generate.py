@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from strata.bench.ceilings import copy_bandwidth
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.sampling import SamplingParams
 
@@ -13,21 +14,6 @@ from strata.engine.sampling import SamplingParams
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device: torch.device, n_bytes: int = 256 * 2**20) -> float:
-    """Measured bytes/s of a device-to-device copy, counting read + write: the floor decode is held against."""
-    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n_bytes / best
 
 
 def bytes_per_decode_token(engine: Engine) -> int:

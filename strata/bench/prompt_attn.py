@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import time
 
 import numpy as np
 import torch
+
+from strata.bench.ceilings import Timer, copy_bandwidth
 
 DEFAULT_SHAPES = [(32768, 1024), (65536, 512), (1500, 1500), (2100, 256), (32768, 2048)]
 VARIANT_ORDER = ["fp32", "v1", "v2", "v2t", "imma"]
@@ -73,36 +74,6 @@ def floor_bytes(width: torch.Tensor, n_kv_heads: int, n_heads: int, dim: int) ->
     cells = int(width.long().sum())
     per_cell = n_kv_heads * (2 * dim + 2 * (dim // 64) * 2) + 4  # K and V codes, their fp16 scales, the id
     return cells * per_cell + 2 * width.shape[0] * n_heads * dim * 4  # + q and the output, fp32
-
-
-class Timer:
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn, reps: int) -> float:
-        """Milliseconds per call, averaged over `reps` calls."""
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / reps
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / reps
-
-
-def hbm_copy_bandwidth(device: torch.device, timer: Timer, n_bytes: int = 1 << 30) -> float:
-    """Bytes/s of a large device copy, counting read + write (kept free of the engine's imports: the kernels'
-    bench must run where the engine's dependencies are absent)."""
-    src = torch.empty(n_bytes if device.type == "cuda" else n_bytes >> 6, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = min(timer(lambda: dst.copy_(src), 5) for _ in range(3))
-    return 2 * src.numel() / (ms * 1e-3)
 
 
 def sdpa_inputs(q, pool, table, ids, width, step: int = 256):
@@ -207,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print one block per shape; 0 if every variant passes its bounds, else 1."""
     args = parser().parse_args(argv)
     device = torch.device(args.device)
-    bandwidth = hbm_copy_bandwidth(device, Timer(device))
+    bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"prompt attention parity on {name}, torch {torch.__version__}")
     shapes = [(args.ctx, args.queries)] if args.ctx else DEFAULT_SHAPES

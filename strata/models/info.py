@@ -51,3 +51,16 @@ def describe(path: str, n_ctx: int) -> str:
         f"  total       {(weight_bytes + kv_bytes) / GiB:8.3f} GiB",
     ]
     return "\n".join(lines)
+
+
+def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None, expert_cache) -> str:
+    """Where each part of the model would live on `device` (see strata.engine.placement)."""
+    import torch
+
+    from strata.engine.engine import EngineConfig
+    from strata.engine.placement import plan_placement
+
+    model = GGUFModelFile(path)
+    resolved = EngineConfig(device=device).resolve_device()
+    plan = plan_placement(model, config_of(model), resolved, n_ctx, torch.float16.itemsize, vram_budget, expert_cache)
+    return "placement plan (fp16 KV):\n" + "\n".join("  " + line for line in plan.describe().splitlines())

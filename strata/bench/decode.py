@@ -1,0 +1,68 @@
+"""`strata bench decode`: decode tokens/s with the experts placed as asked, beside the floor of that placement."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.experts import CachedExperts
+from strata.engine.sampling import SamplingParams
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_decode(args, placement: dict) -> None:
+    n_ctx = args.ctx or args.prompt_tokens + args.tokens + 8
+    engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                             n_ctx=n_ctx, **placement))
+    device, c = engine.device, engine.model.config
+    backend = engine.model.experts
+    prompt = torch.randint(0, c.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = engine.generate(prompt, SamplingParams(temperature=0), args.tokens + 1, stop_ids=frozenset())
+    next(tokens)  # the prompt, and the first token from it, are not decode
+    offloaded = isinstance(backend, CachedExperts)
+    if offloaded:
+        cache, pool = backend.cache, backend.pool
+        before = (cache.stats.hits if cache else 0, cache.stats.misses if cache else 0, pool.stats.bytes,
+                  pool.stats.seconds, backend.pcie_bytes)
+    _sync(device)
+    start = time.perf_counter()
+    n = sum(1 for _ in tokens)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    print(f"model      {engine.file.path.name}, device {device}, {n} decode tokens after {len(prompt)} prompt tokens")
+    print(engine.plan.describe())
+    print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token)")
+    expert_each = engine.plan.expert_bytes_each
+    dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
+    gpu_floor = dense_read / (copy_bandwidth(device) / 2)
+    if not offloaded:
+        active = engine.plan.expert_bytes * c.n_experts_used // max(c.n_experts, 1)
+        floor = (dense_read + active) / (copy_bandwidth(device) / 2)
+        print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
+              f"decode reaches {floor / (seconds / n):.1%} of it")
+        return
+    hits = (cache.stats.hits if cache else 0) - before[0]
+    misses = (cache.stats.misses if cache else 0) - before[1]
+    cpu_bytes, cpu_seconds = pool.stats.bytes - before[2], pool.stats.seconds - before[3]
+    pcie_bytes = backend.pcie_bytes - before[4]
+    cpu_rate = copy_bandwidth(torch.device("cpu")) / 2
+    pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
+    hit_rate = hits / (hits + misses) if hits + misses else float("nan")
+    print(f"experts    hit rate {hit_rate:.1%}; misses {misses / n:.1f} per token = {misses * expert_each / n / 1e6:.1f} MB")
+    print(f"CPU pool   {cpu_bytes / n / 1e6:.1f} MB/token at {cpu_bytes / cpu_seconds / 1e9 if cpu_seconds else 0:.2f} GB/s "
+          f"(host memory reads at {cpu_rate / 1e9:.1f} GB/s)")
+    print(f"PCIe       {pcie_bytes / n / 1e6:.1f} MB/token (pinned copies at {pcie_rate / 1e9:.1f} GB/s)")
+    parts = {
+        "CPU-side miss bytes / host bandwidth": cpu_bytes / n / cpu_rate,
+        "PCIe-side miss bytes / pinned copy rate": pcie_bytes / n / pcie_rate if pcie_bytes else 0.0,
+        "GPU bytes read / device bandwidth": gpu_floor + hits * expert_each / n / (copy_bandwidth(device) / 2),
+    }
+    bound, floor = max(parts.items(), key=lambda kv: kv[1])
+    print(f"floor      {floor * 1e3:.2f} ms/token ({bound}); decode is {seconds / n / floor:.1f}x the floor")
