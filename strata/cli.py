@@ -1,4 +1,4 @@
-"""The `strata` command: run, chat, info, make-model, bench. Every path ends in one line on error, exit code 2."""
+"""The `strata` command: run, chat, serve, info, make-model, bench, eval. Errors end in one line, exit code 2."""
 
 from __future__ import annotations
 
@@ -111,6 +111,22 @@ def cmd_bench(args) -> None:
     bench_generate(args)
 
 
+def cmd_serve(args) -> None:
+    from strata.serve.app import check_exposure, serve
+
+    check_exposure(args.host, args.api_key)  # before the model loads: a refused start is instant
+    serve(args)
+
+
+def cmd_eval_teacher_forced(args) -> None:
+    import json
+
+    from strata.eval.teacher_forced import evaluate, report
+
+    result = evaluate(args)
+    print(json.dumps(result, indent=2) if args.json else report(result))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +156,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
+
+    p = sub.add_parser("serve", help="HTTP server: OpenAI and Anthropic APIs, a chat and monitor page at /")
+    _engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=None, help="required from clients; mandatory when the host is not loopback")
+    p.add_argument("--model-name", default=None, help="the model's name in the API (default: the file's stem)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait while one runs (then 429)")
+    p.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body accepted")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("eval", help="quality measurements")
+    evals = p.add_subparsers(dest="eval", required=True)
+    e = evals.add_parser("teacher-forced", help="compare two configurations on a text, position by position")
+    _engine_args(e)
+    e.add_argument("--text", required=True, help="UTF-8 text file to read")
+    e.add_argument("--prefix", type=int, required=True, help="P: tokens read through the prompt path")
+    e.add_argument("--continue", dest="n", type=int, required=True, help="N: positions scored after the prefix")
+    e.add_argument("--a", default="", help='configuration A: "ENV=VALUE option=value ..." (the reference)')
+    e.add_argument("--b", default="", help="configuration B, the same way")
+    e.add_argument("--topk", type=int, default=20, help="K of each position's record (2 to 256)")
+    e.add_argument("--greedy", type=int, default=32, help="greedy tokens after the prefix to compare (0: skip)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
+    e.set_defaults(func=cmd_eval_teacher_forced)
 
     p = sub.add_parser("bench", help="speed measurements")
     bench = p.add_subparsers(dest="bench", required=True)
