@@ -70,7 +70,7 @@ def _select_kernel(scores_ptr, n_kv_ptr, ids_ptr, width_ptr, stride, cap, TILE: 
         prefix = tl.zeros((), tl.int64)
         above = tl.zeros((), tl.int32)  # cells whose key is above every key with this prefix
         for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+            shift = 24 - 8 * p  # constexpr: p is a static_range index
             hist = tl.zeros((256,), tl.int32)
             for b0 in range(0, n_bid, TILE):
                 b = b0 + lanes
