@@ -78,23 +78,18 @@ def code_tables(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _byte(w, off, mask):
-    return tl.load(w + off, mask=mask, other=0).to(tl.int32)
-
-
-@triton.jit
-def _fp16(w, off, mask):
-    """The little-endian fp16 at byte offsets `off`, as float32."""
-    lo = tl.load(w + off, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(w + off + 1, mask=mask, other=0).to(tl.uint16)
+def _fp16(at, mask):
+    """The little-endian fp16 at byte pointers `at`, as float32."""
+    lo = tl.load(at, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(at + 1, mask=mask, other=0).to(tl.uint16)
     return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _u32(w, off, mask):
-    word = tl.load(w + off, mask=mask, other=0).to(tl.uint32)
+def _u32(at, mask):
+    word = tl.load(at, mask=mask, other=0).to(tl.uint32)
     for i in tl.static_range(1, 4):
-        word = word | (tl.load(w + off + i, mask=mask, other=0).to(tl.uint32) << (8 * i))
+        word = word | (tl.load(at + i, mask=mask, other=0).to(tl.uint32) << (8 * i))
     return word
 
 
@@ -114,77 +109,87 @@ def _signed(codes, tab, sign_index, j):
 def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
     """Weights [sub*32, sub*32 + 32) of the blocks at byte offsets blk [BN] of w.
 
-    Returns codes int8 [BN, 32], s_lo, s_hi, mn float32 [BN]; masked rows decode to scale 0.
+    Returns codes int8 [BN, 32], s_lo, s_hi, mn float32 [BN]; masked rows decode to scale 0. (Byte loads are
+    written out rather than put in a helper: under the interpreter every helper call costs more than the load.)
     """
     j = tl.arange(0, 32)[None, :]
-    b = blk[:, None]
+    block = w + blk  # [BN] pointers to the blocks: per-row fields
+    rows = block[:, None]  # [BN, 1]: per-weight fields
     m = nm[:, None]
-    zero = tl.zeros(blk.shape, tl.float32)
-    d = _fp16(w, blk, nm)
+    d_bits = tl.load(block, mask=nm, other=0).to(tl.uint16) | (tl.load(block + 1, mask=nm, other=0).to(tl.uint16) << 8)
+    d = d_bits.to(tl.float16, bitcast=True).to(tl.float32)
     s_lo = d
     s_hi = d
-    mn = zero
+    mn = tl.zeros(blk.shape, tl.float32)
     if FMT == 0:  # Q2_0: 2-bit codes c, weight d*(c - 1); 16 bytes per 64 weights
-        q = ((_byte(w, b + 2 + sub * 8 + j // 4, m) >> ((j % 4) * 2)) & 3) - 1
+        byte = tl.load(rows + 2 + sub * 8 + j // 4, mask=m, other=0).to(tl.int32)
+        q = ((byte >> ((j % 4) * 2)) & 3) - 1
     elif FMT == 1:  # Q4_0
-        q = _nibble(_byte(w, b + 2 + j % 16, m), j) - 8
+        q = _nibble(tl.load(rows + 2 + j % 16, mask=m, other=0).to(tl.int32), j) - 8
     elif FMT == 2:  # Q8_0
-        q = tl.load(w + b + 2 + j, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+        q = tl.load(rows + 2 + j, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.int32)
     elif FMT == 3:  # IQ4_NL: 4-bit indices of 16 non-linear levels
-        q = tl.load(tab + _IQ4_NL + _nibble(_byte(w, b + 2 + j % 16, m), j)).to(tl.int32)
+        index = _nibble(tl.load(rows + 2 + j % 16, mask=m, other=0).to(tl.int32), j)
+        q = tl.load(tab + _IQ4_NL + index).to(tl.int32)
     elif FMT == 4:  # IQ4_XS: a 6-bit scale per 32, low nibbles at byte 4, top bits in the uint16 at byte 2
-        low = (_byte(w, blk + 4 + sub // 2, nm) >> (4 * (sub % 2))) & 15
-        high = (_byte(w, blk + 2 + sub // 4, nm) >> (2 * (sub % 4))) & 3
+        low = (tl.load(block + 4 + sub // 2, mask=nm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
+        high = (tl.load(block + 2 + sub // 4, mask=nm, other=0).to(tl.int32) >> (2 * (sub % 4))) & 3
         s_lo = d * ((low | (high << 4)) - 32).to(tl.float32)
         s_hi = s_lo
-        q = tl.load(tab + _IQ4_NL + _nibble(_byte(w, b + 8 + 16 * sub + j % 16, m), j)).to(tl.int32)
+        index = _nibble(tl.load(rows + 8 + 16 * sub + j % 16, mask=m, other=0).to(tl.int32), j)
+        q = tl.load(tab + _IQ4_NL + index).to(tl.int32)
     elif FMT == 5:  # IQ2_XXS: per 32, 4 grid bytes then a uint32 of 4x7 sign indices and a 4-bit scale
-        aux = _u32(w, blk + 2 + 8 * sub + 4, nm)
+        aux = _u32(block + 2 + 8 * sub + 4, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.25
         s_hi = s_lo
-        grid = tl.load(tab + _IQ2_XXS + _byte(w, b + 2 + 8 * sub + j // 8, m) * 8 + j % 8).to(tl.int32)
+        index = tl.load(rows + 2 + 8 * sub + j // 8, mask=m, other=0).to(tl.int32)
+        grid = tl.load(tab + _IQ2_XXS + index * 8 + j % 8).to(tl.int32)
         q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
     elif FMT == 6:  # IQ2_XS: uint16 words (9-bit grid index, 7-bit sign index), a 4-bit scale per 16
-        word_at = b + 2 + 2 * (4 * sub + j // 8)
-        word = _byte(w, word_at, m) | (_byte(w, word_at + 1, m) << 8)
+        word_at = rows + 2 + 2 * (4 * sub + j // 8)
+        word = (tl.load(word_at, mask=m, other=0).to(tl.int32)
+                | (tl.load(word_at + 1, mask=m, other=0).to(tl.int32) << 8))
         grid = tl.load(tab + _IQ2_XS + (word & 511) * 8 + j % 8).to(tl.int32)
         q = _signed(grid, tab, word >> 9, j)
-        scales = _byte(w, blk + 66 + sub, nm)
+        scales = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
     elif FMT == 7:  # IQ2_S: 10-bit grid index (8 low bits + 2 in qh), explicit sign bits, a 4-bit scale per 16
         group = 4 * sub + j // 8
-        index = _byte(w, b + 2 + group, m) | (((_byte(w, blk[:, None] + 66 + sub, m) >> (2 * (j // 8))) & 3) << 8)
+        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
+        index = tl.load(rows + 2 + group, mask=m, other=0).to(tl.int32) | (((qh >> (2 * (j // 8))) & 3) << 8)
         grid = tl.load(tab + _IQ2_S + index * 8 + j % 8).to(tl.int32)
-        negative = (_byte(w, b + 34 + group, m) >> (j % 8)) & 1
+        negative = (tl.load(rows + 34 + group, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
         q = tl.where(negative != 0, -grid, grid)
-        scales = _byte(w, blk + 74 + sub, nm)
+        scales = tl.load(block + 74 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
     elif FMT == 8:  # IQ3_XXS: 64 grid bytes (4 weights each), then per 32 a uint32 of signs and scale
-        aux = _u32(w, blk + 66 + 4 * sub, nm)
+        aux = _u32(block + 66 + 4 * sub, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5
         s_hi = s_lo
-        grid = tl.load(tab + _IQ3_XXS + _byte(w, b + 2 + 8 * sub + j // 4, m) * 4 + j % 4).to(tl.int32)
+        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32)
+        grid = tl.load(tab + _IQ3_XXS + index * 4 + j % 4).to(tl.int32)
         q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
     elif FMT == 9:  # IQ3_S: 9-bit grid index (8 low bits + 1 in qh), explicit sign bits, a 4-bit scale per 32
-        index = _byte(w, b + 2 + 8 * sub + j // 4, m) | (((_byte(w, b + 66 + sub, m) >> (j // 4)) & 1) << 8)
+        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
+        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32) | (((qh >> (j // 4)) & 1) << 8)
         grid = tl.load(tab + _IQ3_S + index * 4 + j % 4).to(tl.int32)
-        negative = (_byte(w, b + 74 + 4 * sub + j // 8, m) >> (j % 8)) & 1
+        negative = (tl.load(rows + 74 + 4 * sub + j // 8, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
         q = tl.where(negative != 0, -grid, grid)
-        scale = (_byte(w, blk + 106 + sub // 2, nm) >> (4 * (sub % 2))) & 15
+        scale = (tl.load(block + 106 + sub // 2, mask=nm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
         s_lo = d * (1 + 2 * scale).to(tl.float32)
         s_hi = s_lo
     else:  # Q4_K: w = d*sc*q - dmin*m with 6-bit sc, m per 32 packed in 12 bytes; nibbles in 32-byte chunks
-        a = _byte(w, blk + 4 + sub, nm)
-        c = _byte(w, blk + 8 + sub, nm)
-        e = _byte(w, blk + sub, nm)
+        a = tl.load(block + 4 + sub, mask=nm, other=0).to(tl.int32)
+        c = tl.load(block + 8 + sub, mask=nm, other=0).to(tl.int32)
+        e = tl.load(block + sub, mask=nm, other=0).to(tl.int32)
         scale = tl.where(sub < 4, a & 63, (c & 15) | ((e >> 2) & 48))
         mins = tl.where(sub < 4, c & 63, (c >> 4) | ((a >> 2) & 48))
         s_lo = d * scale.to(tl.float32)
         s_hi = s_lo
-        mn = -(_fp16(w, blk + 2, nm) * mins.to(tl.float32))
-        q = (_byte(w, b + 16 + 32 * (sub // 2) + j, m) >> (4 * (sub % 2))) & 15
+        mn = -(_fp16(block + 2, nm) * mins.to(tl.float32))
+        q = (tl.load(rows + 16 + 32 * (sub // 2) + j, mask=m, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
     return q.to(tl.int8), s_lo, s_hi, mn
 
 

@@ -54,7 +54,7 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     codes = torch.empty(n_rows, k, dtype=torch.int8, device=x.device)
     scales = torch.empty(n_rows, k // GROUP, dtype=torch.float32, device=x.device)
     sums = torch.empty(n_rows, k // GROUP, dtype=torch.int32, device=x.device)
-    bm, bk = 16, min(256, triton.next_power_of_2(k))
+    bm, bk = (16 if x.is_cuda else 128), min(256, triton.next_power_of_2(k))  # the interpreter pays per operation
     if n_rows:
         # No fused multiply-add: x * inv rounds to float32 before the rounding to an integer, as in the reference.
         _quantize_kernel[(triton.cdiv(n_rows, bm), triton.cdiv(k, bk))](

@@ -1,0 +1,198 @@
+"""Parity and speed of the three prompt expert paths on one synthetic MoE layer (`strata bench moe-prefill`).
+
+The layer follows Strata's fused-kernel tests: N = 2560, FF = 640, 512 experts, top 10; skewed routing (experts 0
+and 1 in every token, the rest Zipf-like, the last four never chosen); x ~ N(0, 1) with one value in 200 times 12;
+one token all zeros. Each path is compared with float64 on the dequantized weights, with and without the path's own
+rounding of x and H, and with the other paths; its time is printed beside the floor of the same run: routed
+multiply-adds over the measured int8 matrix rate (torch._int_mm), or the fp16 rate for the dense path.
+
+    python -m strata.bench.moe_prefill [--only "Q2_0 / Q2_0"] [--tokens 2048,8192,16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from strata.kernels.moe.prefill import PATHS, PromptExperts, moe_prefill
+from strata.kernels.moe.reference import moe_float64
+from strata.kernels.moe.stack import ExpertMatrix
+from strata.quant import get_format, random_blocks
+
+PAIRS = ["Q2_0 / Q2_0", "IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_XS / IQ4_NL", "Q4_K / Q2_0"]
+ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
+
+# Strata's bounds (prefill_fused_*_test), applied to every pair.
+FUSED_RMS_VS_MMQ, FUSED_WORST_VS_MMQ = 1.5, 2.0  # vs the float64 definition, as multiples of the mmq path's error
+ROUNDED_RMS, ROUNDED_WORST = 2e-3, 3e-2  # the int8 paths vs float64 with the same int8 rounding of x and H
+DENSE_RMS, DENSE_WORST = 1e-3, 1e-2  # the fp16 path vs float64 with the same fp16 rounding
+
+
+@dataclass
+class Layer:
+    x: torch.Tensor  # float32 [T, N]
+    topk_ids: torch.Tensor  # int32 [T, k]
+    topk_weights: torch.Tensor  # float32 [T, k]
+    experts: PromptExperts
+    zero_token: int
+
+
+def _matrix(qtype: str, n_experts: int, rows: int, cols: int, rng: np.random.Generator, device) -> ExpertMatrix:
+    fmt = get_format(qtype)
+    raw = random_blocks(qtype, n_experts * rows * cols // fmt.block_size, rng, 0.02)
+    return ExpertMatrix(torch.from_numpy(raw).reshape(n_experts, rows, -1).to(device), fmt.ggml_type, rows, cols)
+
+
+def skewed_routing(n_tokens: int, n_experts: int, top_k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts 0 and 1 in every token, the others drawn with probability ~ 1/rank^0.8, the last four never."""
+    if n_experts < top_k + 6:
+        raise ValueError(f"skewed routing needs at least top_k + 6 = {top_k + 6} experts")
+    p = torch.zeros(n_experts)
+    p[2 : n_experts - 4] = torch.arange(1, n_experts - 5, dtype=torch.float32) ** -0.8
+    rest = torch.multinomial(p.expand(n_tokens, -1), top_k - 2, replacement=False, generator=gen)
+    ids = torch.cat([torch.tensor([[0, 1]]).expand(n_tokens, 2), rest], dim=1).int()
+    weights = torch.softmax(torch.randn(n_tokens, top_k, generator=gen), dim=-1)
+    return ids, weights
+
+
+def make_layer(pair: str, n_tokens: int, n_experts: int = 512, n_embd: int = 2560, n_ff: int = 640, top_k: int = 10,
+               seed: int = 0, device: str | torch.device = "cpu") -> Layer:
+    """A synthetic layer of the format pair "GATE_UP / DOWN" with its routed chunk of n_tokens."""
+    gate_up, down = (name.strip() for name in pair.split("/"))
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    experts = PromptExperts(_matrix(gate_up, n_experts, n_ff, n_embd, rng, device),
+                            _matrix(gate_up, n_experts, n_ff, n_embd, rng, device),
+                            _matrix(down, n_experts, n_embd, n_ff, rng, device))
+    x = torch.randn(n_tokens, n_embd, generator=gen)
+    x[torch.rand(n_tokens, n_embd, generator=gen) < 1 / 200] *= 12
+    zero_token = 77 if n_tokens > 77 else n_tokens // 2
+    x[zero_token] = 0
+    ids, weights = skewed_routing(n_tokens, n_experts, top_k, gen)
+    return Layer(x.to(device), ids.to(device), weights.to(device), experts, zero_token)
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(rel RMS, worst row): sqrt(sum err^2 / sum ref^2) and max over rows of max|err| / max|ref|."""
+    err = out.double() - ref.double()
+    rms = (err.square().sum() / ref.double().square().sum().clamp_min(1e-300)).sqrt().item()
+    worst = (err.abs().amax(dim=1).max() / ref.double().abs().max().clamp_min(1e-300)).item()
+    return rms, worst
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, reps: int) -> tuple[float, torch.Tensor]:
+    """Median milliseconds of reps calls after one warm-up, and the last output."""
+    out = fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), out
+
+
+def matrix_rates(device: torch.device, m: int = 16384, k: int = 2560, n: int = 2560) -> tuple[float, float]:
+    """Measured (int8 ops/s of torch._int_mm, fp16 flop/s of a matmul) on an [m, k] x [k, n] product."""
+    if device.type != "cuda":  # a CPU run checks the tool, not the machine
+        m, k, n = 256, 512, 512
+    a8 = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=device)
+    b8 = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device)
+    a16, b16 = a8.half(), b8.half()
+    ops = 2.0 * m * k * n
+    int8_ms, _ = timed(lambda: torch._int_mm(a8, b8), device, 10)
+    fp16_ms, _ = timed(lambda: a16 @ b16 if device.type == "cuda" else a16.float() @ b16.float(), device, 10)
+    return ops / (int8_ms * 1e-3), ops / (fp16_ms * 1e-3)
+
+
+def bench_pair(pair: str, n_tokens: int, args, rates: tuple[float, float], device: torch.device) -> bool:
+    layer = make_layer(pair, n_tokens, args.experts, args.embd, args.ff, args.top_k, args.seed, device)
+    refs = moe_float64(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, roundings=(None, "int8", "fp16"))
+    mads = n_tokens * args.top_k * 3 * args.embd * args.ff  # gate, up and down multiply-adds of the routed rows
+    floor_int8, floor_fp16 = 2 * mads / rates[0] * 1e3, 2 * mads / rates[1] * 1e3
+    print(f"\n{pair}, {n_tokens} tokens: {n_tokens * args.top_k} routed rows, {mads / 1e9:.1f} G multiply-adds; "
+          f"floor {floor_int8:.3f} ms int8, {floor_fp16:.3f} ms fp16")
+    print(f"  {'path':6} {'ms':>9} {'x floor':>8}   {'vs FP64 rms':>11} {'worst':>8}   "
+          f"{'vs rounded rms':>14} {'worst':>8}   zero token")
+    outs, stats, ok = {}, {}, True
+    for path in args.paths:
+        ms, out = timed(lambda: moe_prefill(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, path),
+                        device, args.reps)
+        outs[path] = out
+        exact, rounded = errors(out, refs[None]), errors(out, refs[ROUNDING[path]])
+        zero = out[layer.zero_token].abs().max().item()
+        stats[path] = exact
+        floor = floor_fp16 if path == "dense" else floor_int8
+        print(f"  {path:6} {ms:9.3f} {ms / floor:8.1f}   {exact[0]:11.3e} {exact[1]:8.2e}   "
+              f"{rounded[0]:14.3e} {rounded[1]:8.2e}   {zero:g}")
+        ok &= check(f"{path} zero token exactly 0", zero == 0.0)
+        rms_bound, worst_bound = (DENSE_RMS, DENSE_WORST) if path == "dense" else (ROUNDED_RMS, ROUNDED_WORST)
+        ok &= check(f"{path} vs float64 with its rounding: rms {rounded[0]:.2e} <= {rms_bound:g}, "
+                    f"worst {rounded[1]:.2e} <= {worst_bound:g}", rounded[0] <= rms_bound and rounded[1] <= worst_bound)
+    for a, b in [(p, q) for i, p in enumerate(args.paths) for q in args.paths[i + 1:]]:
+        rms, worst = errors(outs[b], outs[a])
+        print(f"  {b} vs {a}: rel RMS {rms:.3e}, worst row max rel {worst:.3e}")
+    if "mmq" in stats and "fused" in stats:
+        (m_rms, m_worst), (f_rms, f_worst) = stats["mmq"], stats["fused"]
+        ok &= check(f"fused vs FP64 rms {f_rms:.3e} <= {FUSED_RMS_VS_MMQ} x mmq's {m_rms:.3e}, worst {f_worst:.3e} "
+                    f"<= {FUSED_WORST_VS_MMQ} x mmq's {m_worst:.3e}",
+                    f_rms <= FUSED_RMS_VS_MMQ * m_rms and f_worst <= FUSED_WORST_VS_MMQ * m_worst)
+    return ok
+
+
+def check(what: str, passed: bool) -> bool:
+    print(f"  {'PASS' if passed else 'FAIL'} {what}")
+    return passed
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="strata bench moe-prefill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help=f'one format pair, "GATE_UP / DOWN" (default: all of {", ".join(PAIRS)})')
+    p.add_argument("--tokens", default="2048", help="comma-separated chunk sizes (default 2048)")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma-separated paths (default dense,mmq,fused)")
+    p.add_argument("--experts", type=int, default=512)
+    p.add_argument("--embd", type=int, default=2560)
+    p.add_argument("--ff", type=int, default=640)
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    args.pairs = [args.only] if args.only else PAIRS
+    args.tokens = [int(t) for t in str(args.tokens).split(",")]
+    args.paths = [q.strip() for q in args.paths.split(",")]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (torch references, not kernels)"
+    import triton
+
+    print(f"moe-prefill on {name}; torch {torch.__version__}, triton {triton.__version__}; N={args.embd} "
+          f"FF={args.ff} E={args.experts} top {args.top_k}; median of {args.reps}")
+    rates = matrix_rates(device)
+    print(f"measured matrix rates: int8 {rates[0] / 1e12:.1f} TOPS (torch._int_mm), fp16 {rates[1] / 1e12:.1f} TFLOP/s")
+    ok = True
+    for pair in args.pairs:
+        for n_tokens in args.tokens:
+            ok &= bench_pair(pair, n_tokens, args, rates, device)
+    print(f"\n{'PASS' if ok else 'FAIL'}: all bounds" if ok else "\nFAIL: some bounds (above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The fused int8 gate/up kernel of STRATA_PF_FUSED=1: both projections, SwiGLU and H's int8 rounding in one pass.
+
+A program owns 64 grouped rows of one expert and BN features: it reads each 64-value step of the token's int8
+activations once for the gate and the up rows, keeps both accumulators in registers, and in its epilogue computes
+`h = g / (1 + exp(-g)) * u` and rounds h to int8 per 32 features (`round_groups`), in the layout the down
+projection reads (`mmq.grouped_mm_int8` with gather=False). H never exists in float in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.errors import StrataError
+from strata.kernels.moe.decode import code_tables
+from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.mmq import expert_rows, load_step, weights_step
+from strata.kernels.moe.quantize32 import GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups
+from strata.kernels.moe.stack import ExpertMatrix, block_n
+
+
+@triton.jit
+def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, tab, hq, hs, hsum,
+                    n_ff, expert_bytes, row_bytes,
+                    K: tl.constexpr, FMT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr, SPLIT16: tl.constexpr,
+                    HAS_MIN: tl.constexpr, SHARED64: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(n_ff, BN)
+    tile = pid // n_blocks
+    if tile >= tl.load(n_tiles):
+        return
+    expert = tl.load(tile_expert + tile).to(tl.int64)
+    rows = tile * BM + tl.arange(0, BM)
+    token = tl.load(row_token + rows)
+    am = token >= 0
+    a_row = tl.where(am, token, 0).to(tl.int64)
+    f = (pid % n_blocks) * BN + tl.arange(0, BN)
+    fm = f < n_ff
+    w_row = expert * expert_bytes + f.to(tl.int64) * row_bytes
+    acc_g = tl.zeros((BM, BN), tl.float32)
+    acc_u = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, 64):
+        xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
+        acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg, w_row, fm, k0, tab,
+                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+        acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu, w_row, fm, k0, tab,
+                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    codes, scales, sums = round_groups(h, BM, BN)
+    r64 = rows.to(tl.int64)[:, None]
+    tl.store(hq + r64 * n_ff + f[None, :], codes, mask=am[:, None] & fm[None, :])
+    g = (pid % n_blocks) * (BN // 32) + tl.arange(0, BN // 32)
+    gm = am[:, None] & (g[None, :] < n_ff // 32)
+    tl.store(hs + r64 * (n_ff // 32) + g[None, :], scales, mask=gm)
+    tl.store(hsum + r64 * (n_ff // 32) + g[None, :], sums, mask=gm)
+
+
+def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix):
+    """H = silu(x Wg^T) * (x Wu^T) of every grouped row, rounded to int8 per 32 features.
+
+    codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
+    [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten.
+    """
+    fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
+    return fn(codes, scales, sums, grouping, gate, up)
+
+
+def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up):
+    if (gate.qtype, gate.rows, gate.cols) != (up.qtype, up.rows, up.cols):
+        raise StrataError("the fused gate/up kernel needs gate and up experts of one format and shape")
+    k, n_ff = codes.shape[1], gate.rows
+    gate.check_dot_length(k)
+    if n_ff % GROUP:
+        raise StrataError(f"H is rounded per {GROUP} features: {n_ff} is not a multiple")
+    spec = gate.spec
+    device = codes.device
+    hq = torch.empty(grouping.max_rows, n_ff, dtype=torch.int8, device=device)
+    hs = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.float32, device=device)
+    hsum = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.int32, device=device)
+    bn = block_n(n_ff, codes)
+    grid = (grouping.max_tiles * triton.cdiv(n_ff, bn),)
+    if grid[0]:
+        _gate_up_kernel[grid](
+            codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
+            code_tables(device), hq, hs, hsum, n_ff, gate.expert_bytes, gate.row_bytes,
+            K=k, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
+            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=4)
+    return hq, hs, hsum
+
+
+def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up):
+    """float64 gate and up products of the dequantized activations, SwiGLU in float64, H rounded from float32."""
+    h = torch.zeros(grouping.max_rows, gate.rows, dtype=torch.float32, device=codes.device)
+    x = dequantize_rows_int8(codes, scales)
+    for e, rows in expert_rows(grouping):
+        a = x[grouping.row_token[rows].long()]
+        g, u = a @ gate.expert(e).double().T, a @ up.expert(e).double().T
+        h[rows] = (torch.nn.functional.silu(g) * u).float()
+    return quantize_rows_ref(h)

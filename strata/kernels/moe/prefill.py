@@ -1,0 +1,117 @@
+"""The routed experts of a prompt chunk: `moe_prefill`, which picks one of three paths by switch.
+
+- "dense" (STRATA_PREFILL_MMQ=0): fp16 grouped GEMMs on weights decoded per tile; SwiGLU in float32 between them.
+- "mmq" (the default; llama.cpp's MMQ counterpart): the tokens' activations rounded to int8 per 32 values, int8
+  grouped GEMMs for gate and up, SwiGLU in float32, H rounded to int8 per 32 features, an int8 GEMM for down.
+- "fused" (STRATA_PF_FUSED=1): the same roundings, but one kernel does gate, up, SwiGLU and H's rounding, and the
+  Q2_0 down projection shares each block's scale between its two halves.
+
+All three group the chunk's (token, expert) pairs on the GPU (`grouping`) and end with the weighted top-k combine.
+On CUDA tensors the Triton kernels run; elsewhere each step's torch reference does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strata import switches
+from strata.errors import StrataError
+from strata.kernels.moe import combine, dense, fused, grouping, mmq, quantize32
+from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.stack import ExpertMatrix
+
+PATHS = ("dense", "mmq", "fused")
+
+
+def prompt_expert_path() -> str:
+    """The path the switches pick. STRATA_PREFILL_MMQ=0 (the float reference path) wins over STRATA_PF_FUSED=1."""
+    if not switches.get("STRATA_PREFILL_MMQ"):
+        return "dense"
+    return "fused" if switches.get("STRATA_PF_FUSED") else "mmq"
+
+
+@dataclass(frozen=True)
+class PromptExperts:
+    """A layer's routed experts as the prompt kernels read them: gate/up [E, ff, embd], down [E, embd, ff]."""
+
+    gate: ExpertMatrix
+    up: ExpertMatrix
+    down: ExpertMatrix
+
+    @classmethod
+    def of(cls, stack) -> "PromptExperts":
+        """From anything with .gate/.up/.down carrying .raw, .ggml_type, .shape (the engine's ExpertStack)."""
+        if isinstance(stack, cls):
+            return stack
+        experts = cls(ExpertMatrix.of(stack.gate), ExpertMatrix.of(stack.up), ExpertMatrix.of(stack.down))
+        g, u, d = experts.gate, experts.up, experts.down
+        if not (g.n_experts == u.n_experts == d.n_experts and (g.rows, g.cols) == (u.rows, u.cols) == (d.cols, d.rows)):
+            raise StrataError("gate/up must be [E, ff, embd] and down [E, embd, ff] with the same E, ff, embd")
+        return experts
+
+    @property
+    def n_experts(self) -> int:
+        return self.gate.n_experts
+
+
+def _ops(triton: bool):
+    """The steps of every path, as kernels (triton) or torch references."""
+    pick = (lambda m, name: getattr(m, f"{name}_triton")) if triton else (lambda m, name: getattr(m, f"{name}_ref"))
+    return {
+        "group": pick(grouping, "group_pairs"),
+        "quantize": pick(quantize32, "quantize_rows"),
+        "mm_int8": pick(mmq, "grouped_mm_int8"),
+        "mm_fp16": pick(dense, "grouped_mm_fp16"),
+        "gate_up": pick(fused, "gate_up_swiglu_int8"),
+        "combine": pick(combine, "combine"),
+    }
+
+
+def _run(x, topk_ids, topk_weights, stack, path, triton: bool) -> torch.Tensor:
+    path = path or prompt_expert_path()
+    if path not in PATHS:
+        raise StrataError(f"unknown prompt expert path {path!r} (known: {', '.join(PATHS)})")
+    experts = PromptExperts.of(stack)
+    op = _ops(triton)
+    group = op["group"](topk_ids, experts.n_experts)
+    n_ff = experts.gate.rows
+
+    def zeros():  # gate/up outputs feed SwiGLU row by row: padding rows must hold numbers
+        return torch.zeros(group.max_rows, n_ff, dtype=torch.float32, device=x.device)
+
+    if path == "dense":
+        g = op["mm_fp16"](x, group, experts.gate, True, zeros())
+        u = op["mm_fp16"](x, group, experts.up, True, zeros())
+        rows_out = op["mm_fp16"](F.silu(g) * u, group, experts.down, False)
+    elif path == "mmq":
+        xq = op["quantize"](x)
+        g = op["mm_int8"](*xq, group, experts.gate, True, False, zeros())
+        u = op["mm_int8"](*xq, group, experts.up, True, False, zeros())
+        rows_out = op["mm_int8"](*op["quantize"](F.silu(g) * u), group, experts.down, False)
+    else:
+        h = op["gate_up"](*op["quantize"](x), group, experts.gate, experts.up)
+        rows_out = op["mm_int8"](*h, group, experts.down, False, True)
+    return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
+
+
+def moe_prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stack,
+                path: str | None = None) -> torch.Tensor:
+    """Sum over each token's top-k experts of weight * SwiGLU expert(x): x [T, embd] (bf16 or float32), topk_ids and
+    topk_weights [T, k], stack with gate/up/down expert tensors (GGUF blocks) -> [T, embd] of x's dtype.
+
+    `path` ("dense", "mmq", "fused") overrides the switches (`prompt_expert_path`).
+    """
+    return _run(x, topk_ids, topk_weights, stack, path, triton=use_triton(x))
+
+
+def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None) -> torch.Tensor:
+    """The Triton kernels whatever the device (CPU tensors need TRITON_INTERPRET=1)."""
+    return _run(x, topk_ids, topk_weights, stack, path, triton=True)
+
+
+def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None) -> torch.Tensor:
+    """The same path through the torch references of its steps."""
+    return _run(x, topk_ids, topk_weights, stack, path, triton=False)

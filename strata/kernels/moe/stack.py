@@ -1,0 +1,62 @@
+"""One projection of a layer's routed experts as the kernels read it: GGUF blocks [E, rows, row_bytes] in one tensor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from strata.errors import StrataError
+from strata.kernels.moe.decode import DecodeSpec, decode_spec
+from strata.quant import dequantize, get_format
+
+
+@dataclass(frozen=True)
+class ExpertMatrix:
+    raw: torch.Tensor  # uint8 [E, rows, row_bytes], contiguous
+    qtype: int
+    rows: int  # outputs per expert
+    cols: int  # inputs per expert (the dot length)
+
+    @classmethod
+    def of(cls, weight) -> "ExpertMatrix":
+        """From anything with .raw (uint8 bytes), .ggml_type and .shape (E, rows, cols): a QuantWeight of a stack."""
+        n_experts, rows, cols = weight.shape
+        row_bytes = get_format(weight.ggml_type).row_bytes(cols)
+        raw = weight.raw
+        if raw.dtype != torch.uint8 or raw.numel() != n_experts * rows * row_bytes:
+            raise StrataError(f"expert tensor of shape {tuple(weight.shape)} needs {n_experts * rows * row_bytes} "
+                              f"uint8 bytes, got {raw.numel()} of {raw.dtype}")
+        return cls(raw.reshape(n_experts, rows, row_bytes).contiguous(), int(weight.ggml_type), rows, cols)
+
+    @property
+    def spec(self) -> DecodeSpec:
+        return decode_spec(self.qtype)
+
+    @property
+    def n_experts(self) -> int:
+        return self.raw.shape[0]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.raw.shape[2]
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def expert(self, e: int) -> torch.Tensor:
+        """Expert e's weights, float32 [rows, cols] (the references)."""
+        return dequantize(self.raw[e], self.qtype, (self.rows, self.cols))
+
+    def check_dot_length(self, k: int) -> None:
+        spec = self.spec
+        if self.cols != k or k % 64 or k % spec.block_size:
+            raise StrataError(f"{spec.name} experts of {self.cols} inputs cannot take rows of {k} values (the kernels "
+                              f"step 64 values at a time, whole {spec.block_size}-weight blocks)")
+
+
+def block_n(n_out: int, tensor: torch.Tensor) -> int:
+    """Output columns per program: 64 on a GPU; wider under the interpreter, whose cost is per operation."""
+    return 64 if tensor.is_cuda else min(256, max(32, triton.next_power_of_2(n_out)))

@@ -1,0 +1,28 @@
+import torch
+
+from strata.bench.moe_prefill import main, make_layer, parse_args
+
+
+def test_parity_tool_runs_and_passes_at_a_tiny_shape(capsys):
+    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "32,48", "--experts", "16", "--embd", "64", "--ff", "64",
+                 "--reps", "1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "fused vs mmq: rel RMS" in out and "FAIL" not in out and out.count("Q2_0 / Q2_0,") == 2
+    assert "measured matrix rates: int8" in out and "x floor" in out
+
+
+def test_layer_recipe():
+    layer = make_layer("IQ4_XS / IQ4_NL", 100, n_experts=32, n_embd=256, n_ff=64)
+    assert (layer.x[77] == 0).all() and layer.topk_ids.shape == (100, 10)
+    counts = torch.bincount(layer.topk_ids.flatten().long(), minlength=32)
+    assert counts[0] == counts[1] == 100 and counts[28:].sum() == 0
+    assert (layer.topk_ids.sort(dim=1).values.diff(dim=1) > 0).all()  # distinct experts per token
+    assert torch.allclose(layer.topk_weights.sum(1), torch.ones(100))
+    assert layer.experts.down.rows == 256 and layer.experts.gate.rows == 64
+
+
+def test_default_arguments_are_the_full_layer():
+    args = parse_args([])
+    assert (args.embd, args.ff, args.experts, args.top_k, args.tokens) == (2560, 640, 512, 10, [2048])
+    assert len(args.pairs) == 6 and args.paths == ["dense", "mmq", "fused"]
