@@ -29,8 +29,7 @@ def bench_decode(args, placement: dict) -> None:
     offloaded = isinstance(backend, CachedExperts)
     if offloaded:
         cache, pool = backend.cache, backend.pool
-        before = (cache.stats.hits if cache else 0, cache.stats.misses if cache else 0, pool.stats.bytes,
-                  pool.stats.seconds, backend.pcie_bytes)
+        before = (cache.stats.hits, cache.stats.misses, pool.stats.bytes, pool.stats.seconds, backend.pcie_bytes)
     _sync(device)
     start = time.perf_counter()
     n = sum(1 for _ in tokens)
@@ -48,8 +47,7 @@ def bench_decode(args, placement: dict) -> None:
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
-    hits = (cache.stats.hits if cache else 0) - before[0]
-    misses = (cache.stats.misses if cache else 0) - before[1]
+    hits, misses = cache.stats.hits - before[0], cache.stats.misses - before[1]
     cpu_bytes, cpu_seconds = pool.stats.bytes - before[2], pool.stats.seconds - before[3]
     pcie_bytes = backend.pcie_bytes - before[4]
     cpu_rate = copy_bandwidth(torch.device("cpu")) / 2

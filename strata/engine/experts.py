@@ -116,7 +116,7 @@ class CachedExperts(ExpertBackend):
     def start(self, layer, x, weights, ids):
         routes = routed_tokens(ids)
         experts = list(routes)
-        hits, misses = self.cache.lookup(layer, experts) if self.cache is not None else ({}, experts)
+        hits, misses = self.cache.lookup(layer, experts)
         n_pcie = round(len(misses) * self.pcie_frac)
         over_pcie, on_cpu = misses[:n_pcie], misses[n_pcie:]
         future = None
@@ -136,5 +136,4 @@ class CachedExperts(ExpertBackend):
         return PendingExperts(out, lambda out: out + future.result().to(out.device, out.dtype))
 
     def end_step(self) -> None:
-        if self.cache is not None:
-            self.cache.end_step()
+        self.cache.end_step()

@@ -42,9 +42,6 @@ def load_profile(path: str, stacks: dict[int, ExpertStack]) -> list[Key]:
 
 def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, device: torch.device, config) -> CachedExperts:
     host = pinned(stacks) if device.type == "cuda" and config.pin_experts else stacks
-    cache = None
-    if plan.n_slots:
-        cache = ExpertCache(host, plan.n_slots, device)
-        ranking = load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking()
-        cache.fill(ranking)
+    cache = ExpertCache(host, plan.n_slots, device)  # with 0 slots it still counts every routing as a miss
+    cache.fill(load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking())
     return CachedExperts(host, cache, CPUExpertPool(host), device, config.pcie_frac)
