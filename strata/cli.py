@@ -14,6 +14,29 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
+    _placement_args(p)
+
+
+def _placement_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vram-budget", type=float, default=None, metavar="GIB",
+                   help="behave as if the GPU had this much memory (default: what is free)")
+    p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
+    p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
+    p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
+                   help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
+    p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
+
+
+def _placement(args) -> dict:
+    cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
+    return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
+                pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+
+
+def _count(text: str, flag: str) -> int:
+    if not text.isdigit():
+        raise StrataError(f"{flag} must be 'auto' or a number of experts, got {text!r}")
+    return int(text)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -30,7 +53,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from strata.api import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True)
+    return LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
+               **_placement(args))
 
 
 def _sampling(args) -> dict:
@@ -93,9 +117,23 @@ def cmd_chat(args) -> None:
 
 
 def cmd_info(args) -> None:
-    from strata.models.info import describe
+    from strata.models.info import describe, describe_plan
 
     print(describe(args.model, args.ctx))
+    if args.plan:
+        print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"]))
+
+
+def cmd_profile(args) -> None:
+    from pathlib import Path
+
+    from strata.engine.engine import Engine, EngineConfig
+    from strata.engine.profile import profile_routing
+
+    text = Path(args.text).read_text() if Path(args.text).is_file() else args.text
+    engine = Engine(args.model, EngineConfig(device=args.device, n_ctx=args.ctx, progress=True, **_placement(args)))
+    result = profile_routing(engine, text, args.output)
+    print(f"wrote {args.output}: routing counts of {result['tokens']} tokens over {len(result['counts'])} layers")
 
 
 def cmd_make_model(args) -> None:
@@ -127,6 +165,20 @@ def cmd_eval_teacher_forced(args) -> None:
     print(json.dumps(result, indent=2) if args.json else report(result))
 
 
+def cmd_kernel_bench(args) -> None:
+    import importlib
+
+    code = importlib.import_module(f"strata.bench.{args.module}").main(args.tool_options)
+    if code:
+        raise SystemExit(code)
+
+
+def cmd_bench_decode(args) -> None:
+    from strata.bench.decode import bench_decode
+
+    bench_decode(args, _placement(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,7 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="architecture, parameters, quant types and a memory estimate")
     p.add_argument("model")
     p.add_argument("-c", "--ctx", type=int, default=4096, help="context size for the memory estimate")
+    p.add_argument("--plan", action="store_true", help="also print where each part would live")
+    p.add_argument("--device", default="auto", help="device the plan is for")
+    _placement_args(p)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("profile", help="count expert routings on a text, for filling the expert cache at start")
+    p.add_argument("model")
+    p.add_argument("text", help="a text file, or the text itself")
+    p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("-c", "--ctx", type=int, default=None)
+    _placement_args(p)
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("make-model", help="write a GGUF with synthetic weights and a small real tokenizer")
     p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3 or qwen3moe")
@@ -189,11 +253,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-tokens", type=int, default=32)
     b.add_argument("--reps", type=int, default=3)
     b.set_defaults(func=cmd_bench)
+    b = bench.add_parser("decode", help="decode tokens/s with experts offloaded, beside its floor")
+    _engine_args(b)
+    b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
+    b.add_argument("--prompt-tokens", type=int, default=64)
+    b.set_defaults(func=cmd_bench_decode)
+    for name, module, help_text in [
+        ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
+        ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
+    ]:
+        # The tool parses its own options (`strata bench prompt-attn --help` lists them).
+        b = bench.add_parser(name, help=help_text, add_help=False)
+        b.set_defaults(func=cmd_kernel_bench, module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "module", None):
+        args.tool_options = extra  # a kernel bench: the rest is the tool's
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.func(args)
     except StrataError as exc:

@@ -40,3 +40,25 @@ def test_bad_arguments_are_one_line_errors(tiny_moe):
     assert result.returncode == 2 and result.stderr.strip() == "strata: error: sampling: top_p must be in (0, 1]"
     result = strata("make-model", "--preset", "huge", "-o", "/tmp/never.gguf")
     assert result.returncode == 2 and "unknown --preset huge" in result.stderr
+
+
+def test_offload_flags_plan_and_profile(tiny_moe, tmp_path):
+    plan = strata("info", tiny_moe, "--plan", "--expert-cache", "5")
+    assert plan.returncode == 0 and "5 of 16 experts (31.2%)" in plan.stdout, plan.stderr
+    profile = tmp_path / "p.json"
+    made = strata("profile", tiny_moe, "some text to route through the experts", "-o", profile, "--device", "cpu")
+    assert made.returncode == 0 and profile.exists(), made.stderr
+    run = strata("run", tiny_moe, "-p", "Hi", "-n", "4", "--temp", "0", "--device", "cpu", "--expert-cache", "3",
+                 "--expert-profile", profile)
+    assert run.returncode == 0, run.stderr
+    bench = strata("bench", "decode", tiny_moe, "--device", "cpu", "--expert-cache", "4", "--tokens", "4")
+    assert bench.returncode == 0 and "hit rate" in bench.stdout and "floor" in bench.stdout, bench.stderr
+    bad = strata("run", tiny_moe, "-p", "Hi", "--expert-cache", "lots")
+    assert bad.returncode == 2 and "--expert-cache must be 'auto' or a number" in bad.stderr
+
+
+def test_kernel_benches_are_wired():
+    for tool, option in (("prompt-attn", "--queries"), ("moe-prefill", "--tokens")):
+        result = strata("bench", tool, "--help")
+        assert result.returncode == 0 and option in result.stdout, result.stderr
+    assert strata("run", "m.gguf", "-p", "x", "--bogus").returncode == 2
