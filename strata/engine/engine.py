@@ -112,6 +112,7 @@ class Engine:
         if not ids:
             raise StrataError("logits: no tokens given")
         self._check_fits(len(ids))
+        self.kv.truncate(0)  # from position 0: a recurrent state must not carry over from an earlier prompt
         return self._forward(list(ids), 0, all_logits=True).cpu()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
