@@ -159,7 +159,7 @@ def check(what: str, passed: bool) -> bool:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="strata bench moe-prefill", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", help=f'one format pair, "GATE_UP / DOWN" (default: all of {", ".join(PAIRS)})')
+    p.add_argument("--only", help=f'format pairs "GATE_UP / DOWN", comma-separated (default: {", ".join(PAIRS)})')
     p.add_argument("--tokens", default="2048", help="comma-separated chunk sizes (default 2048)")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated paths (default dense,mmq,fused)")
     p.add_argument("--experts", type=int, default=512)
@@ -170,7 +170,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
-    args.pairs = [args.only] if args.only else PAIRS
+    args.pairs = [pair.strip() for pair in args.only.split(",")] if args.only else PAIRS
     args.tokens = [int(t) for t in str(args.tokens).split(",")]
     args.paths = [q.strip() for q in args.paths.split(",")]
     return args

@@ -63,8 +63,9 @@ def decode_spec(qtype: int | str) -> DecodeSpec:
     return SPECS[name]
 
 
-# Offsets (in entries) of the tables inside the one int8 table tensor.
-_SIGNS, _IQ2_XXS, _IQ2_XS, _IQ2_S, _IQ3_XXS, _IQ3_S, _IQ4_NL = 0, 1024, 3072, 7168, 15360, 16384, 18432
+# Offsets (in entries) of the tables inside the one int8 table tensor (constexpr: kernels may read them).
+_SIGNS, _IQ2_XXS, _IQ2_XS, _IQ2_S = tl.constexpr(0), tl.constexpr(1024), tl.constexpr(3072), tl.constexpr(7168)
+_IQ3_XXS, _IQ3_S, _IQ4_NL = tl.constexpr(15360), tl.constexpr(16384), tl.constexpr(18432)
 
 
 @functools.cache
@@ -73,7 +74,7 @@ def code_tables(device: torch.device) -> torch.Tensor:
     parts = [sign_patterns(), *(grid_values(g) for g in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")),
              iq4_nl_levels()]
     flat = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int8)
-    assert flat.size == _IQ4_NL + 16
+    assert flat.size == _IQ4_NL.value + 16
     return torch.from_numpy(flat).to(device)
 
 

@@ -17,7 +17,7 @@ from strata.kernels.moe.decode import code_tables, decode32
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.grouping import TILE_ROWS, Grouping
 from strata.kernels.moe.mmq import expert_rows
-from strata.kernels.moe.stack import ExpertMatrix, block_n
+from strata.kernels.moe.stack import ExpertMatrix, tile_config
 
 
 @triton.jit
@@ -39,12 +39,13 @@ def _grouped_fp16_kernel(a, row_token, tile_expert, n_tiles, w, tab, out, n_out,
         a_row = rows.to(tl.int64)
     n = (pid % n_blocks) * BN + tl.arange(0, BN)
     nm = n < n_out
-    w_row = expert * expert_bytes + n.to(tl.int64) * row_bytes
+    w_row = n * row_bytes  # int32 offsets from the expert's base: 32-bit address arithmetic per element
+    w_e = w + expert * expert_bytes
     j = tl.arange(0, 32)[None, :]
     acc = tl.zeros((BM, BN), tl.float32)
     for k in range(0, K, 32):
         x = tl.load(a + a_row[:, None] * K + k + j, mask=am[:, None], other=0.0).to(tl.float16)
-        q, s_lo, s_hi, mn = decode32(FMT, w, w_row + (k // QK) * TS, (k % QK) // 32, tab, nm)
+        q, s_lo, s_hi, mn = decode32(FMT, w_e, w_row + (k // QK) * TS, (k % QK) // 32, tab, nm)
         weight = q.to(tl.float32) * tl.where(j < 16, s_lo[:, None], s_hi[:, None]) + mn[:, None]
         acc = tl.dot(x, tl.trans(weight.to(tl.float16)), acc)
     tl.store(out + rows.to(tl.int64)[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])
@@ -65,13 +66,13 @@ def grouped_mm_fp16_triton(a, grouping, weight, gather, out=None):
     spec = weight.spec
     if out is None:
         out = torch.empty(grouping.max_rows, weight.rows, dtype=torch.float32, device=a.device)
-    bn = block_n(weight.rows, a)
+    bn, warps = tile_config("dense", spec, weight.rows, a.is_cuda)
     grid = (grouping.max_tiles * triton.cdiv(weight.rows, bn),)
     if grid[0]:
         _grouped_fp16_kernel[grid](
             a, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw, code_tables(a.device), out,
             weight.rows, weight.expert_bytes, weight.row_bytes, K=k, GATHER=gather, FMT=spec.fmt_id,
-            QK=spec.block_size, TS=spec.type_size, BM=TILE_ROWS, BN=bn, num_warps=4)
+            QK=spec.block_size, TS=spec.type_size, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return out
 
 

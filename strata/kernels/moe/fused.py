@@ -18,7 +18,7 @@ from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.grouping import TILE_ROWS, Grouping
 from strata.kernels.moe.mmq import expert_rows, load_step, weights_step
 from strata.kernels.moe.quantize32 import GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups
-from strata.kernels.moe.stack import ExpertMatrix, block_n
+from strata.kernels.moe.stack import ExpertMatrix, tile_config
 
 
 @triton.jit
@@ -38,14 +38,16 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
     a_row = tl.where(am, token, 0).to(tl.int64)
     f = (pid % n_blocks) * BN + tl.arange(0, BN)
     fm = f < n_ff
-    w_row = expert * expert_bytes + f.to(tl.int64) * row_bytes
+    w_row = f * row_bytes  # int32 offsets from the expert's base: 32-bit address arithmetic per element
+    wg_e = wg + expert * expert_bytes
+    wu_e = wu + expert * expert_bytes
     acc_g = tl.zeros((BM, BN), tl.float32)
     acc_u = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, 64):
         xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
-        acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg, w_row, fm, k0, tab,
+        acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg_e, w_row, fm, k0, tab,
                              FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
-        acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu, w_row, fm, k0, tab,
+        acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu_e, w_row, fm, k0, tab,
                              FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     codes, scales, sums = round_groups(h, BM, BN)
@@ -79,14 +81,14 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up):
     hq = torch.empty(grouping.max_rows, n_ff, dtype=torch.int8, device=device)
     hs = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.float32, device=device)
     hsum = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.int32, device=device)
-    bn = block_n(n_ff, codes)
+    bn, warps = tile_config("gate_up", spec, n_ff, codes.is_cuda)
     grid = (grouping.max_tiles * triton.cdiv(n_ff, bn),)
     if grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
             code_tables(device), hq, hs, hsum, n_ff, gate.expert_bytes, gate.row_bytes,
             K=k, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=4)
+            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return hq, hs, hsum
 
 

@@ -17,7 +17,7 @@ from strata.kernels.moe.decode import code_tables, decode32
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.grouping import TILE_ROWS, Grouping
 from strata.kernels.moe.quantize32 import dequantize_rows_int8
-from strata.kernels.moe.stack import ExpertMatrix, block_n
+from strata.kernels.moe.stack import ExpertMatrix, tile_config
 
 
 @triton.jit
@@ -93,11 +93,12 @@ def _grouped_int8_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, w, 
         a_row = rows.to(tl.int64)
     n = (pid % n_blocks) * BN + tl.arange(0, BN)
     nm = n < n_out
-    w_row = expert * expert_bytes + n.to(tl.int64) * row_bytes
+    w_row = n * row_bytes  # int32 offsets from the expert's base: 32-bit address arithmetic per element
+    w_e = w + expert * expert_bytes
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, 64):
         xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
-        acc = weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w, w_row, nm, k0, tab,
+        acc = weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w_e, w_row, nm, k0, tab,
                            FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
     tl.store(out + rows.to(tl.int64)[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])
 
@@ -119,14 +120,14 @@ def grouped_mm_int8_triton(codes, scales, sums, grouping, weight, gather, shared
     spec = weight.spec
     if out is None:
         out = torch.empty(grouping.max_rows, weight.rows, dtype=torch.float32, device=codes.device)
-    bn = block_n(weight.rows, codes)
+    bn, warps = tile_config("mm", spec, weight.rows, codes.is_cuda)
     grid = (grouping.max_tiles * triton.cdiv(weight.rows, bn),)
     if grid[0]:
         _grouped_int8_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw,
             code_tables(codes.device), out, weight.rows, weight.expert_bytes, weight.row_bytes,
             K=k, GATHER=gather, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=4)
+            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return out
 
 

@@ -14,7 +14,7 @@ import triton.language as tl
 from strata.kernels.moe.dispatch import use_triton
 
 GROUP = 32
-_RINT = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds a float32 below 2^22 to the nearest even integer
+_RINT = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds a float32 below 2^22 to the nearest even integer
 
 
 @triton.jit

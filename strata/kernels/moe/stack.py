@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, decode_spec
@@ -57,6 +56,13 @@ class ExpertMatrix:
                               f"step 64 values at a time, whole {spec.block_size}-weight blocks)")
 
 
-def block_n(n_out: int, tensor: torch.Tensor) -> int:
-    """Output columns per program: 64 on a GPU; wider under the interpreter, whose cost is per operation."""
-    return 64 if tensor.is_cuda else min(256, max(32, triton.next_power_of_2(n_out)))
+def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool) -> tuple[int, int]:
+    """(output columns per program, warps) of the expert kernels ("mm", "gate_up", "dense").
+
+    On a GPU: 8 warps and 64 columns, but 32 for the fused gate/up kernel of the formats with a heavier decode, whose
+    two accumulators would otherwise spill (sm_90 builds, checked by tests/kernels/moe/test_sm90_build.py). Under
+    the interpreter: wide programs, since its cost is per operation.
+    """
+    if not on_gpu:
+        return min(256, max(32, 1 << (n_out - 1).bit_length())), 4
+    return (32 if kind == "gate_up" and not spec.scale_per_64 else 64), 8

@@ -47,8 +47,7 @@ def test_q2_0_all_paths_meet_strata_bounds(device):
     assert 3e-3 < errors(outs["mmq"], refs[None])[0] < 3e-2
 
 
-@pytest.mark.parametrize("pair", ["IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_XS / IQ4_NL",
-                                  "Q4_K / Q2_0", "IQ2_XXS / Q8_0", "IQ2_S / Q4_0"])
+@pytest.mark.parametrize("pair", ["IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_XS / IQ4_NL", "Q4_K / Q2_0"])
 def test_native_packs_int8_paths_meet_strata_bounds(device, pair):
     layer = make_layer(pair, 64, n_experts=16, n_embd=256, n_ff=64, top_k=6, seed=1, device=device)
     run_paths(layer, ["mmq", "fused"])
