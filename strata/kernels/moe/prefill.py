@@ -6,7 +6,8 @@
 - "fused" (STRATA_PF_FUSED=1): the same roundings, but one kernel does gate, up, SwiGLU and H's rounding, and the
   Q2_0 down projection shares each block's scale between its two halves.
 
-All three group the chunk's (token, expert) pairs on the GPU (`grouping`) and end with the weighted top-k combine.
+Both int8 paths round x once per token (llama.cpp rounds per routed row: the same values). All three group the
+chunk's (token, expert) pairs on the GPU (`grouping`) and end with the weighted top-k combine.
 On CUDA tensors the Triton kernels run; elsewhere each step's torch reference does.
 """
 
