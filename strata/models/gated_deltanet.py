@@ -1,0 +1,86 @@
+"""The GatedDeltaNet mixer of Qwen3-Next, on llama.cpp's tensors (attn_qkv, attn_gate, ssm_*).
+
+Per token: project to q/k/v (one causal depthwise conv over their concatenation, then SiLU), to the output gate z,
+and to b, a per value head; beta = sigmoid(b), g = A * softplus(a + dt_bias) with A = -exp(A_log) stored as ssm_a.
+The gated delta rule (strata.kernels.gdn) turns q/k/v/g/beta into one output per value head, which is
+RMS-normed, scaled by ssm_norm, gated by SiLU(z) and projected back by ssm_out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strata.kernels.gdn import gated_delta_rule
+from strata.models.layers import rms_norm
+from strata.models.weights import QuantWeight, linear
+
+
+@dataclass(frozen=True)
+class GDNShape:
+    n_k_heads: int
+    n_v_heads: int
+    k_dim: int  # per head
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.n_k_heads * self.k_dim + self.n_v_heads * self.v_dim
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return (self.conv_kernel - 1, self.conv_channels)
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.n_v_heads, self.k_dim, self.v_dim)
+
+    def ba_rows(self) -> tuple[list[int], list[int]]:
+        """Rows of ssm_ba for b and a, in value-head order: the file groups them per key head as [b (r), a (r)]."""
+        r = self.n_v_heads // self.n_k_heads
+        b = [g * 2 * r + j for g in range(self.n_k_heads) for j in range(r)]
+        return b, [row + r for row in b]
+
+
+@dataclass
+class GDNWeights:
+    norm: torch.Tensor  # attn_norm, the layer's input RMSNorm
+    qkv: QuantWeight  # [conv channels, embd]: all q heads, all k heads, all v heads
+    gate: QuantWeight  # z: [value heads x v_dim, embd]
+    b: QuantWeight  # [value heads, embd], rows of ssm_ba
+    a: QuantWeight
+    conv: torch.Tensor  # [conv channels, kernel]: tap kernel-1 is the current token
+    dt_bias: torch.Tensor  # [value heads]
+    decay_rate: torch.Tensor  # ssm_a = -exp(A_log), [value heads], float32
+    out_norm: torch.Tensor  # ssm_norm [v_dim]
+    out: QuantWeight  # ssm_out [embd, value heads x v_dim]
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv of x [T, C] after `past` [K-1, C] inputs; returns (SiLU(conv) [T, C], new past)."""
+    kernel = weight.shape[1]
+    window = torch.cat((past.to(x.dtype), x))
+    out = F.conv1d(window.T[None], weight.to(x.dtype)[:, None, :], groups=x.shape[1])[0].T
+    return F.silu(out), window[window.shape[0] - (kernel - 1):]
+
+
+def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: torch.Tensor,
+                   state: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One GatedDeltaNet layer over h [T, embd] -> (mixer output [T, embd], new conv state, new recurrent state)."""
+    s, n_tokens = shape, h.shape[0]
+    x = rms_norm(h, w.norm, eps)
+    mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state)
+    key_dim = s.n_k_heads * s.k_dim
+    q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)
+    beta = torch.sigmoid(linear(x, w.b).float())
+    g = w.decay_rate * F.softplus(linear(x, w.a).float() + w.dt_bias.float())
+    out, state = gated_delta_rule(
+        q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim),
+        v.reshape(n_tokens, s.n_v_heads, s.v_dim), g, beta, state,
+    )
+    z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
+    out = (rms_norm(out, w.out_norm, eps).float() * F.silu(z.float())).to(h.dtype)
+    return linear(out.reshape(n_tokens, -1), w.out), conv_state, state
