@@ -239,13 +239,17 @@ class Server:
 
         return work
 
-    def run_generation(self, job: Job, ids, max_tokens, sampling, stop, logprobs, index=0) -> None:
+    def run_generation(self, job: Job, ids, max_tokens, sampling, stop, logprobs, index=0,
+                       cached_tokens: int | None = None) -> None:
+        """`cached_tokens`: what to report instead of the engine's reuse (a prompt this request already read)."""
         chunks = self.llm.generate(ids, max_tokens=max_tokens, stop=stop, stream=True, logprobs=logprobs,
                                    cancel=job.cancelled.is_set, **sampling)
         for chunk in chunks:
             job.progress["phase"] = "decode"
             job.progress["generated"] += len(chunk.token_ids)
             if chunk.finish_reason:
+                if cached_tokens is not None:
+                    chunk.stats.cached_tokens = cached_tokens
                 job.progress["cached_tokens"] = chunk.stats.cached_tokens
                 self.metrics.record(chunk.stats, chunk.finish_reason)
             job.emit("chunk", (index, chunk))

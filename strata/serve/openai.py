@@ -362,9 +362,11 @@ async def completions(request: Request):
     def work(job: Job) -> None:
         for index, ids in enumerate(batch):
             job.progress.update(phase="prompt", prompt_tokens=len(ids), max_tokens=limits[index], generated=0)
-            if body.echo and body.logprobs is not None:
+            scored = body.echo and body.logprobs is not None
+            if scored:  # the prompt path reads the whole prompt again, from its first token
                 job.emit("prompt", (index, prompt_logprobs(llm, ids, body.logprobs)))
-            server.run_generation(job, ids, limits[index], sampling, stops, body.logprobs, index)
+            server.run_generation(job, ids, limits[index], sampling, stops, body.logprobs, index,
+                                  cached_tokens=0 if scored else None)
             if job.cancelled.is_set():
                 return
 

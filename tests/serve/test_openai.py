@@ -102,6 +102,9 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(client, tool_mod
     assert lp.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=1e-4)
     generated = lp.token_logprobs[-1]
     assert generated == pytest.approx(max(lp.top_logprobs[-1].values()))
+    again = client.completions.create(model="tiny", prompt=[prompt], max_tokens=1, temperature=0, echo=True,
+                                      logprobs=1)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # scoring reads the prompt whole, every time
 
 
 def test_completions_batch_token_ids_and_stream(client):
