@@ -31,14 +31,17 @@ def fla_kernels():
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
-def gated_delta_rule_fla(q, k, v, g, beta, state=None, normalize_qk=True, scale=None):
+def gated_delta_rule_fla(q, k, v, g, beta, state=None, normalize_qk=True, scale=None, recurrent=None):
     """fla-core on CUDA, same contract as the references (one sequence, state [Hv, Dk, Dv] float32).
 
     fla's two entry points differ in their positional order: fused_recurrent takes (q, k, v, g, gk, gv, beta),
-    chunk takes (q, k, v, g, beta). Everything past v is passed by keyword.
+    chunk takes (q, k, v, g, beta). Everything past v is passed by keyword. `recurrent` picks the kernel
+    (default: fused_recurrent for a few tokens, chunk otherwise).
     """
     chunk_fn, recurrent_fn = fla_kernels()
-    fn = recurrent_fn if v.shape[0] <= RECURRENT_MAX_TOKENS else chunk_fn
+    if recurrent is None:
+        recurrent = v.shape[0] <= RECURRENT_MAX_TOKENS
+    fn = recurrent_fn if recurrent else chunk_fn
     initial = None if state is None else state.float()[None].contiguous()
     out, final = fn(
         q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
