@@ -152,8 +152,8 @@ def cmd_bench(args) -> None:
 def cmd_serve(args) -> None:
     from strata.serve.app import check_exposure, serve
 
-    check_exposure(args.host, args.api_key)  # before the model loads: a refused start is instant
-    serve(args)
+    check_exposure(args.host, args.api_key, args.max_queue)  # before the model loads: a refused start is instant
+    serve(args, _load(args))
 
 
 def cmd_eval_teacher_forced(args) -> None:
@@ -161,7 +161,8 @@ def cmd_eval_teacher_forced(args) -> None:
 
     from strata.eval.teacher_forced import evaluate, report
 
-    result = evaluate(args)
+    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args))
+    result = evaluate(args, options)
     print(json.dumps(result, indent=2) if args.json else report(result))
 
 

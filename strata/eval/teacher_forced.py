@@ -92,11 +92,10 @@ def run_worker(model: str, text_file: str, prefix: int, n: int, greedy: int, out
     Path(out).write_text(json.dumps({"greedy": tokens, "text_tokens": len(ids)}))
 
 
-def _run_arm(label: str, arm: Arm, args, workdir: Path) -> tuple[Path, Path]:
+def _run_arm(label: str, arm: Arm, args, workdir: Path, engine_options: dict) -> tuple[Path, Path]:
     logpos, side = workdir / f"{label}.logpos", workdir / f"{label}.json"
     env = {**os.environ, **arm.env, "STRATA_LOGPOS": str(logpos), "STRATA_LOGPOS_TOPK": str(args.topk)}
-    options = {"device": args.device, "dtype": args.dtype, "kv_dtype": args.kv_dtype, "n_ctx": args.ctx}
-    options = {k: v for k, v in options.items() if v is not None} | arm.options
+    options = {k: v for k, v in engine_options.items() if v is not None} | arm.options
     command = [sys.executable, "-m", "strata.eval.teacher_forced", str(args.model), "--text", str(args.text),
                "--prefix", str(args.prefix), "--continue", str(args.n), "--greedy", str(args.greedy),
                "--out", str(side), "--options", json.dumps(options)]
@@ -109,8 +108,9 @@ def _run_arm(label: str, arm: Arm, args, workdir: Path) -> tuple[Path, Path]:
     return logpos, side
 
 
-def evaluate(args) -> dict:
-    """Run A, B and A again; returns {"a_vs_b": ..., "a_vs_a": ...} as dicts of Comparison fields."""
+def evaluate(args, engine_options: dict) -> dict:
+    """Run A, B and A again, each with `engine_options` (its own options over them); returns {"a_vs_b": ...,
+    "a_vs_a": ...} as dicts of Comparison fields."""
     from strata.eval.logpos import MAX_TOPK, read_records
     from strata.eval.metrics import compare
 
@@ -120,7 +120,7 @@ def evaluate(args) -> dict:
         raise StrataError(f"--text {args.text}: no such file")
     arm_a, arm_b = Arm.parse(args.a), Arm.parse(args.b)
     with tempfile.TemporaryDirectory(prefix="strata-tf-") as tmp:
-        runs = {label: _run_arm(label, arm, args, Path(tmp)) for label, arm in
+        runs = {label: _run_arm(label, arm, args, Path(tmp), engine_options) for label, arm in
                 (("A", arm_a), ("B", arm_b), ("A2", arm_a))}
         records = {label: read_records(logpos) for label, (logpos, _) in runs.items()}
         greedy = {label: json.loads(side.read_text())["greedy"] for label, (_, side) in runs.items()}

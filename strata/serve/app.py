@@ -401,21 +401,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, api_key: str | None) -> None:
+def check_exposure(host: str, api_key: str | None, max_queue: int = 0) -> None:
+    if max_queue < 0:
+        raise StrataError("--max-queue must be >= 0")
     if not is_loopback(host) and not api_key:
         raise StrataError(f"--host {host} is reachable from other machines: give an --api-key (or serve on 127.0.0.1)")
     if api_key is not None and len(api_key) < 8:
         raise StrataError("--api-key must be at least 8 characters")
 
 
-def serve(args) -> None:
+def serve(args, llm) -> None:
+    """`strata serve`: `llm` is the loaded model, `args` the command line."""
     import uvicorn
 
-    from strata.api import LLM
-
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx)
     config = ServerConfig(model_name=args.model_name or Path(args.model).stem, api_key=args.api_key,
                           max_queue=args.max_queue, max_body_bytes=int(args.max_body_mib * (1 << 20)))
-    if config.max_queue < 0:
-        raise StrataError("--max-queue must be >= 0")
     uvicorn.run(create_app(llm, config), host=args.host, port=args.port, log_level="warning")
