@@ -1,4 +1,5 @@
-"""Teacher-forced quality: two engine configurations read the same text, and their per-position predictions are compared.
+"""Teacher-forced quality: two engine configurations read the same text; their predictions are compared position by
+position.
 
 The first P tokens go through the prompt path; the next N are scored, the first from the prompt path's last logits
 and the rest through the decode path, one token at a time, with the text's own tokens fed in (teacher forcing).

@@ -28,7 +28,8 @@ TOOL_TEMPLATE = r"""{%- if messages[0].role == 'system' or tools %}
 {%- elif not (loop.first and message.role == 'system') %}
 {{- '<|im_start|>' + message.role + '\n' + (message.content or '') }}
 {%- for call in message.tool_calls or [] %}
-{%- set arguments = call.function.arguments if call.function.arguments is string else (call.function.arguments | tojson) %}
+{%- set arguments = call.function.arguments %}
+{%- if arguments is not string %}{% set arguments = arguments | tojson %}{% endif %}
 {{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + arguments + '}\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\n' }}

@@ -144,7 +144,8 @@ async function poll() {
     $("m-queue").textContent = m.queue_length;
     $("m-prompt-tps").textContent = rate(m.last.prompt_tokens_per_second);
     $("m-decode-tps").textContent = rate(m.last.decode_tokens_per_second);
-    $("m-requests").textContent = `${m.totals.requests} (${m.totals.rejected} refused, ${m.totals.cancelled} cancelled)`;
+    const t = m.totals;
+    $("m-requests").textContent = `${t.requests} (${t.rejected} refused, ${t.cancelled} cancelled)`;
     $("m-generated").textContent = m.totals.generated_tokens;
     $("m-prompt").textContent = `${m.totals.prompt_tokens} (${m.totals.cached_tokens})`;
     $("m-rss").textContent = bytes(m.memory.process_rss_bytes);
