@@ -90,7 +90,7 @@ class Job:
 
 class Scheduler:
     def __init__(self, max_queue: int):
-        self.waiting: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, max_queue) if max_queue else 1)
+        self.waiting: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, max_queue))  # 0: see submit
         self.max_queue = max_queue
         self.current: Job | None = None
         self.durations: list[float] = []  # of recent jobs, for Retry-After
