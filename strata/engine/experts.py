@@ -87,8 +87,23 @@ class ExpertBackend(ABC):
         """Called once per forward step, after the last layer (caches adapt here)."""
 
 
+PROMPT_KERNEL_MIN_TOKENS = 32  # below this a chunk is decode-like: too few rows per expert for grouped GEMMs
+
+
+def prompt_kernels_fit(stack: ExpertStack, x: torch.Tensor) -> bool:
+    """The grouped Triton prompt kernels (kernels/moe) take this chunk: on the GPU, in bf16/fp16 (float32 runs are
+    the reference engine and stay exact), enough tokens, and weight formats they decode."""
+    if not x.is_cuda or x.dtype == torch.float32 or x.shape[0] < PROMPT_KERNEL_MIN_TOKENS:
+        return False
+    from strata.kernels.moe.decode import SPECS
+    from strata.quant import get_format
+
+    return all(get_format(w.ggml_type).name in SPECS for w in (stack.gate, stack.up, stack.down))
+
+
 class ResidentExperts(ExpertBackend):
-    """Every expert lives on the compute device in its quant format; each used one is dequantized on use."""
+    """Every expert lives on the compute device in its quant format. Prompt chunks on the GPU go through the
+    grouped prompt kernels; otherwise each used expert is dequantized on use."""
 
     name = "resident"
 
@@ -96,7 +111,12 @@ class ResidentExperts(ExpertBackend):
         self.stacks = stacks
 
     def start(self, layer, x, weights, ids):
-        stack, routes = self.stacks[layer], routed_tokens(ids)
+        stack = self.stacks[layer]
+        if prompt_kernels_fit(stack, x):
+            from strata.kernels.moe import moe_prefill
+
+            return PendingExperts(moe_prefill(x, ids.to(torch.int32), weights.float(), stack))
+        routes = routed_tokens(ids)
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, stack.expert, routes)
         return PendingExperts(out)
