@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.experts import ExpertStack, accumulate
+from strata.engine.cpu_kernels import HostExperts, moe_experts
+from strata.engine.experts import ExpertStack
 
 
 @dataclass
@@ -23,24 +24,24 @@ class PoolStats:
 
 
 class CPUExpertPool:
-    """One worker thread; torch's own threads do the arithmetic (its kernels release the GIL).
+    """One worker thread hands each layer's missed experts to the block kernels of `strata.engine.cpu_kernels` in
+    one call; numba's threads (one per core) split the weight rows, with the GIL released.
 
-    Today each expert is dequantized with torch and multiplied in float32: correct, and the baseline the
-    compiled block kernels (ggml's CPU backend, numba for Q2_0) will replace.
+    The weights are read in their GGUF bytes (Q8_0, Q4_0, Q4_K, Q6_K, Q2_0; other formats are dequantized with
+    torch), the activations as int16 per block group: within ~2e-5 of float64 on a typical output.
     """
 
     def __init__(self, stacks: dict[int, ExpertStack]):
         self.stacks = stacks
+        self.host = {layer: HostExperts(s.gate, s.up, s.down) for layer, s in stacks.items()}
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts")
         self.stats = PoolStats()
 
     def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int]) -> torch.Tensor:
         start = time.perf_counter()
-        stack = self.stacks[layer]
-        out = torch.zeros_like(x)
-        accumulate(out, routes, weights, x, stack.expert, experts)
+        out = moe_experts(self.host[layer], x, routes, weights, experts)
         self.stats.experts += len(experts)
-        self.stats.bytes += len(experts) * stack.expert_bytes
+        self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         self.stats.seconds += time.perf_counter() - start
         return out
 
