@@ -26,6 +26,11 @@ class Shape:
     shared_expert_ff: int = 0
     context_length: int = 4096
     expert_quant: str | None = None  # expert tensors' type when it differs from --quant
+    # qwen3next's GatedDeltaNet (0: derived from the attention shape by qwen3next_shape)
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    full_attention_interval: int = 0
 
 
 PRESETS: dict[str, Shape] = {
@@ -41,7 +46,7 @@ PRESETS: dict[str, Shape] = {
                               n_experts=512, n_experts_used=10, expert_ff=640, shared_expert_ff=640,
                               context_length=262144, expert_quant="Q2_0"),
 }
-ARCHS = ("qwen2", "qwen3", "qwen3moe")
+ARCHS = ("qwen2", "qwen3", "qwen3moe", "qwen3next")
 WEIGHT_SCALE = 0.02
 
 
@@ -78,12 +83,56 @@ def _vector(name: str, n: int, value: float | None = None, seed: int = 0, scale:
     return TensorSpec(name, (n,), 0, make)
 
 
+def qwen3next_shape(s: Shape) -> Shape:
+    """Fill the GatedDeltaNet fields left 0: v heads as many as query heads, half as many k heads, full attention
+    every 4th layer (every 2nd in a model of fewer than 4 layers), a shared expert as wide as a routed one."""
+    return replace(
+        s,
+        ssm_v_heads=s.ssm_v_heads or s.n_heads,
+        ssm_k_heads=s.ssm_k_heads or max(1, (s.ssm_v_heads or s.n_heads) // 2),
+        ssm_head_dim=s.ssm_head_dim or s.head_dim,
+        full_attention_interval=s.full_attention_interval or min(4, max(2, s.n_layers)),
+        shared_expert_ff=s.shared_expert_ff or s.expert_ff,
+    )
+
+
+def _qwen3next_layer(p: str, i: int, s: Shape, quant: str, seed: int) -> list[TensorSpec]:
+    """A GatedDeltaNet or gated-attention mixer with llama.cpp's qwen3next names (norms already carry the +1)."""
+    out = [_vector(p + "attn_norm.weight", s.n_embd, 1.0), _vector(p + "post_attention_norm.weight", s.n_embd, 1.0)]
+    if (i + 1) % s.full_attention_interval == 0:
+        q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        return out + [
+            _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
+            _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
+            _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
+            _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
+            _vector(p + "attn_q_norm.weight", s.head_dim, 1.0),
+            _vector(p + "attn_k_norm.weight", s.head_dim, 1.0),
+        ]
+    nv, d = s.ssm_v_heads, s.ssm_head_dim
+    channels = (2 * s.ssm_k_heads + nv) * d
+    conv = _normal(np.random.default_rng([seed, *(p + "conv").encode()]), (channels, 4), 0.5)
+    return out + [
+        _matrix(p + "attn_qkv.weight", (channels, s.n_embd), quant, seed),
+        _matrix(p + "attn_gate.weight", (nv * d, s.n_embd), quant, seed),
+        _matrix(p + "ssm_ba.weight", (2 * nv, s.n_embd), quant, seed),
+        TensorSpec(p + "ssm_conv1d.weight", (channels, 4), 0, lambda: conv),
+        _vector(p + "ssm_dt.bias", nv, 0.0),
+        _vector(p + "ssm_a", nv, -0.1),  # A = -exp(A_log): a slow decay
+        _vector(p + "ssm_norm.weight", d, 1.0),
+        _matrix(p + "ssm_out.weight", (s.n_embd, nv * d), quant, seed),
+    ]
+
+
 def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec]:
     expert_quant = s.expert_quant or quant
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     out = [_matrix("token_embd.weight", (s.vocab, s.n_embd), quant, seed), _vector("output_norm.weight", s.n_embd, 1.0)]
     for i in range(s.n_layers):
         p = f"blk.{i}."
+        if arch == "qwen3next":
+            out += _qwen3next_layer(p, i, s, quant, seed) + _moe_tensors(p, s, expert_quant, seed)
+            continue
         out += [
             _vector(p + "attn_norm.weight", s.n_embd, 1.0),
             _matrix(p + "attn_q.weight", (q_dim, s.n_embd), quant, seed),
@@ -97,23 +146,7 @@ def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec
         else:
             out += [_vector(p + "attn_q_norm.weight", s.head_dim, 1.0), _vector(p + "attn_k_norm.weight", s.head_dim, 1.0)]
         if arch == "qwen3moe":
-            e, ff = s.n_experts, s.expert_ff
-            out += [
-                # Routers stay F32 as llama.cpp keeps them; N(0, 0.02) gives a realistic spread of choices.
-                TensorSpec(p + "ffn_gate_inp.weight", (e, s.n_embd), 0,
-                           lambda n=p: _normal(np.random.default_rng([seed, *n.encode()]), (e, s.n_embd), WEIGHT_SCALE)),
-                _matrix(p + "ffn_gate_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
-                _matrix(p + "ffn_up_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
-                _matrix(p + "ffn_down_exps.weight", (e, s.n_embd, ff), expert_quant, seed),
-            ]
-            if s.shared_expert_ff:
-                sff = s.shared_expert_ff
-                out += [
-                    _vector(p + "ffn_gate_inp_shexp.weight", s.n_embd, seed=seed, scale=WEIGHT_SCALE),
-                    _matrix(p + "ffn_gate_shexp.weight", (sff, s.n_embd), expert_quant, seed),
-                    _matrix(p + "ffn_up_shexp.weight", (sff, s.n_embd), expert_quant, seed),
-                    _matrix(p + "ffn_down_shexp.weight", (s.n_embd, sff), expert_quant, seed),
-                ]
+            out += _moe_tensors(p, s, expert_quant, seed)
         else:
             out += [
                 _matrix(p + "ffn_gate.weight", (s.n_ff, s.n_embd), quant, seed),
@@ -121,6 +154,27 @@ def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec
                 _matrix(p + "ffn_down.weight", (s.n_embd, s.n_ff), quant, seed),
             ]
     out.append(_matrix("output.weight", (s.vocab, s.n_embd), quant, seed))
+    return out
+
+
+def _moe_tensors(p: str, s: Shape, expert_quant: str, seed: int) -> list[TensorSpec]:
+    e, ff = s.n_experts, s.expert_ff
+    out = [
+        # Routers stay F32 as llama.cpp keeps them; N(0, 0.02) gives a realistic spread of choices.
+        TensorSpec(p + "ffn_gate_inp.weight", (e, s.n_embd), 0,
+                   lambda n=p: _normal(np.random.default_rng([seed, *n.encode()]), (e, s.n_embd), WEIGHT_SCALE)),
+        _matrix(p + "ffn_gate_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
+        _matrix(p + "ffn_up_exps.weight", (e, ff, s.n_embd), expert_quant, seed),
+        _matrix(p + "ffn_down_exps.weight", (e, s.n_embd, ff), expert_quant, seed),
+    ]
+    if s.shared_expert_ff:
+        sff = s.shared_expert_ff
+        out += [
+            _vector(p + "ffn_gate_inp_shexp.weight", s.n_embd, seed=seed, scale=WEIGHT_SCALE),
+            _matrix(p + "ffn_gate_shexp.weight", (sff, s.n_embd), expert_quant, seed),
+            _matrix(p + "ffn_up_shexp.weight", (sff, s.n_embd), expert_quant, seed),
+            _matrix(p + "ffn_down_shexp.weight", (s.n_embd, sff), expert_quant, seed),
+        ]
     return out
 
 
@@ -137,7 +191,17 @@ def model_metadata(arch: str, s: Shape, preset: str) -> dict:
         f"{arch}.rope.freq_base": 1_000_000.0,
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
     }
-    if arch == "qwen3moe":
+    if arch == "qwen3next":
+        meta |= {
+            f"{arch}.rope.dimension_count": s.head_dim // 4,
+            f"{arch}.ssm.conv_kernel": 4,
+            f"{arch}.ssm.state_size": s.ssm_head_dim,
+            f"{arch}.ssm.group_count": s.ssm_k_heads,
+            f"{arch}.ssm.time_step_rank": s.ssm_v_heads,
+            f"{arch}.ssm.inner_size": s.ssm_v_heads * s.ssm_head_dim,
+            f"{arch}.full_attention_interval": s.full_attention_interval,
+        }
+    if arch in ("qwen3moe", "qwen3next"):
         meta |= {
             f"{arch}.expert_count": s.n_experts,
             f"{arch}.expert_used_count": s.n_experts_used,
@@ -160,6 +224,8 @@ def make_model(path: str | Path, arch: str = "qwen3moe", preset: str = "tiny", q
     if preset not in PRESETS:
         raise StrataError(f"make-model: unknown --preset {preset} (choose from {', '.join(PRESETS)})")
     shape = replace(PRESETS[preset], **overrides)
+    if arch == "qwen3next":
+        shape = qwen3next_shape(shape)
     tokenizer = train_small_bpe(vocab_size=shape.vocab)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

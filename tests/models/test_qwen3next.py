@@ -200,3 +200,17 @@ def test_mtp_block_is_loaded_and_leaves_the_logits_alone(hf_exports, tmp_path):
     assert model.mtp[0].shared_head_norm is not None and 4 in model.expert_stacks
     ids = _tokens(16, seed=8)
     assert torch.equal(with_mtp.logits(ids), strata.LLM(path, device="cpu").logits(ids))
+
+
+def test_synthetic_model_decodes_as_its_prompt_path_reads(tmp_path):
+    """`strata make-model --arch qwen3next`: greedy decode through the carried states picks, at every step, the
+    argmax of the prompt path run over the whole sequence so far."""
+    from strata.models.synthetic import make_model
+
+    path = make_model(tmp_path / "tiny-qwen3next.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
+    llm = strata.LLM(path, device="cpu", kv_dtype="float32")
+    assert llm.config.recurrent_layers == (True, False) and llm.config.rope_dim == 4
+    prompt = _tokens(20, seed=9)
+    generated = llm.generate(prompt, max_tokens=6, temperature=0).token_ids
+    logits = llm.logits(prompt + generated[:-1])
+    assert logits[len(prompt) - 1:].argmax(-1).tolist() == generated
