@@ -185,19 +185,14 @@ _GLOBAL_NAMES = {
 
 
 def _qkvz_rows(config) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """in_proj_qkvz's rows as llama.cpp splits them: (attn_qkv = all q, all k, all v; attn_gate = all z).
+    """in_proj_qkvz's rows as llama.cpp splits them: (attn_qkv = all q, all k, all v; attn_gate = all z)."""
+    from strata.models.gated_deltanet import GDNShape
 
-    transformers groups the rows by key head g: [q_g (dk), k_g (dk), v of g's value heads (r dv), z of them (r dv)].
-    """
-    nk, dk, dv = config.linear_num_key_heads, config.linear_key_head_dim, config.linear_value_head_dim
-    r = config.linear_num_value_heads // nk
-    per = 2 * dk + 2 * r * dv
-    parts = [[], [], [], []]
-    for g in range(nk):
-        start = g * per
-        for part, (offset, size) in enumerate(((0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv))):
-            parts[part] += range(start + offset, start + offset + size)
-    return tuple(parts[0] + parts[1] + parts[2]), tuple(parts[3])
+    shape = GDNShape(n_k_heads=config.linear_num_key_heads, n_v_heads=config.linear_num_value_heads,
+                     k_dim=config.linear_key_head_dim, v_dim=config.linear_value_head_dim,
+                     conv_kernel=config.linear_conv_kernel_dim)
+    qkv, z = shape.qkvz_rows()
+    return tuple(qkv), tuple(z)
 
 
 def tensor_sources(model: torch.nn.Module) -> list[TensorSource]:

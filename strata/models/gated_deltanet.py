@@ -38,6 +38,17 @@ class GDNShape:
     def state_shape(self) -> tuple[int, int, int]:
         return (self.n_v_heads, self.k_dim, self.v_dim)
 
+    def qkvz_rows(self) -> tuple[list[int], list[int]]:
+        """Rows of a legacy fused ssm_in for attn_qkv (all q, all k, all v) and attn_gate (all z): the file keeps
+        transformers' in_proj_qkvz order, grouped per key head as [q (dk), k (dk), v (r dv), z (r dv)]."""
+        r, dk, dv = self.n_v_heads // self.n_k_heads, self.k_dim, self.v_dim
+        per = 2 * dk + 2 * r * dv
+        parts: list[list[int]] = [[], [], [], []]
+        for g in range(self.n_k_heads):
+            for part, (offset, size) in enumerate(((0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv))):
+                parts[part] += range(g * per + offset, g * per + offset + size)
+        return parts[0] + parts[1] + parts[2], parts[3]
+
     def ba_rows(self) -> tuple[list[int], list[int]]:
         """Rows of ssm_ba for b and a, in value-head order: the file groups them per key head as [b (r), a (r)]."""
         r = self.n_v_heads // self.n_k_heads

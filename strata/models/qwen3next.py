@@ -24,7 +24,7 @@ from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
 from strata.models.layers import Rope, attend, rms_norm
 from strata.models.weights import QuantWeight, linear
 
-GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
+GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
                "ssm_norm.weight", "ssm_out.weight")
 ATTENTION_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
 
@@ -107,10 +107,18 @@ class Qwen3NextLM(DecoderLM):
         value_dim = s.n_v_heads * s.v_dim
         ba = load.quant(p + "ssm_ba.weight", 2 * s.n_v_heads, c.n_embd)
         b_rows, a_rows = s.ba_rows()
+        if p + "attn_qkv.weight" not in load.model.tensors and p + "ssm_in.weight" in load.model.tensors:
+            # Older converters wrote in_proj_qkvz unsplit; llama.cpp still reads it, so do we (rows picked once).
+            fused = load.quant(p + "ssm_in.weight", s.conv_channels + value_dim, c.n_embd)
+            qkv_rows, z_rows = s.qkvz_rows()
+            qkv, gate = fused[qkv_rows], fused[z_rows]
+        else:
+            qkv = load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd)
+            gate = load.quant(p + "attn_gate.weight", value_dim, c.n_embd)
         return GDNWeights(
             norm=load.dense(p + "attn_norm.weight", c.n_embd),
-            qkv=load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
-            gate=load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
+            qkv=qkv,
+            gate=gate,
             b=ba[b_rows],
             a=ba[a_rows],
             conv=load.dense(p + "ssm_conv1d.weight", s.conv_channels, s.conv_kernel),

@@ -181,6 +181,19 @@ def test_bad_files_name_the_field_or_tensor(hf_exports, tmp_path, metadata, drop
     assert "\n" not in str(error.value) and "bad.gguf" in str(error.value)
 
 
+def test_legacy_fused_ssm_in_reads_as_the_split_tensors(hf_exports, tmp_path):
+    """A file with in_proj_qkvz unsplit (ssm_in, as older converters wrote it) gives the same logits."""
+    model, path = hf_exports.get(ARCH, "F32")
+    recurrent = [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+    fused = [TensorSpec(f"blk.{i}.ssm_in.weight", (192, 64), 0,
+                        lambda i=i: model.model.layers[i].linear_attn.in_proj_qkvz.weight.detach().numpy())
+             for i in recurrent]
+    drop = [f"blk.{i}.attn_{x}.weight" for i in recurrent for x in ("qkv", "gate")]
+    legacy = _rewrite(path, tmp_path / "legacy.gguf", drop=drop, extra=fused)
+    ids = _tokens(20, seed=10)
+    assert torch.equal(strata.LLM(legacy, device="cpu").logits(ids), strata.LLM(path, device="cpu").logits(ids))
+
+
 def _with_mtp_block(path, dst):
     """The file plus one MTP block (blk.4, nextn_predict_layers = 1) made of layer 3's tensors and nextn ones."""
     model = GGUFModelFile(path)
