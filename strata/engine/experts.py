@@ -90,20 +90,36 @@ class ExpertBackend(ABC):
 PROMPT_KERNEL_MIN_TOKENS = 32  # below this a chunk is decode-like: too few rows per expert for grouped GEMMs
 
 
-def prompt_kernels_fit(stack: ExpertStack, x: torch.Tensor) -> bool:
-    """The grouped Triton prompt kernels (kernels/moe) take this chunk: on the GPU, in bf16/fp16 (float32 runs are
-    the reference engine and stay exact), enough tokens, and weight formats they decode."""
-    if not x.is_cuda or x.dtype == torch.float32 or x.shape[0] < PROMPT_KERNEL_MIN_TOKENS:
-        return False
+def kernel_path(stack: ExpertStack, x: torch.Tensor) -> str | None:
+    """Which Triton expert kernels take this step: "prompt" (grouped GEMMs) for chunks of many tokens, "decode"
+    (one-launch GEMV) for a few; None keeps the reference loop: on the CPU, in float32 (the reference engine stays
+    exact), or for a weight format the kernels do not decode."""
+    if not x.is_cuda or x.dtype == torch.float32:
+        return None
     from strata.kernels.moe.decode import SPECS
     from strata.quant import get_format
 
-    return all(get_format(w.ggml_type).name in SPECS for w in (stack.gate, stack.up, stack.down))
+    formats = [get_format(w.ggml_type).name for w in (stack.gate, stack.up, stack.down)]
+    if not all(f in SPECS for f in formats):
+        return None
+    if x.shape[0] >= PROMPT_KERNEL_MIN_TOKENS:
+        return "prompt"
+    return "decode" if formats[0] == formats[1] else None
+
+
+def run_kernels(path: str, stack: ExpertStack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    if path == "prompt":
+        from strata.kernels.moe import moe_prefill
+
+        return moe_prefill(x, ids.to(torch.int32), weights.float(), stack)
+    from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
+
+    return moe_gemv(x, ids.to(torch.int32), weights.float(), DecodeExperts.of_stack(stack))
 
 
 class ResidentExperts(ExpertBackend):
-    """Every expert lives on the compute device in its quant format. Prompt chunks on the GPU go through the
-    grouped prompt kernels; otherwise each used expert is dequantized on use."""
+    """Every expert lives on the compute device in its quant format. On the GPU, prompt chunks and decode steps go
+    through the Triton expert kernels; otherwise each used expert is dequantized on use."""
 
     name = "resident"
 
@@ -112,10 +128,9 @@ class ResidentExperts(ExpertBackend):
 
     def start(self, layer, x, weights, ids):
         stack = self.stacks[layer]
-        if prompt_kernels_fit(stack, x):
-            from strata.kernels.moe import moe_prefill
-
-            return PendingExperts(moe_prefill(x, ids.to(torch.int32), weights.float(), stack))
+        path = kernel_path(stack, x)
+        if path is not None:
+            return PendingExperts(run_kernels(path, stack, x, weights, ids))
         routes = routed_tokens(ids)
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, stack.expert, routes)
