@@ -180,6 +180,10 @@ class DecoderLM:
         for i in range(self.config.n_layers):
             h = h + self._attention(i, h, ctx, cos, sin)
             h = h + self._ffn(i, h)
+        return self.head(h, ctx)
+
+    def head(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """End of a step: experts adapt, then logits of the last token (or of all, if the context asks)."""
         self.experts.end_step()
         if not ctx.want_all_logits:
             h = h[-1:]

@@ -218,7 +218,4 @@ class Qwen3NextLM(DecoderLM):
             else:
                 h = h + self._attention(i, h, ctx, cos, sin)
             h = h + self._ffn(i, h)
-        self.experts.end_step()
-        if not ctx.want_all_logits:
-            h = h[-1:]
-        return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()
+        return self.head(h, ctx)
