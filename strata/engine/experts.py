@@ -159,7 +159,9 @@ class CachedExperts(ExpertBackend):
             host_routes = {e: (routes[e][0].cpu(), routes[e][1].cpu()) for e in on_cpu}
             future = self.pool.submit(layer, x.float().cpu(), host_routes, weights.float().cpu(), on_cpu)
         out = torch.zeros_like(x)
-        if hits:
+        if hits and kernel_path(self.host_stacks[layer], x) == "decode":
+            out += self.hits_by_kernel(layer, x, weights, ids, hits)
+        elif hits:
             accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, hits[e]), hits)
         if over_pcie:
             stack = self.host_stacks[layer]
@@ -169,6 +171,17 @@ class CachedExperts(ExpertBackend):
         if future is None:
             return PendingExperts(out)
         return PendingExperts(out, lambda out: out + future.result().to(out.device, out.dtype))
+
+    def hits_by_kernel(self, layer, x, weights, ids, hits: dict[int, int]) -> torch.Tensor:
+        """The cached experts' share in one GEMV launch over the slots: a table maps expert -> slot, and the
+        kernel adds nothing for the experts it marks -1 (the misses, computed elsewhere)."""
+        from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
+
+        stack = self.host_stacks[layer]
+        table = torch.full((stack.n_experts,), -1, dtype=torch.int32)
+        table[list(hits)] = torch.tensor(list(hits.values()), dtype=torch.int32)
+        experts = DecodeExperts.of_slots(self.cache.slots, table.to(x.device, non_blocking=True), stack)
+        return moe_gemv(x, ids.to(torch.int32), weights.float(), experts)
 
     def end_step(self) -> None:
         self.cache.end_step()

@@ -42,3 +42,23 @@ def test_prompt_hand_off_equals_the_loop_within_int8_rounding(layer_inputs):
     stack, x, weights, ids, reference = layer_inputs
     got = run_kernels("prompt", stack, x, weights, ids)
     assert _rel(got, reference) < 3e-2  # activations and H rounded to int8 per 32 values (the default mmq path)
+
+
+def test_cached_hits_through_the_slot_kernel_equal_the_loop(tmp_path):
+    """Cache hits in one GEMV over the slots (misses marked -1 add nothing) equal the per-expert loop on them."""
+    from strata.engine.experts import accumulate, routed_tokens
+
+    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q8_0", n_embd=128, expert_ff=64)
+    llm = strata.LLM(path, device="cpu", expert_cache=5)
+    backend = llm.engine.model.experts
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 128, generator=g)
+    weights, ids = route_topk(torch.randn(3, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
+    layer = next(iter(backend.host_stacks))
+    routes = routed_tokens(ids)
+    hits = {e: s for (l, e), s in backend.cache.slot_of.items() if l == layer and e in routes}
+    assert hits and len(hits) < len(routes)  # some hits, some misses
+    expected = torch.zeros_like(x)
+    accumulate(expected, routes, weights, x, lambda e: backend.cache.expert_weights(layer, hits[e]), hits)
+    got = backend.hits_by_kernel(layer, x, weights, ids, hits)
+    assert _rel(got, expected) < 1e-5
