@@ -65,11 +65,22 @@ def expert_tensor_bytes(model: GGUFModelFile) -> tuple[int, int, int]:
     return total, each, count
 
 
+def cache_bytes(config: ModelConfig, n_ctx: int, kv_bytes_per_value: float) -> int:
+    """KV of the attention layers for n_ctx tokens, plus the fixed float32 state of each GatedDeltaNet layer."""
+    attention = config.recurrent_layers.count(False) if config.is_hybrid else config.n_layers
+    kv = 2 * attention * n_ctx * config.n_kv_heads * config.head_dim * kv_bytes_per_value
+    recurrent = config.recurrent_layers.count(True)
+    key_dim = config.ssm_state_size
+    conv_channels = 2 * config.ssm_group_count * key_dim + config.ssm_inner_size
+    state = config.ssm_inner_size * key_dim + (config.ssm_conv_kernel - 1) * conv_channels if recurrent else 0
+    return int(kv + recurrent * state * 4)
+
+
 def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.device, n_ctx: int, kv_bytes_per_value: int,
                    vram_budget_gib: float | None = None, expert_cache: str | int = "auto") -> PlacementPlan:
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
     dense = model.n_bytes - expert_bytes
-    kv = 2 * config.n_layers * n_ctx * config.n_kv_heads * config.head_dim * kv_bytes_per_value
+    kv = cache_bytes(config, n_ctx, kv_bytes_per_value)
     # Activations of a prompt chunk and the logits dominate the scratch space (a rough, generous bound).
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4
     budget = None
