@@ -157,3 +157,16 @@ def test_profile_fills_the_cache_in_its_order(tiny_moe, tmp_path, tiny_llm):
     bad.write_text(json.dumps({"counts": {"0": [1] * 99}}))
     with pytest.raises(StrataError, match="names expert .* which this model lacks"):
         load_profile(str(bad), tiny_llm.engine.model.expert_stacks)
+
+
+def test_hybrid_cache_counts_attention_layers_and_fixed_state(tmp_path):
+    from strata.engine.placement import cache_bytes
+    from strata.models.synthetic import make_model
+
+    config = config_of(GGUFModelFile(make_model(tmp_path / "q3n.gguf", arch="qwen3next", preset="tiny")))
+    assert config.recurrent_layers == (True, False)
+    kv = 2 * 1 * 256 * config.n_kv_heads * config.head_dim * 2  # one attention layer, fp16
+    conv_channels = 2 * config.ssm_group_count * config.ssm_state_size + config.ssm_inner_size
+    state = 4 * (config.ssm_inner_size * config.ssm_state_size + (config.ssm_conv_kernel - 1) * conv_channels)
+    assert cache_bytes(config, 256, 2) == kv + state
+    assert cache_bytes(config, 512, 2) - cache_bytes(config, 256, 2) == kv  # the state does not grow with context
