@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from strata.models.weights import QuantWeight, linear
+from strata.models.layers import swiglu
+from strata.models.weights import QuantWeight
 
 
 @dataclass
@@ -42,16 +42,12 @@ class ExpertStack:
 
 def swiglu_expert(weights: tuple[QuantWeight, QuantWeight, QuantWeight], x: torch.Tensor) -> torch.Tensor:
     """SwiGLU of one expert from its three quantized matrices, dequantized on use."""
-    gate, up, down = weights
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+    return swiglu(x, *weights)
 
 
 def routed_tokens(ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """expert -> (token rows, top-k slot) of the tokens routed to it."""
-    order = {}
-    for expert in ids.unique().tolist():
-        order[expert] = (ids == expert).nonzero(as_tuple=True)
-    return order
+    return {expert: (ids == expert).nonzero(as_tuple=True) for expert in ids.unique().tolist()}
 
 
 def accumulate(out: torch.Tensor, routes: dict, weights: torch.Tensor, x: torch.Tensor,
