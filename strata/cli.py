@@ -12,7 +12,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="GGUF file (any shard of a split model)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
-    p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32")
+    p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
+                   "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
     _placement_args(p)
 

@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 
 from strata.engine.context import ForwardContext
+from strata.engine.kv import check_kind, kv_bytes_per_value
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
@@ -24,7 +25,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class EngineConfig:
     device: str = "auto"  # "cpu", "cuda", "cuda:1", or "auto" (CUDA when there is one)
     dtype: str = "auto"  # activations: float32 on CPU, bfloat16 on CUDA
-    kv_dtype: str = "float16"  # "float16", "bfloat16" or "float32"
+    kv_dtype: str = "float16"  # "float16", "bfloat16", "float32" or "int8" (paged, head_dim a multiple of 64)
     n_ctx: int | None = None  # context size; default min(model's, 4096)
     prefill_chunk: int = 512  # prompt tokens per forward step
     progress: bool = False
@@ -64,10 +65,10 @@ class Engine:
         self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
         if self.n_ctx <= 0:
             raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
-        kv_dtype = _dtype(config.kv_dtype, "kv_dtype")
+        kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
-        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_dtype.itemsize,
+        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
                                    config.vram_budget, config.expert_cache)
         # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
         offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}

@@ -1,8 +1,8 @@
 """The cache of a hybrid model (GatedDeltaNet + attention) for one sequence.
 
-Attention layers keep keys and values per position (a KVCache over those layers only). GatedDeltaNet layers
-keep a fixed-size summary instead: the last kernel-1 inputs of their causal conv, and the recurrent state
-[value heads, key dim, value dim]. A summary cannot forget its last tokens, so the cache cannot be rewound:
+Attention layers keep keys and values per position (a KV backend of engine/kv.py over those layers only: dense or
+int8 paged). GatedDeltaNet layers keep a fixed-size summary instead: the last kernel-1 inputs of their causal conv,
+and the recurrent state [value heads, key dim, value dim]. A summary cannot forget its last tokens, so the cache cannot be rewound:
 the engine starts such a sequence over (position 0) rather than truncate it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.kv import KVCache
+from strata.engine.kv import new_kv_cache
 from strata.errors import StrataError
 
 
@@ -19,12 +19,12 @@ class HybridCache:
 
     def __init__(self, recurrent_layers: tuple[bool, ...], n_kv_heads: int, head_dim: int,
                  conv_shape: tuple[int, int], state_shape: tuple[int, int, int], max_tokens: int,
-                 kv_dtype: torch.dtype, conv_dtype: torch.dtype, device: torch.device):
+                 kv_dtype: str | torch.dtype, conv_dtype: torch.dtype, device: torch.device):
         self.recurrent_layers = tuple(recurrent_layers)
         self.conv_shape, self.state_shape = tuple(conv_shape), tuple(state_shape)
         attention = [i for i, recurrent in enumerate(self.recurrent_layers) if not recurrent]
         self.kv_slot = {layer: slot for slot, layer in enumerate(attention)}
-        self.kv = KVCache(len(attention), n_kv_heads, head_dim, max_tokens, kv_dtype, device)
+        self.kv = new_kv_cache(kv_dtype, len(attention), n_kv_heads, head_dim, max_tokens, device)
         recurrent = [i for i, r in enumerate(self.recurrent_layers) if r]
         self.conv = {i: torch.zeros(self.conv_shape, dtype=conv_dtype, device=device) for i in recurrent}
         # The state accumulates over the whole sequence: float32 whatever the activations are.
@@ -72,6 +72,10 @@ class HybridCache:
         elif length != self.length:
             raise StrataError(f"a recurrent state cannot be rewound from {self.length} to {length} tokens")
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+
+    # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kv.write(self.kv_slot[layer], start, k, v)
 

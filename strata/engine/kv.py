@@ -1,16 +1,83 @@
-"""KV storage for one sequence: per layer, keys and values of every cached position in a chosen dtype."""
+"""KV storage for one sequence, by name: per layer, the keys and values of every cached position.
+
+A backend stores this step's keys and values and attends the step's queries over the past and the step
+(`attend`), so the model files never know which one runs. `new_kv_cache(kind, ...)` makes one by name:
+
+| kind                          | class                        | bytes per value |
+|-------------------------------|------------------------------|-----------------|
+| float16, bfloat16, float32    | KVCache (dense, this file)   | 2, 2, 4         |
+| int8                          | PagedInt8KV (kv_paged.py)    | 1 + 2/64        |
+"""
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.paged import GROUP
+from strata.models.layers import attend
+
+DENSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+KV_KINDS = (*DENSE_DTYPES, "int8")
 
 
-class KVCache:
-    """Dense fp16/bf16/fp32 cache that grows by doubling up to `max_tokens` (the context size)."""
+class KVBackend(ABC):
+    """Keys and values of one sequence, every attention layer; positions 0..max_tokens-1."""
 
     can_truncate = True  # positions can be forgotten from the end (a recurrent state could not)
+    max_tokens: int
+
+    @property
+    @abstractmethod
+    def n_bytes(self) -> int: ...
+
+    @abstractmethod
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for positions 0..n_tokens-1 (a StrataError past max_tokens)."""
+
+    @abstractmethod
+    def truncate(self, length: int) -> None:
+        """Forget positions from `length` on."""
+
+    @abstractmethod
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        """Store k, v [T, Hkv, D] at positions start.., then causal attention of q [T, H, D] over positions
+        0..start+T-1: [T, H, D] in q's dtype."""
+
+
+def kv_bytes_per_value(kind: str) -> float:
+    """What one stored K or V value costs (int8: the code and its share of an fp16 scale per 64 values)."""
+    if kind == "int8":
+        return 1 + 2 / GROUP
+    return DENSE_DTYPES[check_kind(kind)].itemsize
+
+
+def check_kind(kind: str, head_dim: int | None = None) -> str:
+    """`kind` if it names a backend (that can store heads of `head_dim` values), else a StrataError."""
+    if kind not in KV_KINDS:
+        raise StrataError(f"kv_dtype {kind!r} is not one of {', '.join(KV_KINDS)}")
+    if kind == "int8" and head_dim is not None and head_dim % GROUP:
+        raise StrataError(f"kv_dtype int8 quantizes groups of {GROUP} values: head_dim {head_dim} is not a "
+                          f"multiple of {GROUP} (use kv_dtype float16)")
+    return kind
+
+
+def new_kv_cache(kind: str | torch.dtype, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
+                 device: torch.device) -> KVBackend:
+    """The backend named `kind` (a KV_KINDS name, or a torch float dtype for the dense cache)."""
+    if isinstance(kind, torch.dtype):
+        return KVCache(n_layers, n_kv_heads, head_dim, max_tokens, kind, device)
+    if check_kind(kind) == "int8":
+        from strata.engine.kv_paged import PagedInt8KV
+
+        return PagedInt8KV(n_layers, n_kv_heads, head_dim, max_tokens, device)
+    return KVCache(n_layers, n_kv_heads, head_dim, max_tokens, DENSE_DTYPES[kind], device)
+
+
+class KVCache(KVBackend):
+    """Dense fp16/bf16/fp32 cache that grows by doubling up to `max_tokens` (the context size)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
                  dtype: torch.dtype, device: torch.device, initial_tokens: int = 256):
@@ -44,6 +111,12 @@ class KVCache:
 
     def read(self, layer: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][:end].to(dtype), self.values[layer][:end].to(dtype)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        self.write(layer, start, k, v)
+        # Past positions come from the cache; this step's keys and values are used at full precision.
+        past_k, past_v = self.read(layer, start, q.dtype)
+        return attend(q, torch.cat((past_k, k)), torch.cat((past_v, v)), start)
 
     def truncate(self, length: int) -> None:
         """Forget positions from `length` on. Here nothing needs doing: later writes overwrite them, and reads

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.context import ForwardContext
-from strata.engine.kv import KVCache
+from strata.engine.kv import KVBackend, new_kv_cache
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, attend, rms_norm, route_topk, swiglu
+from strata.models.layers import Rope, rms_norm, route_topk, swiglu
 from strata.models.weights import QuantWeight, linear
 
 
@@ -134,9 +134,10 @@ class DecoderLM:
         self.rope = Rope(c.head_dim, c.rope_theta, device)
         load.bar.close()
 
-    def new_cache(self, max_tokens: int, kv_dtype: torch.dtype) -> KVCache:
+    def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
+        """The KV backend named by kv_dtype (engine/kv.py): "float16", "bfloat16", "float32", "int8"."""
         c = self.config
-        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, max_tokens, kv_dtype, self.device)
+        return new_kv_cache(kv_dtype, c.n_layers, c.n_kv_heads, c.head_dim, max_tokens, self.device)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         # Dequantize only the rows asked for, not the whole vocabulary.
@@ -151,10 +152,7 @@ class DecoderLM:
         if w.q_norm is not None:
             q, k = rms_norm(q, w.q_norm, c.rms_eps), rms_norm(k, w.k_norm, c.rms_eps)
         q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
-        ctx.kv.write(i, ctx.start, k, v)
-        # Past positions come from the cache; this step's keys and values are used at full precision.
-        past_k, past_v = ctx.kv.read(i, ctx.start, h.dtype)
-        out = attend(q, torch.cat((past_k, k)), torch.cat((past_v, v)), ctx.start)
+        out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
-from strata.models.layers import Rope, attend, rms_norm
+from strata.models.layers import Rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
@@ -174,7 +174,7 @@ class Qwen3NextLM(DecoderLM):
 
     # ------------------------------------------------------------------------------------------ running
 
-    def new_cache(self, max_tokens: int, kv_dtype: torch.dtype) -> HybridCache:
+    def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> HybridCache:
         c = self.config
         return HybridCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape, self.gdn.state_shape,
                            max_tokens, kv_dtype, self.dtype, self.device)
@@ -190,9 +190,7 @@ class Qwen3NextLM(DecoderLM):
         # RoPE on the leading `rot` dims of each head; the rest pass through.
         q = torch.cat((Rope.apply(q[..., :rot], cos, sin), q[..., rot:]), dim=-1)
         k = torch.cat((Rope.apply(k[..., :rot], cos, sin), k[..., rot:]), dim=-1)
-        ctx.kv.write(i, ctx.start, k, v)
-        past_k, past_v = ctx.kv.read(i, ctx.start, h.dtype)
-        out = attend(q, torch.cat((past_k, k)), torch.cat((past_v, v)), ctx.start)
+        out = ctx.kv.attend(i, q, k, v, ctx.start)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 
