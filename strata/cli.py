@@ -15,6 +15,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
                    "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
+    p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
     _placement_args(p)
 
 
@@ -54,8 +55,23 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _load(args):
     from strata.api import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
-               **_placement(args))
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
+              prefill_chunk=_prefill(args.prefill), **_placement(args))
+    if args.command in ("run", "chat"):
+        llm.engine.on_prefill_progress = _show_prefill_progress
+    return llm
+
+
+def _prefill(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+def _show_prefill_progress(p) -> None:
+    """A prompt read in several chunks shows how far it got; one chunk says nothing."""
+    if p.done < p.total or p.seconds > 1.0:
+        end = "\n" if p.done == p.total else ""
+        print(f"\rread {p.done}/{p.total} prompt tokens ({p.tokens_per_second:.0f} tok/s)", end=end, file=sys.stderr,
+              flush=True)
 
 
 def _sampling(args) -> dict:
@@ -147,6 +163,7 @@ def cmd_make_model(args) -> None:
 def cmd_bench(args) -> None:
     from strata.bench.generate import bench_generate
 
+    args.prefill = _prefill(args.prefill)
     bench_generate(args)
 
 
@@ -178,6 +195,7 @@ def cmd_kernel_bench(args) -> None:
 def cmd_bench_decode(args) -> None:
     from strata.bench.decode import bench_decode
 
+    args.prefill = _prefill(args.prefill)
     bench_decode(args, _placement(args))
 
 

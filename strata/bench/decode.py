@@ -20,7 +20,7 @@ def _sync(device: torch.device) -> None:
 def bench_decode(args, placement: dict) -> None:
     n_ctx = args.ctx or args.prompt_tokens + args.tokens + 8
     engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                             n_ctx=n_ctx, **placement))
+                                             prefill_chunk=args.prefill, n_ctx=n_ctx, **placement))
     device, c = engine.device, engine.model.config
     backend = engine.model.experts
     prompt = torch.randint(0, c.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()

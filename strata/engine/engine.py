@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from strata.engine.context import ForwardContext
+from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.kv import check_kind, kv_bytes_per_value
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
@@ -27,7 +28,7 @@ class EngineConfig:
     dtype: str = "auto"  # activations: float32 on CPU, bfloat16 on CUDA
     kv_dtype: str = "float16"  # "float16", "bfloat16", "float32" or "int8" (paged, head_dim a multiple of 64)
     n_ctx: int | None = None  # context size; default min(model's, 4096)
-    prefill_chunk: int = 512  # prompt tokens per forward step
+    prefill_chunk: int | str = "auto"  # prompt tokens per step: a number, "auto" or "auto:MAX" (engine/prefill.py)
     progress: bool = False
     vram_budget: float | None = None  # GiB: behave as if the GPU had this much (None: what is free)
     expert_cache: str | int = "auto"  # GPU expert slots when experts do not all fit: "auto" or a count
@@ -77,19 +78,35 @@ class Engine:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+        self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
+                                        self._free_device_bytes())
+        # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
+        self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
 
     def _check_fits(self, n_tokens: int) -> None:
         if n_tokens > self.n_ctx:
             raise StrataError(f"prompt of {n_tokens} tokens is longer than the context of {self.n_ctx} (raise n_ctx)")
 
     @torch.inference_mode()
+    def _free_device_bytes(self) -> int | None:
+        """What a prompt chunk's activations may use: the device's free memory, within the VRAM budget if one was set."""
+        if self.device.type != "cuda":
+            return None
+        free = torch.cuda.mem_get_info(self.device)[0]
+        plan = self.plan
+        if plan.vram_budget is not None:
+            experts = plan.expert_bytes if plan.all_resident else plan.n_slots * plan.expert_bytes_each
+            free = min(free, plan.vram_budget - plan.dense_bytes - plan.kv_bytes - experts)
+        return max(free, 0)
+
     def _forward(self, ids: list[int], start: int, all_logits: bool) -> torch.Tensor:
         outputs = []
-        step = self.config.prefill_chunk
-        for offset in range(0, len(ids), step):
-            chunk = ids[offset : offset + step]
-            ctx = ForwardContext(self.kv, start + offset, len(chunk), want_all_logits=all_logits)
-            outputs.append(self.model.forward(torch.tensor(chunk, device=self.device), ctx))
+        clock = ProgressClock(len(ids), self.on_prefill_progress if len(ids) > 1 else None)
+        equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size
+        for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
+            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits)
+            outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            clock.chunk_done(end)
         self.cached_tokens = self.cached_tokens[:start] + list(ids)
         return torch.cat(outputs) if all_logits else outputs[-1]
 

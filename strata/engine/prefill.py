@@ -63,6 +63,13 @@ def equal_chunks(n_tokens: int, max_chunk: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def prompt_chunks(n_tokens: int, max_chunk: int, equal: bool) -> list[tuple[int, int]]:
+    """Equal chunks for "auto" (Strata cuts a prompt so); for an explicit size, chunks of exactly that many."""
+    if equal:
+        return equal_chunks(n_tokens, max_chunk)
+    return [(start, min(start + max_chunk, n_tokens)) for start in range(0, n_tokens, max_chunk)]
+
+
 class ProgressClock:
     """Calls `report` with a PrefillProgress after each chunk of a prompt."""
 

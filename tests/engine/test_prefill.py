@@ -1,6 +1,7 @@
 import pytest
 
-from strata.engine.prefill import CPU_CHUNK, ProgressClock, activation_bytes_per_token, chunk_size, equal_chunks
+from strata.engine.prefill import (CPU_CHUNK, ProgressClock, activation_bytes_per_token, chunk_size, equal_chunks,
+                                   prompt_chunks)
 from strata.errors import StrataError
 from strata.gguf import GGUFModelFile
 from strata.models import config_of
@@ -14,6 +15,8 @@ def test_equal_chunks_cover_the_prompt_once_and_evenly():
         sizes = [e - s for s, e in bounds]
         assert max(sizes) <= cap and max(sizes) - min(sizes) <= 1 and len(bounds) == -(-n // cap)
     assert equal_chunks(0, 8) == []
+    assert prompt_chunks(20, 8, equal=False) == [(0, 8), (8, 16), (16, 20)]  # an explicit size is kept as given
+    assert prompt_chunks(20, 8, equal=True) == [(0, 7), (7, 14), (14, 20)]
 
 
 def test_chunk_size_from_the_option(tiny_moe):
@@ -36,3 +39,15 @@ def test_progress_reports_each_chunk():
     clock.chunk_done(4)
     clock.chunk_done(10)
     assert [(p.done, p.total) for p in seen] == [(4, 10), (10, 10)] and seen[-1].seconds >= 0
+
+
+def test_engine_reports_progress_per_chunk(tiny_moe):
+    import strata
+
+    llm = strata.LLM(tiny_moe, device="cpu", prefill_chunk="auto:4")
+    seen = []
+    llm.engine.on_prefill_progress = seen.append
+    ids = llm.tokenize("a prompt of enough tokens to need several chunks of four")
+    llm.engine.prefill(ids)
+    n = len(ids)
+    assert [p.done for p in seen][-1] == n and len(seen) == -(-n // 4) and seen[-1].total == n
