@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.kv import KVCache
+from strata.engine.kv import KVBackend
 
 
 @dataclass
 class ForwardContext:
-    kv: KVCache
+    kv: KVBackend  # or a HybridCache, which holds one for its attention layers
     start: int  # position of the first token of this step
     n_tokens: int
     want_all_logits: bool = False  # the prompt path's logits for every token, not only the last
