@@ -167,6 +167,13 @@ class Server:
         self.scheduler = Scheduler(config.max_queue)
         self.metrics = Metrics(llm.engine, self.scheduler.queue_length,
                                lambda: 1 if self.scheduler.current is not None else 0)
+        llm.engine.on_prefill_progress = self.prompt_progress
+
+    def prompt_progress(self, p) -> None:
+        """The engine read another chunk of the current request's prompt (shown by the monitor)."""
+        job = self.scheduler.current
+        if job is not None:
+            job.progress.update(prompt_read=p.done, prompt_to_read=p.total)
 
     @property
     def n_ctx(self) -> int:

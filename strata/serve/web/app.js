@@ -138,7 +138,8 @@ async function poll() {
     $("m-state").textContent = m.running ? "running" : "idle";
     const c = m.current;
     $("m-current").textContent = c
-      ? `${c.kind}: ${c.phase === "prompt" ? "reading the prompt" : "generating"}, ${c.prompt_tokens} prompt ` +
+      ? `${c.kind}: ${c.phase === "prompt" ? "reading the prompt" + (c.prompt_to_read ? ` (${c.prompt_read} / ` +
+        `${c.prompt_to_read})` : "") : "generating"}, ${c.prompt_tokens} prompt ` +
         `tokens, ${c.generated} / ${c.max_tokens} generated, ${c.elapsed_seconds.toFixed(1)} s`
       : "-";
     $("m-queue").textContent = m.queue_length;
