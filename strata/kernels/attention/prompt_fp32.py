@@ -7,14 +7,12 @@ Reference: `prompt_ref.prompt_attn_ref`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_parts import chunk_rows, launch_prompt_kernel, softmax_step
 
 
 @triton.jit
@@ -49,14 +47,5 @@ def _prompt_fp32_kernel(q_ptr, out_ptr, ids_ptr, width_ptr, page_table_ptr, k_pt
 def prompt_attn_fp32(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                      width: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
     """The fp32 prompt kernel: [n_q, H, D] fp32."""
-    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width)
-    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
-    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
-    if n_q == 0:
-        return out
-    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
-    _prompt_fp32_kernel[(n_q, pool.n_kv_heads)](
-        q.float().contiguous(), out, ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
-        page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales, ids.shape[1], pool.n_kv_heads,
-        scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, INT8=pool.int8, num_warps=8, num_stages=2)
-    return out
+    return launch_prompt_kernel(_prompt_fp32_kernel, q, pool, page_table, ids, width, sm_scale,
+                                D=q.shape[-1], INT8=pool.int8, num_warps=8, num_stages=2)

@@ -13,14 +13,12 @@ v2's block, pipeline and softmax; int8 pools, sm_80+.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_parts import chunk_rows, launch_prompt_kernel, softmax_step
 from strata.kernels.attention.prompt_v2 import STAGES
 
 SPLIT_LIMIT = 127 * 65536
@@ -95,14 +93,5 @@ def _prompt_imma_kernel(q_ptr, out_ptr, ids_ptr, width_ptr, page_table_ptr, k_pt
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                      width: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
-    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
-    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
-    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
-    if n_q == 0:
-        return out
-    _prompt_imma_kernel[(n_q, pool.n_kv_heads)](
-        q.float().contiguous(), out, ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
-        page_table.to(torch.int32).contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, ids.shape[1],
-        pool.n_kv_heads, scale * LOG2E, G=group, BM=rows_block(group), NG=dim // 64, CH=CHUNK,
-        num_warps=4, num_stages=STAGES)
-    return out
+    return launch_prompt_kernel(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, need_int8=True,
+                                NG=q.shape[-1] // 64, num_warps=4, num_stages=STAGES)

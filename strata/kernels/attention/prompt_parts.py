@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 import triton
 import triton.language as tl
 
@@ -57,3 +59,20 @@ def check_inputs(q, pool, ids, width, need_int8: bool = False):
 def rows_block(group: int) -> int:
     """Query-head rows per program: the heads of one KV head, padded to the MMA's 16 (a power of two)."""
     return max(16, triton.next_power_of_2(group))
+
+
+def launch_prompt_kernel(kernel, q, pool, page_table, ids, width, sm_scale: float | None, need_int8: bool = False,
+                         **meta) -> torch.Tensor:
+    """The host side every prompt-attention variant shares: check the inputs, allocate [n_q, H, D] fp32, launch
+    `kernel` over (query, KV head) with the common arguments; `meta` carries the variant's own constexprs."""
+    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=need_int8)
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    if n_q == 0:
+        return out
+    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
+    kernel[(n_q, pool.n_kv_heads)](
+        q.float().contiguous(), out, ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
+        page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales, ids.shape[1], pool.n_kv_heads,
+        scale * LOG2E, G=group, BM=rows_block(group), CH=CHUNK, **meta)
+    return out
