@@ -3,8 +3,7 @@
 # `small` qwen3moe (CPU and GPU) and on the full Qwen3-30B-A3B shape (Q4_0, the shape of peer-figures-h200.md).
 # Run from the repo root with .whl carried (gguf); writes logs to $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"

@@ -3,8 +3,7 @@
 # 12 and a 24 GiB VRAM budget, with no expert cache at all (every expert on the CPU), and all resident.
 # Run from the repo root with .whl carried (gguf); logs to $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 TOKENS=${TOKENS:-12}

@@ -4,8 +4,7 @@
 # Carry in .whl/: gguf-0.19.0, fla_core-0.6.0, einops-0.8.2, packaging (fla-core imports it). Run from the repo
 # root; logs go to $OUT. About 1-3 minutes, most of it fla's Triton autotuning on first calls.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 {

@@ -3,8 +3,7 @@
 # the decode bench (A3B Q4_0 / Q4_K, qwen4exp Q2_0 at T = 1, with a launch-configuration sweep, and a CUDA graph
 # replayed with new ids). Run from the repo root with .whl carried (gguf); logs to $OUT; under 5 minutes.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv

@@ -3,8 +3,7 @@
 # the parity tool at full shape (N 2560, FF 640, 512 experts, top 10): Q2_0 / Q2_0 at 2048, 8192 and 16384 tokens,
 # the native packs at 2048. Run from the repo root with .whl carried (gguf); logs to $OUT; about 7 minutes at most.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv

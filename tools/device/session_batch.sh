@@ -6,8 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 timeout 170 bash tools/device/moe_decode.sh > "$OUT/part_moe_decode.log" 2>&1; echo "moe_decode rc=$?"
 timeout 150 bash tools/device/gdn.sh > "$OUT/part_gdn.log" 2>&1; echo "gdn rc=$?"
-BIG=1 timeout 170 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && mkdir -p /tmp/models \
+timeout 170 bash -c 'source tools/device/wheels.sh && mkdir -p /tmp/models \
   && python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o /tmp/models/a3b.gguf \
   && python3 -m strata bench generate /tmp/models/a3b.gguf --device cuda --prompt-tokens 512 --gen-tokens 16 --reps 2' \
   > "$OUT/part_a3b.log" 2>&1; echo "a3b rc=$?"

@@ -1,0 +1,4 @@
+# Sourced by the device scripts: install the carried wheels (.whl: gguf, fla-core, ...) into /tmp/site, which the
+# GPU machine's Python lacks, and put them and the repo on PYTHONPATH.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD
