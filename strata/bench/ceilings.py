@@ -8,6 +8,12 @@ import time
 import torch
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so wall-clock times mean something."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Timer:
     """Milliseconds per call of a function: CUDA events on the GPU, the wall clock on the CPU."""
 

@@ -6,15 +6,10 @@ import time
 
 import torch
 
-from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth
+from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.experts import CachedExperts
 from strata.engine.sampling import SamplingParams
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bench_decode(args, placement: dict) -> None:
@@ -30,10 +25,10 @@ def bench_decode(args, placement: dict) -> None:
     if offloaded:
         cache, pool = backend.cache, backend.pool
         before = (cache.stats.hits, cache.stats.misses, pool.stats.bytes, pool.stats.seconds, backend.pcie_bytes)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     n = sum(1 for _ in tokens)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     print(f"model      {engine.file.path.name}, device {device}, {n} decode tokens after {len(prompt)} prompt tokens")
     print(engine.plan.describe())

@@ -6,14 +6,9 @@ import time
 
 import torch
 
-from strata.bench.ceilings import copy_bandwidth
+from strata.bench.ceilings import copy_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.sampling import SamplingParams
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bytes_per_decode_token(engine: Engine) -> int:
@@ -39,14 +34,14 @@ def bench_generate(args) -> None:
     prompt_times, decode_times = [], []
     for _ in range(args.reps + 1):  # the first run warms up allocations and kernels
         engine.cached_tokens = []
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         tokens = engine.generate(prompt, greedy, args.gen_tokens, stop_ids=frozenset())
         next(tokens)
-        _sync(device)
+        sync(device)
         mid = time.perf_counter()
         n = 1 + sum(1 for _ in tokens)
-        _sync(device)
+        sync(device)
         prompt_times.append(mid - start)
         decode_times.append((time.perf_counter() - mid) / max(n - 1, 1))
     prompt_s, decode_s = min(prompt_times[1:]), min(decode_times[1:])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from strata.bench.ceilings import sync
 from strata.kernels.moe.prefill import PATHS, PromptExperts, moe_prefill
 from strata.kernels.moe.reference import moe_float64
 from strata.kernels.moe.stack import ExpertMatrix
@@ -93,20 +94,15 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return rms, worst
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device: torch.device, reps: int) -> tuple[float, torch.Tensor]:
     """Median milliseconds of reps calls after one warm-up, and the last output."""
     out = fn()
     times = []
     for _ in range(reps):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         out = fn()
-        _sync(device)
+        sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times), out
 
