@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.kv import check_kind, kv_bytes_per_value
@@ -35,6 +36,8 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
+    checkpoints: int = 4  # recent conversations whose cache is kept for their next turn (engine/checkpoints.py)
+    checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -78,6 +81,10 @@ class Engine:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+        if config.checkpoints < 0 or config.checkpoint_gib < 0:
+            raise StrataError("checkpoints and checkpoint_gib must be >= 0")
+        self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
+            if config.checkpoints else None
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes())
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -110,26 +117,44 @@ class Engine:
         self.cached_tokens = self.cached_tokens[:start] + list(ids)
         return torch.cat(outputs) if all_logits else outputs[-1]
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Logits [1, vocab] after `ids`, reusing the cached keys of the longest shared prefix."""
+    def reuse(self, ids: list[int]) -> Reuse:
+        """Where the next prefill of `ids` starts: the live cache's shared prefix, or a longer one of a checkpoint."""
+        live = Reuse(usable_prefix(self.cached_tokens, ids, self.kv.can_truncate))
+        if self.checkpoints is None:
+            return live
+        found = self.checkpoints.best(ids, self.kv.can_truncate)
+        return found if found.tokens > live.tokens else live
+
+    def _leave_live_sequence(self) -> None:
+        """The cache is about to be rewound or overwritten: keep a checkpoint of the conversation it holds."""
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.cached_tokens, self.kv)
+
+    def prefill(self, ids: list[int], checkpoint: bool = True) -> torch.Tensor:
+        """Logits [1, vocab] after `ids`, reusing the cached keys (or states) of the longest shared prefix, from the
+        live cache or a checkpoint. `checkpoint=False`: a decode step, not a prompt (a hybrid model's cache is
+        checkpointed at the end of each prompt)."""
         if not ids:
             raise StrataError("empty prompt: nothing to continue from")
         self._check_fits(len(ids))
-        shared = 0
-        for a, b in zip(self.cached_tokens, ids[:-1]):  # at least the last token is always recomputed
-            if a != b:
-                break
-            shared += 1
-        if shared < len(self.cached_tokens) and not self.kv.can_truncate:
-            shared = 0  # a recurrent state cannot be rewound: start over
-        self.kv.truncate(shared)
-        return self._forward(ids[shared:], shared, all_logits=False)
+        start = self.reuse(ids)
+        if start.checkpoint is not None or start.tokens < len(self.cached_tokens):
+            self._leave_live_sequence()
+        if start.checkpoint is not None:
+            self.checkpoints.restore(start.checkpoint, self.kv, start.tokens)
+            self.cached_tokens = list(start.checkpoint.tokens)
+        self.kv.truncate(start.tokens)  # a recurrent state cannot be rewound: 0 (start over) or all it holds
+        logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
+        if checkpoint and self.checkpoints is not None and not self.kv.can_truncate:
+            self.checkpoints.save(ids, self.kv)
+        return logits
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""
         if not ids:
             raise StrataError("logits: no tokens given")
         self._check_fits(len(ids))
+        self._leave_live_sequence()
         self.kv.truncate(0)  # from position 0: a recurrent state must not carry over from an earlier prompt
         return self._forward(list(ids), 0, all_logits=True).cpu()
 

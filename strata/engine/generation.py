@@ -18,7 +18,7 @@ class Stats:
     completion_tokens: int = 0
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
-    cached_tokens: int = 0  # prompt tokens whose keys came from the cache of the previous request
+    cached_tokens: int = 0  # prompt tokens not read again: from the live cache or a checkpoint
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -76,18 +76,13 @@ def held_back(text: str, stops: list[str]) -> int:
 
 
 def reused_prefix(engine: Engine, ids: list[int]) -> int:
-    """How many leading tokens of `ids` the engine's next prefill takes from its cache (as Engine.prefill decides)."""
-    shared = 0
-    for a, b in zip(engine.cached_tokens, ids[:-1]):
-        if a != b:
-            break
-        shared += 1
-    return shared if shared == len(engine.cached_tokens) or engine.kv.can_truncate else 0
+    """How many leading tokens of `ids` the engine's next prefill takes from its cache or a checkpoint."""
+    return engine.reuse(ids).tokens
 
 
 def decode_step(engine: Engine, history: list[int]) -> torch.Tensor:
     """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through."""
-    return engine.prefill(history)[-1]
+    return engine.prefill(history, checkpoint=False)[-1]
 
 
 def _scored(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
