@@ -16,6 +16,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
+    p.add_argument("--checkpoints", type=int, default=4, help="recent conversations whose cache is kept for their "
+                   "next turn (0: none)")
+    p.add_argument("--checkpoint-gib", type=float, default=4.0, help="most memory the checkpoints take (host RAM)")
     _placement_args(p)
 
 
@@ -56,7 +59,8 @@ def _load(args):
     from strata.api import LLM
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
-              prefill_chunk=_prefill(args.prefill), **_placement(args))
+              prefill_chunk=_prefill(args.prefill), checkpoints=args.checkpoints,
+              checkpoint_gib=args.checkpoint_gib, **_placement(args))
     if args.command in ("run", "chat"):
         llm.engine.on_prefill_progress = _show_prefill_progress
     return llm

@@ -256,7 +256,7 @@ class Server:
             job.progress["generated"] += len(chunk.token_ids)
             if chunk.finish_reason:
                 if cached_tokens is not None:
-                    chunk.stats.cached_tokens = cached_tokens
+                    chunk.stats.cached_tokens = chunk.stats.checkpoint_tokens = cached_tokens
                 job.progress["cached_tokens"] = chunk.stats.cached_tokens
                 self.metrics.record(chunk.stats, chunk.finish_reason)
             job.emit("chunk", (index, chunk))
@@ -277,6 +277,7 @@ class Server:
             "current": progress,
             "last": m.last,
             "totals": {"prompt_tokens": m.total(m.prompt_tokens), "cached_tokens": m.total(m.cached_tokens),
+                       "checkpoint_tokens": m.total(m.checkpoint_tokens),
                        "generated_tokens": m.total(m.generated_tokens), "requests": m.total(m.requests),
                        "rejected": m.total(m.rejected), "cancelled": m.total(m.cancelled)},
             "memory": {"process_rss_bytes": process_rss_bytes(), "host_total_bytes": total,

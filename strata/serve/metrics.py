@@ -40,6 +40,12 @@ def expert_cache_hit_rate(engine) -> float:
     return float(rate) if isinstance(rate, (int, float)) else math.nan
 
 
+def checkpoint_figures(engine) -> tuple[int, int]:
+    """(checkpoints kept, their bytes); zeros when the engine keeps none."""
+    store = getattr(engine, "checkpoints", None)
+    return (len(store), store.n_bytes) if store is not None else (0, 0)
+
+
 class Metrics:
     def __init__(self, engine, queue_length, running):
         self.registry = CollectorRegistry()
@@ -49,6 +55,11 @@ class Metrics:
         self.prompt_tokens = Counter("strata_prompt_tokens", "prompt tokens read", registry=r)
         self.cached_tokens = Counter("strata_prompt_cached_tokens", "prompt tokens taken from the cached prefix",
                                      registry=r)
+        self.checkpoint_tokens = Counter("strata_prompt_checkpoint_tokens",
+                                         "prompt tokens restored from a checkpoint of an earlier conversation",
+                                         registry=r)
+        self.checkpoint_restores = Counter("strata_checkpoint_restores", "requests that restored a checkpoint",
+                                           registry=r)
         self.generated_tokens = Counter("strata_generated_tokens", "tokens generated", registry=r)
         self.cancelled = Counter("strata_requests_cancelled", "requests whose client went away", registry=r)
         self.rejected = Counter("strata_requests_rejected_queue_full", "requests refused with 429", registry=r)
@@ -58,6 +69,10 @@ class Metrics:
         Gauge("strata_requests_running", "requests running (0 or 1)", registry=r).set_function(running)
         Gauge("strata_expert_cache_hit_rate", "expert cache hits / lookups (NaN: no expert cache)",
               registry=r).set_function(lambda: expert_cache_hit_rate(engine))
+        Gauge("strata_checkpoints", "conversation checkpoints kept", registry=r).set_function(
+            lambda: checkpoint_figures(engine)[0])
+        Gauge("strata_checkpoint_bytes", "bytes of the conversation checkpoints", registry=r).set_function(
+            lambda: checkpoint_figures(engine)[1])
         Gauge("strata_process_resident_bytes", "resident memory of the server", registry=r).set_function(
             process_rss_bytes)
         self.started = time.time()
@@ -67,6 +82,9 @@ class Metrics:
     def record(self, stats: Stats, finish: str) -> None:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
+        self.checkpoint_tokens.inc(stats.checkpoint_tokens)
+        if stats.checkpoint_tokens:
+            self.checkpoint_restores.inc()
         self.generated_tokens.inc(stats.completion_tokens)
         if finish == "cancelled":
             self.cancelled.inc()
@@ -77,6 +95,7 @@ class Metrics:
             self._decode_tps = stats.decode_tokens_per_second
             self.decode_tps.set(self._decode_tps)
         self.last = {"prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens,
+                     "checkpoint_tokens": stats.checkpoint_tokens,
                      "completion_tokens": stats.completion_tokens, "finish_reason": finish,
                      "prompt_tokens_per_second": self._prompt_tps, "decode_tokens_per_second": self._decode_tps}
 
