@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from strata.errors import StrataError
 from strata.serve.metrics import Metrics, host_memory_bytes, process_rss_bytes
+from strata.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -168,6 +169,7 @@ class Server:
         self.metrics = Metrics(llm.engine, self.scheduler.queue_length,
                                lambda: 1 if self.scheduler.current is not None else 0)
         llm.engine.on_prefill_progress = self.prompt_progress
+        self.thinks = template_thinks(llm.tokenizer)  # replies may hold <think> sections to split off
 
     def prompt_progress(self, p) -> None:
         """The engine read another chunk of the current request's prompt (shown by the monitor)."""
@@ -206,13 +208,20 @@ class Server:
             where = ".".join(str(part) for part in first["loc"]) or "body"
             raise ApiError(400, f"{where}: {first['msg']}", param=where) from None
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict) -> list[int]:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    template_kwargs: dict) -> tuple[list[int], str]:
+        """The conversation through the chat template: its token ids and text."""
         try:
             text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
                                                           **template_kwargs)
         except StrataError as error:
             raise ApiError(400, str(error)) from None
-        return self.llm.tokenize(text)
+        return self.llm.tokenize(text), text
+
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None:
+        """A splitter of the reply to this rendered prompt into thinking and answer (None: the template never
+        thinks)."""
+        return ReasoningSplitter(prompt_opens_thinking(prompt)) if self.thinks else None
 
     def check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
         """The prompt fits with room for at least one token; returns max_tokens capped by what is left."""

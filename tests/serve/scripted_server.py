@@ -2,7 +2,7 @@
 never write a tool call, and the tests need to see one parsed. `python scripted_server.py MODEL PORT`.
 
 Answers: after a tool result, the weather; when tools are offered, a call to get_weather; otherwise whether the
-template was asked to skip thinking. A prompt containing SLOW takes 1.5 s to read (keep-alive comments show)."""
+template was asked to skip thinking (else it thinks first, in Qwen's <think> section). A prompt containing SLOW takes 1.5 s to read (keep-alive comments show)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import uvicorn
 from strata.api import LLM
 from strata.serve.app import ServerConfig, create_app
 
+THOUGHT = "The user greets me.\nI should greet back."
 CALL = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -23,7 +24,9 @@ def answer(prompt: str) -> str:
         return "It is 21 degrees in Paris."
     if '"get_weather"' in prompt:
         return CALL
-    return "thinking off" if prompt.endswith("<think>\n\n</think>\n\n") else "thinking default"
+    if prompt.endswith("<think>\n\n</think>\n\n"):
+        return "thinking off"
+    return f"<think>\n{THOUGHT}\n</think>\n\nthinking default"
 
 
 def scripted(llm: LLM):

@@ -70,3 +70,26 @@ def test_stop_button_cancels_a_long_reply(page, server):
     expect(page.locator("#chat-status")).to_have_text("stopped")
     state = server.wait_idle(timeout=10)
     assert state["last"]["finish_reason"] == "cancelled"
+
+
+def test_thinking_shows_apart_from_the_reply_and_the_switch_turns_it_off(page, scripted_server):
+    from playwright.sync_api import expect
+
+    from tests.serve.scripted_server import THOUGHT
+
+    page.goto(scripted_server.url + "/")
+    page.fill("#max-tokens", "200")
+    page.check("#thinking")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("thinking default")
+    expect(page.locator(".msg.thinking").last).to_have_text(THOUGHT)
+    expect(page.locator("#send")).to_be_enabled()
+
+    page.click("#clear")
+    page.uncheck("#thinking")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("thinking off")
+    expect(page.locator("#send")).to_be_enabled()
+    assert page.locator(".msg.thinking").count() == 0

@@ -58,7 +58,7 @@ async function send(text) {
   $("send").disabled = true;
   $("stop").disabled = false;
   $("chat-status").textContent = "waiting for the model...";
-  let reply = "";
+  let reply = "", thought = "", thinking = null;  // the model's thinking goes in its own bubble, above the reply
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(), signal: controller.signal,
@@ -85,6 +85,15 @@ async function send(text) {
       }
       for (const choice of event.choices || []) {
         const delta = choice.delta || {};
+        if (delta.reasoning_content) {
+          if (!thinking) {
+            thinking = bubble("thinking", "");
+            $("messages").insertBefore(thinking, out);
+          }
+          thought += delta.reasoning_content;
+          thinking.textContent = thought;
+          $("chat-status").textContent = "thinking...";
+        }
         if (delta.content) {
           reply += delta.content;
           out.textContent = reply;
