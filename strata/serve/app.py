@@ -314,7 +314,7 @@ _WEB = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; char
 def create_app(llm, config: ServerConfig) -> FastAPI:
     from contextlib import asynccontextmanager
 
-    from strata.serve import anthropic, openai
+    from strata.serve import anthropic, openai, tokenize
 
     server = Server(llm, config)
 
@@ -380,6 +380,7 @@ def create_app(llm, config: ServerConfig) -> FastAPI:
 
     app.include_router(openai.router, dependencies=[Depends(require_key)])
     app.include_router(anthropic.router, dependencies=[Depends(require_key)])
+    app.include_router(tokenize.router, dependencies=[Depends(require_key)])
     return app
 
 
