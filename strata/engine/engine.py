@@ -110,11 +110,19 @@ class Engine:
         outputs = []
         clock = ProgressClock(len(ids), self.on_prefill_progress if len(ids) > 1 else None)
         equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size
+        # The cache holds whole chunks only: a progress hook may stop the prompt between two (a cancelled
+        # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
+        self.cached_tokens = self.cached_tokens[:start]
         for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
             ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits)
-            outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            try:
+                outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            except BaseException:
+                self.cached_tokens = []
+                self.kv.truncate(0)
+                raise
+            self.cached_tokens += ids[begin:end]
             clock.chunk_done(end)
-        self.cached_tokens = self.cached_tokens[:start] + list(ids)
         return torch.cat(outputs) if all_logits else outputs[-1]
 
     def reuse(self, ids: list[int]) -> Reuse:

@@ -25,6 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from strata.engine.generation import Stats
 from strata.errors import StrataError
 from strata.serve.metrics import Metrics, host_memory_bytes, process_rss_bytes
 from strata.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
@@ -73,6 +74,10 @@ def error_body(path: str, status: int, message: str, param: str | None = None, c
 
 class QueueFull(Exception):
     pass
+
+
+class RequestCancelled(Exception):
+    """Raised through the engine, between two chunks of a prompt, when the request's client has gone."""
 
 
 class Job:
@@ -127,6 +132,8 @@ class Scheduler:
             try:
                 job.work(job)
                 job.emit("end")
+            except RequestCancelled:
+                job.emit("end")
             except Exception as error:  # reported to the request; the worker serves on
                 job.emit("error", error)
             finally:
@@ -172,10 +179,15 @@ class Server:
         self.thinks = template_thinks(llm.tokenizer)  # replies may hold <think> sections to split off
 
     def prompt_progress(self, p) -> None:
-        """The engine read another chunk of the current request's prompt (shown by the monitor)."""
+        """The engine read another chunk of the current request's prompt (shown by the monitor). A request whose
+        client has gone stops here, at the next chunk, rather than read the rest of a long prompt."""
         job = self.scheduler.current
-        if job is not None:
-            job.progress.update(prompt_read=p.done, prompt_to_read=p.total)
+        if job is None:
+            return
+        job.progress.update(prompt_read=p.done, prompt_to_read=p.total)
+        if job.cancelled.is_set() and p.done < p.total:
+            self.metrics.record(Stats(prompt_tokens=p.done, prompt_seconds=p.seconds), "cancelled")
+            raise RequestCancelled
 
     @property
     def n_ctx(self) -> int:
