@@ -2,11 +2,17 @@
 
 lm-eval itself (45 packages: datasets, pyarrow, scipy, scikit-learn, ...) is too heavy for the test extras, so the
 first tests replay its requests byte for byte as its source (lm_eval/models/openai_completions.py, api_models.py,
-utils.RemoteTokenizer) builds them, and read the answers as it parses them. The last test drives lm-eval's own model
-class where lm-eval is installed, and skips (saying so) where it is not.
+utils.RemoteTokenizer) builds them, and read the answers as it parses them. The last two drive lm-eval's own model
+class and its `lm_eval` command (a three-question task from a local file, no download) where lm-eval is installed,
+and skip, saying so, where it is not.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -118,3 +124,48 @@ def test_lm_eval_local_completions_scores_through_the_server(server, tool_model)
         assert logprob == pytest.approx(want, abs=1e-4) and greedy == want_greedy
     texts = lm.generate_until([Instance("generate_until", {}, ("Rivers", {"until": ["\n"], "max_gen_toks": 4}), 0)])
     assert len(texts) == 1 and isinstance(texts[0], str)
+
+
+TASK = """task: strata_tiny
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+DOCS = [{"question": "The river runs to the", "choices": ["sea", "mountain"], "answer": 0},
+        {"question": "Once upon a", "choices": ["time", "river"], "answer": 0},
+        {"question": "Rivers and", "choices": ["mountains", "seas", "hills"], "answer": 2}]
+
+
+def test_the_lm_eval_command_scores_a_local_task_through_the_server(server, tool_model, tmp_path):
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (too heavy for the test extras)")
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in DOCS))
+    (tmp_path / "strata_tiny.yaml").write_text(TASK.format(data=data))
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+                          f"model=tiny,base_url={server.url}/v1/completions", "--tasks", "strata_tiny",
+                          "--include_path", str(tmp_path), "--log_samples", "--output_path", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Using remote tokenizer" in run.stderr  # no Hugging Face tokenizer: the server's own
+    llm = strata.LLM(tool_model, device="cpu")
+    samples = [json.loads(line) for path in (tmp_path / "out").rglob("samples_strata_tiny_*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert len(samples) == len(DOCS)
+    for sample in samples:
+        scores = []
+        for args, response in zip(sample["arguments"].values(), sample["filtered_resps"]):
+            context, continuation = args["arg_0"], args["arg_1"]
+            whole, ctx = llm.tokenize(context + continuation), llm.tokenize(context)
+            want, _ = _expected(llm, ctx, whole[len(ctx):])
+            assert float(response[0]) == pytest.approx(want, abs=1e-4)
+            scores.append(want)
+        assert sample["acc"] == float(scores.index(max(scores)) == sample["doc"]["answer"])
