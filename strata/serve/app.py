@@ -27,7 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from strata.engine.generation import Stats
 from strata.errors import StrataError
-from strata.serve.metrics import Metrics, host_memory_bytes, process_rss_bytes
+from strata.serve.metrics import Metrics, checkpoint_figures, expert_cache_hit_rate, gpu_memory_bytes, \
+    host_memory_bytes, process_rss_bytes
 from strata.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 
 MAX_STOP_STRINGS = 16
@@ -290,6 +291,8 @@ class Server:
             progress = dict(current.progress)
             progress["elapsed_seconds"] = time.time() - progress.get("started_at", time.time())
         m = self.metrics
+        hit_rate = expert_cache_hit_rate(self.llm.engine)
+        n_checkpoints, checkpoint_bytes = checkpoint_figures(self.llm.engine)
         return {
             "model": self.config.model_name,
             "uptime_seconds": time.time() - m.started,
@@ -302,7 +305,9 @@ class Server:
                        "generated_tokens": m.total(m.generated_tokens), "requests": m.total(m.requests),
                        "rejected": m.total(m.rejected), "cancelled": m.total(m.cancelled)},
             "memory": {"process_rss_bytes": process_rss_bytes(), "host_total_bytes": total,
-                       "host_available_bytes": available},
+                       "host_available_bytes": available, "gpu": gpu_memory_bytes(self.llm.engine)},
+            "expert_cache_hit_rate": None if math.isnan(hit_rate) else hit_rate,  # None: experts all resident
+            "checkpoints": {"count": n_checkpoints, "bytes": checkpoint_bytes},
             "n_ctx": self.n_ctx,
         }
 

@@ -33,6 +33,17 @@ def host_memory_bytes() -> tuple[int, int]:
     return fields.get("MemTotal", 0), fields.get("MemAvailable", 0)
 
 
+def gpu_memory_bytes(engine) -> dict | None:
+    """The engine's GPU memory: what its tensors take, what the allocator holds, the card's total (None on CPU)."""
+    device = getattr(engine, "device", None)
+    if device is None or device.type != "cuda":
+        return None
+    import torch
+
+    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+            "total": torch.cuda.get_device_properties(device).total_memory}
+
+
 def expert_cache_hit_rate(engine) -> float:
     """The GPU expert cache's hit rate since start; NaN where the experts are all resident (no cache)."""
     cache = getattr(getattr(engine.model, "experts", None), "cache", None)

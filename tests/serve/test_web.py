@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -50,6 +51,9 @@ def test_chat_streams_a_reply_and_the_monitor_counts_it(page, server):
     page.wait_for_function(f"parseInt(document.getElementById('m-generated').textContent) > {before}")
     assert page.locator("#m-decode-tps").inner_text() != "-"
     assert "iB" in page.locator("#m-rss").inner_text()
+    assert page.locator("#m-hit-rate").inner_text() == "- (experts all resident)"  # the CPU model has no cache
+    assert page.locator("#m-gpu").inner_text() == "- (no GPU)"
+    assert re.fullmatch(r"\d+ \((-|[\d.]+ [KMG]?i?B)\)", page.locator("#m-checkpoints").inner_text())
 
 
 def test_stop_button_cancels_a_long_reply(page, server):

@@ -158,6 +158,11 @@ async function poll() {
     $("m-requests").textContent = `${t.requests} (${t.rejected} refused, ${t.cancelled} cancelled)`;
     $("m-generated").textContent = m.totals.generated_tokens;
     $("m-prompt").textContent = `${m.totals.prompt_tokens} (${m.totals.cached_tokens})`;
+    $("m-hit-rate").textContent = m.expert_cache_hit_rate === null ? "- (experts all resident)"
+      : (100 * m.expert_cache_hit_rate).toFixed(1) + " %";
+    $("m-checkpoints").textContent = `${m.checkpoints.count} (${bytes(m.checkpoints.bytes)})`;
+    const gpu = m.memory.gpu;
+    $("m-gpu").textContent = gpu ? `${bytes(gpu.allocated)} / ${bytes(gpu.total)}` : "- (no GPU)";
     $("m-rss").textContent = bytes(m.memory.process_rss_bytes);
     $("m-host").textContent = `${bytes(m.memory.host_available_bytes)} of ${bytes(m.memory.host_total_bytes)}`;
     $("m-uptime").textContent = Math.round(m.uptime_seconds) + " s";
