@@ -167,11 +167,8 @@ class CheckpointStore:
     def __init__(self, max_count: int, max_bytes: int):
         self.max_count, self.max_bytes = max_count, max_bytes
         self.items: OrderedDict[tuple[int, ...], Checkpoint] = OrderedDict()  # least recently used first
+        self.n_bytes = 0  # kept as a number: the server's metrics read it while the engine thread changes items
         self.stats = CheckpointStats()
-
-    @property
-    def n_bytes(self) -> int:
-        return sum(c.n_bytes for c in self.items.values())
 
     def __len__(self) -> int:
         return len(self.items)
@@ -200,11 +197,12 @@ class CheckpointStore:
             return
         if can_truncate:  # the new one serves every prompt that a prefix of it served
             for held in [h for h in self.items if h == key[: len(h)]]:
-                del self.items[held]
+                self.n_bytes -= self.items.pop(held).n_bytes
         self.items[key] = Checkpoint(key, state, n_bytes)
+        self.n_bytes += n_bytes
         self.stats.saved += 1
         while len(self.items) > self.max_count or self.n_bytes > self.max_bytes:
-            self.items.popitem(last=False)
+            self.n_bytes -= self.items.popitem(last=False)[1].n_bytes
             self.stats.evicted += 1
 
     def best(self, ids: list[int], can_truncate: bool) -> Reuse:
@@ -217,10 +215,10 @@ class CheckpointStore:
         return found
 
     def restore(self, checkpoint: Checkpoint, cache, reused: int) -> None:
+        """Copy `checkpoint` into `cache`. It may have been dropped since it was found (saving the sequence it
+        replaces made room): its copy is still whole, and the cache, once left, is saved again."""
         restore(cache, checkpoint.state)
-        self.items.move_to_end(checkpoint.tokens)
+        if checkpoint.tokens in self.items:
+            self.items.move_to_end(checkpoint.tokens)
         self.stats.restored += 1
         self.stats.restored_tokens += reused
-
-    def clear(self) -> None:
-        self.items.clear()

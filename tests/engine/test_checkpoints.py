@@ -106,6 +106,20 @@ def test_alternating_chats_read_only_their_new_tokens(tool_model):
     assert all(cached < before for before, cached in without[2:])  # only the live cache: a few template tokens
 
 
+def test_a_checkpoint_dropped_to_make_room_for_the_conversation_it_replaces_still_restores(tool_model):
+    """One checkpoint allowed: leaving B saves B, which drops A, the very checkpoint the prompt is about to use."""
+    llm = strata.LLM(tool_model, device="cpu", checkpoints=1)
+    a, b = _tokens(20, seed=9), _tokens(15, seed=10)
+    llm.engine.prefill(a)
+    llm.engine.prefill(b)
+    restored = llm.engine.prefill(a + [7, 8])
+    assert list(llm.engine.checkpoints.items) == [tuple(b)] and llm.engine.checkpoints.stats.restored == 1
+    assert llm.engine.checkpoints.n_bytes == next(iter(llm.engine.checkpoints.items.values())).n_bytes
+    live = strata.LLM(tool_model, device="cpu", checkpoints=0).engine
+    live.prefill(a)
+    assert torch.equal(live.prefill(a + [7, 8]), restored)
+
+
 def test_no_checkpoints_when_switched_off(tool_model):
     llm = strata.LLM(tool_model, device="cpu", checkpoints=0)
     a, b = [5, 6, 7, 8, 9], [9, 8, 7]
