@@ -1,5 +1,5 @@
-"""A bounded soak: 120 mixed requests (ten of each kind) from 8 concurrent clients on loopback; every answer well formed, the server
-healthy and idle at the end."""
+"""A bounded soak: 120 mixed requests (ten of each kind) from 8 concurrent clients on loopback; every answer well
+formed, the server healthy and idle at the end."""
 
 from __future__ import annotations
 
