@@ -54,5 +54,37 @@ class Qwen3NextMTP(nn.Module):
         return causal_lm.lm_head(self.norm(hidden))
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """This head's parameters under the real Qwen3-Next checkpoint names."""
-        return {f"mtp.{name}": param.detach().contiguous() for name, param in self.state_dict().items()}
+        """This head's parameters under the real Qwen3-Next checkpoint names: experts one by one
+        (`mtp.layers.0.mlp.experts.{e}.gate_proj.weight`, ...), as save_pretrained writes the main model's."""
+        tensors = {}
+        for name, param in self.state_dict().items():
+            value = param.detach()
+            if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2 * n_ff, hidden], gate rows first
+                prefix = name.removesuffix("gate_up_proj")
+                for expert, (gate, up) in enumerate(zip(*value.chunk(2, dim=1))):
+                    tensors[f"mtp.{prefix}{expert}.gate_proj.weight"] = gate.contiguous()
+                    tensors[f"mtp.{prefix}{expert}.up_proj.weight"] = up.contiguous()
+            elif name.endswith("mlp.experts.down_proj"):  # [E, hidden, n_ff]
+                prefix = name.removesuffix("down_proj")
+                for expert, down in enumerate(value):
+                    tensors[f"mtp.{prefix}{expert}.down_proj.weight"] = down.contiguous()
+            else:
+                tensors[f"mtp.{name}"] = value.contiguous()
+        return tensors
+
+    def load_checkpoint_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The inverse of checkpoint_tensors."""
+        state = {}
+        for name, param in self.state_dict().items():
+            if name.endswith("mlp.experts.gate_up_proj"):
+                prefix = "mtp." + name.removesuffix("gate_up_proj")
+                state[name] = torch.stack([
+                    torch.cat([tensors[f"{prefix}{e}.gate_proj.weight"], tensors[f"{prefix}{e}.up_proj.weight"]])
+                    for e in range(param.shape[0])
+                ])
+            elif name.endswith("mlp.experts.down_proj"):
+                prefix = "mtp." + name.removesuffix("down_proj")
+                state[name] = torch.stack([tensors[f"{prefix}{e}.down_proj.weight"] for e in range(param.shape[0])])
+            else:
+                state[name] = tensors[f"mtp.{name}"]
+        self.load_state_dict(state)

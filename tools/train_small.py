@@ -232,7 +232,7 @@ def train(args) -> dict:
 
     best_nll, state, best_step = best
     causal_lm.load_state_dict({k: v for k, v in state.items() if not k.startswith("mtp.")})
-    mtp.load_state_dict({k.removeprefix("mtp."): v for k, v in state.items() if k.startswith("mtp.")})
+    mtp.load_checkpoint_tensors({k: v for k, v in state.items() if k.startswith("mtp.")})
     # float32 from here on, on the training device: where fla is installed its kernels take CUDA tensors only
     return finish(args, causal_lm.float().eval(), mtp.float().eval(), tokenizer_metadata, data_manifest,
                   {"steps": step, "tokens": tokens_seen, "seconds": round(time.monotonic() - start, 1),
