@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `strata` and `tools` impo
 
 from tools.export_hf import export_gguf  # noqa: E402
 from tools.train_mtp import Qwen3NextMTP  # noqa: E402
+from strata.default_model import SAMPLE_PROMPTS  # noqa: E402
 
 # The shipped model. Q8_0 rows are 32 wide, so every matrix dimension is a multiple of 32; 8 layers with full
 # attention every 4th (Qwen3-Next's 3:1), 32 experts of which 4 are used, and a shared expert.
@@ -68,7 +69,6 @@ TINY = dict(
     intermediate_size=64,
 )
 PRESETS = {"small": SMALL, "tiny": TINY}
-SAMPLE_PROMPTS = ("The Python interpreter", "A list is", "To open a file,")
 GGUF_NAME = "model.gguf"
 GGUF_LIMIT_BYTES = 20 * 1024 * 1024
 
@@ -355,6 +355,18 @@ def ship_command(args) -> None:
         raise SystemExit("the copied GGUF's sha256 differs from the one the training run recorded")
     (args.dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"shipped {args.dest / SHIPPED_GGUF} ({manifest['bytes']} bytes, sha256 {manifest['sha256'][:16]}...)")
+    pin_greedy(args.dest / SHIPPED_GGUF, args.pins)
+
+
+def pin_greedy(gguf_path: Path, pins: Path) -> None:
+    """Our engine's greedy continuations of SAMPLE_PROMPTS on the CPU in float32: the outputs the tests pin."""
+    import strata
+    from strata.default_model import PINNED_DEVICE, PINNED_TOKENS
+
+    llm = strata.LLM(gguf_path, device=PINNED_DEVICE, dtype="float32", kv_dtype="float32")
+    pinned = {p: llm.generate(p, max_tokens=PINNED_TOKENS, temperature=0).text for p in SAMPLE_PROMPTS}
+    pins.write_text(json.dumps(pinned, indent=1, ensure_ascii=False) + "\n")
+    print(f"pinned greedy outputs in {pins}:\n" + json.dumps(pinned, indent=1, ensure_ascii=False))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -397,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("ship", help="copy a run's GGUF + manifest into strata/data/default-model")
     s.add_argument("--run", type=Path, required=True)
     s.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[1] / "strata/data/default-model")
+    s.add_argument("--pins", type=Path, default=Path(__file__).resolve().parents[1] / "tests/default_model_greedy.json",
+                   help="where the pinned greedy outputs go")
     s.set_defaults(func=ship_command)
     args = parser.parse_args(argv)
     args.func(args)
