@@ -32,12 +32,12 @@ PINNED_TOKENS, PINNED_DEVICE = 24, "cpu"  # the tests pin greedy outputs of this
 SYNTHETIC = dict(arch="qwen3moe", preset="small", quant="Q4_K", seed=0)
 
 
-def shipped_path(folder: Path = SHIPPED_DIR) -> Path:
-    return folder / SHIPPED_GGUF
+def shipped_path(folder: Path | None = None) -> Path:
+    return (folder or SHIPPED_DIR) / SHIPPED_GGUF
 
 
-def read_manifest(folder: Path = SHIPPED_DIR) -> dict:
-    path = folder / MANIFEST
+def read_manifest(folder: Path | None = None) -> dict:
+    path = (folder or SHIPPED_DIR) / MANIFEST
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -108,8 +108,9 @@ def heldout_nll(llm, windows: torch.Tensor) -> float:
     return total / count
 
 
-def heldout_perplexity(llm, folder: Path = SHIPPED_DIR) -> tuple[float, float]:
+def heldout_perplexity(llm, folder: Path | None = None) -> tuple[float, float]:
     """(our engine's perplexity, transformers' recorded one) on the shipped held-out windows."""
+    folder = folder or SHIPPED_DIR
     record = read_manifest(folder)["heldout_transformers"]
     windows = read_windows(folder / HELDOUT_EVAL, record["window_tokens"])
     return math.exp(heldout_nll(llm, windows)), record["perplexity"]
