@@ -83,7 +83,8 @@ def _deb(files: dict[str, bytes]) -> bytes:
 def test_deb_members_reads_the_data_archive(tmp_path):
     path = tmp_path / "x.deb"
     path.write_bytes(_deb({"usr/share/doc/a.rst.txt": b"Hello.", "usr/share/doc/b.html": b"<p>odd</p>"}))
-    assert train_data._deb_members(path) == {"usr/share/doc/a.rst.txt": b"Hello.", "usr/share/doc/b.html": b"<p>odd</p>"}
+    members = train_data._deb_members(path)
+    assert members == {"usr/share/doc/a.rst.txt": b"Hello.", "usr/share/doc/b.html": b"<p>odd</p>"}
     (tmp_path / "y.deb").write_bytes(b"not an archive")
     with pytest.raises(ValueError, match="not a Debian package"):
         train_data._deb_members(tmp_path / "y.deb")
@@ -174,8 +175,17 @@ def test_training_writes_checkpoint_log_and_a_gguf_our_engine_agrees_with(tiny_r
 
 
 def test_ship_installs_the_file_the_default_model_checks_read(tiny_run, monkeypatch):
-    dest, pins = tiny_run / "shipped", tiny_run / "pins.json"
-    train_small.main(["ship", "--run", str(tiny_run / "run"), "--dest", str(dest), "--pins", str(pins)])
+    dest, pins, bench = tiny_run / "shipped", tiny_run / "pins.json", tiny_run / "BENCHMARKS.md"
+    from tools.train_report import BENCH_BEGIN, BENCH_END
+
+    # A previous ship's section is replaced, the rest of the file kept.
+    bench.write_text(f"# Benchmarks\n\nolder section\n\n{BENCH_BEGIN}\nstale\n{BENCH_END}\n\nlater section\n")
+    train_small.main(["ship", "--run", str(tiny_run / "run"), "--dest", str(dest), "--pins", str(pins),
+                      "--benchmarks", str(bench)])
+    text = bench.read_text()
+    assert text.startswith("# Benchmarks\n\nolder section\n") and text.endswith("\n\nlater section\n")
+    assert text.count(BENCH_BEGIN) == 1 and "stale" not in text
+    assert "Strata, CPU float32, the shipped Q8_0 GGUF" in text
     monkeypatch.setattr(default_model, "SHIPPED_DIR", dest)
     manifest = default_model.read_manifest()
     assert default_model.sha256_of(default_model.shipped_path()) == manifest["sha256"]

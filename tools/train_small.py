@@ -1,5 +1,6 @@
 """Train the small default model: a Qwen3-Next MoE (GDN + gated attention + shared expert + MTP head) on the prose
-of Python's and PostgreSQL's documentation (tools/train_data.py), with transformers' own model class, then export it to GGUF with tools/export_hf.py.
+of Python's and PostgreSQL's documentation (tools/train_data.py), with transformers' own model class, then export
+it to GGUF with tools/export_hf.py (check and ship: tools/train_report.py).
 
     # here (CPU): the data, the tokenizer and their manifest, into an ignored folder the device run carries
     python tools/train_small.py prepare --out .train       # apt-get downloads the two .debs into .train-src
@@ -235,7 +236,8 @@ def train(args) -> dict:
     mtp.load_checkpoint_tensors({k: v for k, v in state.items() if k.startswith("mtp.")})
     # float32 from here on, on the training device: where fla is installed its kernels take CUDA tensors only
     return finish(args, causal_lm.float().eval(), mtp.float().eval(), tokenizer_metadata, data_manifest,
-                  {"steps": step, "tokens": tokens_seen, "seconds": round(time.monotonic() - start, 1),
+                  {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                   "steps": step, "tokens": tokens_seen, "seconds": round(time.monotonic() - start, 1),
                    "best_step": best_step, "best_heldout_loss_during_training": round(best_nll, 4)})
 
 
@@ -314,59 +316,10 @@ def prepare_command(args) -> None:
     print(json.dumps({k: manifest[k] for k in ("train_documents", "train_tokens", "heldout_tokens")}))
 
 
-def check_command(args) -> None:
-    """Our engine on a training run's GGUF: held-out perplexity beside transformers', and greedy samples."""
-    import strata
-    from strata.default_model import heldout_nll, read_windows
+def _report():
+    from tools import train_report
 
-    result = json.loads((args.run / "result.json").read_text())
-    record = result["heldout_transformers"]
-    llm = strata.LLM(args.run / GGUF_NAME, device=args.device, dtype="float32", kv_dtype="float32")
-    nll = heldout_nll(llm, read_windows(args.run / "heldout_eval.bin", record["window_tokens"]))
-    ours, theirs = math.exp(nll), record["perplexity"]
-    n_tokens = args.sample_tokens or int(result["args"]["sample_tokens"])
-    samples = {p: llm.generate(p, max_tokens=n_tokens, temperature=0).text for p in SAMPLE_PROMPTS}
-    same = {p: samples[p] == result["samples_transformers"].get(p) for p in SAMPLE_PROMPTS}
-    check = {"device": args.device, "heldout_perplexity_strata": ours, "heldout_perplexity_transformers": theirs,
-             "relative_difference": ours / theirs - 1, "samples_strata": samples, "same_greedy_text": same}
-    (args.run / f"check_{args.device}.json").write_text(json.dumps(check, indent=1))
-    print(json.dumps(check, indent=1))
-    verdict = "OK" if abs(ours / theirs - 1) <= 0.01 else "FAIL"
-    print(f"{verdict}: held-out perplexity strata {ours:.3f} vs transformers {theirs:.3f} ({ours / theirs - 1:+.3%})")
-
-
-def ship_command(args) -> None:
-    """Copy a run's GGUF and held-out windows into the package (strata/data/default-model) with its manifest."""
-    from strata.default_model import HELDOUT_EVAL, MANIFEST, SHIPPED_GGUF, sha256_of
-
-    result = json.loads((args.run / "result.json").read_text())
-    args.dest.mkdir(parents=True, exist_ok=True)
-    (args.dest / SHIPPED_GGUF).write_bytes((args.run / GGUF_NAME).read_bytes())
-    (args.dest / HELDOUT_EVAL).write_bytes((args.run / "heldout_eval.bin").read_bytes())
-    manifest = {
-        "file": SHIPPED_GGUF,
-        "sha256": sha256_of(args.dest / SHIPPED_GGUF),
-        "bytes": (args.dest / SHIPPED_GGUF).stat().st_size,
-        "heldout_eval_sha256": sha256_of(args.dest / HELDOUT_EVAL),
-        **{k: result[k] for k in ("heldout_transformers", "heldout_transformers_all", "samples_transformers",
-                                  "training", "args", "data_manifest")},
-    }
-    if manifest["sha256"] != result["gguf"]["sha256"]:
-        raise SystemExit("the copied GGUF's sha256 differs from the one the training run recorded")
-    (args.dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"shipped {args.dest / SHIPPED_GGUF} ({manifest['bytes']} bytes, sha256 {manifest['sha256'][:16]}...)")
-    pin_greedy(args.dest / SHIPPED_GGUF, args.pins)
-
-
-def pin_greedy(gguf_path: Path, pins: Path) -> None:
-    """Our engine's greedy continuations of SAMPLE_PROMPTS on the CPU in float32: the outputs the tests pin."""
-    import strata
-    from strata.default_model import PINNED_DEVICE, PINNED_TOKENS
-
-    llm = strata.LLM(gguf_path, device=PINNED_DEVICE, dtype="float32", kv_dtype="float32")
-    pinned = {p: llm.generate(p, max_tokens=PINNED_TOKENS, temperature=0).text for p in SAMPLE_PROMPTS}
-    pins.write_text(json.dumps(pinned, indent=1, ensure_ascii=False) + "\n")
-    print(f"pinned greedy outputs in {pins}:\n" + json.dumps(pinned, indent=1, ensure_ascii=False))
+    return train_report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -404,14 +357,16 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--run", type=Path, required=True, help="a train --out folder")
     c.add_argument("--device", default="cpu")
     c.add_argument("--sample-tokens", type=int, default=0, help="tokens per sample (default: as trained)")
-    c.set_defaults(func=check_command)
+    c.set_defaults(func=lambda args: _report().check_command(args))
 
     s = sub.add_parser("ship", help="copy a run's GGUF + manifest into strata/data/default-model")
     s.add_argument("--run", type=Path, required=True)
     s.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[1] / "strata/data/default-model")
     s.add_argument("--pins", type=Path, default=Path(__file__).resolve().parents[1] / "tests/default_model_greedy.json",
                    help="where the pinned greedy outputs go")
-    s.set_defaults(func=ship_command)
+    s.add_argument("--benchmarks", type=Path, default=Path(__file__).resolve().parents[1] / "docs/BENCHMARKS.md",
+                   help="the docs file whose default-model section is (re)written")
+    s.set_defaults(func=lambda args: _report().ship_command(args))
     args = parser.parse_args(argv)
     args.func(args)
 
