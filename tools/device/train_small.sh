@@ -7,6 +7,9 @@
 # evaluation and export (TRAIN_ARGS adds options: a CPU dry run uses "--preset tiny --max-steps 3"). Everything lands in $OUT/trained (checkpoint/, model.gguf, result.json, train_log.jsonl).
 set -uo pipefail
 source tools/device/wheels.sh || exit 1
+# fla-core 0.6's GDN backward refuses Triton 3.4-3.7.0 on Hopper (wrong results, its issue #640): training uses
+# transformers' torch form of the gated delta rule instead (inference keeps fla's forward kernels elsewhere).
+rm -rf /tmp/site/fla /tmp/site/fla_core-*
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -f .train/train.bin ] || { echo "no .train/train.bin: run 'python tools/train_small.py prepare --out .train' first and carry .train"; exit 2; }
