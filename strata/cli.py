@@ -287,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("cpu-experts", "cpu_experts", "GB/s of the CPU expert kernels beside host memory bandwidth"),
+        ("checkpoints", "checkpoints", "what a conversation checkpoint costs (copy out and back) and saves"),
     ]:
         # The tool parses its own options (`strata bench prompt-attn --help` lists them).
         b = bench.add_parser(name, help=help_text, add_help=False)
