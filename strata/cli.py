@@ -17,7 +17,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
-    p.add_argument("--checkpoints", type=int, default=4, help="recent conversations whose cache is kept for their "
+    p.add_argument("--checkpoints", type=int, default=8, help="caches of recent conversations kept for their "
                    "next turn (0: none)")
     p.add_argument("--checkpoint-gib", type=float, default=4.0, help="most memory the checkpoints take (host RAM)")
     _placement_args(p)

@@ -36,7 +36,7 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
-    checkpoints: int = 4  # recent conversations whose cache is kept for their next turn (engine/checkpoints.py)
+    checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
     checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
 
     def resolve_device(self) -> torch.device:

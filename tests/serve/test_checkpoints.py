@@ -43,5 +43,5 @@ def test_alternating_conversations_restore_their_checkpoints(server):
     assert after["strata_checkpoint_restores_total"] - before["strata_checkpoint_restores_total"] == 2
     counted = after["strata_prompt_checkpoint_tokens_total"] - before["strata_prompt_checkpoint_tokens_total"]
     assert counted == restored  # each follow-up's cached tokens came from its checkpoint
-    assert 1 <= after["strata_checkpoints"] <= 4 and after["strata_checkpoint_bytes"] > 0
+    assert 1 <= after["strata_checkpoints"] <= 8 and after["strata_checkpoint_bytes"] > 0
     assert server.monitor()["last"]["checkpoint_tokens"] >= 1
