@@ -10,6 +10,7 @@ never writes `<think>` gets no splitting at all. The whitespace around the secti
 from __future__ import annotations
 
 from strata.engine.generation import held_back
+from strata.errors import StrataError
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -22,7 +23,7 @@ def template_thinks(tokenizer) -> bool:
         try:
             if OPEN in tokenizer.apply_chat_template(messages, add_generation_prompt=True, **options):
                 return True
-        except Exception:  # a template that cannot render this probe has no switch we could use
+        except StrataError:  # a template that cannot render this probe has no switch we could use
             return False
     return False
 
