@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.kv import new_kv_cache
+from strata.engine.kv import Selection, new_kv_cache
 from strata.errors import StrataError
 
 
@@ -72,8 +72,9 @@ class HybridCache:
         elif length != self.length:
             raise StrataError(f"a recurrent state cannot be rewound from {self.length} to {length} tokens")
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
+        return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection)
 
     # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:

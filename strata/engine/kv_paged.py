@@ -5,8 +5,8 @@ values). Physical pages are handed out as the sequence grows (the pools double w
 context) and handed back on truncate, so a prefix stays in place and the rest is rewritten. A step's keys and
 values are quantized into the pool first (kv_int8.py's append); the step's queries then attend to every causal cell
 read back from the pool: `prompt_attention` (its variant by switch and GPU) for a chunk, the split-K decode kernel
-for one token. The Triton kernels run on CUDA, their torch references (fp32) on the CPU. The selection is dense
-(cells 0..pos): no model here has an indexer yet.
+for one token. The Triton kernels run on CUDA, their torch references (fp32) on the CPU. The cells attended are
+0..pos (dense causal) or the caller's selection (ids, width), which the kernels take as they are.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from strata.engine.kv import KVBackend, check_kind
+from strata.engine.kv import KVBackend, Selection, check_kind, check_selection
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_triton
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
@@ -84,7 +84,8 @@ class PagedInt8KV(KVBackend):
             del self.pages[keep:]
             self._set_table()
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
         n_tokens, end = q.shape[0], start + q.shape[0]
         if end > len(self.pages) * PAGE:
             raise StrataError(f"the int8 KV cache holds pages for {len(self.pages) * PAGE} positions, "
@@ -93,6 +94,10 @@ class PagedInt8KV(KVBackend):
         kernels = q.is_cuda if self.kernels is None else self.kernels
         (append_kv_triton if kernels else append_kv_ref)(pool, table, torch.arange(start, end, device=q.device), k, v)
         qf = q.float()
+        if selection is not None:
+            ids, width = check_selection(selection, n_tokens)
+            return self._attend_selected(qf, pool, table, ids.to(torch.int32), width.to(torch.int32),
+                                         kernels).to(q.dtype)
         if n_tokens == 1:
             ids = torch.arange(end, dtype=torch.int32, device=q.device)[None]
             width = torch.full((1,), end, dtype=torch.int32, device=q.device)
@@ -109,3 +114,11 @@ class PagedInt8KV(KVBackend):
             width = torch.arange(start + q0 + 1, cap + 1, dtype=torch.int32, device=q.device)
             out[q0:q1] = prompt_attention(qf[q0:q1], pool, table, ids, width, reference=not kernels)
         return out
+
+    @staticmethod
+    def _attend_selected(qf: torch.Tensor, pool: PagedKV, table: torch.Tensor, ids: torch.Tensor,
+                         width: torch.Tensor, kernels: bool) -> torch.Tensor:
+        """fp32 attention of qf over its selected cells: the decode kernel for one query, else the prompt kernel."""
+        if qf.shape[0] == 1 and kernels:
+            return decode_attn_triton(qf, pool, table, ids.contiguous(), width.contiguous())
+        return prompt_attention(qf, pool, table, ids.contiguous(), width.contiguous(), reference=not kernels)
