@@ -14,7 +14,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
                    "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
+    p.add_argument("-c", "--ctx", "--max-context", dest="ctx", type=int, default=None,
+                   help="context size, up to 524288 (default: min(model's, 4096))")
+    p.add_argument("--qsa", default="none", choices=("none", "quest"),
+                   help="sparse attention for models without an indexer: quest (opt-in; see docs/BENCHMARKS.md)")
+    p.add_argument("--qsa-budget", type=int, default=2048 + 3, help="cells each query attends under --qsa quest")
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
     _placement_args(p)
 
@@ -31,8 +35,11 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
-    return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+    options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
+                   pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+    if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
+        options.update(qsa=args.qsa, qsa_budget=args.qsa_budget)
+    return options
 
 
 def _count(text: str, flag: str) -> int:

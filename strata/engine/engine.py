@@ -10,7 +10,9 @@ import torch
 
 from strata.engine.context import ForwardContext
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
+from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import check_kind, kv_bytes_per_value
+from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
@@ -19,6 +21,7 @@ from strata.engine.placement import plan_placement
 from strata.models import config_of, load_model
 from strata.tokenizer import Tokenizer
 
+QSA_KINDS = ("none", "quest")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -35,6 +38,8 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
+    qsa: str = "none"  # "quest": the KV backend selects qsa_budget cells per query (models without an indexer)
+    qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -67,6 +72,8 @@ class Engine:
         if self.n_ctx <= 0:
             raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
         kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
+        if config.qsa not in QSA_KINDS:
+            raise StrataError(f"qsa {config.qsa!r} is not one of {', '.join(QSA_KINDS)}")
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
         self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
@@ -77,6 +84,10 @@ class Engine:
         if offload:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
+        if config.qsa == "quest":
+            backend = self.kv.kv if isinstance(self.kv, HybridCache) else self.kv
+            backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,
+                                             budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes())

@@ -55,6 +55,18 @@ class KVBackend(ABC):
 
     can_truncate = True  # positions can be forgotten from the end (a recurrent state could not)
     max_tokens: int
+    selector = None  # a QuestSelector (engine/quest.py) when the backend picks the cells itself (`--qsa quest`)
+
+    @abstractmethod
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        """Keys of positions begin..end-1 as stored (dequantized): [end - begin, Hkv, D] float32."""
+
+    def own_selection(self, layer: int, q: torch.Tensor, start: int, selection: Selection | None) -> Selection | None:
+        """After this step's keys are stored: the caller's selection, else the selector's (None: dense causal)."""
+        if self.selector is None:
+            return selection
+        self.selector.observe(layer, start, start + q.shape[0], lambda a, b: self.read_keys(layer, a, b))
+        return selection if selection is not None else self.selector.select(layer, q, start)
 
     @property
     @abstractmethod
@@ -118,7 +130,8 @@ class KVCache(KVBackend):
 
     @property
     def n_bytes(self) -> int:
-        return 2 * self.n_layers * self.capacity * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
+        kv = 2 * self.n_layers * self.capacity * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
+        return kv + (self.selector.n_bytes if self.selector is not None else 0)
 
     def reserve(self, n_tokens: int) -> None:
         if n_tokens > self.max_tokens:
@@ -140,9 +153,13 @@ class KVCache(KVBackend):
     def read(self, layer: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][:end].to(dtype), self.values[layer][:end].to(dtype)
 
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        return self.keys[layer][begin:end].float()
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                selection: Selection | None = None) -> torch.Tensor:
         self.write(layer, start, k, v)
+        selection = self.own_selection(layer, q, start, selection)
         # Past positions come from the cache; this step's keys and values are used at full precision.
         past_k, past_v = self.read(layer, start, q.dtype)
         keys, values = torch.cat((past_k, k)), torch.cat((past_v, v))

@@ -18,7 +18,7 @@ import torch
 from strata.engine.kv import KVBackend, Selection, check_kind, check_selection
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_triton
-from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
+from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, gather_kv
 from strata.kernels.attention.paged import PAGE, PagedKV
 from strata.kernels.attention.prompt import prompt_attention
 
@@ -46,7 +46,13 @@ class PagedInt8KV(KVBackend):
 
     @property
     def n_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for p in self.pools for t in (p.k, p.v, p.k_scale, p.v_scale))
+        kv = sum(t.numel() * t.element_size() for p in self.pools for t in (p.k, p.v, p.k_scale, p.v_scale))
+        return kv + (self.selector.n_bytes if self.selector is not None else 0)
+
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        cells = torch.arange(begin, end, device=self.page_table.device)
+        pool = self.pools[layer]
+        return torch.stack([gather_kv(pool, self.page_table, cells, h)[0] for h in range(self.n_kv_heads)], 1)
 
     def reserve(self, n_tokens: int) -> None:
         if n_tokens > self.max_tokens:
@@ -94,6 +100,7 @@ class PagedInt8KV(KVBackend):
         kernels = q.is_cuda if self.kernels is None else self.kernels
         (append_kv_triton if kernels else append_kv_ref)(pool, table, torch.arange(start, end, device=q.device), k, v)
         qf = q.float()
+        selection = self.own_selection(layer, q, start, selection)
         if selection is not None:
             ids, width = check_selection(selection, n_tokens)
             return self._attend_selected(qf, pool, table, ids.to(torch.int32), width.to(torch.int32),
