@@ -11,7 +11,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
-from strata.engine.kv import check_kind, kv_bytes_per_value
+from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
@@ -40,6 +40,7 @@ class EngineConfig:
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
     qsa: str = "none"  # "quest": the KV backend selects qsa_budget cells per query (models without an indexer)
     qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
+    kv_resident: int | None = None  # int8 KV in host RAM with this many cells per layer on the device
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -72,18 +73,21 @@ class Engine:
         if self.n_ctx <= 0:
             raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
         kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
+        if config.kv_resident is not None and kv_dtype != "int8":
+            raise StrataError(f"kv_resident keeps int8 pages in host RAM: it needs kv_dtype int8, not {kv_dtype}")
         if config.qsa not in QSA_KINDS:
             raise StrataError(f"qsa {config.qsa!r} is not one of {', '.join(QSA_KINDS)}")
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
-        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
+        vram_cells = min(self.n_ctx, config.kv_resident or self.n_ctx)  # KV cells per layer the device holds
+        self.plan = plan_placement(self.file, model_config, self.device, vram_cells, kv_bytes_per_value(kv_dtype),
                                    config.vram_budget, config.expert_cache)
         # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
         offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
         self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
         if offload:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
-        self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
+        self.kv = self.model.new_cache(self.n_ctx, ResidentKind(config.kv_resident) if config.kv_resident else kv_dtype)
         if config.qsa == "quest":
             backend = self.kv.kv if isinstance(self.kv, HybridCache) else self.kv
             backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,

@@ -9,11 +9,13 @@ count used. The selection is the whole mask (no further causal mask); None is de
 |-------------------------------|------------------------------|-----------------|
 | float16, bfloat16, float32    | KVCache (dense, this file)   | 2, 2, 4         |
 | int8                          | PagedInt8KV (kv_paged.py)    | 1 + 2/64        |
+| ResidentKind(N): int8 in host RAM, N cells per layer on the device | ResidentInt8KV (kv_resident.py) | 1 + 2/64 |
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,13 @@ from strata.models.layers import attend
 DENSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 KV_KINDS = (*DENSE_DTYPES, "int8")
 Selection = tuple[torch.Tensor, torch.Tensor]  # (ids int32 [T, W] ascending, width int32 [T])
+
+
+@dataclass(frozen=True)
+class ResidentKind:
+    """The int8 paged cache with every page in host RAM and `cells` cells per layer on the device (--kv-resident)."""
+
+    cells: int
 
 
 def check_selection(selection: Selection, n_tokens: int) -> Selection:
@@ -104,9 +113,13 @@ def check_kind(kind: str, head_dim: int | None = None) -> str:
     return kind
 
 
-def new_kv_cache(kind: str | torch.dtype, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
-                 device: torch.device) -> KVBackend:
-    """The backend named `kind` (a KV_KINDS name, or a torch float dtype for the dense cache)."""
+def new_kv_cache(kind: str | torch.dtype | ResidentKind, n_layers: int, n_kv_heads: int, head_dim: int,
+                 max_tokens: int, device: torch.device) -> KVBackend:
+    """The backend named `kind` (a KV_KINDS name, a torch float dtype for the dense cache, or a ResidentKind)."""
+    if isinstance(kind, ResidentKind):
+        from strata.engine.kv_resident import ResidentInt8KV
+
+        return ResidentInt8KV(n_layers, n_kv_heads, head_dim, max_tokens, device, kind.cells)
     if isinstance(kind, torch.dtype):
         return KVCache(n_layers, n_kv_heads, head_dim, max_tokens, kind, device)
     if check_kind(kind) == "int8":
