@@ -19,8 +19,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qsa", default="none", choices=("none", "quest"),
                    help="sparse attention for models without an indexer: quest (opt-in; see docs/BENCHMARKS.md)")
     p.add_argument("--qsa-budget", type=int, default=2048 + 3, help="cells each query attends under --qsa quest")
+    _kv_resident_arg(p)
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
     _placement_args(p)
+
+
+def _kv_resident_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-resident", type=int, default=None, metavar="N",
+                   help="int8 KV pages in host RAM, N cells per layer on the GPU (CLOCK eviction)")
 
 
 def _placement_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +44,7 @@ def _placement(args) -> dict:
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
                    pin_experts=args.pin_experts, expert_profile=args.expert_profile)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
-        options.update(qsa=args.qsa, qsa_budget=args.qsa_budget)
+        options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
     return options
 
 
@@ -143,9 +149,10 @@ def cmd_chat(args) -> None:
 def cmd_info(args) -> None:
     from strata.models.info import describe, describe_plan
 
-    print(describe(args.model, args.ctx))
+    print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
-        print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"]))
+        print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
+                            args.kv_dtype, args.kv_resident))
 
 
 def cmd_profile(args) -> None:
@@ -225,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="architecture, parameters, quant types and a memory estimate")
     p.add_argument("model")
-    p.add_argument("-c", "--ctx", type=int, default=4096, help="context size for the memory estimate")
+    p.add_argument("-c", "--ctx", "--max-context", dest="ctx", type=int, default=4096,
+                   help="context size for the memory estimate")
+    p.add_argument("--kv-dtype", default="float16", help="KV cache dtype of the estimate: float16, bfloat16, float32, int8")
+    _kv_resident_arg(p)
     p.add_argument("--plan", action="store_true", help="also print where each part would live")
     p.add_argument("--device", default="auto", help="device the plan is for")
     _placement_args(p)

@@ -22,6 +22,7 @@ from strata.models import config_of, load_model
 from strata.tokenizer import Tokenizer
 
 QSA_KINDS = ("none", "quest")
+MAX_CONTEXT = 524_288  # nothing is sized by the context up front: caches grow by pages, masks follow the step
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -70,8 +71,8 @@ class Engine:
         self.dtype = config.resolve_dtype(self.device)
         model_config = config_of(self.file)
         self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
-        if self.n_ctx <= 0:
-            raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
+        if not 0 < self.n_ctx <= MAX_CONTEXT:
+            raise StrataError(f"n_ctx must be in 1..{MAX_CONTEXT}, got {self.n_ctx}")
         kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
         if config.kv_resident is not None and kv_dtype != "int8":
             raise StrataError(f"kv_resident keeps int8 pages in host RAM: it needs kv_dtype int8, not {kv_dtype}")
@@ -79,9 +80,8 @@ class Engine:
             raise StrataError(f"qsa {config.qsa!r} is not one of {', '.join(QSA_KINDS)}")
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
-        vram_cells = min(self.n_ctx, config.kv_resident or self.n_ctx)  # KV cells per layer the device holds
-        self.plan = plan_placement(self.file, model_config, self.device, vram_cells, kv_bytes_per_value(kv_dtype),
-                                   config.vram_budget, config.expert_cache)
+        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
+                                   config.vram_budget, config.expert_cache, config.kv_resident)
         # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
         offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
         self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)

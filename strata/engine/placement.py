@@ -27,6 +27,7 @@ class PlacementPlan:
     n_experts: int  # routed experts over all layers
     n_slots: int  # cache slots on the device; n_experts when all are resident
     host_expert_bytes: int  # experts kept in host RAM
+    host_kv_bytes: int = 0  # KV pages in host RAM (--kv-resident: the device holds kv_bytes of them)
 
     @property
     def all_resident(self) -> bool:
@@ -38,6 +39,8 @@ class PlacementPlan:
             f"device        {self.device} (budget {budget})",
             f"dense weights {self.dense_bytes / GiB:8.3f} GiB on the device",
             f"KV cache      {self.kv_bytes / GiB:8.3f} GiB on the device",
+            *([f"KV in host    {self.host_kv_bytes / GiB:8.3f} GiB: every page (the device caches the pages in use)"]
+              if self.host_kv_bytes else []),
             f"work buffers  {self.work_bytes / GiB:8.3f} GiB on the device",
         ]
         if self.all_resident:
@@ -77,10 +80,13 @@ def cache_bytes(config: ModelConfig, n_ctx: int, kv_bytes_per_value: float) -> i
 
 
 def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.device, n_ctx: int, kv_bytes_per_value: int,
-                   vram_budget_gib: float | None = None, expert_cache: str | int = "auto") -> PlacementPlan:
+                   vram_budget_gib: float | None = None, expert_cache: str | int = "auto",
+                   kv_resident: int | None = None) -> PlacementPlan:
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
     dense = model.n_bytes - expert_bytes
-    kv = cache_bytes(config, n_ctx, kv_bytes_per_value)
+    kv = cache_bytes(config, min(n_ctx, kv_resident or n_ctx), kv_bytes_per_value)  # what the device holds
+    host_kv = cache_bytes(config, n_ctx, kv_bytes_per_value) - cache_bytes(config, 0, kv_bytes_per_value) \
+        if kv_resident else 0
     # Activations of a prompt chunk and the logits dominate the scratch space (a rough, generous bound).
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4
     budget = None
@@ -107,4 +113,4 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
                               f"{room / GiB:.2f} GiB of the VRAM budget is left (ask for at most {room // each})")
         slots = min(slots, n_experts)
     host = 0 if slots >= n_experts else expert_bytes
-    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host)
+    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host, host_kv)
