@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("cpu-experts", "cpu_experts", "GB/s of the CPU expert kernels beside host memory bandwidth"),
+        ("long-context", "long_context", "a long prompt through int8 KV: dense vs --qsa quest vs --kv-resident"),
     ]:
         # The tool parses its own options (`strata bench prompt-attn --help` lists them).
         b = bench.add_parser(name, help=help_text, add_help=False)

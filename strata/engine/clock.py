@@ -34,8 +34,8 @@ class Clock:
         self.cover(max(pages, default=-1) + 1)
         wanted = set(pages)
         loads = []
-        for page in pages:
-            slot = int(self.slot_of_page[page])
+        current = self.slot_of_page[torch.tensor(pages, dtype=torch.long)].tolist()  # one lookup for the whole set
+        for page, slot in zip(pages, current):
             if slot >= 0:
                 self.referenced[slot] = True
                 continue

@@ -99,3 +99,15 @@ def test_an_engine_with_resident_kv_gives_the_same_logit_bytes(tiny_qwen3):
 def test_resident_kv_needs_int8(tiny_qwen3):
     with pytest.raises(StrataError, match="kv_resident keeps int8 pages in host RAM: it needs kv_dtype int8"):
         strata.LLM(tiny_qwen3, device="cpu", kv_resident=64)
+
+
+def test_the_long_context_bench_runs_its_arms_and_checks_resident_bytes(tiny_qwen3, capsys):
+    from strata.bench.long_context import main
+
+    code = main([str(tiny_qwen3), "--device", "cpu", "--prompt-tokens", "160", "--gen-tokens", "2", "--budget", "148",
+                 "--resident", "152", "--prefill", "64"])
+    table = capsys.readouterr().out
+    assert code == 0, table
+    assert "| quest+resident |" in table and "| quest | " in table and "| quest+resident | " in table
+    assert [line.split("|")[6].strip() for line in table.splitlines() if line.startswith("| quest")] == \
+        ["quest+resident", "quest"]  # the resident arm's logits are the all-VRAM arm's, byte for byte
