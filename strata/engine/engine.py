@@ -94,7 +94,7 @@ class Engine:
                                              budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
-                                        self._free_device_bytes())
+                                        self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
 

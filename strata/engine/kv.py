@@ -3,7 +3,8 @@
 A backend stores this step's keys and values and attends the step's queries over the past and the step
 (`attend`), so the model files never know which one runs. `attend` takes an optional `selection = (ids, width)`:
 ids int32 [T, W], the cells each query attends, ascending (padding past width is ignored), width int32 [T] the
-count used. The selection is the whole mask (no further causal mask); None is dense causal attention. `new_kv_cache(kind, ...)` makes one by name:
+count used. The selection is the whole mask (no further causal mask); None is dense causal attention.
+`new_kv_cache(kind, ...)` makes one by name:
 
 | kind                          | class                        | bytes per value |
 |-------------------------------|------------------------------|-----------------|
@@ -66,9 +67,9 @@ class KVBackend(ABC):
     max_tokens: int
     selector = None  # a QuestSelector (engine/quest.py) when the backend picks the cells itself (`--qsa quest`)
 
-    @abstractmethod
     def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
         """Keys of positions begin..end-1 as stored (dequantized): [end - begin, Hkv, D] float32."""
+        raise StrataError(f"{type(self).__name__} cannot read its keys back, which --qsa quest needs")
 
     def own_selection(self, layer: int, q: torch.Tensor, start: int, selection: Selection | None) -> Selection | None:
         """After this step's keys are stored: the caller's selection, else the selector's (None: dense causal)."""

@@ -55,3 +55,16 @@ def test_info_plans_the_kv_of_the_context(tiny_next):
     assert "KV cache       0.129 GiB (int8)" in run.stdout
     assert "placement plan (int8 KV, 65536 cells per layer on the device)" in run.stdout
     assert "KV in host       0.129 GiB: every page" in run.stdout
+
+
+def test_prompt_chunks_leave_room_for_the_dense_caches_mask(tiny_next):
+    from strata.engine.prefill import MASK_BYTES_PER_CELL, activation_bytes_per_token, chunk_size
+    from strata.gguf.reader import GGUFModelFile
+    from strata.models import config_of
+
+    config = config_of(GGUFModelFile(tiny_next))
+    free = 2 * 2**30
+    paged = chunk_size("auto", config, on_gpu=True, free_bytes=free)
+    dense = chunk_size("auto", config, on_gpu=True, free_bytes=free, mask_context=MAX)
+    assert paged == 8192  # the paged cache's ids are bounded per call: the chunk is not cut for the context
+    assert dense == free // 2 // (activation_bytes_per_token(config) + MASK_BYTES_PER_CELL * MAX) == 408
