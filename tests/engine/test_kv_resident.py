@@ -13,6 +13,7 @@ from strata.engine.kv_paged import PagedInt8KV
 from strata.engine.kv_resident import ResidentInt8KV
 from strata.errors import StrataError
 from strata.models.synthetic import make_model
+from tests.kernels import DEVICE  # on a GPU: the compiled kernels and pinned host pages; here the same code on the CPU
 
 CPU = torch.device("cpu")
 IDS = [(7 * i + 3) % 500 + 5 for i in range(320)]
@@ -47,12 +48,13 @@ def _selection(start: int, end: int, seed: int):
 
 def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
     torch.manual_seed(0)
-    q, k, v = torch.randn(90, 4, 64), torch.randn(90, 2, 64), torch.randn(90, 2, 64)
+    q, k, v = (torch.randn(90, heads, 64).to(DEVICE) for heads in (4, 2, 2))
     steps = [(0, 7), (7, 30), (30, 31), (31, 32), (32, 60), (20, 45), (45, 46), (46, 90)]  # (20, 45): a rewind
-    caches = [PagedInt8KV(2, 2, 64, 96, CPU, initial_tokens=8), ResidentInt8KV(2, 2, 64, 96, CPU, 16, 8)]
+    device = torch.device(DEVICE)
+    caches = [PagedInt8KV(2, 2, 64, 96, device, initial_tokens=8), ResidentInt8KV(2, 2, 64, 96, device, 16, 8)]
     outs = [[], []]
     for n, (start, end) in enumerate(steps):
-        sel = _selection(start, end, n)
+        sel = tuple(t.to(DEVICE) for t in _selection(start, end, n))
         for cache, out in zip(caches, outs):
             if start < len(cache.pages) * 4:
                 cache.truncate(start)
@@ -67,7 +69,7 @@ def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
     host, whole = caches[1].pools[1], caches[0].pools[1]
     rows = torch.tensor(caches[1].pages)[:, None] * 8 + torch.arange(8)  # 8 rows a page (2 heads x 4 cells)
     rows_whole = torch.tensor(caches[0].pages)[:, None] * 8 + torch.arange(8)
-    assert torch.equal(host.k[rows.flatten()], whole.k[rows_whole.flatten()])  # the host holds every page
+    assert torch.equal(host.k[rows.flatten()], whole.k.cpu()[rows_whole.flatten()])  # the host holds every page
 
 
 def test_dense_attention_past_the_resident_cells_is_one_clear_error():
