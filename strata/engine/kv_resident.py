@@ -28,7 +28,7 @@ class ResidentInt8KV(PagedInt8KV):
         if resident_cells < 2 * PAGE:
             raise StrataError(f"--kv-resident {resident_cells}: at least {2 * PAGE} cells per layer")
         self.compute_device = device
-        self.pin = device.type == "cuda"  # pinned host pages: the copies to and from the GPU run at full speed
+        self.pin = device.type == "cuda"  # page-locked host pages (gathered misses still go through a pageable copy)
         super().__init__(n_layers, n_kv_heads, head_dim, max_tokens, HOST, initial_tokens, kernels)
         self.n_slots = resident_cells // PAGE
         self.slots = [PagedKV.empty(self.n_slots, n_kv_heads, head_dim, int8=True, device=device)
@@ -70,9 +70,9 @@ class ResidentInt8KV(PagedInt8KV):
             pages = torch.tensor([p for p, _ in loads])
             slots = torch.tensor([s for _, s in loads], device=self.compute_device)
             for src, dst in _page_views(host, dev):
-                dst[slots] = src[pages].to(self.compute_device, non_blocking=self.pin)
+                dst[slots] = src[pages].to(self.compute_device)
         table = clock.slot_of_page[self.page_table.long()].clamp(min=0)
-        return table.to(self.compute_device, non_blocking=self.pin)
+        return table.to(self.compute_device)
 
     def _store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, kernels: bool) -> None:
         end = start + k.shape[0]
