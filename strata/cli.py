@@ -27,12 +27,14 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
+    p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
+                   help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+                pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream)
 
 
 def _count(text: str, flag: str) -> int:
