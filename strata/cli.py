@@ -201,6 +201,13 @@ def cmd_bench_decode(args) -> None:
     bench_decode(args, _placement(args))
 
 
+def cmd_bench_prompt(args) -> None:
+    from strata.bench.prompt import bench_prompt
+
+    args.prefill = _prefill(args.prefill)
+    bench_prompt(args, _placement(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -280,6 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.set_defaults(func=cmd_bench_decode)
+    b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
+    b.add_argument("model", help="GGUF file")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--kv-dtype", default="float16")
+    b.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
+    b.add_argument("--ctx", default="4096,32768", help="comma-separated prompt lengths (default 4096,32768)")
+    b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
+    _placement_args(b)
+    b.set_defaults(func=cmd_bench_prompt)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
