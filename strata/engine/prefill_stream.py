@@ -1,13 +1,15 @@
 """Offloaded prompt reading: every routed expert of a prompt chunk runs on the device, the ones the cache lacks
 streamed over PCIe from pinned host memory into a ring of slots lent by the expert cache.
 
-Policy: while layer L's experts compute, the experts of the next layer that the cache lacks are copied on the side
-stream, all of them, before that layer's router has run. A chunk of T tokens with top-k of E experts leaves an
-expert unrouted with probability (1 - k/E)^T: 1e-3 for T = 100 on Qwen3-30B's 8 of 128, so for prompt-sized chunks
-"all of the layer" is what the router would ask for, and waiting for it would leave the link idle during layer L.
-Where that chance is not small (fewer tokens than make 90% coverage likely) nothing is fetched ahead. Either way,
-once the router has run, any missing expert not yet in the ring is copied then ("late"), so results never depend on
-the guess: all-resident and streamed runs give the same bytes.
+Policy: while layer L's experts compute, the experts of the next layer that the cache lacks and that the previous
+chunk routed to at that layer are copied on the side stream, before that layer's router has run (waiting for it would
+leave the link idle during layer L). With balanced routing a chunk of T tokens leaves an expert unrouted with
+probability (1 - k/E)^T, 1e-3 for T = 100 on Qwen3-30B's 8 of 128: the previous chunk's set is then the whole layer,
+which is what this chunk needs; with skewed routing (synthetic models route most tokens to a few experts) it is the
+few experts that will be asked for again. A layer with no previous chunk gets all its missing experts when a chunk
+that size is 90% likely to route to each, else none. Either way, once the router has run, any missing expert not yet
+in the ring is copied then ("late"), so results never depend on the guess: streamed runs give the bytes of
+all-resident ones.
 
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. Lent slots go back to the cache (refilled with
@@ -64,6 +66,7 @@ class PromptStreamer:
         self.ring: SlotRing | None = None
         self.stats = StreamStats()
         self._over_slots = {}
+        self.last_routed: dict[int, list[int]] = {}  # layer -> experts the last chunk routed to there
 
     def takes(self, x: torch.Tensor) -> bool:
         return x.shape[0] >= self.min_tokens and self.ring_slots > 0
@@ -86,12 +89,16 @@ class PromptStreamer:
         return [stack.gate.raw[e], stack.up.raw[e], stack.down.raw[e]]
 
     def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
-        """Copy ahead every expert of `layer` the cache lacks, likeliest first (routing counts) if the ring runs short."""
-        ring = self.ring
-        if expected_coverage(n_tokens, top_k, self.host_stacks[layer].n_experts) < PREFETCH_COVERAGE:
-            return
-        counts = self.cache.counts[layer]
-        ranked = sorted(range(self.host_stacks[layer].n_experts), key=lambda e: (-counts[e].item(), e))
+        """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
+        counts) in case the ring runs short."""
+        ring, n_experts = self.ring, self.host_stacks[layer].n_experts
+        predicted = self.last_routed.get(layer)
+        if predicted is None:
+            if expected_coverage(n_tokens, top_k, n_experts) < PREFETCH_COVERAGE:
+                return
+            predicted = range(n_experts)
+        counts = self.cache.counts[layer].tolist()
+        ranked = sorted(predicted, key=lambda e: (-counts[e], e))
         for e in ranked:
             if (layer, e) in self.cache.slot_of:
                 continue
@@ -104,8 +111,8 @@ class PromptStreamer:
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
-        routes = routed_tokens(ids)
-        hits, misses = self.cache.lookup(layer, list(routes))
+        self.last_routed[layer] = ids.unique().tolist()  # one sync; sorted, like routed_tokens
+        hits, misses = self.cache.lookup(layer, self.last_routed[layer])
         slot_of = dict(hits)
         for e in misses:
             slot, copied = ring.hold((layer, e), self._parts(layer, e))
@@ -118,7 +125,7 @@ class PromptStreamer:
             slot_of[e] = slot
         self.stats.streamed_unused += len(set(ring.held_for(layer)) - {slot_of[e] for e in misses})
         ring.wait_landed(ring.held_for(layer))
-        out = self._compute(layer, stack, x, weights, ids, routes, slot_of)
+        out = self._compute(layer, stack, x, weights, ids, slot_of)
         if layer in self.next_layer:
             self._prefetch(self.next_layer[layer], x.shape[0], ids.shape[1])
         else:
@@ -127,7 +134,7 @@ class PromptStreamer:
         ring.release(layer)
         return out
 
-    def _compute(self, layer, stack, x, weights, ids, routes, slot_of: dict[int, int]) -> torch.Tensor:
+    def _compute(self, layer, stack, x, weights, ids, slot_of: dict[int, int]) -> torch.Tensor:
         """The same kernels (or reference loop) as `ResidentExperts`, reading each expert from its slot."""
         if kernel_path(stack, x) == "prompt":
             from strata.kernels.moe import PromptExperts, moe_prefill
@@ -138,6 +145,7 @@ class PromptStreamer:
             table[list(slot_of)] = torch.tensor(list(slot_of.values()), dtype=torch.int32)
             return moe_prefill(x, ids.to(torch.int32), weights.float(), self._over_slots[layer],
                                slot_of=table.to(x.device))
+        routes = routed_tokens(ids)
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, slot_of[e]), routes)
         return out

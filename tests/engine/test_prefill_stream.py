@@ -69,11 +69,11 @@ def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
     streamer.queue = TracingQueue(torch.device("cpu"))
     compute = streamer._compute
 
-    def traced_compute(layer, stack, x, weights, ids, routes, slot_of):
+    def traced_compute(layer, stack, x, weights, ids, slot_of):
         for e, slot in slot_of.items():  # each expert's slot holds that expert's bytes when its layer computes
             assert torch.equal(cache.slots[slot, : stack.expert_bytes], _host_bytes(cache.stacks, (layer, e)))
             log.append(("use", slot))
-        return compute(layer, stack, x, weights, ids, routes, slot_of)
+        return compute(layer, stack, x, weights, ids, slot_of)
 
     streamer._compute = traced_compute
     llm.logits(llm.tokenize(TEXT))
@@ -146,3 +146,19 @@ def test_small_cache_keeps_the_pool_path_and_bad_mode_is_refused(tiny_moe):
     with pytest.raises(StrataError, match="--prefill-stream must be one of"):
         strata.LLM(tiny_moe, device="cpu", expert_cache=3, prefill_stream="always")
     assert PromptStreamer  # the module's public class
+
+
+def test_prefetch_follows_the_last_chunks_routing(tiny_moe):
+    llm = _streamed(tiny_moe, 10)  # ring of 8 slots, the cache keeps 2
+    streamer = llm.engine.model.experts.prompt
+    ring = streamer._ensure_ring()
+    cached = {e for layer, e in streamer.cache.slot_of if layer == 1}
+    streamer._prefetch(1, n_tokens=2, top_k=2)  # no history, a chunk too small to route to every expert: nothing
+    assert not ring.where
+    streamer.last_routed[1] = [2, 5, 6]
+    streamer._prefetch(1, n_tokens=2, top_k=2)
+    assert {e for _, e in ring.where} == {2, 5, 6} - cached and set(ring.held.values()) <= {1}
+    ring.release(1)
+    del streamer.last_routed[1]
+    streamer._prefetch(1, n_tokens=64, top_k=2)  # no history, a large chunk: every expert the cache lacks
+    assert {e for layer, e in ring.where if layer == 1} == set(range(8)) - cached
