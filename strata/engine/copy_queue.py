@@ -27,7 +27,9 @@ class CopyQueue:
     def __init__(self, device: torch.device, stream: "torch.cuda.Stream | None" = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.stream = (stream or torch.cuda.Stream(self.device)) if self.cuda else None
+        if self.cuda and stream is None:
+            stream = torch.cuda.Stream(self.device)
+        self.stream = stream if self.cuda else None
         self.bytes = 0  # copied so far
 
     def mark(self):
