@@ -11,8 +11,8 @@ CTX=${CTX:-4096,32768}
 { nvidia-smi --query-gpu=name,memory.total --format=csv; git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee "$OUT/gpu.txt"
 timeout 60 python3 -m pytest -q tests/kernels/moe/test_prefill_slots.py 2>&1 | tail -3 | tee "$OUT/slots_tests_cuda.txt"
 timeout 90 python3 tools/device/check_prefill_stream.py 2>&1 | tee "$OUT/check_prefill_stream.txt"
-[ -f $M/a3b.gguf ] || timeout 150 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
+[ -f $M/a3b.gguf ] || timeout 180 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
 for opts in "--vram-budget 12" ""; do
   echo "== bench prompt --ctx $CTX $opts" | tee -a "$OUT/bench_prompt.txt"
-  timeout 140 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX $opts 2>&1 | tee -a "$OUT/bench_prompt.txt"
+  timeout 170 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX $opts 2>&1 | tee -a "$OUT/bench_prompt.txt"
 done
