@@ -7,7 +7,7 @@ import torch
 import strata
 from strata.engine.copy_queue import CopyQueue
 from strata.engine.expert_cache import ExpertCache
-from strata.engine.prefill_stream import PromptStreamer, expected_coverage, ring_size
+from strata.engine.prefill_stream import expected_coverage, ring_size
 from strata.errors import StrataError
 from strata.gguf import GGUFModelFile
 from strata.models.synthetic import make_model
@@ -145,7 +145,6 @@ def test_small_cache_keeps_the_pool_path_and_bad_mode_is_refused(tiny_moe):
     assert not llm.engine.model.experts.prompt.takes(torch.zeros(64, 4))
     with pytest.raises(StrataError, match="--prefill-stream must be one of"):
         strata.LLM(tiny_moe, device="cpu", expert_cache=3, prefill_stream="always")
-    assert PromptStreamer  # the module's public class
 
 
 def test_prefetch_follows_the_last_chunks_routing(tiny_moe):
