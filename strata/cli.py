@@ -9,7 +9,8 @@ from strata.errors import StrataError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="GGUF file (any shard of a split model)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="GGUF file (any shard of a split model); default: the small trained model Strata ships")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
@@ -37,12 +38,14 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
+    p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
+                   help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                   pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+                   pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
     return options
@@ -213,6 +216,13 @@ def cmd_bench_decode(args) -> None:
     bench_decode(args, _placement(args))
 
 
+def cmd_bench_prompt(args) -> None:
+    from strata.bench.prompt import bench_prompt
+
+    args.prefill = _prefill(args.prefill)
+    bench_prompt(args, _placement(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -295,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.set_defaults(func=cmd_bench_decode)
+    b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
+    b.add_argument("model", help="GGUF file")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--kv-dtype", default="float16")
+    b.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
+    b.add_argument("--ctx", default="4096,32768", help="comma-separated prompt lengths (default 4096,32768)")
+    b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
+    _placement_args(b)
+    b.set_defaults(func=cmd_bench_prompt)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
@@ -315,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if "model" in vars(args) and args.model is None:  # the commands whose model is optional
+            from strata.default_model import resolve_model
+
+            args.model = resolve_model(None)
         args.func(args)
     except StrataError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)

@@ -42,6 +42,7 @@ class EngineConfig:
     qsa: str = "none"  # "quest": the KV backend selects qsa_budget cells per query (models without an indexer)
     qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
     kv_resident: int | None = None  # int8 KV in host RAM with this many cells per layer on the device
+    prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
