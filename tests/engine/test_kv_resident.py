@@ -16,7 +16,7 @@ from strata.models.synthetic import make_model
 from tests.kernels import DEVICE  # on a GPU: the compiled kernels and pinned host pages; here the same code on the CPU
 
 CPU = torch.device("cpu")
-IDS = [(7 * i + 3) % 500 + 5 for i in range(320)]
+IDS = [(7 * i + 3) % 500 + 5 for i in range(224)]
 
 
 def test_clock_gives_referenced_pages_a_second_chance():
@@ -48,10 +48,10 @@ def _selection(start: int, end: int, seed: int):
 
 def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
     torch.manual_seed(0)
-    q, k, v = (torch.randn(90, heads, 64).to(DEVICE) for heads in (4, 2, 2))
-    steps = [(0, 7), (7, 30), (30, 31), (31, 32), (32, 60), (20, 45), (45, 46), (46, 90)]  # (20, 45): a rewind
+    q, k, v = (torch.randn(64, heads, 64).to(DEVICE) for heads in (4, 2, 2))
+    steps = [(0, 7), (7, 30), (30, 31), (20, 45), (45, 46), (46, 64)]  # (20, 45): a rewind
     device = torch.device(DEVICE)
-    caches = [PagedInt8KV(2, 2, 64, 96, device, initial_tokens=8), ResidentInt8KV(2, 2, 64, 96, device, 16, 8)]
+    caches = [PagedInt8KV(2, 2, 64, 96, device, initial_tokens=8), ResidentInt8KV(2, 2, 64, 96, device, 24, 8)]
     outs = [[], []]
     for n, (start, end) in enumerate(steps):
         sel = tuple(t.to(DEVICE) for t in _selection(start, end, n))
@@ -65,7 +65,7 @@ def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
                 if dense is not None:
                     out.append(dense)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
-    assert caches[1].evictions > 20 and caches[1].device_bytes < caches[0].n_bytes / 4
+    assert caches[1].evictions > 20 and caches[1].device_bytes < caches[0].n_bytes / 2
     host, whole = caches[1].pools[1], caches[0].pools[1]
     rows = torch.tensor(caches[1].pages)[:, None] * 8 + torch.arange(8)  # 8 rows a page (2 heads x 4 cells)
     rows_whole = torch.tensor(caches[0].pages)[:, None] * 8 + torch.arange(8)
@@ -87,15 +87,15 @@ def tiny_qwen3(model_dir):
 
 
 def test_an_engine_with_resident_kv_gives_the_same_logit_bytes(tiny_qwen3):
-    """Quest (budget 148) over 320 tokens with 160 cells per layer on the "device": pages come and go."""
-    options = dict(device="cpu", kv_dtype="int8", n_ctx=330, prefill_chunk=64, qsa="quest", qsa_budget=148)
+    """Quest (budget 148) over 224 tokens with 192 cells per layer on the "device": pages come and go."""
+    options = dict(device="cpu", kv_dtype="int8", n_ctx=230, prefill_chunk=32, qsa="quest", qsa_budget=148)
     runs = []
-    for resident in (None, 160):
+    for resident in (None, 192):
         engine = strata.LLM(tiny_qwen3, **options, kv_resident=resident).engine
         logits = [engine.logits(IDS)] + [engine.prefill(IDS + [9] * n) for n in range(1, 4)]  # + one-token steps
         runs.append((torch.cat([x.cpu() for x in logits]), engine.kv))
     assert torch.equal(runs[0][0], runs[1][0])
-    assert runs[1][1].evictions > 0
+    assert runs[1][1].evictions > 100  # measured 149
 
 
 def test_resident_kv_needs_int8(tiny_qwen3):
@@ -107,7 +107,7 @@ def test_the_long_context_bench_runs_its_arms_and_checks_resident_bytes(tiny_qwe
     from strata.bench.long_context import main
 
     code = main([str(tiny_qwen3), "--device", "cpu", "--prompt-tokens", "160", "--gen-tokens", "2", "--budget", "148",
-                 "--resident", "152", "--prefill", "64"])
+                 "--resident", "156", "--prefill", "32"])
     table = capsys.readouterr().out
     assert code == 0, table
     assert "| quest+resident |" in table and "| quest | " in table and "| quest+resident | " in table

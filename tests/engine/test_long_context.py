@@ -16,7 +16,7 @@ from strata.errors import StrataError
 from strata.models.synthetic import make_model
 
 MAX = 524_288
-IDS = [(7 * i + 3) % 500 + 5 for i in range(40)]
+IDS = [(7 * i + 3) % 500 + 5 for i in range(20)]
 
 
 @pytest.fixture(scope="module")

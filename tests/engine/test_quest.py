@@ -45,8 +45,8 @@ def test_bounds_kept_step_by_step_equal_bounds_from_scratch(cache):
 
 def test_a_budget_covering_the_context_is_the_dense_path(model_dir):
     path = _tiny(model_dir, "qwen3moe", 16)
-    dense = strata.LLM(path, device="cpu", n_ctx=128, prefill_chunk=16).logits(IDS[:100])
-    quest = strata.LLM(path, device="cpu", n_ctx=128, prefill_chunk=16, qsa="quest", qsa_budget=148).logits(IDS[:100])
+    dense = strata.LLM(path, device="cpu", n_ctx=64, prefill_chunk=16).logits(IDS[:48])
+    quest = strata.LLM(path, device="cpu", n_ctx=64, prefill_chunk=16, qsa="quest", qsa_budget=148).logits(IDS[:48])
     assert torch.equal(dense, quest)
 
 
