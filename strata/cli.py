@@ -22,6 +22,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qsa-budget", type=int, default=2048 + 3, help="cells each query attends under --qsa quest")
     _kv_resident_arg(p)
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
+    p.add_argument("--checkpoints", type=int, default=8, help="caches of recent conversations kept for their "
+                   "next turn (0: none)")
+    p.add_argument("--checkpoint-gib", type=float, default=4.0, help="most memory the checkpoints take (host RAM)")
     _placement_args(p)
 
 
@@ -72,7 +75,8 @@ def _load(args):
     from strata.api import LLM
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
-              prefill_chunk=_prefill(args.prefill), **_placement(args))
+              prefill_chunk=_prefill(args.prefill), checkpoints=args.checkpoints,
+              checkpoint_gib=args.checkpoint_gib, **_placement(args))
     if args.command in ("run", "chat"):
         llm.engine.on_prefill_progress = _show_prefill_progress
     return llm
@@ -320,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("cpu-experts", "cpu_experts", "GB/s of the CPU expert kernels beside host memory bandwidth"),
         ("long-context", "long_context", "a long prompt through int8 KV: dense vs --qsa quest vs --kv-resident"),
+        ("checkpoints", "checkpoints", "what a conversation checkpoint costs (copy out and back) and saves"),
     ]:
         # The tool parses its own options (`strata bench prompt-attn --help` lists them).
         b = bench.add_parser(name, help=help_text, add_help=False)

@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
@@ -43,6 +44,8 @@ class EngineConfig:
     qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
     kv_resident: int | None = None  # int8 KV in host RAM with this many cells per layer on the device
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
+    checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
+    checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -94,6 +97,10 @@ class Engine:
             backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,
                                              budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+        if config.checkpoints < 0 or config.checkpoint_gib < 0:
+            raise StrataError("checkpoints and checkpoint_gib must be >= 0")
+        self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
+            if config.checkpoints else None
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -119,33 +126,59 @@ class Engine:
         outputs = []
         clock = ProgressClock(len(ids), self.on_prefill_progress if len(ids) > 1 else None)
         equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size
+        # The cache holds whole chunks only: a progress hook may stop the prompt between two (a cancelled
+        # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
+        self.cached_tokens = self.cached_tokens[:start]
         for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
             ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits)
-            outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            try:
+                outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            except BaseException:
+                self.cached_tokens = []
+                self.kv.truncate(0)
+                raise
+            self.cached_tokens += ids[begin:end]
             clock.chunk_done(end)
-        self.cached_tokens = self.cached_tokens[:start] + list(ids)
         return torch.cat(outputs) if all_logits else outputs[-1]
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Logits [1, vocab] after `ids`, reusing the cached keys of the longest shared prefix."""
+    def reuse(self, ids: list[int]) -> Reuse:
+        """Where the next prefill of `ids` starts: the live cache's shared prefix, or a longer one of a checkpoint."""
+        live = Reuse(usable_prefix(self.cached_tokens, ids, self.kv.can_truncate))
+        if self.checkpoints is None:
+            return live
+        found = self.checkpoints.best(ids, self.kv.can_truncate)
+        return found if found.tokens > live.tokens else live
+
+    def _leave_live_sequence(self) -> None:
+        """The cache is about to be rewound or overwritten: keep a checkpoint of the conversation it holds."""
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.cached_tokens, self.kv)
+
+    def prefill(self, ids: list[int], checkpoint: bool = True) -> torch.Tensor:
+        """Logits [1, vocab] after `ids`, reusing the cached keys (or states) of the longest shared prefix, from the
+        live cache or a checkpoint. `checkpoint=False`: a decode step, not a prompt (a hybrid model's cache is
+        checkpointed at the end of each prompt)."""
         if not ids:
             raise StrataError("empty prompt: nothing to continue from")
         self._check_fits(len(ids))
-        shared = 0
-        for a, b in zip(self.cached_tokens, ids[:-1]):  # at least the last token is always recomputed
-            if a != b:
-                break
-            shared += 1
-        if shared < len(self.cached_tokens) and not self.kv.can_truncate:
-            shared = 0  # a recurrent state cannot be rewound: start over
-        self.kv.truncate(shared)
-        return self._forward(ids[shared:], shared, all_logits=False)
+        start = self.reuse(ids)
+        if start.checkpoint is not None or start.tokens < len(self.cached_tokens):
+            self._leave_live_sequence()
+        if start.checkpoint is not None:
+            self.checkpoints.restore(start.checkpoint, self.kv, start.tokens)
+            self.cached_tokens = list(start.checkpoint.tokens)
+        self.kv.truncate(start.tokens)  # a recurrent state cannot be rewound: 0 (start over) or all it holds
+        logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
+        if checkpoint and self.checkpoints is not None and not self.kv.can_truncate:
+            self.checkpoints.save(ids, self.kv)
+        return logits
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""
         if not ids:
             raise StrataError("logits: no tokens given")
         self._check_fits(len(ids))
+        self._leave_live_sequence()
         self.kv.truncate(0)  # from position 0: a recurrent state must not carry over from an earlier prompt
         return self._forward(list(ids), 0, all_logits=True).cpu()
 
