@@ -49,33 +49,36 @@ class Draft:
 
 @dataclass
 class SpecStats:
-    """Acceptance counters: per draft position (0 = the first draft of a window), how many drafts were proposed
-    and how many accepted; windows run and tokens they produced."""
+    """Acceptance counters per draft position (0 = the first draft of a window): drafts proposed, drafts checked
+    (those whose earlier drafts were all accepted) and drafts accepted; per source, checked and accepted; windows
+    run and the tokens they produced."""
 
     window: int
     windows: int = 0
     tokens: int = 0
-    drafted: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+    checked: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
-    drafted_by: dict[str, int] = field(default_factory=lambda: {"mtp": 0, "suffix": 0})
+    checked_by: dict[str, int] = field(default_factory=lambda: {"mtp": 0, "suffix": 0})
     accepted_by: dict[str, int] = field(default_factory=lambda: {"mtp": 0, "suffix": 0})
 
     def __post_init__(self):
-        self.drafted = self.drafted or [0] * (self.window - 1)
-        self.accepted = self.accepted or [0] * (self.window - 1)
+        for name in ("proposed", "checked", "accepted"):
+            setattr(self, name, getattr(self, name) or [0] * (self.window - 1))
 
     def acceptance(self) -> list[float]:
-        """Accepted / proposed at each draft position (nan where none was proposed)."""
-        return [a / d if d else float("nan") for a, d in zip(self.accepted, self.drafted)]
+        """Accepted / checked at each draft position: the chance a draft passes once the ones before it did (nan
+        where none was checked)."""
+        return [a / d if d else float("nan") for a, d in zip(self.accepted, self.checked)]
 
     @property
     def tokens_per_window(self) -> float:
         return self.tokens / self.windows if self.windows else 0.0
 
     def as_dict(self) -> dict:
-        return {"window": self.window, "windows": self.windows, "tokens": self.tokens, "drafted": list(self.drafted),
-                "accepted": list(self.accepted), "drafted_by": dict(self.drafted_by),
-                "accepted_by": dict(self.accepted_by)}
+        return {"window": self.window, "windows": self.windows, "tokens": self.tokens,
+                "proposed": list(self.proposed), "checked": list(self.checked), "accepted": list(self.accepted),
+                "checked_by": dict(self.checked_by), "accepted_by": dict(self.accepted_by)}
 
 
 def check_options(window: int, min_p: float, suffix_draft: int) -> None:
@@ -221,8 +224,8 @@ class SpecDecoder:
                     residual = (p - q).clamp_min(0)
                     total = residual.sum()
                     choice = int(torch.multinomial(residual / total if total > 0 else p, 1, generator=sampler.generator))
-            self.stats.drafted[j] += 1
-            self.stats.drafted_by[draft.source] += 1
+            self.stats.checked[j] += 1
+            self.stats.checked_by[draft.source] += 1
             if not ok:
                 return out + [choice]
             self.stats.accepted[j] += 1
@@ -249,6 +252,8 @@ class SpecDecoder:
             # Drafts past max_tokens or the context would be computed for nothing.
             k = min(self.window - 1, max_tokens - produced - 1, engine.n_ctx - len(history))
             drafts = self.propose(history, k, sampler) if k > 0 else []
+            for j in range(len(drafts)):
+                self.stats.proposed[j] += 1
             window = [token] + [d.token for d in drafts]
             rows = self.verify(window, start)
             chosen = self.accept(rows, drafts, history, sampler)
