@@ -17,6 +17,20 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
     _placement_args(p)
+    _speculation_args(p)
+
+
+def _speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", type=int, default=1, metavar="T",
+                   help="speculative decoding: verify windows of the last token + T-1 drafts (MTP block, else prompt "
+                        "lookup), T = 1 (off, default) .. 4; greedy output is unchanged")
+    p.add_argument("--spec-min-p", type=float, default=0.0, metavar="P", help="end an MTP draft below this probability")
+    p.add_argument("--suffix-draft", type=int, default=0, metavar="N",
+                   help="add up to N prompt-lookup drafts where the MTP draft stops")
+
+
+def _speculation(args) -> dict:
+    return dict(spec=args.spec, spec_min_p=args.spec_min_p, suffix_draft=args.suffix_draft)
 
 
 def _placement_args(p: argparse.ArgumentParser) -> None:
@@ -56,7 +70,7 @@ def _load(args):
     from strata.api import LLM
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
-              prefill_chunk=_prefill(args.prefill), **_placement(args))
+              prefill_chunk=_prefill(args.prefill), **_placement(args), **_speculation(args))
     if args.command in ("run", "chat"):
         llm.engine.on_prefill_progress = _show_prefill_progress
     return llm
@@ -156,7 +170,8 @@ def cmd_profile(args) -> None:
 def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
-    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True)
+    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
+                      **({"nextn_layers": 1} if args.mtp else {}))
     print(f"wrote {path}")
 
 
@@ -179,7 +194,8 @@ def cmd_eval_teacher_forced(args) -> None:
 
     from strata.eval.teacher_forced import evaluate, report
 
-    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args))
+    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args),
+                   **_speculation(args))
     result = evaluate(args, options)
     print(json.dumps(result, indent=2) if args.json else report(result))
 
@@ -197,6 +213,13 @@ def cmd_bench_decode(args) -> None:
 
     args.prefill = _prefill(args.prefill)
     bench_decode(args, _placement(args))
+
+
+def cmd_bench_spec(args) -> None:
+    from strata.bench.spec import bench_spec
+
+    args.prefill = _prefill(args.prefill)
+    bench_spec(args, _placement(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="tiny, small, qwen3-30b-a3b, qwen4exp-experts")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 
@@ -278,6 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.set_defaults(func=cmd_bench_decode)
+    b = bench.add_parser("spec", help="decode tokens/s with and without --spec, acceptance by draft position")
+    _engine_args(b)
+    b.add_argument("--windows", default="1,2,3,4", help="the --spec values to compare (1 always runs)")
+    b.add_argument("--text", default=None, help="text whose first tokens are the prompt (default: a built-in one)")
+    b.add_argument("--prompt-tokens", type=int, default=256)
+    b.add_argument("--gen-tokens", type=int, default=64)
+    b.add_argument("--reps", type=int, default=2)
+    b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),

@@ -263,3 +263,34 @@ def test_spec_one_is_plain_decoding_and_bad_options_are_one_line(tiny_moe):
         with pytest.raises(StrataError) as error:
             strata.LLM(tiny_moe, device="cpu", **options)
         assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------------------------ quality harness
+
+
+def test_teacher_forced_reads_through_verify_windows(tiny_moe, tmp_path):
+    """`spec=3` as an engine option of the harness: every position after the prefix is scored once, from verify
+    windows, with the logits plain decoding reads there (relative 1e-5)."""
+    import json
+    from importlib import resources
+
+    from strata import switches
+    from strata.eval.logpos import read_records
+    from strata.eval.teacher_forced import _engine_options, run_worker
+
+    text = tmp_path / "text.txt"
+    text.write_text(resources.files("strata").joinpath("data/tokenizer_corpus.txt").read_text()[:1500])
+    records = {}
+    for label, options in (("plain", {}), ("spec", {"spec": "3", "spec_min_p": "0.0"})):
+        logpos = tmp_path / f"{label}.logpos"
+        with switches.override(STRATA_LOGPOS=str(logpos), STRATA_LOGPOS_TOPK=4):
+            run_worker(str(tiny_moe), str(text), 20, 11, 6, str(tmp_path / f"{label}.json"),
+                       {"device": "cpu", **_engine_options(options)})
+        records[label] = read_records(logpos)
+        greedy = json.loads((tmp_path / f"{label}.json").read_text())["greedy"]
+        records[label + "-greedy"] = greedy
+    assert sorted(records["spec"]) == sorted(records["plain"]) == list(range(20, 31))
+    for pos, plain in records["plain"].items():
+        spec = records["spec"][pos]
+        assert spec.top1 == plain.top1 and abs(spec.lp_target - plain.lp_target) <= 1e-5 * abs(plain.lp_target)
+    assert records["spec-greedy"] == records["plain-greedy"]
