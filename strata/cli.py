@@ -117,6 +117,11 @@ def cmd_run(args) -> None:
     else:
         chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling)
     _print_stream(chunks)
+    if llm.engine.spec is not None:
+        stats = llm.engine.spec.stats
+        acceptance = " ".join("-" if a != a else f"{a:.2f}" for a in stats.acceptance())
+        print(f"[spec {stats.window}: {stats.tokens_per_window:.2f} tokens per verify window, acceptance by draft "
+              f"position {acceptance}]", file=sys.stderr)
 
 
 def cmd_chat(args) -> None:

@@ -294,3 +294,41 @@ def test_teacher_forced_reads_through_verify_windows(tiny_moe, tmp_path):
         spec = records["spec"][pos]
         assert spec.top1 == plain.top1 and abs(spec.lp_target - plain.lp_target) <= 1e-5 * abs(plain.lp_target)
     assert records["spec-greedy"] == records["plain-greedy"]
+
+
+def test_server_metrics_show_the_counters(tiny_moe):
+    from prometheus_client import generate_latest
+
+    from strata.serve.metrics import Metrics
+
+    llm = strata.LLM(tiny_moe, device="cpu", spec=3)
+    llm.generate(_tokens(10, seed=9), max_tokens=12, **GREEDY)
+    stats = llm.engine.spec.stats
+    text = generate_latest(Metrics(llm.engine, lambda: 0, lambda: 0).registry).decode()
+    assert f"strata_spec_windows {float(stats.windows)}" in text
+    assert f"strata_spec_drafts_accepted {float(sum(stats.accepted))}" in text
+    assert stats.windows > 0
+
+
+def test_offloaded_experts_take_one_lookup_of_the_union_per_window(tiny_moe, tiny_llm):
+    """Experts behind a cache of 4 slots: same greedy tokens; each window looks each layer up once with the union of
+    its rows' experts, and the cache's adaptive tier steps once per window."""
+    prompt = _tokens(8, seed=10)
+    plain = tiny_llm.generate(prompt, max_tokens=10, **GREEDY).token_ids
+    llm = strata.LLM(tiny_moe, device="cpu", expert_cache=4, spec=4)
+    _oracle(llm.engine.spec, prompt + plain, wrong_at={len(prompt) + 3})
+    cache = llm.engine.model.experts.cache
+    lookups, original = [], cache.lookup
+
+    def recording(layer, experts):
+        lookups.append((layer, list(experts)))
+        return original(layer, experts)
+
+    cache.lookup = recording
+    assert llm.generate(prompt, max_tokens=10, **GREEDY).token_ids == plain
+    windows = llm.engine.spec.stats.windows
+    n_layers = llm.config.n_layers
+    assert cache.steps == 1 + windows  # the prompt (one chunk), then one step per verify window
+    assert len(lookups) == n_layers * (1 + windows)
+    assert all(len(set(experts)) == len(experts) for _, experts in lookups)
+    assert max(len(e) for _, e in lookups[n_layers:]) > llm.config.n_experts_used  # several rows' experts at once
