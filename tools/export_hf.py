@@ -126,6 +126,33 @@ def mtp_block(config) -> torch.nn.Module:
     return block.to(torch.float32).eval()
 
 
+def attach_checkpoint_mtp(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Give a loaded transformers Qwen3-Next (which drops `mtp.*`) the checkpoint's MTP block: `tensors` by their
+    checkpoint names, experts one by one (`mtp.layers.0.mlp.experts.{e}.{gate,up,down}_proj.weight`)."""
+    block = mtp_block(model.config)
+    params = dict(block.named_parameters())
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        match = re.fullmatch(r"mtp\.(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if match:
+            experts.setdefault((match[1], match[3]), {})[int(match[2])] = tensor
+        elif name.startswith("mtp.") and name[4:] in params:
+            params.pop(name[4:]).data.copy_(tensor)
+        else:
+            raise ValueError(f"checkpoint tensor {name} is not part of Qwen3-Next's MTP block")
+    n = model.config.num_experts
+    for (prefix, part), by_expert in sorted(experts.items()):
+        if sorted(by_expert) != list(range(n)):
+            raise ValueError(f"mtp.{prefix}: {part}_proj of {len(by_expert)} experts, the config has {n}")
+    for prefix in {prefix for prefix, _ in experts}:
+        stack = {part: torch.stack([experts[(prefix, part)][e] for e in range(n)]) for part in ("gate", "up", "down")}
+        params.pop(f"{prefix}.gate_up_proj").data.copy_(torch.cat((stack["gate"], stack["up"]), dim=1))
+        params.pop(f"{prefix}.down_proj").data.copy_(stack["down"])
+    if params:
+        raise ValueError(f"the checkpoint lacks MTP tensors: {', '.join('mtp.' + name for name in sorted(params))}")
+    model.mtp = block
+
+
 def mtp_layer_count(model: torch.nn.Module) -> int:
     block = getattr(model, "mtp", None)
     return len(block.layers) if block is not None else 0
