@@ -238,10 +238,12 @@ class SpecDecoder:
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                  stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:
         """Engine.generate's contract (new token ids until a stop id, max_tokens or the end of the context), by verify
-        windows; greedy output is plain greedy decoding's."""
+        windows; greedy output is plain greedy decoding's. (Requests for logprobs decode plainly: generation.py.)"""
         engine = self.engine
         sampler = Sampler(params)
         logits = engine.prefill(prompt_ids)
+        if max_tokens < 1:
+            return
         history = list(prompt_ids)
         token = sampler(logits[-1], history)
         history.append(token)
