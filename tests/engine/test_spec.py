@@ -80,6 +80,17 @@ def test_greedy_with_mtp_drafts_equals_plain_decoding(next_mtp, window):
     assert stats.checked_by["mtp"] > 0 and sum(stats.checked) > sum(stats.accepted)
 
 
+def test_spec_min_p_ends_mtp_drafts_and_prompt_lookup_takes_over(next_mtp):
+    """A floor no draft of a random head reaches: no MTP draft is checked, prompt-lookup drafts are, output unchanged."""
+    _, path = next_mtp
+    prompt = torch.randperm(512, generator=torch.Generator().manual_seed(12)).tolist()  # every token has a match
+    plain = strata.LLM(path, device="cpu", n_ctx=540).generate(prompt, max_tokens=16, **GREEDY).token_ids
+    llm = strata.LLM(path, device="cpu", n_ctx=540, spec=3, spec_min_p=0.999, suffix_draft=2)
+    assert llm.generate(prompt, max_tokens=16, **GREEDY).token_ids == plain
+    stats = llm.engine.spec.stats
+    assert stats.checked_by["mtp"] == 0 and stats.checked_by["suffix"] > 0
+
+
 def test_partial_acceptance_through_gated_deltanet_equals_plain_decoding(next_mtp):
     """Drafts right for a while, then wrong: every window keeps a different number of rows of a hybrid cache."""
     _, path = next_mtp
