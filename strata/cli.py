@@ -26,6 +26,20 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    "next turn (0: none)")
     p.add_argument("--checkpoint-gib", type=float, default=4.0, help="most memory the checkpoints take (host RAM)")
     _placement_args(p)
+    _speculation_args(p)
+
+
+def _speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", type=int, default=1, metavar="T",
+                   help="speculative decoding: verify windows of the last token + T-1 drafts (MTP block, else prompt "
+                        "lookup), T = 1 (off, default) .. 4; greedy output is unchanged")
+    p.add_argument("--spec-min-p", type=float, default=0.0, metavar="P", help="end an MTP draft below this probability")
+    p.add_argument("--suffix-draft", type=int, default=0, metavar="N",
+                   help="add up to N prompt-lookup drafts where the MTP draft stops")
+
+
+def _speculation(args) -> dict:
+    return dict(spec=args.spec, spec_min_p=args.spec_min_p, suffix_draft=args.suffix_draft)
 
 
 def _kv_resident_arg(p: argparse.ArgumentParser) -> None:
@@ -76,7 +90,7 @@ def _load(args):
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
               prefill_chunk=_prefill(args.prefill), checkpoints=args.checkpoints,
-              checkpoint_gib=args.checkpoint_gib, **_placement(args))
+              checkpoint_gib=args.checkpoint_gib, **_placement(args), **_speculation(args))
     if args.command in ("run", "chat"):
         llm.engine.on_prefill_progress = _show_prefill_progress
     return llm
@@ -123,6 +137,11 @@ def cmd_run(args) -> None:
     else:
         chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling)
     _print_stream(chunks)
+    if llm.engine.spec is not None:
+        stats = llm.engine.spec.stats
+        acceptance = " ".join("-" if a != a else f"{a:.2f}" for a in stats.acceptance())
+        print(f"[spec {stats.window}: {stats.tokens_per_window:.2f} tokens per verify window, acceptance by draft "
+              f"position {acceptance}]", file=sys.stderr)
 
 
 def cmd_chat(args) -> None:
@@ -177,7 +196,8 @@ def cmd_profile(args) -> None:
 def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
-    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True)
+    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
+                      **({"nextn_layers": 1} if args.mtp else {}))
     print(f"wrote {path}")
 
 
@@ -200,7 +220,8 @@ def cmd_eval_teacher_forced(args) -> None:
 
     from strata.eval.teacher_forced import evaluate, report
 
-    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args))
+    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args),
+                   **_speculation(args))
     result = evaluate(args, options)
     print(json.dumps(result, indent=2) if args.json else report(result))
 
@@ -225,6 +246,13 @@ def cmd_bench_prompt(args) -> None:
 
     args.prefill = _prefill(args.prefill)
     bench_prompt(args, _placement(args))
+
+
+def cmd_bench_spec(args) -> None:
+    from strata.bench.spec import bench_spec
+
+    args.prefill = _prefill(args.prefill)
+    bench_spec(args, _placement(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="tiny, small, qwen3-30b-a3b, qwen4exp-experts")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 
@@ -319,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
     _placement_args(b)
     b.set_defaults(func=cmd_bench_prompt)
+    b = bench.add_parser("spec", help="decode tokens/s with and without --spec, acceptance by draft position")
+    _engine_args(b)
+    b.add_argument("--windows", default="1,2,3,4", help="the --spec values to compare (1 always runs)")
+    b.add_argument("--text", default=None, help="text whose first tokens are the prompt (default: a built-in one)")
+    b.add_argument("--prompt-tokens", type=int, default=256)
+    b.add_argument("--gen-tokens", type=int, default=64)
+    b.add_argument("--reps", type=int, default=2)
+    b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),

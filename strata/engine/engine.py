@@ -46,6 +46,9 @@ class EngineConfig:
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
     checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
     checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
+    spec: int = 1  # verify window of speculative decoding: the last token + spec-1 drafts (1: off; engine/spec.py)
+    spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
+    suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -105,6 +108,13 @@ class Engine:
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
+        self.spec = None  # speculative decoding (engine/spec.py), when config.spec > 1
+        if config.spec != 1 or config.spec_min_p or config.suffix_draft:
+            from strata.engine.spec import SpecDecoder, check_options
+
+            check_options(config.spec, config.spec_min_p, config.suffix_draft)
+            if config.spec > 1:
+                self.spec = SpecDecoder(self, config.spec, config.spec_min_p, config.suffix_draft)
 
     def _check_fits(self, n_tokens: int) -> None:
         if n_tokens > self.n_ctx:
@@ -130,7 +140,8 @@ class Engine:
         # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
         self.cached_tokens = self.cached_tokens[:start]
         for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
-            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits)
+            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
+                                 want_hidden=self.spec is not None and self.spec.wants_hidden)
             try:
                 outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
             except BaseException:
@@ -138,6 +149,8 @@ class Engine:
                 self.kv.truncate(0)
                 raise
             self.cached_tokens += ids[begin:end]
+            if ctx.want_hidden:
+                self.spec.saw_hidden(start + begin, ctx.hidden)
             clock.chunk_done(end)
         return torch.cat(outputs) if all_logits else outputs[-1]
 
@@ -185,6 +198,9 @@ class Engine:
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                  stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:
         """Yields new token ids until a stop id (yielded, then ending), max_tokens or the end of the context."""
+        if self.spec is not None:
+            yield from self.spec.generate(prompt_ids, params, max_tokens, stop_ids)
+            return
         sampler = Sampler(params)
         logits = self.prefill(prompt_ids)
         history = list(prompt_ids)

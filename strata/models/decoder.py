@@ -155,8 +155,9 @@ class DecoderLM:
         out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
-    def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        w, c = self.ffn[i], self.config
+    def _ffn(self, i: int, h: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
+        """Layer i's FFN (or MoE); `w` gives other weights for the same expert layer index (an MTP block)."""
+        w, c = w or self.ffn[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps)
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
@@ -183,6 +184,9 @@ class DecoderLM:
     def head(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """End of a step: experts adapt, then logits of the last token (or of all, if the context asks)."""
         self.experts.end_step()
+        if ctx.want_hidden:
+            ctx.hidden = rms_norm(h, self.output_norm, self.config.rms_eps)
+            return linear(ctx.hidden if ctx.want_all_logits else ctx.hidden[-1:], self.output).float()
         if not ctx.want_all_logits:
             h = h[-1:]
         return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()

@@ -31,6 +31,7 @@ class Shape:
     ssm_v_heads: int = 0
     ssm_head_dim: int = 0
     full_attention_interval: int = 0
+    nextn_layers: int = 0  # qwen3next: MTP blocks after the trunk (blk.{n_layers}.nextn.*), for speculative decoding
 
 
 PRESETS: dict[str, Shape] = {
@@ -99,7 +100,7 @@ def qwen3next_shape(s: Shape) -> Shape:
 def _qwen3next_layer(p: str, i: int, s: Shape, quant: str, seed: int) -> list[TensorSpec]:
     """A GatedDeltaNet or gated-attention mixer with llama.cpp's qwen3next names (norms already carry the +1)."""
     out = [_vector(p + "attn_norm.weight", s.n_embd, 1.0), _vector(p + "post_attention_norm.weight", s.n_embd, 1.0)]
-    if (i + 1) % s.full_attention_interval == 0:
+    if (i + 1) % s.full_attention_interval == 0 or i >= s.n_layers:  # MTP blocks are attention layers
         q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         return out + [
             _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
@@ -153,6 +154,15 @@ def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec
                 _matrix(p + "ffn_up.weight", (s.n_ff, s.n_embd), quant, seed),
                 _matrix(p + "ffn_down.weight", (s.n_embd, s.n_ff), quant, seed),
             ]
+    if arch == "qwen3next":
+        for i in range(s.n_layers, s.n_layers + s.nextn_layers):
+            p = f"blk.{i}."
+            out += _qwen3next_layer(p, i, s, quant, seed) + _moe_tensors(p, s, expert_quant, seed) + [
+                _matrix(p + "nextn.eh_proj.weight", (s.n_embd, 2 * s.n_embd), quant, seed),
+                _vector(p + "nextn.enorm.weight", s.n_embd, 1.0),
+                _vector(p + "nextn.hnorm.weight", s.n_embd, 1.0),
+                _vector(p + "nextn.shared_head_norm.weight", s.n_embd, 1.0),
+            ]
     out.append(_matrix("output.weight", (s.vocab, s.n_embd), quant, seed))
     return out
 
@@ -192,6 +202,9 @@ def model_metadata(arch: str, s: Shape, preset: str) -> dict:
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
     }
     if arch == "qwen3next":
+        meta[f"{arch}.block_count"] = s.n_layers + s.nextn_layers
+        if s.nextn_layers:
+            meta[f"{arch}.nextn_predict_layers"] = s.nextn_layers
         meta |= {
             f"{arch}.rope.dimension_count": s.head_dim // 4,
             f"{arch}.ssm.conv_kernel": 4,
@@ -226,6 +239,8 @@ def make_model(path: str | Path, arch: str = "qwen3moe", preset: str = "tiny", q
     shape = replace(PRESETS[preset], **overrides)
     if arch == "qwen3next":
         shape = qwen3next_shape(shape)
+    elif shape.nextn_layers:
+        raise StrataError(f"make-model: MTP blocks (--mtp) are made for qwen3next only, not {arch}")
     tokenizer = train_small_bpe(vocab_size=shape.vocab)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
