@@ -27,12 +27,15 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+                pin_experts=args.pin_experts, expert_profile=args.expert_profile,
+                decode_graphs="auto" if args.graphs else "off")
 
 
 def _count(text: str, flag: str) -> int:

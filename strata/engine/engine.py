@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 import torch
 
 from strata.engine.context import ForwardContext
+from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.kv import check_kind, kv_bytes_per_value
 from strata.engine.sampling import Sampler, SamplingParams
@@ -35,6 +36,7 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
+    decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -78,6 +80,7 @@ class Engine:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+        self.decoder = make_decoder(self.model, self.kv, self.device, config.decode_graphs)  # None: step by step
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes())
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -145,4 +148,13 @@ class Engine:
             yield token
             if token in stop_ids or len(history) >= self.n_ctx:
                 return
-            logits = self._forward([token], len(history) - 1, all_logits=False)
+            logits = self.decode(token, len(history) - 1)
+
+    def decode(self, token: int, position: int) -> torch.Tensor:
+        """Logits [1, vocab] after `token` at `position`, the cache holding every earlier position: the captured
+        step (engine/decode.py) when there is one, else a one-token forward."""
+        if self.decoder is None:
+            return self._forward([token], position, all_logits=False)
+        logits = self.decoder.step([token], position)
+        self.cached_tokens = self.cached_tokens[:position] + [token]
+        return logits
