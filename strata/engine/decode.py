@@ -101,6 +101,7 @@ class GraphDecoder:
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
         self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
+        self.uploaded = None  # CUDA event after the last upload from staging
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
@@ -116,10 +117,15 @@ class GraphDecoder:
         end = start + self.rows
         span = end if self.exact_span else span_for(end, self.kv.max_tokens)
         self._reserve(start, end if self.exact_span else self.kv.max_tokens)
+        if self.uploaded is not None:
+            self.uploaded.synchronize()  # the last step's upload has left the staging buffer
         self.staging[0] = torch.tensor(tokens, dtype=torch.long)
         self.staging[1] = torch.arange(start, end, dtype=torch.long)
         self.tokens.copy_(self.staging[0], non_blocking=True)
         self.positions.copy_(self.staging[1], non_blocking=True)
+        if self.device.type == "cuda":
+            self.uploaded = torch.cuda.Event()
+            self.uploaded.record()
         if not self.capture:
             runner = StepGraphs(self._program(span), capture=False)
             self._execute(runner)

@@ -19,6 +19,7 @@ from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_triton
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
+from strata.kernels.attention.paged import PAGE
 from strata.kernels.attention.prompt import prompt_attention
 
 MIN_SPAN = 256  # spans are powers of two from here up to the context: a handful of graphs per sequence
@@ -86,8 +87,8 @@ class StaticPagedKV(StaticView):
 
     def attend(self, layer, q, k, v, start):
         c = self.cache
-        if len(c.pages) * 4 < self.span:
-            raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * 4} cells, the span needs {self.span}")
+        if len(c.pages) * PAGE < self.span:
+            raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
         pool, table = c.pools[layer], c.page_table
         kernels = q.is_cuda if c.kernels is None else c.kernels
         (append_kv_triton if kernels else append_kv_ref)(pool, table, self.positions, k, v)
