@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from strata.engine.context import ForwardContext
-from strata.engine.experts import CachedExperts
+from strata.engine.experts import CachedExperts, kernel_path
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.static_kv import span_for, static_kv
 from strata.errors import StrataError
@@ -97,6 +97,11 @@ class GraphDecoder:
         self.cached = experts if isinstance(experts, CachedExperts) else None
         if self.cached is not None and self.cached.pcie_frac > 0:
             raise StrataError("decode graphs do not run PCIe-streamed misses yet (pcie_frac > 0)")
+        if self.cached is not None and capture:
+            # A captured expert segment reads the hits through the slot table: the GEMV kernels must take them.
+            probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
+            if any(kernel_path(s, probe) != "decode" for s in self.cached.host_stacks.values()):
+                raise StrataError("the cached experts' formats (or float32 activations) have no decode kernel")
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"

@@ -105,3 +105,19 @@ def test_modes_and_refusals(tiny_moe):
         graphs_wanted("sometimes", cpu)
     engine = Engine(tiny_moe, EngineConfig(device="cpu", decode_graphs="eager", expert_cache=2, pcie_frac=0.5))
     assert engine.decoder is None  # PCIe-streamed misses: step by step, said in one line
+
+
+def test_a_window_of_rows_matches_the_prompt_path(tiny_moe):
+    """rows=T (a verify window): every row's logits as the engine's forward over the same T tokens gives them."""
+    eager = Engine(tiny_moe, EngineConfig(device="cpu"))
+    static = Engine(tiny_moe, EngineConfig(device="cpu"))
+    window = GraphDecoder(static.model, static.kv, static.device, capture=False, rows=2)
+    eager.prefill(PROMPT)
+    static.prefill(PROMPT)
+    start = len(PROMPT)
+    for pair in ([11, 12], [40, 41]):
+        want = eager._forward(pair, start, all_logits=True)
+        got = window.step(pair, start)
+        assert got.shape == want.shape == (2, eager.model.config.vocab_size)
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+        start += 2
