@@ -86,7 +86,11 @@ def reused_prefix(engine: Engine, ids: list[int]) -> int:
 
 
 def decode_step(engine: Engine, history: list[int]) -> torch.Tensor:
-    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through."""
+    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through
+    (the engine's decode step, captured on CUDA, as Engine.generate takes it)."""
+    cached = engine.cached_tokens
+    if len(cached) == len(history) - 1 and (not cached or cached[-1] == history[-2]):
+        return engine.decode(history[-1], len(history) - 1)[-1]
     return engine.prefill(history)[-1]
 
 
