@@ -57,12 +57,15 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
     p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
                    help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                   pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream)
+                   pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream,
+                   decode_graphs="auto" if args.graphs else "off")
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
     return options

@@ -10,6 +10,7 @@ import torch
 
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
+from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
@@ -49,6 +50,7 @@ class EngineConfig:
     spec: int = 1  # verify window of speculative decoding: the last token + spec-1 drafts (1: off; engine/spec.py)
     spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
     suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
+    decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -104,6 +106,7 @@ class Engine:
             raise StrataError("checkpoints and checkpoint_gib must be >= 0")
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
             if config.checkpoints else None
+        self.decoder = make_decoder(self.model, self.kv, self.device, config.decode_graphs)  # None: step by step
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -210,4 +213,13 @@ class Engine:
             yield token
             if token in stop_ids or len(history) >= self.n_ctx:
                 return
-            logits = self._forward([token], len(history) - 1, all_logits=False)
+            logits = self.decode(token, len(history) - 1)
+
+    def decode(self, token: int, position: int) -> torch.Tensor:
+        """Logits [1, vocab] after `token` at `position`, the cache holding every earlier position: the captured
+        step (engine/decode.py) when there is one, else a one-token forward."""
+        if self.decoder is None:
+            return self._forward([token], position, all_logits=False)
+        logits = self.decoder.step([token], position)
+        self.cached_tokens = self.cached_tokens[:position] + [token]
+        return logits

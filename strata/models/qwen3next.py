@@ -233,8 +233,11 @@ class Qwen3NextLM(DecoderLM):
         out = rms_norm(x, w.shared_head_norm if w.shared_head_norm is not None else self.output_norm, c.rms_eps)
         return linear(out, self.output).float(), out
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
+    @property
+    def n_main_layers(self) -> int:
+        return self.n_main
+
+    def begin(self, ids: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cache = ctx.kv
         if not isinstance(cache, HybridCache):
             raise StrataError(f"{self.source}: {self.config.arch} needs the HybridCache of new_cache(), "
@@ -243,10 +246,9 @@ class Qwen3NextLM(DecoderLM):
         cache.begin(ctx.start, ctx.n_tokens)
         h = self.embed_tokens(ids)
         cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
-        for i in range(self.n_main):
-            if self.recurrent[i]:
-                h = h + self._gated_deltanet(i, h, cache, ctx.keep_row_states)
-            else:
-                h = h + self._attention(i, h, ctx, cos, sin)
-            h = h + self._ffn(i, h)
-        return self.head(h, ctx)
+        return h, cos, sin
+
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+        if self.recurrent[i]:
+            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states)
+        return self._attention(i, h, ctx, cos, sin)
