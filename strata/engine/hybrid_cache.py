@@ -72,8 +72,12 @@ class HybridCache:
         elif length != self.length:
             raise StrataError(f"a recurrent state cannot be rewound from {self.length} to {length} tokens")
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`selection` (ids [T, W], width [T]) limits each query to the selected cells; None is dense causal."""
+        if selection is None:
+            return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+        return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection=selection)
 
     # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:

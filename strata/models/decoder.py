@@ -36,7 +36,7 @@ class AttentionWeights:
 
 @dataclass
 class FFNWeights:
-    norm: torch.Tensor
+    norm: torch.Tensor | None  # None where the input arrives normalised (qwen4exp's hyper-connection read)
     gate: QuantWeight | None = None  # dense FFN
     up: QuantWeight | None = None
     down: QuantWeight | None = None
@@ -156,8 +156,11 @@ class DecoderLM:
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        return self._feed_forward(i, rms_norm(h, self.ffn[i].norm, self.config.rms_eps))
+
+    def _feed_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
         w, c = self.ffn[i], self.config
-        x = rms_norm(h, w.norm, c.rms_eps)
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
