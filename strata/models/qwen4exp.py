@@ -187,7 +187,7 @@ class Qwen4ExpLM(DecoderLM):
         head_dim = self.config.n_embd // self.ngram_hash.n_heads
         rows = self.ngram_hash.n_rows
         if tuple(info.shape) != (rows, head_dim):
-            raise StrataError(f"{info.source}: tensor {TABLE_TENSOR} has shape {list(info.shape)}, expected "
+            raise StrataError(f"{info.file}: tensor {TABLE_TENSOR} has shape {list(info.shape)}, expected "
                               f"{[rows, head_dim]} (the heads' vocab sizes sum to {rows:,} rows)")
         return NgramTable(QuantWeight.from_info(info, "cpu"))
 
