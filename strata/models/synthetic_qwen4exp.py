@@ -143,7 +143,8 @@ def main_tensors(s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
 
 
 def table_tensor(s: Qwen4ExpShape, seed: int) -> TensorSpec:
-    shape = (sum(s.head_vocab_sizes), s.n_embd // len(s.head_vocab_sizes))
+    # Rows padded to a multiple of 256, as in the real file (320,001,536 rows for 320,001,446 addressed).
+    shape = (-(-sum(s.head_vocab_sizes) // 256) * 256, s.n_embd // len(s.head_vocab_sizes))
     if not s.zero_table:
         return _matrix(TABLE_TENSOR, shape, s.table_quant, seed, scale=TABLE_SCALE)
     from strata.quant import get_format

@@ -162,8 +162,8 @@ def _copy_split(path, dst_dir, metadata=None, drop=(), extra=()):
     ({"qwen4exp.full_attention_interval": 3}, (),
      r"tensor blk\.2\.attn_qkv\.weight does not belong in layer 2, which is a QSA attention layer by "
      r"qwen4exp\.full_attention_interval=3"),
-    ({"qwen4exp.ple.head_vocab_sizes": [97] * 16, "qwen4exp.ple.head_offsets": None}, (),
-     r"tensor per_layer_token_embd\.weight has shape \[2124, 4\], expected \[1552, 4\]"),
+    ({"qwen4exp.ple.head_vocab_sizes": [200] * 16, "qwen4exp.ple.head_offsets": None}, (),
+     r"tensor per_layer_token_embd\.weight has shape \[2304, 4\], expected at least \[3200, 4\]"),
     ({"qwen4exp.ple.head_offsets": [0] * 16}, (), "head_offsets is not the running sum of head_vocab_sizes"),
     ({"qwen4exp.ple.layers": [1, 2]}, (), r"qwen4exp\.ple\.layers must name one layer below 4"),
     ({}, ("blk.3.indexer.k_proj.weight",), r"tensor blk\.3\.indexer\.k_proj\.weight is missing"),
