@@ -1,7 +1,5 @@
 """strata.tokenizer_train: the small BPE tokenizer of synthetic models, and its GGUF keys."""
 
-import time
-
 import gguf
 import pytest
 
@@ -10,10 +8,8 @@ from strata.tokenizer import TOKEN_TYPE_CONTROL, Tokenizer, byte_to_char
 from strata.tokenizer_train import train_small_bpe, write_tokenizer_metadata
 
 
-def test_same_result_every_call_and_fast():
-    started = time.perf_counter()
+def test_same_result_every_call():
     first = train_small_bpe(512)
-    assert time.perf_counter() - started < 2.0
     assert train_small_bpe(512) == first
 
 

@@ -56,4 +56,10 @@ class QuantWeight:
 
 
 def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if x.is_cuda and weight.ggml_type not in FLOAT_VIEWS:
+        from strata.kernels.quant.matvec import matvec_applies, quant_matvec
+
+        if matvec_applies(x, weight.ggml_type):  # a decode step: read the blocks once instead of dequantizing
+            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)
+            return y if bias is None else y + bias
     return torch.nn.functional.linear(x, weight.dequantize(x.dtype), bias)

@@ -49,7 +49,9 @@ def _default_path_logits(path) -> torch.Tensor:
 
 
 # Obtained by running _default_path_logits on this machine's CPU torch at commit b278340 (before KV backends had
-# names; the model files then wrote and read the cache themselves), so the default path's bytes are pinned.
+# names; the model files then wrote and read the cache themselves), so the default path's bytes are pinned. The bytes
+# depend on torch's CPU kernels, so they are compared only on the torch CI installs (the GPU machine has another).
+PINNED_TORCH = "2.13.0"
 DEFAULT_HASHES = {
     "qwen3moe": "e85af36ef1ad95d261de82b8a7133337b331ae4e33a63ea4ca3274914a369175",
     "qwen3next": "114d87edc4c9df76f2a8ff26688b84e1203f6dcd3cc0be6ca59382e3c9ac2a0c",
@@ -57,6 +59,7 @@ DEFAULT_HASHES = {
 
 
 @pytest.mark.parametrize("arch", sorted(DEFAULT_HASHES))
+@pytest.mark.skipif(torch.__version__.split("+")[0] != PINNED_TORCH, reason=f"hashes recorded on torch {PINNED_TORCH}")
 def test_the_default_kv_cache_gives_the_same_logit_bytes_as_before(model_dir, arch):
     logits = _default_path_logits(_tiny(model_dir, arch, 16))
     assert logits.shape == (23, 512)

@@ -305,14 +305,20 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
 def down_sum_triton(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: DecodeExperts,
                     out_dtype: torch.dtype = torch.float32, config: GemvConfig | None = None) -> torch.Tensor:
     """y[t] = sum_j topk_weights[t, j] * (Wd of expert topk_ids[t, j]) h[t, j]: [T, embd], summed in order of j."""
-    n_tokens, top_k = topk_ids.shape
     d = experts.down
+    cfg = config or gemv_config("down", d.spec, d.rows, d.cols, topk_ids.shape[1], h.is_cuda)
+    return launch_down(h, topk_ids, topk_weights, d, experts.slot_of, out_dtype, cfg)
+
+
+def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, d: ExpertOperand,
+                slot_of: torch.Tensor | None, out_dtype: torch.dtype, cfg: GemvConfig) -> torch.Tensor:
+    """`_down_kernel` over operand d: y [T, d.rows] (also the dense matvec of kernels/quant: one "expert")."""
+    n_tokens, top_k = topk_ids.shape
     y = torch.empty(n_tokens, d.rows, dtype=out_dtype, device=h.device)
-    cfg = config or gemv_config("down", d.spec, d.rows, d.cols, top_k, h.is_cuda)
-    slots = experts.slot_of is not None
+    slots = slot_of is not None
     if y.numel():
         _down_kernel[(n_tokens, triton.cdiv(d.rows, cfg.bn))](
-            h, topk_ids.contiguous(), topk_weights.contiguous(), experts.slot_of if slots else topk_ids, d.raw,
+            h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw,
             code_tables(h.device), y, d.rows, d.stride, d.row_bytes, TOP_K=top_k, **_format_constants(d),
             SLOTS=slots, KC=cfg.kc, BN=cfg.bn, NS=cfg.ns, num_warps=cfg.warps)
     return y

@@ -1,0 +1,1 @@
+"""Kernels on GGUF-quantized dense weights (the routed experts' kernels live in kernels/moe)."""
