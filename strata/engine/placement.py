@@ -13,6 +13,7 @@ from strata.models.config import ModelConfig
 
 GiB = 2**30
 RESERVE_BYTES = 700 * 2**20  # left free for the allocator, CUDA context and kernels' scratch, as Strata does
+HOST_TENSORS = ("per_layer_token_embd.weight",)  # read row by row from host memory, never placed on the device
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,9 @@ def cache_bytes(config: ModelConfig, n_ctx: int, kv_bytes_per_value: float) -> i
 def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.device, n_ctx: int, kv_bytes_per_value: int,
                    vram_budget_gib: float | None = None, expert_cache: str | int = "auto") -> PlacementPlan:
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
-    dense = model.n_bytes - expert_bytes
+    # qwen4exp's n-gram table stays memory-mapped on the host: rows are gathered from it, never moved whole.
+    host_only = sum(t.n_bytes for name, t in model.tensors.items() if name in HOST_TENSORS)
+    dense = model.n_bytes - expert_bytes - host_only
     kv = cache_bytes(config, n_ctx, kv_bytes_per_value)
     # Activations of a prompt chunk and the logits dominate the scratch space (a rough, generous bound).
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4

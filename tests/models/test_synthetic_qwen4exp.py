@@ -92,3 +92,15 @@ def test_tiny_metadata_reads_back_with_64_bit_hash_constants(tmp_path):
     assert hash_.multipliers == MULTIPLIERS and hash_.vocab_sizes == PRESETS["tiny"].head_vocab_sizes
     with pytest.raises(StrataError, match="--arch qwen4exp has presets tiny, full, not small"):
         make_model(tmp_path / "x.gguf", arch="qwen4exp", preset="small")
+
+
+def test_the_ngram_table_is_not_counted_as_device_weights(tmp_path):
+    import torch
+
+    from strata.engine.placement import expert_tensor_bytes, plan_placement
+    from strata.models import config_of
+
+    model = GGUFModelFile(make_model(tmp_path / "p.gguf", arch="qwen4exp", preset="tiny", quant="Q8_0"))
+    plan = plan_placement(model, config_of(model), torch.device("cpu"), 64, 2, vram_budget_gib=1)
+    table = model.tensor("per_layer_token_embd.weight").n_bytes
+    assert plan.dense_bytes == model.n_bytes - expert_tensor_bytes(model)[0] - table
