@@ -1,5 +1,6 @@
 """The cache of one qwen4exp sequence: a HybridCache (attention KV, GatedDeltaNet states) plus what only qwen4exp
-keeps: the QSA indexer's keys per attention layer, and the n-gram block's token window and conv history.
+keeps: the QSA indexer's keys per attention layer, the n-gram block's token window and conv history, and the MTP
+block's keys and values.
 
 Indexer keys: every cell's raw key (before any norm) is kept; each completed block of 4 cells also gets its pooled
 key (kernels/select/keys.pool_block_keys), computed once when the block completes. `dead` (the tail block's
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import new_kv_cache
 from strata.errors import StrataError
 from strata.kernels.select.keys import BLOCK, dead_key, pool_block_keys
 
@@ -65,9 +67,11 @@ class Qwen4ExpCache(HybridCache):
                  conv_shape: tuple[int, int], state_shape: tuple[int, int, int], max_tokens: int,
                  kv_dtype: str | torch.dtype, conv_dtype: torch.dtype, device: torch.device, *,
                  indexer_key_dim: int, indexer_rot: int, rope_base: float, eps: float,
-                 ple_width: int, ple_history_rows: int):
+                 ple_width: int, ple_history_rows: int, mtp_layers: int = 0):
         super().__init__(recurrent_layers, n_kv_heads, head_dim, conv_shape, state_shape, max_tokens, kv_dtype,
                          conv_dtype, device)
+        # The MTP block's own keys and values (dense: its attention never selects).
+        self.mtp_kv = new_kv_cache(kv_dtype, mtp_layers, n_kv_heads, head_dim, max_tokens, device) if mtp_layers else None
         self.indexer = {layer: IndexerKeys(indexer_key_dim, device, indexer_rot, rope_base, eps)
                         for layer in self.kv_slot}
         self.ple_history = torch.zeros(ple_history_rows, ple_width, device=device)
@@ -76,6 +80,7 @@ class Qwen4ExpCache(HybridCache):
     @property
     def n_bytes(self) -> int:
         extra = sum(keys.n_bytes for keys in self.indexer.values()) + 4 * self.ple_history.numel()
+        extra += self.mtp_kv.n_bytes if self.mtp_kv is not None else 0
         return super().n_bytes + extra
 
     def check_ple(self, source: str, history_shape: tuple[int, int]) -> None:

@@ -11,7 +11,7 @@ Per step (Strata's src/core/layer.cpp `block_layer_pre`/`post`, src/core/session
 
 There is no attn_norm or ffn_norm: the per-stream norm inside hc_read is the layer's input norm. MoE is
 softmax-over-all, top-k renormalised, plus the shared expert times sigmoid(ffn_gate_inp_shexp . x).
-The MTP block (Strata packs it as mtp.* tensors) is not loaded yet.
+With nextn_predict_layers = 1 the MTP block after the trunk is loaded, and `mtp_draft` runs it (qwen4exp_mtp.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from strata.models.ngram_embedding import (
 from strata.models.qwen4exp_mixers import (
     QSAShape, QSAWeights, Qwen4ExpGDNWeights, qsa_attention, qsa_selection, qwen4exp_gdn,
 )
+from strata.models.qwen4exp_mtp import MTPWeights, mtp_input
 from strata.models.weights import QuantWeight, linear
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_conv1d.weight",
@@ -83,6 +84,9 @@ class Qwen4ExpLM(DecoderLM):
             self.hc_ffn.append(self._load_hc(load, p + "hc_ffn_"))
             self.mixers.append(self._load_gdn(load, p) if self.recurrent[i] else self._load_qsa(load, p))
             self.ffn.append(self._load_moe(load, p, i, stacks))
+        if c.nextn_layers > 1:
+            raise StrataError(f"{model.path}: {arch}.nextn_predict_layers is {c.nextn_layers}; qwen4exp has one MTP block")
+        self.mtp = self._load_mtp(load, self.n_main, stacks) if c.nextn_layers else None
         self.ngram_hash = NgramHash.from_gguf(model, arch)
         self.ple = self._load_ple(load, f"blk.{self.ple_layer}.", width)
         self.ngram_table = self._load_table(model)
@@ -134,20 +138,37 @@ class Qwen4ExpLM(DecoderLM):
             out=load.quant(p + "ssm_out.weight", c.n_embd, value_dim),
         )
 
-    def _load_qsa(self, load: WeightLoader, p: str) -> QSAWeights:
+    def _load_qsa(self, load: WeightLoader, p: str, indexer: bool = True) -> QSAWeights:
         c, s = self.config, self.qsa
         q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        return QSAWeights(
+        w = QSAWeights(
             q=load.quant(p + "attn_q.weight", 2 * q_dim, c.n_embd),
             k=load.quant(p + "attn_k.weight", kv_dim, c.n_embd),
             v=load.quant(p + "attn_v.weight", kv_dim, c.n_embd),
             o=load.quant(p + "attn_output.weight", c.n_embd, q_dim),
             q_norm=load.dense(p + "attn_q_norm.weight", s.head_dim),
             k_norm=load.dense(p + "attn_k_norm.weight", s.head_dim),
-            indexer_q=load.quant(p + "indexer.q_proj.weight", s.indexer_heads * s.indexer_dim, c.n_embd),
-            indexer_k=load.quant(p + "indexer.k_proj.weight", s.indexer_dim, c.n_embd),
-            indexer_q_norm=load.dense(p + "indexer.q_norm.weight", s.indexer_dim),
-            indexer_k_norm=load.quant(p + "indexer.k_norm.weight", s.indexer_dim).dequantize().to(self.device),
+        )
+        if indexer:
+            w.indexer_q = load.quant(p + "indexer.q_proj.weight", s.indexer_heads * s.indexer_dim, c.n_embd)
+            w.indexer_k = load.quant(p + "indexer.k_proj.weight", s.indexer_dim, c.n_embd)
+            w.indexer_q_norm = load.dense(p + "indexer.q_norm.weight", s.indexer_dim)
+            w.indexer_k_norm = load.quant(p + "indexer.k_norm.weight", s.indexer_dim).dequantize().to(self.device)
+        return w
+
+    def _load_mtp(self, load: WeightLoader, layer: int, stacks: dict[int, ExpertStack]) -> MTPWeights:
+        """The MTP block's attention and MoE go into the per-layer lists at index n_main, after the trunk's."""
+        c, p = self.config, f"blk.{layer}."
+        self.hc_attn.append(self._load_hc(load, p + "hc_attn_"))
+        self.hc_ffn.append(self._load_hc(load, p + "hc_ffn_"))
+        self.mixers.append(self._load_qsa(load, p, indexer=False))
+        self.ffn.append(self._load_moe(load, p, layer, stacks))
+        return MTPWeights(
+            fc_embedding=load.quant(p + "nextn.fc_embedding.weight", c.n_embd, c.n_embd),
+            fc_hidden=load.quant(p + "nextn.fc_hidden.weight", c.n_embd, c.n_embd),
+            norm_embedding=load.dense(p + "nextn.norm_embedding.weight", c.n_embd),
+            norm_hidden=load.quant(p + "nextn.norm_hidden.weight", self.hc * c.n_embd).dequantize().to(self.device),
+            hc_out=self._load_hc(load, p + "nextn.hc_out_", inject=False),
         )
 
     def _load_moe(self, load: WeightLoader, p: str, layer: int, stacks: dict[int, ExpertStack]) -> FFNWeights:
@@ -199,7 +220,8 @@ class Qwen4ExpLM(DecoderLM):
         return Qwen4ExpCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape,
                              self.gdn.state_shape, max_tokens, kv_dtype, self.dtype, self.device,
                              indexer_key_dim=s.indexer_dim, indexer_rot=s.n_rot, rope_base=s.rope_base,
-                             eps=c.rms_eps, ple_width=self.hc * c.n_embd, ple_history_rows=HISTORY_ROWS)
+                             eps=c.rms_eps, ple_width=self.hc * c.n_embd, ple_history_rows=HISTORY_ROWS,
+                             mtp_layers=int(self.mtp is not None))
 
     def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache) -> torch.Tensor:
         tokens = ids.cpu().numpy()
@@ -213,6 +235,10 @@ class Qwen4ExpLM(DecoderLM):
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
+        return self.head(self.forward_residual(ids, ctx), ctx)
+
+    def forward_residual(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """ids: [T] -> the final residual stack [T, hc, embd] (float32), before the head."""
         cache, c = ctx.kv, self.config
         if not isinstance(cache, Qwen4ExpCache):
             raise StrataError(f"{self.source}: {c.arch} needs the Qwen4ExpCache of new_cache(), "
@@ -239,7 +265,28 @@ class Qwen4ExpLM(DecoderLM):
             residual = hc_write(residual, y, inject)
             mixed, inject = hc_read(residual, self.hc_ffn[i], c.rms_eps)
             residual = hc_write(residual, self._feed_forward(i, mixed.to(self.dtype)), inject)
-        return self.head(residual, ctx)
+        return residual
+
+    def mtp_draft(self, residual: torch.Tensor, next_ids: torch.Tensor, cache: Qwen4ExpCache,
+                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP over cells start..start+T-1: cell i pairs the trunk's final stack R_i (`residual` [T, hc, embd]) with
+        the token at i+1 (`next_ids` [T]); returns (logits float32 [T, vocab] for the tokens at i+2, the block's
+        stack [T, hc, embd], the input of a next draft step). Keys and values go to the cache's MTP layer."""
+        if self.mtp is None:
+            raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
+        layer, eps = self.n_main, self.config.rms_eps
+        positions = torch.arange(start, start + residual.shape[0], device=self.device)
+        cos, sin = self.rope.cos_sin(positions, self.dtype)
+        stack = mtp_input(self.mtp, residual, self.embed_tokens(next_ids), eps)
+        mixed, inject = hc_read(stack, self.hc_attn[layer], eps)
+        cache.mtp_kv.reserve(start + residual.shape[0])
+        y = qsa_attention(self.mixers[layer], self.qsa, mixed.to(self.dtype), cache.mtp_kv, 0, start, cos, sin, None,
+                          eps)
+        stack = hc_write(stack, y, inject)
+        mixed, inject = hc_read(stack, self.hc_ffn[layer], eps)
+        stack = hc_write(stack, self._feed_forward(layer, mixed.to(self.dtype)), inject)
+        mixed, _ = hc_read(stack, self.mtp.hc_out, eps)
+        return linear(mixed.to(self.dtype), self.output).float(), stack
 
     def head(self, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         self.experts.end_step()

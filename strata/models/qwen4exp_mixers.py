@@ -56,10 +56,11 @@ class QSAWeights:
     o: QuantWeight
     q_norm: torch.Tensor
     k_norm: torch.Tensor
-    indexer_q: QuantWeight  # [indexer heads x indexer dim, embd]
-    indexer_k: QuantWeight  # [indexer dim, embd]
-    indexer_q_norm: torch.Tensor
-    indexer_k_norm: torch.Tensor
+    # The indexer; None in the MTP block, whose attention is always dense.
+    indexer_q: QuantWeight | None = None  # [indexer heads x indexer dim, embd]
+    indexer_k: QuantWeight | None = None  # [indexer dim, embd]
+    indexer_q_norm: torch.Tensor | None = None
+    indexer_k_norm: torch.Tensor | None = None
 
 
 @dataclass

@@ -48,6 +48,7 @@ class Qwen4ExpShape:
     zero_table: bool = False  # write the table as a hole (full size) instead of random rows
     context_length: int = 262144
     expert_quant: str = "Q2_0"
+    mtp: bool = False  # the MTP block after the trunk (blk.{n_layers}, nextn_predict_layers = 1)
 
 
 PRESETS = {
@@ -92,19 +93,32 @@ def _gdn(p: str, s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
     ]
 
 
-def _qsa(p: str, s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
+def _qsa(p: str, s: Qwen4ExpShape, quant: str, seed: int, indexer: bool = True) -> list[TensorSpec]:
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    return [
+    attention = [
         _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
         _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
         _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
         _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
         _vector(p + "attn_q_norm.weight", s.head_dim, 1.0),
         _vector(p + "attn_k_norm.weight", s.head_dim, 1.0),
+    ]
+    return attention + ([] if not indexer else [
         _matrix(p + "indexer.q_proj.weight", (s.indexer_heads * s.indexer_dim, s.n_embd), "BF16", seed),
         _matrix(p + "indexer.k_proj.weight", (s.indexer_dim, s.n_embd), "BF16", seed),
         _vector(p + "indexer.q_norm.weight", s.indexer_dim, 1.0),
         _vector(p + "indexer.k_norm.weight", s.indexer_dim, 1.0),
+    ])
+
+
+def _mtp(p: str, s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
+    """The MTP block: a QSA layer without indexer, its MoE, the two input projections and the final mixer."""
+    out = _hc(p + "hc_attn_", s, seed) + _hc(p + "hc_ffn_", s, seed) + _qsa(p, s, quant, seed, indexer=False)
+    return out + _moe(p, s, quant, seed) + _hc(p + "nextn.hc_out_", s, seed, inject=False) + [
+        _matrix(p + "nextn.fc_embedding.weight", (s.n_embd, s.n_embd), quant, seed),
+        _matrix(p + "nextn.fc_hidden.weight", (s.n_embd, s.n_embd), quant, seed),
+        _vector(p + "nextn.norm_embedding.weight", s.n_embd, 1.0),
+        _vector(p + "nextn.norm_hidden.weight", s.hc * s.n_embd, 1.0),
     ]
 
 
@@ -139,6 +153,7 @@ def main_tensors(s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
         out += _hc(p + "hc_attn_", s, seed) + _hc(p + "hc_ffn_", s, seed)
         out += _qsa(p, s, quant, seed) if i % 4 == 3 else _gdn(p, s, quant, seed)
         out += _moe(p, s, quant, seed) + (_ple(p, s, quant, seed) if i == 1 else [])
+    out += _mtp(f"blk.{s.n_layers}.", s, quant, seed) if s.mtp else []
     return out + _hc("output_hc_", s, seed, inject=False) + [_matrix("output.weight", (s.vocab, s.n_embd), quant, seed)]
 
 
@@ -156,11 +171,11 @@ def metadata(s: Qwen4ExpShape, preset: str) -> dict:
     a = ARCH
     meta = {
         "general.name": f"strata-synthetic-{a}-{preset}",
-        f"{a}.block_count": s.n_layers,
+        f"{a}.block_count": s.n_layers + s.mtp,
         f"{a}.context_length": s.context_length,
         f"{a}.embedding_length": s.n_embd,
         f"{a}.vocab_size": s.vocab,
-        f"{a}.nextn_predict_layers": 0,
+        f"{a}.nextn_predict_layers": int(s.mtp),
         f"{a}.expert_count": s.n_experts,
         f"{a}.expert_used_count": s.n_experts_used,
         f"{a}.expert_feed_forward_length": s.expert_ff,

@@ -207,3 +207,27 @@ def test_a_cache_of_the_wrong_shape_is_refused(tiny, attr, value, message):
     plain = strata.engine.kv.KVCache(1, 2, 32, 32, torch.float32, CPU)
     with pytest.raises(StrataError, match="needs the Qwen4ExpCache of new_cache"):
         model.forward(torch.tensor([1, 2]), ForwardContext(plain, 0, 2))
+
+
+# ---------------------------------------------------------------------------------------------- MTP
+
+
+def test_mtp_block_leaves_the_trunk_alone_and_drafts_consistently(tiny, tmp_path):
+    path = make_model(tmp_path / "mtp.gguf", arch="qwen4exp", preset="tiny", quant="F32", mtp=True)
+    model = load_model(GGUFModelFile(path), CPU, torch.float32)
+    assert model.n_main == 4 and model.mtp is not None and 4 in model.expert_stacks
+    ids = _tokens(12, seed=6)
+    cache = model.new_cache(32, torch.float32)
+    residual = model.forward_residual(torch.tensor(ids), ForwardContext(cache, 0, 12))
+    trunk = model.head(residual, ForwardContext(cache, 0, 12, want_all_logits=True))
+    plain = load_model(GGUFModelFile(tiny), CPU, torch.float32)
+    assert torch.equal(trunk, plain.forward(torch.tensor(ids), ForwardContext(plain.new_cache(32, torch.float32), 0,
+                                                                               12, want_all_logits=True)))
+    # cells 0..10 pair R_i with the token at i+1: all at once, then again one cell at a time over the same cells
+    whole, stack = model.mtp_draft(residual[:11], torch.tensor(ids[1:]), cache, 0)
+    assert whole.shape == (11, 512) and stack.shape == (11, 4, 64) and whole.isfinite().all()
+    steps = torch.cat([model.mtp_draft(residual[i : i + 1], torch.tensor(ids[i + 1 : i + 2]), cache, i)[0]
+                       for i in range(11)])
+    assert _relative_error(steps, whole) < 1e-4
+    with pytest.raises(StrataError, match="has no MTP block"):
+        plain.mtp_draft(residual[:1], torch.tensor(ids[1:2]), plain.new_cache(8, torch.float32), 0)
