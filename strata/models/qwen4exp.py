@@ -260,7 +260,8 @@ class Qwen4ExpLM(DecoderLM):
                 cache.conv[i].copy_(conv)
                 cache.state[i].copy_(state)
             else:
-                selection = qsa_selection(self.mixers[i], self.qsa, x, positions, cache.indexer[i], c.rms_eps)
+                selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
+                                          c.rms_eps)
                 y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps)
             residual = hc_write(residual, y, inject)
             mixed, inject = hc_read(residual, self.hc_ffn[i], c.rms_eps)

@@ -76,11 +76,12 @@ class Qwen4ExpGDNWeights:
     out: QuantWeight  # [embd, value heads x v_dim]
 
 
-def qsa_selection(w: QSAWeights, s: QSAShape, x: torch.Tensor, positions: torch.Tensor, keys, eps: float):
-    """Store this step's raw indexer keys in `keys` (an engine.qwen4exp_cache.IndexerKeys); then (ids, width) of
-    the cells each query keeps, or None when every query keeps all of its cells."""
-    keys.append(int(positions[0]), linear(x, w.indexer_k), w.indexer_k_norm)
-    if int(positions[-1]) + 1 <= s.selection_cells:
+def qsa_selection(w: QSAWeights, s: QSAShape, x: torch.Tensor, start: int, positions: torch.Tensor, keys,
+                  eps: float):
+    """Store the raw indexer keys of cells start.. in `keys` (an engine.qwen4exp_cache.IndexerKeys); then
+    (ids, width) of the cells each query keeps, or None when every query keeps all of its cells."""
+    keys.append(start, linear(x, w.indexer_k), w.indexer_k_norm)
+    if start + x.shape[0] <= s.selection_cells:
         return None
     q_idx = rms_norm(linear(x, w.indexer_q).float().view(x.shape[0], s.indexer_heads, s.indexer_dim),
                      w.indexer_q_norm.float(), eps)
