@@ -54,7 +54,10 @@ class Qwen4ExpLM(DecoderLM):
         c, arch = config, config.arch
         if not c.is_hybrid or not c.is_moe:
             raise StrataError(f"{model.path}: {arch} needs ssm.* and expert_count metadata")
-        meta = lambda key, default: model.field(f"{arch}.{key}", default, int)  # noqa: E731
+
+        def meta(key: str, default: int) -> int:
+            return model.field(f"{arch}.{key}", default, int)
+
         self.hc = meta("hyper_connection.count", 4)
         self.hc_rank = meta("hyper_connection.low_rank", 320)  # Strata hard-codes 320
         self.qsa = QSAShape(n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
@@ -66,8 +69,12 @@ class Qwen4ExpLM(DecoderLM):
                             v_dim=c.ssm_inner_size // c.ssm_time_step_rank, conv_kernel=c.ssm_conv_kernel)
         self.n_main = c.n_layers - c.nextn_layers
         self.recurrent = c.recurrent_layers[: self.n_main]
+        if c.nextn_layers > 1:
+            raise StrataError(f"{model.path}: {arch}.nextn_predict_layers is {c.nextn_layers}; qwen4exp has one MTP block")
         self._check_layers(model)
         self.ple_layer = self._ple_layer(model)
+        self.ngram_hash = NgramHash.from_gguf(model, arch)
+        self.ngram_table = self._load_table(model)  # checked before the weights load: the table shard is the one apart
         load = WeightLoader(model, device, dtype, progress)
         width = self.hc * c.n_embd
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
@@ -84,12 +91,8 @@ class Qwen4ExpLM(DecoderLM):
             self.hc_ffn.append(self._load_hc(load, p + "hc_ffn_"))
             self.mixers.append(self._load_gdn(load, p) if self.recurrent[i] else self._load_qsa(load, p))
             self.ffn.append(self._load_moe(load, p, i, stacks))
-        if c.nextn_layers > 1:
-            raise StrataError(f"{model.path}: {arch}.nextn_predict_layers is {c.nextn_layers}; qwen4exp has one MTP block")
         self.mtp = self._load_mtp(load, self.n_main, stacks) if c.nextn_layers else None
-        self.ngram_hash = NgramHash.from_gguf(model, arch)
         self.ple = self._load_ple(load, f"blk.{self.ple_layer}.", width)
-        self.ngram_table = self._load_table(model)
         self.experts = experts if experts is not None else ResidentExperts(stacks)
         self.expert_stacks = stacks
         self.rope = Rope(self.qsa.n_rot, c.rope_theta, device)
