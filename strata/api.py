@@ -14,12 +14,17 @@ from strata.errors import StrataError
 
 
 class LLM:
-    """A loaded model. `LLM(path, device="cuda", n_ctx=8192)`; see EngineConfig for every engine option."""
+    """A loaded model. `LLM(path, device="cuda", n_ctx=8192)`; see EngineConfig for every engine option.
+    `LLM()` loads the small trained model Strata ships (strata.default_model)."""
 
-    def __init__(self, model_path: str | os.PathLike, **engine_options):
+    def __init__(self, model_path: str | os.PathLike | None = None, **engine_options):
         unknown = set(engine_options) - set(EngineConfig.__dataclass_fields__)
         if unknown:
             raise StrataError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        if model_path is None:
+            from strata.default_model import resolve_model
+
+            model_path = resolve_model(None)
         self.engine = Engine(model_path, EngineConfig(**engine_options))
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.model.config

@@ -9,7 +9,8 @@ from strata.errors import StrataError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="GGUF file (any shard of a split model)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="GGUF file (any shard of a split model); default: the small trained model Strata ships")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
@@ -299,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if "model" in vars(args) and args.model is None:  # the commands whose model is optional
+            from strata.default_model import resolve_model
+
+            args.model = resolve_model(None)
         args.func(args)
     except StrataError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)

@@ -213,6 +213,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self._tokens)
 
+    @property
+    def backend(self) -> _BackendTokenizer:
+        """The `tokenizers.Tokenizer` doing the work (to save as tokenizer.json, or to encode in batches)."""
+        return self._backend
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self._add_bos:

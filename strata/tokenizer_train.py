@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from collections.abc import Iterable
 from typing import Any
 
 import gguf
@@ -26,8 +27,9 @@ def _corpus_lines() -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def train_small_bpe(vocab_size: int = 512) -> dict[str, Any]:
-    """GGUF tokenizer metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`) of exactly `vocab_size` tokens."""
+def train_small_bpe(vocab_size: int = 512, corpus_lines: Iterable[str] | None = None) -> dict[str, Any]:
+    """GGUF tokenizer metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`) of exactly `vocab_size` tokens,
+    trained on `corpus_lines` (by default the few KB in strata/data)."""
     byte_tokens = list(byte_to_char().values())
     n_merges = vocab_size - len(byte_tokens) - len(CHATML_SPECIAL_TOKENS)
     if n_merges < 0:
@@ -47,7 +49,7 @@ def train_small_bpe(vocab_size: int = 512) -> dict[str, Any]:
         initial_alphabet=byte_tokens,
         show_progress=False,
     )
-    backend.train_from_iterator(_corpus_lines(), trainer)
+    backend.train_from_iterator(_corpus_lines() if corpus_lines is None else corpus_lines, trainer)
     merges = [tuple(pair) for pair in json.loads(backend.to_str())["model"]["merges"]]
 
     merged_tokens = [left + right for left, right in merges]
