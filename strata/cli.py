@@ -296,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("make-model", help="write a GGUF with synthetic weights and a small real tokenizer")
-    p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3, qwen3moe or qwen3next")
-    p.add_argument("--preset", default="tiny", help="tiny, small, qwen3-30b-a3b, qwen4exp-experts")
+    p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3, qwen3moe, qwen3next or qwen4exp")
+    p.add_argument("--preset", default="tiny",
+                   help="tiny, small, qwen3-30b-a3b, qwen4exp-experts; full: the real shapes of qwen3next or qwen4exp "
+                        "(qwen4exp: 2 shards, the second the n-gram table)")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")

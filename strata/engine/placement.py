@@ -13,6 +13,7 @@ from strata.models.config import ModelConfig
 
 GiB = 2**30
 RESERVE_BYTES = 700 * 2**20  # left free for the allocator, CUDA context and kernels' scratch, as Strata does
+HOST_TENSORS = ("per_layer_token_embd.weight",)  # read row by row from host memory, never placed on the device
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
                    vram_budget_gib: float | None = None, expert_cache: str | int = "auto",
                    kv_resident: int | None = None) -> PlacementPlan:
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
-    dense = model.n_bytes - expert_bytes
+    # qwen4exp's n-gram table stays memory-mapped on the host: rows are gathered from it, never moved whole.
+    host_only = sum(t.n_bytes for name, t in model.tensors.items() if name in HOST_TENSORS)
+    dense = model.n_bytes - expert_bytes - host_only
     kv = cache_bytes(config, min(n_ctx, kv_resident or n_ctx), kv_bytes_per_value)  # what the device holds
     host_kv = cache_bytes(config, n_ctx, kv_bytes_per_value) - cache_bytes(config, 0, kv_bytes_per_value) \
         if kv_resident else 0

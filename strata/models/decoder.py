@@ -36,7 +36,7 @@ class AttentionWeights:
 
 @dataclass
 class FFNWeights:
-    norm: torch.Tensor
+    norm: torch.Tensor | None  # None where the input arrives normalised (qwen4exp's hyper-connection read)
     gate: QuantWeight | None = None  # dense FFN
     up: QuantWeight | None = None
     down: QuantWeight | None = None
@@ -178,10 +178,15 @@ class DecoderLM:
 
     def _ffn(self, i: int, h: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
         """Layer i's FFN (or MoE); `w` gives other weights for the same expert layer index (an MTP block)."""
+        w = w or self.ffn[i]
+        return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps), w)
+
+    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
+        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
         w, c = w or self.ffn[i], self.config
         if w.router is None:
-            return swiglu(rms_norm(h, w.norm, c.rms_eps), w.gate, w.up, w.down)
-        x, weights, ids = self.route(i, h, w)
+            return swiglu(x, w.gate, w.up, w.down)
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_expert(i, x, w)

@@ -37,6 +37,11 @@ def describe(path: str, n_ctx: int, kv_dtype: str = "float16") -> str:
     if config.is_moe:
         shared = f", shared expert {config.shared_expert_ff}" if config.shared_expert_ff else ""
         lines.append(f"experts       {config.n_experts} per layer, top {config.n_experts_used}, width {config.expert_ff}{shared}")
+        n_expert_layers = sum(1 for name in model.tensors if name.endswith("ffn_gate_exps.weight"))
+        n_experts = n_expert_layers * config.n_experts
+        if n_experts:
+            lines.append(f"              {n_experts:,} experts in {n_expert_layers} layers, "
+                         f"{expert_bytes // n_experts:,} bytes each ({expert_bytes:,} bytes)")
     else:
         lines.append(f"feed-forward  dense, width {config.n_ff}")
     lines += [

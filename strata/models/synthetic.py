@@ -47,7 +47,15 @@ PRESETS: dict[str, Shape] = {
                               n_experts=512, n_experts_used=10, expert_ff=640, shared_expert_ff=640,
                               context_length=262144, expert_quant="Q2_0"),
 }
-ARCHS = ("qwen2", "qwen3", "qwen3moe", "qwen3next")
+# `--preset full`: the architecture's real shapes (qwen4exp's are in synthetic_qwen4exp.py).
+FULL_PRESETS: dict[str, Shape] = {
+    # Qwen3-Next-80B-A3B: GatedDeltaNet 16 k / 32 v heads of 128, gated attention every 4th layer.
+    "qwen3next": Shape(n_layers=48, n_embd=2048, n_heads=16, n_kv_heads=2, head_dim=256, vocab=151936,
+                       n_experts=512, n_experts_used=10, expert_ff=512, shared_expert_ff=512, context_length=262144,
+                       expert_quant="Q4_K", ssm_k_heads=16, ssm_v_heads=32, ssm_head_dim=128,
+                       full_attention_interval=4),
+}
+ARCHS = ("qwen2", "qwen3", "qwen3moe", "qwen3next", "qwen4exp")
 WEIGHT_SCALE = 0.02
 
 
@@ -55,7 +63,7 @@ def _normal(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
     return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
 
 
-def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int) -> TensorSpec:
+def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int, scale: float = WEIGHT_SCALE) -> TensorSpec:
     from strata.quant import get_format, random_blocks
 
     fmt = get_format(quant)
@@ -66,9 +74,9 @@ def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int) -> TensorS
         if fmt.name in ("F32", "F16", "BF16"):
             from strata.quant import quantize
 
-            return quantize(_normal(rng, shape, WEIGHT_SCALE), fmt.name)
+            return quantize(_normal(rng, shape, scale), fmt.name)
         n_blocks = int(np.prod(shape)) // fmt.block_size
-        return random_blocks(fmt.name, n_blocks, rng, WEIGHT_SCALE)
+        return random_blocks(fmt.name, n_blocks, rng, scale)
 
     if shape[-1] % fmt.block_size:
         raise StrataError(f"{name}: rows of {shape[-1]} weights are not a multiple of {fmt.name}'s block of {fmt.block_size}")
@@ -234,9 +242,14 @@ def make_model(path: str | Path, arch: str = "qwen3moe", preset: str = "tiny", q
 
     if arch not in ARCHS:
         raise StrataError(f"make-model: unknown --arch {arch} (choose from {', '.join(ARCHS)})")
-    if preset not in PRESETS:
-        raise StrataError(f"make-model: unknown --preset {preset} (choose from {', '.join(PRESETS)})")
-    shape = replace(PRESETS[preset], **overrides)
+    if arch == "qwen4exp":
+        from strata.models.synthetic_qwen4exp import make_qwen4exp
+
+        return make_qwen4exp(path, preset, quant, seed, progress, **overrides)
+    presets = PRESETS | ({"full": FULL_PRESETS[arch]} if arch in FULL_PRESETS else {})
+    if preset not in presets:
+        raise StrataError(f"make-model: unknown --preset {preset} for --arch {arch} (choose from {', '.join(presets)})")
+    shape = replace(presets[preset], **overrides)
     if arch == "qwen3next":
         shape = qwen3next_shape(shape)
     elif shape.nextn_layers:
