@@ -28,12 +28,14 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
+    p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
+                   help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                pin_experts=args.pin_experts, expert_profile=args.expert_profile)
+                pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream)
 
 
 def _count(text: str, flag: str) -> int:
@@ -200,6 +202,13 @@ def cmd_bench_decode(args) -> None:
     bench_decode(args, _placement(args))
 
 
+def cmd_bench_prompt(args) -> None:
+    from strata.bench.prompt import bench_prompt
+
+    args.prefill = _prefill(args.prefill)
+    bench_prompt(args, _placement(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -279,6 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.set_defaults(func=cmd_bench_decode)
+    b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
+    b.add_argument("model", help="GGUF file")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--kv-dtype", default="float16")
+    b.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
+    b.add_argument("--ctx", default="4096,32768", help="comma-separated prompt lengths (default 4096,32768)")
+    b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
+    _placement_args(b)
+    b.set_defaults(func=cmd_bench_prompt)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),

@@ -135,16 +135,23 @@ class ResidentExperts(ExpertBackend):
 
 class CachedExperts(ExpertBackend):
     """Experts live in host RAM; a GPU cache holds some. Hits run on the device; misses run on the CPU pool, or
-    (a `pcie_frac` share of them) are copied over PCIe and run on the device."""
+    (a `pcie_frac` share of them) are copied over PCIe and run on the device. Prompt chunks may go to `prompt`,
+    which streams every missing expert to the device instead."""
 
     name = "cached"
 
-    def __init__(self, host_stacks: dict[int, ExpertStack], cache, pool, device: torch.device, pcie_frac: float = 0.0):
+    def __init__(self, host_stacks: dict[int, ExpertStack], cache, pool, device: torch.device, pcie_frac: float = 0.0,
+                 prompt=None):
         self.host_stacks, self.cache, self.pool = host_stacks, cache, pool
         self.device, self.pcie_frac = torch.device(device), pcie_frac
         self.pcie_bytes = 0
+        self.prompt = prompt  # a PromptStreamer (engine/prefill_stream.py) for prompt chunks, or None
 
     def start(self, layer, x, weights, ids):
+        if self.prompt is not None:
+            if self.prompt.takes(x):
+                return PendingExperts(self.prompt.run(layer, x, weights, ids))
+            self.prompt.return_slots()  # a decode step: the cache gets its lent slots back first
         routes = routed_tokens(ids)
         experts = list(routes)
         hits, misses = self.cache.lookup(layer, experts)

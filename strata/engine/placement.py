@@ -47,7 +47,8 @@ class PlacementPlan:
             lines += [
                 f"expert cache  {self.n_slots * self.expert_bytes_each / GiB:8.3f} GiB: {self.n_slots} of "
                 f"{self.n_experts} experts ({share:.1%}) in slots of {self.expert_bytes_each / 2**20:.2f} MiB",
-                f"host RAM      {self.host_expert_bytes / GiB:8.3f} GiB of experts (misses run on the CPU pool)",
+                f"host RAM      {self.host_expert_bytes / GiB:8.3f} GiB of experts (decode misses run on the CPU pool; "
+                "GPU prompt chunks stream them)",
             ]
         return "\n".join(lines)
 
