@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.experts import ExpertStack
+from strata.errors import StrataError
 from strata.models.weights import QuantWeight
 
 Key = tuple[int, int]  # (layer, expert)
@@ -47,6 +48,7 @@ class ExpertCache:
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
+        self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
 
     # ---- what is where
 
@@ -115,9 +117,42 @@ class ExpertCache:
 
     def fill(self, ranking: list[Key]) -> None:
         """Fill empty slots in the order given (a routing profile's ranking, or an even spread)."""
-        free = [s for s in range(self.n_slots) if self.owner[s] is None]
+        free = self.free_slots()
         for key, slot in zip((k for k in ranking if k not in self.slot_of), free):
             self.admit(key, slot)
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.n_slots) if self.owner[s] is None and s not in self.lent]
+
+    # ---- lending slots (the prompt's streaming ring)
+
+    def borrow(self, n: int) -> list[int]:
+        """Lend n slots: empty ones first, then those of the least-routed experts not in use. Their experts leave the
+        cache (lookups miss them) until `refill`; adapting never writes into a lent slot."""
+        residents = sorted((self.counts[k[0]][k[1]].item(), s) for s, k in enumerate(self.owner)
+                           if k is not None and k not in self.in_use and s not in self.lent)
+        candidates = self.free_slots() + [s for _, s in residents]
+        if n > len(candidates):
+            raise StrataError(f"the expert cache cannot lend {n} slots: {len(candidates)} are free or evictable")
+        taken = candidates[:n]
+        for slot in taken:
+            old = self.owner[slot]
+            if old is not None:
+                del self.slot_of[old]
+                self.owner[slot] = None
+            self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
+            self.lent[slot] = old
+        return taken
+
+    def refill(self) -> int:
+        """Take every lent slot back and copy its former expert in again (unless adapting placed it elsewhere)."""
+        lent, self.lent = self.lent, {}
+        refilled = 0
+        for slot, key in lent.items():
+            if key is not None and key not in self.slot_of:
+                self.admit(key, slot)
+                refilled += 1
+        return refilled
 
     def even_ranking(self) -> list[Key]:
         """Without a profile: the same share of every layer, expert 0 first."""
@@ -138,7 +173,7 @@ class ExpertCache:
         missing = [(c, (layer, e)) for layer, counts in self.counts.items()
                    for e, c in enumerate(counts.tolist()) if c > 0 and (layer, e) not in self.slot_of]
         missing.sort(reverse=True)
-        free = [s for s in range(self.n_slots) if self.owner[s] is None]
+        free = self.free_slots()
         residents = sorted((self.counts[k[0]][k[1]].item(), s) for s, k in enumerate(self.owner)
                            if k is not None and k not in self.in_use)
         swaps = 0

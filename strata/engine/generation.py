@@ -77,7 +77,11 @@ def held_back(text: str, stops: list[str]) -> int:
 
 
 def decode_step(engine: Engine, history: list[int]) -> torch.Tensor:
-    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through."""
+    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through
+    (the engine's decode step, captured on CUDA, as Engine.generate takes it)."""
+    cached = engine.cached_tokens
+    if len(cached) == len(history) - 1 and (not cached or cached[-1] == history[-2]):
+        return engine.decode(history[-1], len(history) - 1)[-1]
     return engine.prefill(history, checkpoint=False)[-1]
 
 

@@ -9,8 +9,9 @@ import torch
 
 from strata.engine.cpu_pool import CPUExpertPool
 from strata.engine.expert_cache import ExpertCache, Key
-from strata.engine.experts import CachedExperts, ExpertStack
+from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS, CachedExperts, ExpertStack
 from strata.engine.placement import PlacementPlan
+from strata.engine.prefill_stream import PromptStreamer
 from strata.errors import StrataError
 from strata.models.weights import QuantWeight
 
@@ -44,4 +45,18 @@ def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, devic
     host = pinned(stacks) if device.type == "cuda" and config.pin_experts else stacks
     cache = ExpertCache(host, plan.n_slots, device)  # with 0 slots it still counts every routing as a miss
     cache.fill(load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking())
-    return CachedExperts(host, cache, CPUExpertPool(host), device, config.pcie_frac)
+    return CachedExperts(host, cache, CPUExpertPool(host), device, config.pcie_frac,
+                         prompt_streamer(host, cache, device, config.prefill_stream))
+
+
+STREAM_MODES = ("auto", "on", "off")
+
+
+def prompt_streamer(host: dict[int, ExpertStack], cache: ExpertCache, device: torch.device, mode: str):
+    """`prefill_stream`: "auto" streams prompt chunks of >= 32 tokens on a GPU (the prompt kernels' threshold), "on"
+    every chunk of >= 2 tokens on any device (CPU tests run the GPU's code path), "off" keeps the CPU pool."""
+    if mode not in STREAM_MODES:
+        raise StrataError(f"--prefill-stream must be one of {', '.join(STREAM_MODES)}, got {mode!r}")
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    return PromptStreamer(host, cache, device, PROMPT_KERNEL_MIN_TOKENS if mode == "auto" else 2)

@@ -86,6 +86,13 @@ class Metrics:
             lambda: checkpoint_figures(engine)[1])
         Gauge("strata_process_resident_bytes", "resident memory of the server", registry=r).set_function(
             process_rss_bytes)
+        spec = getattr(engine, "spec", None)
+        if spec is not None:  # --spec > 1: speculative decoding's counters since start
+            for name, what, count in (
+                    ("windows", "verify windows run", lambda: spec.stats.windows),
+                    ("drafts_checked", "drafts checked against the model", lambda: sum(spec.stats.checked)),
+                    ("drafts_accepted", "drafts accepted", lambda: sum(spec.stats.accepted))):
+                Gauge(f"strata_spec_{name}", what + " (speculative decoding)", registry=r).set_function(count)
         self.started = time.time()
         self.last: dict = {}
         self._prompt_tps = self._decode_tps = 0.0

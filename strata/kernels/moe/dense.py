@@ -71,7 +71,7 @@ def grouped_mm_fp16_triton(a, grouping, weight, gather, out=None):
     if grid[0]:
         _grouped_fp16_kernel[grid](
             a, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw, code_tables(a.device), out,
-            weight.rows, weight.expert_bytes, weight.row_bytes, K=k, GATHER=gather, FMT=spec.fmt_id,
+            weight.rows, weight.expert_stride, weight.row_bytes, K=k, GATHER=gather, FMT=spec.fmt_id,
             QK=spec.block_size, TS=spec.type_size, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return out
 

@@ -86,7 +86,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up):
     if grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
-            code_tables(device), hq, hs, hsum, n_ff, gate.expert_bytes, gate.row_bytes,
+            code_tables(device), hq, hs, hsum, n_ff, gate.expert_stride, gate.row_bytes,
             K=k, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
             HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return hq, hs, hsum

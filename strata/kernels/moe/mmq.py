@@ -125,7 +125,7 @@ def grouped_mm_int8_triton(codes, scales, sums, grouping, weight, gather, shared
     if grid[0]:
         _grouped_int8_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw,
-            code_tables(codes.device), out, weight.rows, weight.expert_bytes, weight.row_bytes,
+            code_tables(codes.device), out, weight.rows, weight.expert_stride, weight.row_bytes,
             K=k, GATHER=gather, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
             HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
     return out

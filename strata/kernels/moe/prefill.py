@@ -53,6 +53,27 @@ class PromptExperts:
             raise StrataError("gate/up must be [E, ff, embd] and down [E, embd, ff] with the same E, ff, embd")
         return experts
 
+    @classmethod
+    def over_slots(cls, slots: torch.Tensor, stack) -> "PromptExperts":
+        """Views of expert-cache slots (uint8 [n_slots, slot_bytes], each holding one expert's gate, up and down bytes
+        back to back, `ExpertCache.admit`) read as [n_slots, rows, row_bytes] matrices strided by the slot size."""
+        matrices, offset = [], 0
+        for m in (stack.gate, stack.up, stack.down):
+            m = m if isinstance(m, ExpertMatrix) else ExpertMatrix.of(m)
+            if offset + m.expert_bytes > slots.shape[1]:
+                raise StrataError(f"a slot of {slots.shape[1]} bytes cannot hold an expert of this layer")
+            raw = slots.as_strided((slots.shape[0], m.rows, m.row_bytes), (slots.stride(0), m.row_bytes, 1),
+                                   slots.storage_offset() + offset)
+            matrices.append(ExpertMatrix(raw, m.qtype, m.rows, m.cols))
+            offset += m.expert_bytes
+        return cls(*matrices)
+
+    def gathered(self, index: torch.Tensor) -> "PromptExperts":
+        """Stacked copies of the experts at `index` (the references read experts by position)."""
+        index = index.long().clamp(min=0)
+        return PromptExperts(*(ExpertMatrix(m.raw[index], m.qtype, m.rows, m.cols)
+                               for m in (self.gate, self.up, self.down)))
+
     @property
     def n_experts(self) -> int:
         return self.gate.n_experts
@@ -71,13 +92,19 @@ def _ops(triton: bool):
     }
 
 
-def _run(x, topk_ids, topk_weights, stack, path, triton: bool) -> torch.Tensor:
+def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Tensor | None = None) -> torch.Tensor:
     path = path or prompt_expert_path()
     if path not in PATHS:
         raise StrataError(f"unknown prompt expert path {path!r} (known: {', '.join(PATHS)})")
     experts = PromptExperts.of(stack)
     op = _ops(triton)
-    group = op["group"](topk_ids, experts.n_experts)
+    group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel())
+    if slot_of is not None and triton:
+        # Grouped by expert id as usual; each tile then reads its expert's weights at the expert's slot.
+        tile = group.tile_expert
+        group.tile_expert = torch.where(tile >= 0, slot_of.int()[tile.clamp(min=0).long()], tile)
+    elif slot_of is not None:
+        experts = experts.gathered(slot_of)
     n_ff = experts.gate.rows
 
     def zeros():  # gate/up outputs feed SwiGLU row by row: padding rows must hold numbers
@@ -99,20 +126,21 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool) -> torch.Tensor:
 
 
 def moe_prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stack,
-                path: str | None = None) -> torch.Tensor:
+                path: str | None = None, slot_of: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over each token's top-k experts of weight * SwiGLU expert(x): x [T, embd] (bf16 or float32), topk_ids and
     topk_weights [T, k], stack with gate/up/down expert tensors (GGUF blocks) -> [T, embd] of x's dtype.
 
-    `path` ("dense", "mmq", "fused") overrides the switches (`prompt_expert_path`).
+    `path` ("dense", "mmq", "fused") overrides the switches (`prompt_expert_path`). `slot_of` (int [E], the layer's
+    expert ids -> index into stack, e.g. `PromptExperts.over_slots`) reads each expert where it lies.
     """
-    return _run(x, topk_ids, topk_weights, stack, path, triton=use_triton(x))
+    return _run(x, topk_ids, topk_weights, stack, path, use_triton(x), slot_of)
 
 
-def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None) -> torch.Tensor:
+def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None, slot_of=None) -> torch.Tensor:
     """The Triton kernels whatever the device (CPU tensors need TRITON_INTERPRET=1)."""
-    return _run(x, topk_ids, topk_weights, stack, path, triton=True)
+    return _run(x, topk_ids, topk_weights, stack, path, True, slot_of)
 
 
-def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None) -> torch.Tensor:
+def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None, slot_of=None) -> torch.Tensor:
     """The same path through the torch references of its steps."""
-    return _run(x, topk_ids, topk_weights, stack, path, triton=False)
+    return _run(x, topk_ids, topk_weights, stack, path, False, slot_of)

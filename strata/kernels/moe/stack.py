@@ -45,6 +45,11 @@ class ExpertMatrix:
     def expert_bytes(self) -> int:
         return self.rows * self.row_bytes
 
+    @property
+    def expert_stride(self) -> int:
+        """Bytes from one expert's first row to the next: expert_bytes when stacked, a slot's size over cache slots."""
+        return self.raw.stride(0)
+
     def expert(self, e: int) -> torch.Tensor:
         """Expert e's weights, float32 [rows, cols] (the references)."""
         return dequantize(self.raw[e], self.qtype, (self.rows, self.cols))

@@ -1,0 +1,105 @@
+"""`strata bench prompt`: prompt tokens/s at each context length, beside the floor of the placement.
+
+Experts offloaded and streamed: the PCIe floor, expert bytes streamed per chunk over the pinned copy rate measured in
+the same run. All resident: the larger of the expert bytes read over the device's read bandwidth and the routed
+multiply-adds over the int8 matrix rate (torch._int_mm). The matrix floor is printed for offloaded runs too: a prompt
+whose streaming hides under its compute cannot get near the PCIe floor.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth, sync
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.experts import CachedExperts
+from strata.engine.prefill import prompt_chunks
+from strata.engine.prefill_stream import expected_coverage
+from strata.errors import StrataError
+
+
+def parse_contexts(text: str) -> list[int]:
+    try:
+        contexts = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        contexts = []
+    if not contexts or min(contexts) < 1:
+        raise StrataError(f"--ctx must be comma-separated token counts, e.g. 4096,32768; got {text!r}")
+    return contexts
+
+
+def _streamer(engine: Engine):
+    backend = engine.model.experts
+    return backend.prompt if isinstance(backend, CachedExperts) else None
+
+
+def time_prompt(engine: Engine, n_tokens: int, reps: int, seed: int) -> list[float]:
+    """Seconds to read each of `reps` random prompts of n_tokens (each from position 0)."""
+    vocab = engine.model.config.vocab_size
+    times = []
+    for rep in range(reps):
+        ids = torch.randint(0, vocab, (n_tokens,), generator=torch.Generator().manual_seed(seed + rep)).tolist()
+        engine.cached_tokens = []  # nothing to reuse: the whole prompt is read
+        sync(engine.device)
+        start = time.perf_counter()
+        engine.prefill(ids)
+        sync(engine.device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def routed_work(engine: Engine, n_tokens: int) -> tuple[int, int]:
+    """(routed multiply-adds, expert bytes read) of a prompt of n_tokens: each chunk reads every expert it routes to
+    once per layer (expected count, independent routing)."""
+    c, stacks = engine.model.config, engine.model.expert_stacks
+    mads = n_tokens * c.n_experts_used * 3 * c.n_embd * c.expert_ff * len(stacks)
+    equal = isinstance(engine.config.prefill_chunk, str)
+    read = sum(expected_coverage(end - begin, c.n_experts_used, c.n_experts) * s.n_bytes
+               for begin, end in prompt_chunks(n_tokens, engine.prefill_chunk, equal) for s in stacks.values())
+    return mads, int(read)
+
+
+def bench_prompt(args, placement: dict) -> None:
+    contexts = parse_contexts(args.ctx)
+    engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                             prefill_chunk=args.prefill, n_ctx=max(contexts), **placement))
+    device, streamer = engine.device, _streamer(engine)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    print(f"model      {engine.file.path.name} ({engine.model.config.arch}), device {name}, dtype {engine.dtype}")
+    print(engine.plan.describe())
+    print(f"chunks     up to {engine.prefill_chunk} tokens; median of {args.reps}")
+    from strata.bench.moe_prefill import matrix_rates
+
+    int8_rate, _ = matrix_rates(device)
+    read_rate = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else 1 << 26) / 2  # the CPU: a tool check
+    pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
+    print(f"ceilings   int8 {int8_rate / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
+          f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
+    time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles kernels, lends the ring
+    for n_tokens in contexts:
+        before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks) if streamer else None
+        seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
+        mads, read = routed_work(engine, n_tokens)
+        matrix_floor = 2 * mads / int8_rate
+        print(f"\nctx {n_tokens:>7}: {n_tokens / seconds:9.1f} tok/s ({seconds:.3f} s)")
+        print(f"  matrix floor {matrix_floor:.3f} s ({2 * mads / 1e12:.1f} T int8 ops); "
+              f"{seconds / matrix_floor:.1f}x the floor")
+        if engine.plan.all_resident:
+            read_floor = read / read_rate
+            floor = max(read_floor, matrix_floor)
+            print(f"  read floor   {read_floor:.3f} s ({read / 1e9:.1f} GB of experts read); all resident: "
+                  f"{seconds / floor:.1f}x the larger floor")
+        elif streamer is not None:
+            streamed = (streamer.stats.bytes_streamed - before[0]) / args.reps
+            late = (streamer.stats.bytes_late - before[1]) / args.reps
+            chunks = (streamer.stats.chunks - before[2]) / args.reps
+            pcie_floor = streamed / pcie_rate if streamed else float("nan")  # all hits: no PCIe floor
+            print(f"  PCIe floor   {pcie_floor:.3f} s: {streamed / 1e9:.2f} GB streamed in {chunks:.0f} chunks "
+                  f"({streamed / max(chunks, 1) / 1e9:.2f} GB per chunk, {late / max(streamed, 1):.0%} after the "
+                  f"router); {seconds / pcie_floor:.2f}x the PCIe floor, "
+                  f"{seconds / max(pcie_floor, matrix_floor):.2f}x the larger floor")
+        else:
+            print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")

@@ -1,0 +1,151 @@
+"""Offloaded prompt reading: every routed expert of a prompt chunk runs on the device, the ones the cache lacks
+streamed over PCIe from pinned host memory into a ring of slots lent by the expert cache.
+
+Policy: while layer L's experts compute, the experts of the next layer that the cache lacks and that the previous
+chunk routed to at that layer are copied on the side stream, before that layer's router has run (waiting for it would
+leave the link idle during layer L). With balanced routing a chunk of T tokens leaves an expert unrouted with
+probability (1 - k/E)^T, 1e-3 for T = 100 on Qwen3-30B's 8 of 128: the previous chunk's set is then the whole layer,
+which is what this chunk needs; with skewed routing (synthetic models route most tokens to a few experts) it is the
+few experts that will be asked for again. A layer with no previous chunk gets all its missing experts when a chunk
+that size is 90% likely to route to each, else none. Either way, once the router has run, any missing expert not yet
+in the ring is copied then ("late"), so results never depend on the guess: streamed runs give the bytes of
+all-resident ones.
+
+The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
+work), one layer at least; a smaller cache keeps the CPU-pool path. Lent slots go back to the cache (refilled with
+their former experts) at the first step that is not a prompt chunk, or on `return_slots`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.copy_queue import CopyQueue
+from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
+from strata.engine.slot_ring import SlotRing
+from strata.errors import StrataError
+
+PREFETCH_COVERAGE = 0.9  # fetch the next layer ahead when a chunk is this likely to route to each expert
+
+
+def expected_coverage(n_tokens: int, top_k: int, n_experts: int) -> float:
+    """The chance that a chunk of n_tokens routes at least one token to a given expert (independent routing)."""
+    return 1.0 - (1.0 - min(top_k, n_experts) / n_experts) ** n_tokens
+
+
+def ring_size(n_slots: int, experts_per_layer: int) -> int:
+    """Slots to lend the ring: two layers' experts while that leaves half the cache, else one layer's, else none."""
+    if n_slots < experts_per_layer:
+        return 0
+    return min(2 * experts_per_layer, max(experts_per_layer, n_slots // 2))
+
+
+@dataclass
+class StreamStats:
+    chunks: int = 0
+    tokens: int = 0
+    bytes_streamed: int = 0  # expert bytes copied into the ring
+    bytes_late: int = 0  # of those, copied after the layer's router (not ahead)
+    streamed_unused: int = 0  # experts copied ahead that no token of the chunk routed to
+
+
+class PromptStreamer:
+    """Runs a prompt chunk's routed experts on the device for `CachedExperts`: cached slots plus ring slots."""
+
+    def __init__(self, host_stacks: dict[int, ExpertStack], cache, device: torch.device, min_tokens: int,
+                 queue: CopyQueue | None = None):
+        self.host_stacks, self.cache, self.min_tokens = host_stacks, cache, min_tokens
+        self.device = torch.device(device)
+        self.queue = queue or CopyQueue(self.device, cache.copy_stream)  # the cache's stream: admits stay ordered
+        layers = sorted(host_stacks)
+        self.next_layer = dict(zip(layers, layers[1:]))
+        self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
+        self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
+        self.ring: SlotRing | None = None
+        self.stats = StreamStats()
+        self._over_slots = {}
+        self.last_routed: dict[int, list[int]] = {}  # layer -> experts the last chunk routed to there
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return x.shape[0] >= self.min_tokens and self.ring_slots > 0
+
+    def _ensure_ring(self) -> SlotRing:
+        if self.ring is None:
+            released = self.queue.mark()  # queued decode work may still read the lent slots' experts
+            lent = self.cache.borrow(self.ring_slots)
+            self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
+        return self.ring
+
+    def return_slots(self) -> None:
+        """Give the lent slots back to the cache, refilled with the experts they held before."""
+        if self.ring is not None:
+            self.ring = None
+            self.cache.refill()
+
+    def _parts(self, layer: int, e: int) -> list[torch.Tensor]:
+        stack = self.host_stacks[layer]
+        return [stack.gate.raw[e], stack.up.raw[e], stack.down.raw[e]]
+
+    def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
+        """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
+        counts) in case the ring runs short."""
+        ring, n_experts = self.ring, self.host_stacks[layer].n_experts
+        predicted = self.last_routed.get(layer)
+        if predicted is None:
+            if expected_coverage(n_tokens, top_k, n_experts) < PREFETCH_COVERAGE:
+                return
+            predicted = range(n_experts)
+        counts = self.cache.counts[layer].tolist()
+        ranked = sorted(predicted, key=lambda e: (-counts[e], e))
+        for e in ranked:
+            if (layer, e) in self.cache.slot_of:
+                continue
+            slot, copied = ring.hold((layer, e), self._parts(layer, e))
+            if slot is None:
+                return
+            if copied:
+                self.stats.bytes_streamed += self.host_stacks[layer].expert_bytes
+
+    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        ring = self._ensure_ring()
+        stack = self.host_stacks[layer]
+        self.last_routed[layer] = ids.unique().tolist()  # one sync; sorted, like routed_tokens
+        hits, misses = self.cache.lookup(layer, self.last_routed[layer])
+        slot_of = dict(hits)
+        for e in misses:
+            slot, copied = ring.hold((layer, e), self._parts(layer, e))
+            if slot is None:
+                raise StrataError(f"layer {layer}: the streaming ring of {len(ring)} slots cannot hold its "
+                                  f"{len(misses)} missing experts")
+            if copied:
+                self.stats.bytes_streamed += stack.expert_bytes
+                self.stats.bytes_late += stack.expert_bytes
+            slot_of[e] = slot
+        self.stats.streamed_unused += len(set(ring.held_for(layer)) - {slot_of[e] for e in misses})
+        ring.wait_landed(ring.held_for(layer))
+        out = self._compute(layer, stack, x, weights, ids, slot_of)
+        if layer in self.next_layer:
+            self._prefetch(self.next_layer[layer], x.shape[0], ids.shape[1])
+        else:
+            self.stats.chunks += 1
+            self.stats.tokens += x.shape[0]
+        ring.release(layer)
+        return out
+
+    def _compute(self, layer, stack, x, weights, ids, slot_of: dict[int, int]) -> torch.Tensor:
+        """The same kernels (or reference loop) as `ResidentExperts`, reading each expert from its slot."""
+        if kernel_path(stack, x) == "prompt":
+            from strata.kernels.moe import PromptExperts, moe_prefill
+
+            if layer not in self._over_slots:
+                self._over_slots[layer] = PromptExperts.over_slots(self.cache.slots, stack)
+            table = torch.full((stack.n_experts,), -1, dtype=torch.int32)
+            table[list(slot_of)] = torch.tensor(list(slot_of.values()), dtype=torch.int32)
+            return moe_prefill(x, ids.to(torch.int32), weights.float(), self._over_slots[layer],
+                               slot_of=table.to(x.device))
+        routes = routed_tokens(ids)
+        out = torch.zeros_like(x)
+        accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, slot_of[e]), routes)
+        return out

@@ -1,0 +1,22 @@
+"""`strata bench prompt` on a tiny model: tokens/s per context beside the floors of its placement."""
+
+import re
+
+from strata.cli import main
+
+
+def test_bench_prompt_streamed_and_resident(tiny_moe, capsys):
+    args = ["bench", "prompt", str(tiny_moe), "--device", "cpu", "--ctx", "20,36", "--prefill", "auto:16"]
+    assert main(args + ["--expert-cache", "10", "--prefill-stream", "on"]) in (0, None)
+    out = capsys.readouterr().out
+    assert len(re.findall(r"ctx +(20|36): +[\d.]+ tok/s", out)) == 2, out
+    chunks = [int(n) for n in re.findall(r"GB streamed in (\d+) chunks", out)]
+    assert chunks == [2, 3], out  # the equal chunks of up to 16 tokens
+    assert main(args + ["--ctx", "20"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "all resident" in out and "read floor" in out and "PCIe" not in out.split("ctx ")[-1], out
+
+
+def test_bench_prompt_refuses_a_bad_context_list(tiny_moe, capsys):
+    assert main(["bench", "prompt", str(tiny_moe), "--device", "cpu", "--ctx", "many"]) == 2
+    assert "--ctx must be comma-separated token counts" in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""Offloaded prompt reading with streamed experts ("device" = CPU: copies at once, events as markers, the GPU's code
+path): the same bytes as all-resident, a ring that never overwrites a slot in use, lent slots refilled exactly."""
+
+import pytest
+import torch
+
+import strata
+from strata.engine.copy_queue import CopyQueue
+from strata.engine.expert_cache import ExpertCache
+from strata.engine.prefill_stream import expected_coverage, ring_size
+from strata.errors import StrataError
+from strata.gguf import GGUFModelFile
+from strata.models.synthetic import make_model
+
+TEXT = "streamed experts must give the very same logits as resident ones, chunk after chunk of this prompt"
+
+
+@pytest.fixture(scope="module")
+def tiny_next(model_dir):
+    return make_model(model_dir / "tiny-qwen3next-q8_0.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
+
+
+def _streamed(path, slots, **options):
+    return strata.LLM(path, device="cpu", expert_cache=slots, prefill_stream="on", **options)
+
+
+def _host_bytes(stacks, key):
+    layer, e = key
+    s = stacks[layer]
+    return torch.cat([s.gate.raw[e].reshape(-1), s.up.raw[e].reshape(-1), s.down.raw[e].reshape(-1)])
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, tiny_moe, tiny_next):
+    path = tiny_moe if arch == "qwen3moe" else tiny_next
+    resident = strata.LLM(path, device="cpu", prefill_chunk="auto:16", kv_dtype="float32")
+    ids = resident.tokenize(TEXT)
+    assert len(ids) > 32  # several chunks, none of a single token
+    expected = resident.logits(ids)
+    n_experts = resident.config.n_layers * resident.config.n_experts
+    for slots in (resident.config.n_experts, n_experts - 1):  # ring = the whole cache; ring + a kept part
+        llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
+        streamer = llm.engine.model.experts.prompt
+        got = llm.logits(ids)
+        assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots"
+        assert streamer.stats.bytes_streamed > 0 and streamer.stats.chunks == -(-len(ids) // 16)
+    # Chunked and streamed against one unchunked resident pass: the next-token logits within 1e-3 relative.
+    whole = strata.LLM(path, device="cpu", prefill_chunk=len(ids), kv_dtype="float32").logits(ids)[-1]
+    assert ((got[-1] - whole).abs().max() / whole.abs().max()).item() < 1e-3
+
+
+def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
+    llm = _streamed(tiny_moe, 8, prefill_chunk="auto:16")  # ring = all 8 slots = one layer: it must wrap and wait
+    backend = llm.engine.model.experts
+    streamer, cache = backend.prompt, backend.cache
+    log = []
+
+    class TracingQueue(CopyQueue):
+        def mark(self):
+            marker = super().mark()
+            log.append(("mark", marker))
+            return marker
+
+        def copy(self, dst, parts, after=None):
+            slot = (dst.data_ptr() - cache.slots.data_ptr()) // cache.slots.stride(0)
+            log.append(("copy", slot, after))
+            return super().copy(dst, parts, after)
+
+    streamer.queue = TracingQueue(torch.device("cpu"))
+    compute = streamer._compute
+
+    def traced_compute(layer, stack, x, weights, ids, slot_of):
+        for e, slot in slot_of.items():  # each expert's slot holds that expert's bytes when its layer computes
+            assert torch.equal(cache.slots[slot, : stack.expert_bytes], _host_bytes(cache.stacks, (layer, e)))
+            log.append(("use", slot))
+        return compute(layer, stack, x, weights, ids, slot_of)
+
+    streamer._compute = traced_compute
+    llm.logits(llm.tokenize(TEXT))
+    ring = streamer.ring
+    assert len(ring) == 8 and not ring.held
+    last_use, marked_at, copies = {}, {}, 0
+    for i, entry in enumerate(log):
+        if entry[0] == "use":
+            last_use[entry[1]] = i
+        elif entry[0] == "mark":
+            marked_at[entry[1].n] = i
+        else:
+            _, slot, after = entry
+            copies += 1
+            if slot in last_use:  # the copy waits for an event recorded after the slot's last reader
+                assert after is not None and marked_at[after.n] > last_use[slot], (i, slot)
+    assert copies > len(ring)  # the ring wrapped
+
+
+def test_lent_slots_come_back_with_their_experts(tiny_moe):
+    from strata.models import load_model
+
+    model = load_model(GGUFModelFile(tiny_moe), torch.device("cpu"), torch.float32)
+    cache = ExpertCache(model.expert_stacks, 10, torch.device("cpu"))
+    cache.fill(cache.even_ranking())
+    before = (dict(cache.slot_of), list(cache.owner))
+    cache.counts[0][:] = torch.arange(8, dtype=torch.float64)  # layer 0's low experts are the least routed
+    lent = cache.borrow(4)
+    assert len(set(lent)) == 4 and set(cache.lent) == set(lent)
+    assert all(cache.owner[s] is None for s in lent) and not set(cache.slot_of.values()) & set(lent)
+    hits, misses = cache.lookup(0, [before[1][s][1] for s in lent if before[1][s][0] == 0])
+    assert not hits  # lent experts miss
+    cache.slots[lent] = 0xAB  # the ring writes there
+    cache.counts[1][:] = 100.0
+    cache.adapt()  # may fill free slots, never a lent one
+    assert all(cache.owner[s] is None for s in lent)
+    cache.in_use.clear()
+    cache.refill()
+    assert not cache.lent
+    assert all(cache.slot_of[k] == s for s, k in enumerate(cache.owner) if k is not None)
+    assert len(cache.slot_of) == sum(k is not None for k in cache.owner)
+    for s in lent:
+        assert cache.owner[s] == before[1][s] or before[1][s] in cache.slot_of
+    for s, key in enumerate(cache.owner):
+        if key is not None:
+            assert torch.equal(cache.slots[s, : cache.stacks[key[0]].expert_bytes], _host_bytes(cache.stacks, key))
+    with pytest.raises(StrataError, match="cannot lend 11 slots"):
+        cache.borrow(11)
+
+
+def test_engine_returns_lent_slots_before_decoding(tiny_moe):
+    llm = _streamed(tiny_moe, 12, prefill_chunk="auto:16")
+    cache = llm.engine.model.experts.cache
+    tokens = llm.generate(TEXT, max_tokens=3, temperature=0, stop=[]).token_ids
+    assert len(tokens) == 3 and not cache.lent and llm.engine.model.experts.prompt.ring is None
+    assert all(cache.slot_of[k] == s for s, k in enumerate(cache.owner) if k is not None)
+    resident = strata.LLM(tiny_moe, device="cpu", prefill_chunk="auto:16")
+    assert tokens == resident.generate(TEXT, max_tokens=3, temperature=0, stop=[]).token_ids
+
+
+def test_policy_numbers():
+    assert expected_coverage(100, 8, 128) > 0.998 and expected_coverage(8, 10, 512) < 0.2
+    assert ring_size(4000, 128) == 256 and ring_size(300, 128) == 150 and ring_size(200, 128) == 128
+    assert ring_size(100, 128) == 0
+
+
+def test_small_cache_keeps_the_pool_path_and_bad_mode_is_refused(tiny_moe):
+    llm = _streamed(tiny_moe, 3)
+    assert not llm.engine.model.experts.prompt.takes(torch.zeros(64, 4))
+    with pytest.raises(StrataError, match="--prefill-stream must be one of"):
+        strata.LLM(tiny_moe, device="cpu", expert_cache=3, prefill_stream="always")
+
+
+def test_prefetch_follows_the_last_chunks_routing(tiny_moe):
+    llm = _streamed(tiny_moe, 10)  # ring of 8 slots, the cache keeps 2
+    streamer = llm.engine.model.experts.prompt
+    ring = streamer._ensure_ring()
+    cached = {e for layer, e in streamer.cache.slot_of if layer == 1}
+    streamer._prefetch(1, n_tokens=2, top_k=2)  # no history, a chunk too small to route to every expert: nothing
+    assert not ring.where
+    streamer.last_routed[1] = [2, 5, 6]
+    streamer._prefetch(1, n_tokens=2, top_k=2)
+    assert {e for _, e in ring.where} == {2, 5, 6} - cached and set(ring.held.values()) <= {1}
+    ring.release(1)
+    del streamer.last_routed[1]
+    streamer._prefetch(1, n_tokens=64, top_k=2)  # no history, a large chunk: every expert the cache lacks
+    assert {e for layer, e in ring.where if layer == 1} == set(range(8)) - cached
