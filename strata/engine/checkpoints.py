@@ -156,8 +156,9 @@ _KINDS: dict[type, tuple[Callable, Callable]] = {
 
 
 def supports(cache) -> bool:
-    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
-    if isinstance(cache, HybridCache):
+    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind). Exact types:
+    a subclass (qwen4exp's cache, say) may hold state these copies would miss, so it gets no checkpoints."""
+    if type(cache) is HybridCache:
         return type(cache.kv) in _KINDS
     return type(cache) in _KINDS
 
