@@ -288,6 +288,12 @@ def make_decoder(model, kv, device: torch.device, option: str) -> GraphDecoder |
     mode = graphs_wanted(option, device)
     if mode == "off":
         return None
+    from strata.models.decoder import DecoderLM
+
+    if type(model).forward is not DecoderLM.forward:  # the captured step replays DecoderLM.forward's pieces
+        print(f"strata: decode graphs off: {type(model).__name__} has its own forward; decoding step by step",
+              file=sys.stderr)
+        return None
     try:
         return GraphDecoder(model, kv, device, capture=mode == "graphs")
     except StrataError as exc:

@@ -60,7 +60,9 @@ class StaticDenseKV(StaticView):
 
     cache: KVCache
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        if selection is not None:
+            raise StrataError("a captured decode step attends densely: sparse selections decode step by step")
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
@@ -85,7 +87,9 @@ class StaticPagedKV(StaticView):
         super().__init__(cache, positions, span)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        if selection is not None:
+            raise StrataError("a captured decode step attends densely: sparse selections decode step by step")
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
@@ -100,11 +104,14 @@ class StaticPagedKV(StaticView):
 
 def static_kv(cache: KVBackend, positions: torch.Tensor, span: int) -> KVBackend:
     """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
-    if isinstance(cache, HybridCache):
+    # Exact types: a subclass (host-resident KV, qwen4exp's cache) keeps state these views would not see.
+    if getattr(cache, "selector", None) is not None:
+        raise StrataError("the KV backend selects cells per query (--qsa): captured steps attend densely")
+    if type(cache) is HybridCache:
         return StaticHybrid(cache, static_kv(cache.kv, positions, span))
-    if isinstance(cache, KVCache):
+    if type(cache) is KVCache:
         return StaticDenseKV(cache, positions, span)
-    if isinstance(cache, PagedInt8KV):
+    if type(cache) is PagedInt8KV:
         return StaticPagedKV(cache, positions, span)
     raise StrataError(f"no static decode view for the KV backend {type(cache).__name__}")
 
