@@ -61,8 +61,7 @@ class StaticDenseKV(StaticView):
     cache: KVCache
 
     def attend(self, layer, q, k, v, start, selection=None):
-        if selection is not None:
-            raise StrataError("a captured decode step attends densely: sparse selections decode step by step")
+        _dense_only(selection)
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
@@ -88,8 +87,7 @@ class StaticPagedKV(StaticView):
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
     def attend(self, layer, q, k, v, start, selection=None):
-        if selection is not None:
-            raise StrataError("a captured decode step attends densely: sparse selections decode step by step")
+        _dense_only(selection)
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
@@ -102,18 +100,29 @@ class StaticPagedKV(StaticView):
         return prompt_attention(q.float(), pool, table, self.ids, width, reference=True).to(q.dtype)
 
 
-def static_kv(cache: KVBackend, positions: torch.Tensor, span: int) -> KVBackend:
+def _dense_only(selection) -> None:
+    if selection is not None:
+        raise StrataError("a static decode step attends densely (causal); it takes no cell selection")
+
+
+def check_static(cache) -> None:
+    """A StrataError unless `static_kv` has a view of this cache: the dense or int8 paged backend (not a subclass,
+    such as the host-resident one, whose reads it would skip), alone or in a plain HybridCache, with no selector."""
+    inner = cache.kv if type(cache) is HybridCache else cache
+    if type(inner) not in (KVCache, PagedInt8KV):
+        raise StrataError(f"no static decode view for the cache {type(cache).__name__} / {type(inner).__name__}")
+    if inner.selector is not None:
+        raise StrataError("a static decode step attends densely; this cache selects cells (--qsa quest)")
+
+
+def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:
     """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
-    # Exact types: a subclass (host-resident KV, qwen4exp's cache) keeps state these views would not see.
-    if getattr(cache, "selector", None) is not None:
-        raise StrataError("the KV backend selects cells per query (--qsa): captured steps attend densely")
+    check_static(cache)
     if type(cache) is HybridCache:
         return StaticHybrid(cache, static_kv(cache.kv, positions, span))
     if type(cache) is KVCache:
         return StaticDenseKV(cache, positions, span)
-    if type(cache) is PagedInt8KV:
-        return StaticPagedKV(cache, positions, span)
-    raise StrataError(f"no static decode view for the KV backend {type(cache).__name__}")
+    return StaticPagedKV(cache, positions, span)
 
 
 class StaticHybrid(HybridCache):
