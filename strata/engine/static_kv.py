@@ -55,12 +55,19 @@ class StaticView(KVBackend):
         raise StrataError("a static decode view cannot truncate; truncate the engine's cache")
 
 
+def _dense_only(selection) -> None:
+    # HybridCache passes the (None) selection through; a static view attends densely over its span only.
+    if selection is not None:
+        raise StrataError("a static decode view attends densely: a QSA selection is not supported in decode graphs")
+
+
 class StaticDenseKV(StaticView):
     """The dense fp16/bf16/fp32 cache (engine/kv.KVCache), whose storage must already hold `span` cells."""
 
     cache: KVCache
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        _dense_only(selection)
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
@@ -85,7 +92,8 @@ class StaticPagedKV(StaticView):
         super().__init__(cache, positions, span)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        _dense_only(selection)
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
