@@ -55,12 +55,19 @@ class StaticView(KVBackend):
         raise StrataError("a static decode view cannot truncate; truncate the engine's cache")
 
 
+def _no_selection(selection) -> None:
+    # KV backends take a QSA selection since the qwen4exp merge; the captured views attend over their whole span.
+    if selection is not None:
+        raise StrataError("a static decode view attends over its whole span: QSA selection is not captured yet")
+
+
 class StaticDenseKV(StaticView):
     """The dense fp16/bf16/fp32 cache (engine/kv.KVCache), whose storage must already hold `span` cells."""
 
     cache: KVCache
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        _no_selection(selection)
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
@@ -85,7 +92,8 @@ class StaticPagedKV(StaticView):
         super().__init__(cache, positions, span)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
-    def attend(self, layer, q, k, v, start):
+    def attend(self, layer, q, k, v, start, selection=None):
+        _no_selection(selection)
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
