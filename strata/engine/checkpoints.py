@@ -85,6 +85,14 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _refresh_selector(cache, n: int) -> None:
+    """A Quest selector (`--qsa quest`) keeps block bounds of the keys it saw: recompute them from the restored ones."""
+    if getattr(cache, "selector", None) is None or not n:
+        return
+    for layer in range(cache.n_layers):
+        cache.selector.observe(layer, 0, n, lambda a, b, layer=layer: cache.read_keys(layer, a, b))
+
+
 def _snapshot_dense(cache: KVCache, n: int):
     keys = [_to_host(k[:n]) for k in cache.keys]
     values = [_to_host(v[:n]) for v in cache.values]
@@ -97,6 +105,7 @@ def _restore_dense(cache: KVCache, state) -> None:
     for layer in range(cache.n_layers):
         cache.keys[layer][:n].copy_(keys[layer])
         cache.values[layer][:n].copy_(values[layer])
+    _refresh_selector(cache, n)
 
 
 def _page_rows(cache: PagedInt8KV, pages: list[int]) -> torch.Tensor:
@@ -120,6 +129,7 @@ def _restore_paged(cache: PagedInt8KV, state) -> None:
     for pool, saved in zip(cache.pools, pools):
         for target, values in zip((pool.k, pool.v, pool.k_scale, pool.v_scale), saved):
             target[rows] = values.to(target.device)
+    _refresh_selector(cache, n)
 
 
 def _snapshot_hybrid(cache: HybridCache, n: int):

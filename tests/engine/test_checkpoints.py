@@ -120,6 +120,24 @@ def test_a_checkpoint_dropped_to_make_room_for_the_conversation_it_replaces_stil
     assert torch.equal(live.prefill(a + [7, 8]), restored)
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_a_quest_selection_sees_the_restored_keys(model_dir, kv_dtype):
+    """`--qsa quest` keeps bounds of the keys it saw; after a restore they must describe the restored keys."""
+    path = model_dir / "ckpt-qwen3moe-hd64.gguf"
+    if not path.exists():
+        make_model(path, arch="qwen3moe", preset="tiny", quant="Q8_0", head_dim=64, n_embd=128)
+    options = dict(device="cpu", kv_dtype=kv_dtype, qsa="quest", qsa_budget=40)  # prompts past the budget select
+    a, b = _tokens(70, seed=11), _tokens(64, seed=12)
+    engine = strata.LLM(path, **options).engine
+    engine.prefill(a)
+    engine.prefill(b)
+    restored = engine.prefill(a + [5, 6, 7])
+    assert engine.checkpoints.stats.restored == 1
+    live = strata.LLM(path, **options).engine
+    live.prefill(a)
+    assert torch.equal(live.prefill(a + [5, 6, 7]), restored)
+
+
 def test_no_checkpoints_when_switched_off(tool_model):
     llm = strata.LLM(tool_model, device="cpu", checkpoints=0)
     a, b = [5, 6, 7, 8, 9], [9, 8, 7]
