@@ -181,7 +181,7 @@ def test_ship_installs_the_file_the_default_model_checks_read(tiny_run, monkeypa
     # A previous ship's section is replaced, the rest of the file kept.
     bench.write_text(f"# Benchmarks\n\nolder section\n\n{BENCH_BEGIN}\nstale\n{BENCH_END}\n\nlater section\n")
     train_small.main(["ship", "--run", str(tiny_run / "run"), "--dest", str(dest), "--pins", str(pins),
-                      "--benchmarks", str(bench)])
+                      "--pin-tokens", "2", "--benchmarks", str(bench)])
     text = bench.read_text()
     assert text.startswith("# Benchmarks\n\nolder section\n") and text.endswith("\n\nlater section\n")
     assert text.count(BENCH_BEGIN) == 1 and "stale" not in text
