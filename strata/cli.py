@@ -15,9 +15,36 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="activation dtype: float32, bfloat16, float16 or auto")
     p.add_argument("--kv-dtype", default="float16", help="KV cache dtype: float16 (default), bfloat16, float32, "
                    "int8 (paged, Strata's int8 format; head_dim a multiple of 64)")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context size (default: min(model's, 4096))")
+    p.add_argument("-c", "--ctx", "--max-context", dest="ctx", type=int, default=None,
+                   help="context size, up to 524288 (default: min(model's, 4096))")
+    p.add_argument("--qsa", default="none", choices=("none", "quest"),
+                   help="sparse attention for models without an indexer: quest (opt-in; see docs/BENCHMARKS.md)")
+    p.add_argument("--qsa-budget", type=int, default=2048 + 3, help="cells each query attends under --qsa quest")
+    _kv_resident_arg(p)
     p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX (GPU default up to 8192)")
+    p.add_argument("--checkpoints", type=int, default=8, help="caches of recent conversations kept for their "
+                   "next turn (0: none)")
+    p.add_argument("--checkpoint-gib", type=float, default=4.0, help="most memory the checkpoints take (host RAM)")
     _placement_args(p)
+    _speculation_args(p)
+
+
+def _speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", type=int, default=1, metavar="T",
+                   help="speculative decoding: verify windows of the last token + T-1 drafts (MTP block, else prompt "
+                        "lookup), T = 1 (off, default) .. 4; greedy output is unchanged")
+    p.add_argument("--spec-min-p", type=float, default=0.0, metavar="P", help="end an MTP draft below this probability")
+    p.add_argument("--suffix-draft", type=int, default=0, metavar="N",
+                   help="add up to N prompt-lookup drafts where the MTP draft stops")
+
+
+def _speculation(args) -> dict:
+    return dict(spec=args.spec, spec_min_p=args.spec_min_p, suffix_draft=args.suffix_draft)
+
+
+def _kv_resident_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-resident", type=int, default=None, metavar="N",
+                   help="int8 KV pages in host RAM, N cells per layer on the GPU (CLOCK eviction)")
 
 
 def _placement_args(p: argparse.ArgumentParser) -> None:
@@ -30,12 +57,18 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
     p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
                    help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
-    return dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream)
+    options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
+                   pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream,
+                   decode_graphs="auto" if args.graphs else "off")
+    if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
+        options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
+    return options
 
 
 def _count(text: str, flag: str) -> int:
@@ -59,7 +92,8 @@ def _load(args):
     from strata.api import LLM
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, progress=True,
-              prefill_chunk=_prefill(args.prefill), **_placement(args))
+              prefill_chunk=_prefill(args.prefill), checkpoints=args.checkpoints,
+              checkpoint_gib=args.checkpoint_gib, **_placement(args), **_speculation(args))
     if args.command in ("run", "chat"):
         llm.engine.on_prefill_progress = _show_prefill_progress
     return llm
@@ -106,6 +140,11 @@ def cmd_run(args) -> None:
     else:
         chunks = llm.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling)
     _print_stream(chunks)
+    if llm.engine.spec is not None:
+        stats = llm.engine.spec.stats
+        acceptance = " ".join("-" if a != a else f"{a:.2f}" for a in stats.acceptance())
+        print(f"[spec {stats.window}: {stats.tokens_per_window:.2f} tokens per verify window, acceptance by draft "
+              f"position {acceptance}]", file=sys.stderr)
 
 
 def cmd_chat(args) -> None:
@@ -139,9 +178,10 @@ def cmd_chat(args) -> None:
 def cmd_info(args) -> None:
     from strata.models.info import describe, describe_plan
 
-    print(describe(args.model, args.ctx))
+    print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
-        print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"]))
+        print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
+                            args.kv_dtype, args.kv_resident))
 
 
 def cmd_profile(args) -> None:
@@ -159,7 +199,8 @@ def cmd_profile(args) -> None:
 def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
-    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True)
+    path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
+                      **({"nextn_layers": 1} if args.mtp else {}))
     print(f"wrote {path}")
 
 
@@ -182,7 +223,8 @@ def cmd_eval_teacher_forced(args) -> None:
 
     from strata.eval.teacher_forced import evaluate, report
 
-    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args))
+    options = dict(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype, n_ctx=args.ctx, **_placement(args),
+                   **_speculation(args))
     result = evaluate(args, options)
     print(json.dumps(result, indent=2) if args.json else report(result))
 
@@ -209,6 +251,13 @@ def cmd_bench_prompt(args) -> None:
     bench_prompt(args, _placement(args))
 
 
+def cmd_bench_spec(args) -> None:
+    from strata.bench.spec import bench_spec
+
+    args.prefill = _prefill(args.prefill)
+    bench_spec(args, _placement(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-experts GGUF inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,7 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="architecture, parameters, quant types and a memory estimate")
     p.add_argument("model")
-    p.add_argument("-c", "--ctx", type=int, default=4096, help="context size for the memory estimate")
+    p.add_argument("-c", "--ctx", "--max-context", dest="ctx", type=int, default=4096,
+                   help="context size for the memory estimate")
+    p.add_argument("--kv-dtype", default="float16", help="KV cache dtype of the estimate: float16, bfloat16, float32, int8")
+    _kv_resident_arg(p)
     p.add_argument("--plan", action="store_true", help="also print where each part would live")
     p.add_argument("--device", default="auto", help="device the plan is for")
     _placement_args(p)
@@ -244,10 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("make-model", help="write a GGUF with synthetic weights and a small real tokenizer")
-    p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3, qwen3moe or qwen3next")
-    p.add_argument("--preset", default="tiny", help="tiny, small, qwen3-30b-a3b, qwen4exp-experts")
+    p.add_argument("--arch", default="qwen3moe", help="qwen2, qwen3, qwen3moe, qwen3next or qwen4exp")
+    p.add_argument("--preset", default="tiny",
+                   help="tiny, small, qwen3-30b-a3b, qwen4exp-experts; full: the real shapes of qwen3next or qwen4exp "
+                        "(qwen4exp: 2 shards, the second the n-gram table)")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 
@@ -298,10 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
     _placement_args(b)
     b.set_defaults(func=cmd_bench_prompt)
+    b = bench.add_parser("spec", help="decode tokens/s with and without --spec, acceptance by draft position")
+    _engine_args(b)
+    b.add_argument("--windows", default="1,2,3,4", help="the --spec values to compare (1 always runs)")
+    b.add_argument("--text", default=None, help="text whose first tokens are the prompt (default: a built-in one)")
+    b.add_argument("--prompt-tokens", type=int, default=256)
+    b.add_argument("--gen-tokens", type=int, default=64)
+    b.add_argument("--reps", type=int, default=2)
+    b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("cpu-experts", "cpu_experts", "GB/s of the CPU expert kernels beside host memory bandwidth"),
+        ("long-context", "long_context", "a long prompt through int8 KV: dense vs --qsa quest vs --kv-resident"),
+        ("checkpoints", "checkpoints", "what a conversation checkpoint costs (copy out and back) and saves"),
     ]:
         # The tool parses its own options (`strata bench prompt-attn --help` lists them).
         b = bench.add_parser(name, help=help_text, add_help=False)

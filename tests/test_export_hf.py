@@ -380,3 +380,50 @@ def test_qwen3next_quantized_round_trip(tmp_path):
 def test_qwen3next_configs_llama_cpp_cannot_load_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         export_gguf(make_hf_model("qwen3next", **overrides), tmp_path / "bad.gguf")
+
+
+def test_qwen3next_mtp_block_is_written_under_nextn_names(tmp_path):
+    """The checkpoint's mtp.* block lands on block n_layer under llama.cpp's nextn names, norms with their +1."""
+    model = make_hf_model("qwen3next", seed=3, mtp=True)
+    path = tmp_path / "mtp.gguf"
+    export_gguf(model, path, "F32")
+    reader = gguf.GGUFReader(path)
+    n = model.config.num_hidden_layers
+    assert reader.fields["qwen3next.block_count"].contents() == n + 1
+    assert reader.fields["qwen3next.nextn_predict_layers"].contents() == 1
+    tensors = {t.name: t for t in reader.tensors}
+    known = set(gguf.TENSOR_NAMES.values())
+    for name in (t for t in tensors if t.startswith(f"blk.{n}.")):
+        assert re.sub(r"blk\.\d+\.", "blk.{bid}.", name.removesuffix(".weight")) in known, name
+    params = dict(model.named_parameters())
+    fc = np.asarray(tensors[f"blk.{n}.nextn.eh_proj.weight"].data)
+    assert np.array_equal(fc, params["mtp.fc.weight"].detach().numpy())
+    enorm = np.asarray(tensors[f"blk.{n}.nextn.enorm.weight"].data)
+    assert np.allclose(enorm, 1 + params["mtp.pre_fc_norm_embedding.weight"].detach().numpy())
+    assert f"blk.{n}.attn_q.weight" in tensors and f"blk.{n}.ffn_gate_exps.weight" in tensors
+    assert f"blk.{n}.nextn.shared_head_norm.weight" in tensors and f"blk.{n}.attn_qkv.weight" not in tensors
+
+
+def test_checkpoint_mtp_tensors_attach_with_experts_one_by_one():
+    """A loaded Qwen3-Next has no mtp.*: the checkpoint's tensors (experts stored one by one) attach as the block."""
+    from tools.export_hf import attach_checkpoint_mtp
+
+    source = make_hf_model("qwen3next", seed=4, mtp=True)
+    checkpoint = {}
+    for name, param in source.mtp.named_parameters():
+        if name.endswith("experts.gate_up_proj"):
+            for e, (gate, up) in enumerate(zip(*param.detach().chunk(2, dim=1))):
+                checkpoint[f"mtp.{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = gate
+                checkpoint[f"mtp.{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = up
+        elif name.endswith("experts.down_proj"):
+            for e, down in enumerate(param.detach()):
+                checkpoint[f"mtp.{name[:-len('down_proj')]}{e}.down_proj.weight"] = down
+        else:
+            checkpoint[f"mtp.{name}"] = param.detach()
+    model = make_hf_model("qwen3next", seed=4)
+    attach_checkpoint_mtp(model, checkpoint)
+    for name, param in source.mtp.named_parameters():
+        assert torch.equal(dict(model.mtp.named_parameters())[name], param), name
+    del checkpoint["mtp.norm.weight"]
+    with pytest.raises(ValueError, match="lacks MTP tensors: mtp.norm.weight"):
+        attach_checkpoint_mtp(make_hf_model("qwen3next", seed=4), checkpoint)

@@ -167,6 +167,7 @@ def test_training_writes_checkpoint_log_and_a_gguf_our_engine_agrees_with(tiny_r
     assert "mtp.fc.weight" in names and "model.layers.0.linear_attn.in_proj_qkvz.weight" in names
 
     llm = strata.LLM(run / "model.gguf", device="cpu", dtype="float32", kv_dtype="float32")
+    assert len(llm.engine.model.mtp) == 1  # the trained MTP head ships in the GGUF (blk.N.nextn.*), for --spec
     record = result["heldout_transformers"]
     windows = default_model.read_windows(run / "heldout_eval.bin", record["window_tokens"])
     assert windows.shape == (3, 32)

@@ -91,8 +91,9 @@ FILE_TYPES = {
 }
 
 
-def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    """A tiny float32 transformers model of `arch` in eval mode, every parameter drawn from `seed`."""
+def make_hf_model(arch: str, seed: int = 0, mtp: bool = False, **overrides) -> torch.nn.Module:
+    """A tiny float32 transformers model of `arch` in eval mode, every parameter drawn from `seed`. `mtp` (qwen3next)
+    adds the checkpoint's `mtp.*` block as a submodule that transformers' forward never calls."""
     import transformers
 
     if arch not in ARCHS:
@@ -102,8 +103,59 @@ def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     fields = {**TINY, **extra, **overrides}
     config = getattr(transformers, config_name)(**fields)
     model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+    if mtp:
+        if arch != "qwen3next":
+            raise ValueError(f"only qwen3next checkpoints carry an mtp.* block, not {arch}")
+        model.mtp = mtp_block(config)  # registered after every other parameter: their random draws stay the same
     _redraw(model, seed)
     return model
+
+
+def mtp_block(config) -> torch.nn.Module:
+    """Qwen3-Next's multi-token-prediction block with the checkpoint's parameter names (`mtp.fc.weight`,
+    `mtp.pre_fc_norm_{embedding,hidden}.weight`, `mtp.layers.0.*` a full-attention MoE decoder layer, `mtp.norm.weight`)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+    attention_layer = config.layer_types.index("full_attention")  # the layer class reads its kind from here
+    block = torch.nn.Module()
+    block.fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+    block.pre_fc_norm_embedding = hf.Qwen3NextRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    block.pre_fc_norm_hidden = hf.Qwen3NextRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    block.layers = torch.nn.ModuleList([hf.Qwen3NextDecoderLayer(config, attention_layer)])
+    block.norm = hf.Qwen3NextRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    return block.to(torch.float32).eval()
+
+
+def attach_checkpoint_mtp(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Give a loaded transformers Qwen3-Next (which drops `mtp.*`) the checkpoint's MTP block: `tensors` by their
+    checkpoint names, experts one by one (`mtp.layers.0.mlp.experts.{e}.{gate,up,down}_proj.weight`)."""
+    block = mtp_block(model.config)
+    params = dict(block.named_parameters())
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        match = re.fullmatch(r"mtp\.(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if match:
+            experts.setdefault((match[1], match[3]), {})[int(match[2])] = tensor
+        elif name.startswith("mtp.") and name[4:] in params:
+            params.pop(name[4:]).data.copy_(tensor)
+        else:
+            raise ValueError(f"checkpoint tensor {name} is not part of Qwen3-Next's MTP block")
+    n = model.config.num_experts
+    for (prefix, part), by_expert in sorted(experts.items()):
+        if sorted(by_expert) != list(range(n)):
+            raise ValueError(f"mtp.{prefix}: {part}_proj of {len(by_expert)} experts, the config has {n}")
+    for prefix in {prefix for prefix, _ in experts}:
+        stack = {part: torch.stack([experts[(prefix, part)][e] for e in range(n)]) for part in ("gate", "up", "down")}
+        params.pop(f"{prefix}.gate_up_proj").data.copy_(torch.cat((stack["gate"], stack["up"]), dim=1))
+        params.pop(f"{prefix}.down_proj").data.copy_(stack["down"])
+    if params:
+        raise ValueError(f"the checkpoint lacks MTP tensors: {', '.join('mtp.' + name for name in sorted(params))}")
+    model.mtp = block
+
+
+def mtp_layer_count(model: torch.nn.Module) -> int:
+    block = getattr(model, "mtp", None)
+    return len(block.layers) if block is not None else 0
 
 
 def _redraw(model: torch.nn.Module, seed: int) -> None:
@@ -182,6 +234,14 @@ _GLOBAL_NAMES = {
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
+# Qwen3-Next's MTP block -> llama.cpp's nextn names on block n_layer (its decoder layer keeps the layer names there);
+# its RMSNorms scale by (1 + w) like the trunk's. docs/ARCHITECTURES.md lists the mapping.
+_MTP_NAMES = {
+    "mtp.fc.weight": ("nextn.eh_proj.weight", None),  # [embd, 2 embd]: input = [normed embedding, normed hidden]
+    "mtp.pre_fc_norm_embedding.weight": ("nextn.enorm.weight", "plus_one"),
+    "mtp.pre_fc_norm_hidden.weight": ("nextn.hnorm.weight", "plus_one"),
+    "mtp.norm.weight": ("nextn.shared_head_norm.weight", "plus_one"),
+}
 
 
 def _qkvz_rows(config) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -206,10 +266,15 @@ def tensor_sources(model: torch.nn.Module) -> list[TensorSource]:
                 transform = "plus_one" if next_arch and hf_name == "model.norm.weight" else None
                 sources.append(TensorSource(_GLOBAL_NAMES[hf_name], hf_name, transform=transform))
             continue
-        match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(\w+)", hf_name)
-        if match is None:
+        if next_arch and hf_name in _MTP_NAMES:
+            name, transform = _MTP_NAMES[hf_name]
+            sources.append(TensorSource(f"blk.{model.config.num_hidden_layers}.{name}", hf_name, transform=transform))
+            continue
+        match = re.fullmatch(r"(model|mtp)\.layers\.(\d+)\.(.+)\.(\w+)", hf_name)
+        if match is None or (match[1] == "mtp" and not next_arch):
             raise ValueError(f"no GGUF name for parameter {hf_name}")
-        blk, module, kind = f"blk.{match[1]}", match[2], match[3]
+        layer = int(match[2]) + (model.config.num_hidden_layers if match[1] == "mtp" else 0)
+        blk, module, kind = f"blk.{layer}", match[3], match[4]
         if next_arch and f"{module}.{kind}" in _QWEN3NEXT_NAMES:
             name, transform = _QWEN3NEXT_NAMES[f"{module}.{kind}"]
             sources.append(TensorSource(f"{blk}.{name}", hf_name, transform=transform))
@@ -294,14 +359,16 @@ def gguf_arch(model: torch.nn.Module) -> str:
     return arch
 
 
-def _write_hparams(writer: gguf.GGUFWriter, config, arch: str, qtype: str) -> None:
+def _write_hparams(writer: gguf.GGUFWriter, config, arch: str, qtype: str, n_mtp: int = 0) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_name(f"strata-tiny-{arch}")
     if qtype in FILE_TYPES:
         writer.add_file_type(FILE_TYPES[qtype])
     if qtype not in ("F32", "F16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_block_count(config.num_hidden_layers)
+    writer.add_block_count(config.num_hidden_layers + n_mtp)
+    if n_mtp:
+        writer.add_nextn_predict_layers(n_mtp)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
@@ -367,7 +434,7 @@ def export_gguf(model: torch.nn.Module, path, qtype: str = "F32", tokenizer_meta
     if tokens is not None and len(tokens) != model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokens)} tokens and the model {model.config.vocab_size} rows")
     writer = gguf.GGUFWriter(str(path), arch)
-    _write_hparams(writer, model.config, arch, qtype)
+    _write_hparams(writer, model.config, arch, qtype, mtp_layer_count(model))
     if tokenizer_metadata is not None:
         try:
             from strata.tokenizer_train import write_tokenizer_metadata
@@ -433,10 +500,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    parser.add_argument("--mtp", action="store_true", help="qwen3next: add a random mtp.* block (blk.N.nextn.*)")
     args = parser.parse_args(argv)
     overrides = K_QUANT_SIZES if args.qtype == "Q4_K" else {}  # the tiny sizes do not fill a 256-block
     overrides = {**overrides, **{key: _parse_value(value) for key, value in (s.split("=", 1) for s in args.set)}}
-    model = make_hf_model(args.arch, args.seed, **overrides)
+    model = make_hf_model(args.arch, args.seed, mtp=args.mtp, **overrides)
     export_gguf(model, args.output, args.qtype)
     print(f"wrote {args.output} ({args.arch}, {args.qtype}, seed {args.seed})")
 

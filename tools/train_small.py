@@ -28,7 +28,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a script: make `strata` and `tools` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools import export_hf  # noqa: E402
+from tools.export_hf import attach_checkpoint_mtp, export_gguf  # noqa: E402
 from tools.train_mtp import Qwen3NextMTP  # noqa: E402
 from strata.default_model import PINNED_TOKENS, SAMPLE_PROMPTS  # noqa: E402
 
@@ -292,11 +292,8 @@ def finish(args, causal_lm, mtp, tokenizer_metadata: dict, data_manifest: dict, 
     causal_lm, mtp = causal_lm.cpu(), mtp.cpu()
     save_checkpoint(causal_lm, mtp, args.data, out / "checkpoint")
     gguf_path = out / GGUF_NAME
-    # An exporter that writes Qwen3-Next's MTP block (blk.N.nextn.*) takes it as the model's `mtp` submodule.
-    exports_mtp = hasattr(export_hf, "mtp_layer_count")
-    if exports_mtp:
-        causal_lm.mtp = mtp
-    export_hf.export_gguf(causal_lm, gguf_path, args.qtype, tokenizer_metadata=tokenizer_metadata)
+    attach_checkpoint_mtp(causal_lm, mtp.checkpoint_tensors())  # the GGUF carries the MTP head (nextn) for --spec
+    export_gguf(causal_lm, gguf_path, args.qtype, tokenizer_metadata=tokenizer_metadata)
     size = gguf_path.stat().st_size
     result["gguf"] = {"file": GGUF_NAME, "qtype": args.qtype, "bytes": size, "mtp_block": exports_mtp,
                       "sha256": hashlib.sha256(gguf_path.read_bytes()).hexdigest(),

@@ -32,7 +32,10 @@ def bench_decode(args, placement: dict) -> None:
     seconds = time.perf_counter() - start
     print(f"model      {engine.file.path.name}, device {device}, {n} decode tokens after {len(prompt)} prompt tokens")
     print(engine.plan.describe())
-    print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token)")
+    decoder = engine.decoder
+    graphs = "off (step by step)" if decoder is None else (
+        f"captured ({len(decoder.programs)} span(s))" if decoder.capture else "static steps, uncaptured")
+    print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token); CUDA graphs {graphs}")
     expert_each = engine.plan.expert_bytes_each
     dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
     gpu_floor = dense_read / (copy_bandwidth(device) / 2)

@@ -25,8 +25,9 @@ def bytes_per_decode_token(engine: Engine) -> int:
 
 def bench_generate(args) -> None:
     n_ctx = args.ctx or args.prompt_tokens + args.gen_tokens + 1
+    # No checkpoints: each repetition reads the whole prompt, and no copy of the cache is in its time.
     engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                             prefill_chunk=args.prefill, n_ctx=n_ctx))
+                                             prefill_chunk=args.prefill, n_ctx=n_ctx, checkpoints=0))
     device = engine.device
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, engine.model.config.vocab_size, (args.prompt_tokens,), generator=gen).tolist()

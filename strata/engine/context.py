@@ -15,6 +15,9 @@ class ForwardContext:
     start: int  # position of the first token of this step
     n_tokens: int
     want_all_logits: bool = False  # the prompt path's logits for every token, not only the last
+    want_hidden: bool = False  # keep the final normed hidden states of every token in `hidden` (MTP drafts read them)
+    keep_row_states: bool = False  # a verify window: recurrent layers keep each row's state, to roll back rejected rows
+    hidden: torch.Tensor | None = None  # set by the model when want_hidden: [n_tokens, embd]
 
     def positions(self, device: torch.device) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.n_tokens, device=device)

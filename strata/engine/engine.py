@@ -8,9 +8,13 @@ from typing import Callable, Iterator
 
 import torch
 
+from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
+from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
-from strata.engine.kv import check_kind, kv_bytes_per_value
+from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
+from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
@@ -19,6 +23,8 @@ from strata.engine.placement import plan_placement
 from strata.models import config_of, load_model
 from strata.tokenizer import Tokenizer
 
+QSA_KINDS = ("none", "quest")
+MAX_CONTEXT = 524_288  # nothing is sized by the context up front: caches grow by pages, masks follow the step
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -35,7 +41,16 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
+    qsa: str = "none"  # "quest": the KV backend selects qsa_budget cells per query (models without an indexer)
+    qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
+    kv_resident: int | None = None  # int8 KV in host RAM with this many cells per layer on the device
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
+    checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
+    checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
+    spec: int = 1  # verify window of speculative decoding: the last token + spec-1 drafts (1: off; engine/spec.py)
+    spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
+    suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
+    decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -65,24 +80,44 @@ class Engine:
         self.dtype = config.resolve_dtype(self.device)
         model_config = config_of(self.file)
         self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
-        if self.n_ctx <= 0:
-            raise StrataError(f"n_ctx must be positive, got {self.n_ctx}")
+        if not 0 < self.n_ctx <= MAX_CONTEXT:
+            raise StrataError(f"n_ctx must be in 1..{MAX_CONTEXT}, got {self.n_ctx}")
         kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
+        if config.kv_resident is not None and kv_dtype != "int8":
+            raise StrataError(f"kv_resident keeps int8 pages in host RAM: it needs kv_dtype int8, not {kv_dtype}")
+        if config.qsa not in QSA_KINDS:
+            raise StrataError(f"qsa {config.qsa!r} is not one of {', '.join(QSA_KINDS)}")
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
         self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
-                                   config.vram_budget, config.expert_cache)
+                                   config.vram_budget, config.expert_cache, config.kv_resident)
         # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
         offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
         self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
         if offload:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
-        self.kv = self.model.new_cache(self.n_ctx, kv_dtype)
+        self.kv = self.model.new_cache(self.n_ctx, ResidentKind(config.kv_resident) if config.kv_resident else kv_dtype)
+        if config.qsa == "quest":
+            backend = self.kv.kv if isinstance(self.kv, HybridCache) else self.kv
+            backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,
+                                             budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
+        if config.checkpoints < 0 or config.checkpoint_gib < 0:
+            raise StrataError("checkpoints and checkpoint_gib must be >= 0")
+        self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
+            if config.checkpoints else None
+        self.decoder = make_decoder(self.model, self.kv, self.device, config.decode_graphs)  # None: step by step
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
-                                        self._free_device_bytes())
+                                        self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
+        self.spec = None  # speculative decoding (engine/spec.py), when config.spec > 1
+        if config.spec != 1 or config.spec_min_p or config.suffix_draft:
+            from strata.engine.spec import SpecDecoder, check_options
+
+            check_options(config.spec, config.spec_min_p, config.suffix_draft)
+            if config.spec > 1:
+                self.spec = SpecDecoder(self, config.spec, config.spec_min_p, config.suffix_draft)
 
     def _check_fits(self, n_tokens: int) -> None:
         if n_tokens > self.n_ctx:
@@ -104,39 +139,71 @@ class Engine:
         outputs = []
         clock = ProgressClock(len(ids), self.on_prefill_progress if len(ids) > 1 else None)
         equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size
+        # The cache holds whole chunks only: a progress hook may stop the prompt between two (a cancelled
+        # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
+        self.cached_tokens = self.cached_tokens[:start]
         for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
-            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits)
-            outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
+                                 want_hidden=self.spec is not None and self.spec.wants_hidden)
+            try:
+                outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+            except BaseException:
+                self.cached_tokens = []
+                self.kv.truncate(0)
+                raise
+            self.cached_tokens += ids[begin:end]
+            if ctx.want_hidden:
+                self.spec.saw_hidden(start + begin, ctx.hidden)
             clock.chunk_done(end)
-        self.cached_tokens = self.cached_tokens[:start] + list(ids)
         return torch.cat(outputs) if all_logits else outputs[-1]
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Logits [1, vocab] after `ids`, reusing the cached keys of the longest shared prefix."""
+    def reuse(self, ids: list[int]) -> Reuse:
+        """Where the next prefill of `ids` starts: the live cache's shared prefix, or a longer one of a checkpoint."""
+        live = Reuse(usable_prefix(self.cached_tokens, ids, self.kv.can_truncate))
+        if self.checkpoints is None:
+            return live
+        found = self.checkpoints.best(ids, self.kv.can_truncate)
+        return found if found.tokens > live.tokens else live
+
+    def _leave_live_sequence(self) -> None:
+        """The cache is about to be rewound or overwritten: keep a checkpoint of the conversation it holds."""
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.cached_tokens, self.kv)
+
+    def prefill(self, ids: list[int], checkpoint: bool = True) -> torch.Tensor:
+        """Logits [1, vocab] after `ids`, reusing the cached keys (or states) of the longest shared prefix, from the
+        live cache or a checkpoint. `checkpoint=False`: a decode step, not a prompt (a hybrid model's cache is
+        checkpointed at the end of each prompt)."""
         if not ids:
             raise StrataError("empty prompt: nothing to continue from")
         self._check_fits(len(ids))
-        shared = 0
-        for a, b in zip(self.cached_tokens, ids[:-1]):  # at least the last token is always recomputed
-            if a != b:
-                break
-            shared += 1
-        if shared < len(self.cached_tokens) and not self.kv.can_truncate:
-            shared = 0  # a recurrent state cannot be rewound: start over
-        self.kv.truncate(shared)
-        return self._forward(ids[shared:], shared, all_logits=False)
+        start = self.reuse(ids)
+        if start.checkpoint is not None or start.tokens < len(self.cached_tokens):
+            self._leave_live_sequence()
+        if start.checkpoint is not None:
+            self.checkpoints.restore(start.checkpoint, self.kv, start.tokens)
+            self.cached_tokens = list(start.checkpoint.tokens)
+        self.kv.truncate(start.tokens)  # a recurrent state cannot be rewound: 0 (start over) or all it holds
+        logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
+        if checkpoint and self.checkpoints is not None and not self.kv.can_truncate:
+            self.checkpoints.save(ids, self.kv)
+        return logits
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""
         if not ids:
             raise StrataError("logits: no tokens given")
         self._check_fits(len(ids))
+        self._leave_live_sequence()
         self.kv.truncate(0)  # from position 0: a recurrent state must not carry over from an earlier prompt
         return self._forward(list(ids), 0, all_logits=True).cpu()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
                  stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:
         """Yields new token ids until a stop id (yielded, then ending), max_tokens or the end of the context."""
+        if self.spec is not None:
+            yield from self.spec.generate(prompt_ids, params, max_tokens, stop_ids)
+            return
         sampler = Sampler(params)
         logits = self.prefill(prompt_ids)
         history = list(prompt_ids)
@@ -146,4 +213,13 @@ class Engine:
             yield token
             if token in stop_ids or len(history) >= self.n_ctx:
                 return
-            logits = self._forward([token], len(history) - 1, all_logits=False)
+            logits = self.decode(token, len(history) - 1)
+
+    def decode(self, token: int, position: int) -> torch.Tensor:
+        """Logits [1, vocab] after `token` at `position`, the cache holding every earlier position: the captured
+        step (engine/decode.py) when there is one, else a one-token forward."""
+        if self.decoder is None:
+            return self._forward([token], position, all_logits=False)
+        logits = self.decoder.step([token], position)
+        self.cached_tokens = self.cached_tokens[:position] + [token]
+        return logits

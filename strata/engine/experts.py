@@ -133,6 +133,23 @@ class ResidentExperts(ExpertBackend):
         return PendingExperts(out)
 
 
+@dataclass
+class StepPlan:
+    """Where a routed layer's experts run this step: routes {expert: (token rows, top-k slot)}, the cached ones
+    (expert -> slot) and their table (int32 [n_experts], -1 where not cached; on the host)."""
+
+    routes: dict
+    hits: dict[int, int]
+    table: torch.Tensor
+
+
+def hits_table(n_experts: int, hits: dict[int, int]) -> torch.Tensor:
+    table = torch.full((n_experts,), -1, dtype=torch.int32)
+    if hits:
+        table[list(hits)] = torch.tensor(list(hits.values()), dtype=torch.int32)
+    return table
+
+
 class CachedExperts(ExpertBackend):
     """Experts live in host RAM; a GPU cache holds some. Hits run on the device; misses run on the CPU pool, or
     (a `pcie_frac` share of them) are copied over PCIe and run on the device. Prompt chunks may go to `prompt`,
@@ -178,13 +195,35 @@ class CachedExperts(ExpertBackend):
     def hits_by_kernel(self, layer, x, weights, ids, hits: dict[int, int]) -> torch.Tensor:
         """The cached experts' share in one GEMV launch over the slots: a table maps expert -> slot, and the
         kernel adds nothing for the experts it marks -1 (the misses, computed elsewhere)."""
+        table = hits_table(self.host_stacks[layer].n_experts, hits)
+        return self._slot_gemv(layer, x, weights, ids, table.to(x.device, non_blocking=True))
+
+    def _slot_gemv(self, layer, x, weights, ids, table: torch.Tensor) -> torch.Tensor:
         from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
 
-        stack = self.host_stacks[layer]
-        table = torch.full((stack.n_experts,), -1, dtype=torch.int32)
-        table[list(hits)] = torch.tensor(list(hits.values()), dtype=torch.int32)
-        experts = DecodeExperts.of_slots(self.cache.slots, table.to(x.device, non_blocking=True), stack)
+        experts = DecodeExperts.of_slots(self.cache.slots, table, self.host_stacks[layer])
         return moe_gemv(x, ids.to(torch.int32), weights.float(), experts)
+
+    # ---- the same work in the pieces a captured decode step (engine/decode.py) runs between its graphs
+
+    def plan_step(self, layer, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """Host side of a routed layer, from its published (host) x, weights and ids: look the experts up, hand
+        the misses to the CPU pool. Returns (the pool's future or None, the StepPlan of the device's share)."""
+        routes = routed_tokens(ids)
+        hits, misses = self.cache.lookup(layer, list(routes))
+        future = self.pool.submit(layer, x, routes, weights, misses) if misses else None
+        return future, StepPlan(routes, hits, hits_table(self.host_stacks[layer].n_experts, hits))
+
+    def hits_part(self, layer, x, weights, ids, plan: "StepPlan | None", table: torch.Tensor) -> torch.Tensor:
+        """The cached experts' share: one GEMV over the slots through the device `table` (static, so it captures;
+        nothing for the -1 entries), or where the kernels do not run, the reference loop over `plan.hits`."""
+        out = torch.zeros_like(x)
+        if kernel_path(self.host_stacks[layer], x) == "decode":
+            out += self._slot_gemv(layer, x, weights, ids, table)
+        elif plan is not None and plan.hits:
+            hits = plan.hits
+            accumulate(out, plan.routes, weights, x, lambda e: self.cache.expert_weights(layer, hits[e]), hits)
+        return out
 
     def end_step(self) -> None:
         self.cache.end_step()

@@ -18,7 +18,8 @@ class Stats:
     completion_tokens: int = 0
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
-    cached_tokens: int = 0  # prompt tokens whose keys came from the cache of the previous request
+    cached_tokens: int = 0  # prompt tokens not read again: from the live cache or a checkpoint
+    checkpoint_tokens: int = 0  # those of them restored from a checkpoint of an earlier conversation
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -75,19 +76,13 @@ def held_back(text: str, stops: list[str]) -> int:
     return longest
 
 
-def reused_prefix(engine: Engine, ids: list[int]) -> int:
-    """How many leading tokens of `ids` the engine's next prefill takes from its cache (as Engine.prefill decides)."""
-    shared = 0
-    for a, b in zip(engine.cached_tokens, ids[:-1]):
-        if a != b:
-            break
-        shared += 1
-    return shared if shared == len(engine.cached_tokens) or engine.kv.can_truncate else 0
-
-
 def decode_step(engine: Engine, history: list[int]) -> torch.Tensor:
-    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through."""
-    return engine.prefill(history)[-1]
+    """Logits [vocab] after `history`, whose tokens but the last the engine has just read: one token through
+    (the engine's decode step, captured on CUDA, as Engine.generate takes it)."""
+    cached = engine.cached_tokens
+    if len(cached) == len(history) - 1 and (not cached or cached[-1] == history[-2]):
+        return engine.decode(history[-1], len(history) - 1)[-1]
+    return engine.prefill(history, checkpoint=False)[-1]
 
 
 def _scored(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
@@ -136,7 +131,9 @@ def stream_completion(engine: Engine, prompt_ids: list[int], params: SamplingPar
     stops = [s for s in (stop or []) if s]
     stop_ids = tokenizer.eos_token_ids if stop_ids is None else stop_ids
     decoder = tokenizer.stream_decoder(skip_special_tokens=True)  # control tokens are not text
-    stats = Stats(prompt_tokens=len(prompt_ids), cached_tokens=reused_prefix(engine, prompt_ids))
+    reuse = engine.reuse(prompt_ids)  # what the engine's prefill will take from its cache or a checkpoint
+    stats = Stats(prompt_tokens=len(prompt_ids), cached_tokens=reuse.tokens,
+                  checkpoint_tokens=reuse.tokens if reuse.checkpoint is not None else 0)
     pending, pending_ids, pending_lps = "", [], []
     keep_lps = top_logprobs is not None
     finish, matched = "length", None

@@ -3,14 +3,15 @@
 Attention layers keep keys and values per position (a KV backend of engine/kv.py over those layers only: dense or
 int8 paged). GatedDeltaNet layers keep a fixed-size summary instead: the last kernel-1 inputs of their causal conv,
 and the recurrent state [value heads, key dim, value dim]. A summary cannot forget its last tokens, so the cache cannot be rewound:
-the engine starts such a sequence over (position 0) rather than truncate it.
+the engine starts such a sequence over (position 0) rather than truncate it. The one exception is a verify window
+(engine/spec.py): its step keeps every row's summary, so `keep_rows` can drop the rejected rows exactly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from strata.engine.kv import new_kv_cache
+from strata.engine.kv import Selection, new_kv_cache
 from strata.errors import StrataError
 
 
@@ -30,6 +31,8 @@ class HybridCache:
         # The state accumulates over the whole sequence: float32 whatever the activations are.
         self.state = {i: torch.zeros(self.state_shape, dtype=torch.float32, device=device) for i in recurrent}
         self.length = 0  # tokens the states have seen
+        self.window_start = 0  # the last step's first position
+        self.window_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (conv, state) after each row
 
     @property
     def max_tokens(self) -> int:
@@ -59,6 +62,28 @@ class HybridCache:
             raise StrataError(f"a recurrent state holds {self.length} tokens and cannot continue at position {start}")
         self.kv.reserve(start + n_tokens)
         self.length = start + n_tokens
+        self.window_start = start
+        self.window_rows.clear()
+
+    def keep_row_states(self, layer: int, conv_rows: torch.Tensor, state_rows: torch.Tensor) -> None:
+        """A verify window's recurrent layer: the states after each of its rows; the last row's become current."""
+        self.conv[layer].copy_(conv_rows[-1])
+        self.state[layer].copy_(state_rows[-1])
+        self.window_rows[layer] = (conv_rows, state_rows)
+
+    def keep_rows(self, n_rows: int) -> None:
+        """After a verify window: keep its first n_rows tokens, as if only they had been decoded."""
+        if not 1 <= n_rows <= self.length - self.window_start:
+            raise StrataError(f"cannot keep {n_rows} rows of a step of {self.length - self.window_start}")
+        recurrent = [i for i, r in enumerate(self.recurrent_layers) if r]
+        if n_rows < self.length - self.window_start and set(self.window_rows) != set(recurrent):
+            raise StrataError("the last step kept no per-row states (not a verify window): its rows cannot be dropped")
+        for layer, (conv_rows, state_rows) in self.window_rows.items():
+            self.conv[layer].copy_(conv_rows[n_rows - 1])
+            self.state[layer].copy_(state_rows[n_rows - 1])
+        self.window_rows.clear()
+        self.length = self.window_start + n_rows
+        self.kv.truncate(self.length)
 
     def reset(self) -> None:
         for t in (*self.conv.values(), *self.state.values()):
@@ -72,8 +97,9 @@ class HybridCache:
         elif length != self.length:
             raise StrataError(f"a recurrent state cannot be rewound from {self.length} to {length} tokens")
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
+        return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection)
 
     # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -1,19 +1,25 @@
 """KV storage for one sequence, by name: per layer, the keys and values of every cached position.
 
 A backend stores this step's keys and values and attends the step's queries over the past and the step
-(`attend`), so the model files never know which one runs. `new_kv_cache(kind, ...)` makes one by name:
+(`attend`), so the model files never know which one runs. `attend` takes an optional `selection = (ids, width)`:
+ids int32 [T, W], the cells each query attends, ascending (padding past width is ignored), width int32 [T] the
+count used. The selection is the whole mask (no further causal mask); None is dense causal attention.
+`new_kv_cache(kind, ...)` makes one by name:
 
 | kind                          | class                        | bytes per value |
 |-------------------------------|------------------------------|-----------------|
 | float16, bfloat16, float32    | KVCache (dense, this file)   | 2, 2, 4         |
 | int8                          | PagedInt8KV (kv_paged.py)    | 1 + 2/64        |
+| ResidentKind(N): int8 in host RAM, N cells per layer on the device | ResidentInt8KV (kv_resident.py) | 1 + 2/64 |
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from strata.errors import StrataError
 from strata.kernels.attention.paged import GROUP
@@ -21,6 +27,37 @@ from strata.models.layers import attend
 
 DENSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 KV_KINDS = (*DENSE_DTYPES, "int8")
+Selection = tuple[torch.Tensor, torch.Tensor]  # (ids int32 [T, W] ascending, width int32 [T])
+
+
+@dataclass(frozen=True)
+class ResidentKind:
+    """The int8 paged cache with every page in host RAM and `cells` cells per layer on the device (--kv-resident)."""
+
+    cells: int
+
+
+def check_selection(selection: Selection, n_tokens: int) -> Selection:
+    """The selection if its shapes fit a step of `n_tokens` queries, else a StrataError (no device sync)."""
+    ids, width = selection
+    if ids.dim() != 2 or ids.shape[0] != n_tokens or tuple(width.shape) != (n_tokens,):
+        raise StrataError(f"selection ids {list(ids.shape)} / width {list(width.shape)} do not fit a step of "
+                          f"{n_tokens} queries (ids [T, W], width [T])")
+    return ids, width
+
+
+def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor,
+                    width: torch.Tensor) -> torch.Tensor:
+    """GQA attention of q [T, H, D] over the cells `ids[:, :width]` of k, v [S, Hkv, D]: [T, H, D] (0 where the
+    selection is empty). SDPA with the selection as its mask, so a full causal selection gives `attend`'s bytes."""
+    n_tokens, n_keys = q.shape[0], k.shape[0]
+    used = torch.arange(ids.shape[1], device=q.device)[None] < width.to(q.device)[:, None]
+    cells = torch.where(used, ids.to(q.device).long(), n_keys)  # unused slots land in a dropped column
+    allowed = torch.zeros(n_tokens, n_keys + 1, dtype=torch.bool, device=q.device)
+    allowed = allowed.scatter(1, cells, True)[:, :n_keys]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=allowed, enable_gqa=True).transpose(0, 1)
+    return torch.where(allowed.any(1)[:, None, None], out, 0.0)
 
 
 class KVBackend(ABC):
@@ -28,6 +65,18 @@ class KVBackend(ABC):
 
     can_truncate = True  # positions can be forgotten from the end (a recurrent state could not)
     max_tokens: int
+    selector = None  # a QuestSelector (engine/quest.py) when the backend picks the cells itself (`--qsa quest`)
+
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        """Keys of positions begin..end-1 as stored (dequantized): [end - begin, Hkv, D] float32."""
+        raise StrataError(f"{type(self).__name__} cannot read its keys back, which --qsa quest needs")
+
+    def own_selection(self, layer: int, q: torch.Tensor, start: int, selection: Selection | None) -> Selection | None:
+        """After this step's keys are stored: the caller's selection, else the selector's (None: dense causal)."""
+        if self.selector is None:
+            return selection
+        self.selector.observe(layer, start, start + q.shape[0], lambda a, b: self.read_keys(layer, a, b))
+        return selection if selection is not None else self.selector.select(layer, q, start)
 
     @property
     @abstractmethod
@@ -42,9 +91,10 @@ class KVBackend(ABC):
         """Forget positions from `length` on."""
 
     @abstractmethod
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        """Store k, v [T, Hkv, D] at positions start.., then causal attention of q [T, H, D] over positions
-        0..start+T-1: [T, H, D] in q's dtype."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
+        """Store k, v [T, Hkv, D] at positions start.., then attention of q [T, H, D] over positions
+        0..start+T-1, causal or only the `selection` (ids [T, W], width [T]): [T, H, D] in q's dtype."""
 
 
 def kv_bytes_per_value(kind: str) -> float:
@@ -64,9 +114,13 @@ def check_kind(kind: str, head_dim: int | None = None) -> str:
     return kind
 
 
-def new_kv_cache(kind: str | torch.dtype, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
-                 device: torch.device) -> KVBackend:
-    """The backend named `kind` (a KV_KINDS name, or a torch float dtype for the dense cache)."""
+def new_kv_cache(kind: str | torch.dtype | ResidentKind, n_layers: int, n_kv_heads: int, head_dim: int,
+                 max_tokens: int, device: torch.device) -> KVBackend:
+    """The backend named `kind` (a KV_KINDS name, a torch float dtype for the dense cache, or a ResidentKind)."""
+    if isinstance(kind, ResidentKind):
+        from strata.engine.kv_resident import ResidentInt8KV
+
+        return ResidentInt8KV(n_layers, n_kv_heads, head_dim, max_tokens, device, kind.cells)
     if isinstance(kind, torch.dtype):
         return KVCache(n_layers, n_kv_heads, head_dim, max_tokens, kind, device)
     if check_kind(kind) == "int8":
@@ -90,7 +144,8 @@ class KVCache(KVBackend):
 
     @property
     def n_bytes(self) -> int:
-        return 2 * self.n_layers * self.capacity * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
+        kv = 2 * self.n_layers * self.capacity * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
+        return kv + (self.selector.n_bytes if self.selector is not None else 0)
 
     def reserve(self, n_tokens: int) -> None:
         if n_tokens > self.max_tokens:
@@ -112,11 +167,19 @@ class KVCache(KVBackend):
     def read(self, layer: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][:end].to(dtype), self.values[layer][:end].to(dtype)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        return self.keys[layer][begin:end].float()
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
         self.write(layer, start, k, v)
+        selection = self.own_selection(layer, q, start, selection)
         # Past positions come from the cache; this step's keys and values are used at full precision.
         past_k, past_v = self.read(layer, start, q.dtype)
-        return attend(q, torch.cat((past_k, k)), torch.cat((past_v, v)), start)
+        keys, values = torch.cat((past_k, k)), torch.cat((past_v, v))
+        if selection is None:
+            return attend(q, keys, values, start)
+        return attend_selected(q, keys, values, *check_selection(selection, q.shape[0]))
 
     def truncate(self, length: int) -> None:
         """Forget positions from `length` on. Here nothing needs doing: later writes overwrite them, and reads

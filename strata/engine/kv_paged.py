@@ -5,8 +5,8 @@ values). Physical pages are handed out as the sequence grows (the pools double w
 context) and handed back on truncate, so a prefix stays in place and the rest is rewritten. A step's keys and
 values are quantized into the pool first (kv_int8.py's append); the step's queries then attend to every causal cell
 read back from the pool: `prompt_attention` (its variant by switch and GPU) for a chunk, the split-K decode kernel
-for one token. The Triton kernels run on CUDA, their torch references (fp32) on the CPU. The selection is dense
-(cells 0..pos): no model here has an indexer yet.
+for one token. The Triton kernels run on CUDA, their torch references (fp32) on the CPU. The cells attended are
+0..pos (dense causal) or the caller's selection (ids, width), which the kernels take as they are.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import math
 
 import torch
 
-from strata.engine.kv import KVBackend, check_kind
+from strata.engine.kv import KVBackend, Selection, check_kind, check_selection
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_triton
-from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
+from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, gather_kv
 from strata.kernels.attention.paged import PAGE, PagedKV
 from strata.kernels.attention.prompt import prompt_attention
 
@@ -34,10 +34,13 @@ class PagedInt8KV(KVBackend):
         self.kernels = kernels  # the Triton kernels (True), the torch references (False); None: kernels on CUDA
         self.max_pages = math.ceil(max_tokens / PAGE)
         n_pages = min(math.ceil(initial_tokens / PAGE), self.max_pages)
-        self.pools = [PagedKV.empty(n_pages, n_kv_heads, head_dim, int8=True, device=device) for _ in range(n_layers)]
+        self.pools = [self._new_pool(n_pages) for _ in range(n_layers)]
         self.free = list(range(n_pages - 1, -1, -1))  # physical pages not in use; pop() hands out the lowest
         self.pages: list[int] = []  # the sequence's page table: logical page -> physical page (every layer)
         self.page_table = torch.zeros(0, dtype=torch.int32, device=device)
+
+    def _new_pool(self, n_pages: int) -> PagedKV:
+        return PagedKV.empty(n_pages, self.n_kv_heads, self.head_dim, int8=True, device=self.device)
 
     @property
     def n_pages(self) -> int:
@@ -46,7 +49,13 @@ class PagedInt8KV(KVBackend):
 
     @property
     def n_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for p in self.pools for t in (p.k, p.v, p.k_scale, p.v_scale))
+        kv = sum(t.numel() * t.element_size() for p in self.pools for t in (p.k, p.v, p.k_scale, p.v_scale))
+        return kv + (self.selector.n_bytes if self.selector is not None else 0)
+
+    def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
+        cells = torch.arange(begin, end, device=self.page_table.device)
+        pool = self.pools[layer]
+        return torch.stack([gather_kv(pool, self.page_table, cells, h)[0] for h in range(self.n_kv_heads)], 1)
 
     def reserve(self, n_tokens: int) -> None:
         if n_tokens > self.max_tokens:
@@ -65,7 +74,7 @@ class PagedInt8KV(KVBackend):
         """Pools of `n_pages` physical pages holding the old ones' rows (a page's rows are contiguous)."""
         old = self.n_pages
         for i, pool in enumerate(self.pools):
-            grown = PagedKV.empty(n_pages, self.n_kv_heads, self.head_dim, int8=True, device=self.device)
+            grown = self._new_pool(n_pages)
             for src, dst in ((pool.k, grown.k), (pool.v, grown.v), (pool.k_scale, grown.k_scale),
                              (pool.v_scale, grown.v_scale)):
                 dst[: src.shape[0]] = src
@@ -84,28 +93,51 @@ class PagedInt8KV(KVBackend):
             del self.pages[keep:]
             self._set_table()
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               selection: Selection | None = None) -> torch.Tensor:
         n_tokens, end = q.shape[0], start + q.shape[0]
         if end > len(self.pages) * PAGE:
             raise StrataError(f"the int8 KV cache holds pages for {len(self.pages) * PAGE} positions, "
                               f"not {end} (reserve first)")
-        pool, table = self.pools[layer], self.page_table
         kernels = q.is_cuda if self.kernels is None else self.kernels
-        (append_kv_triton if kernels else append_kv_ref)(pool, table, torch.arange(start, end, device=q.device), k, v)
+        self._store(layer, start, k, v, kernels)
+        selection = self.own_selection(layer, q, start, selection)
         qf = q.float()
-        if n_tokens == 1:
-            ids = torch.arange(end, dtype=torch.int32, device=q.device)[None]
-            width = torch.full((1,), end, dtype=torch.int32, device=q.device)
-            if kernels:
-                return decode_attn_triton(qf, pool, table, ids, width).to(q.dtype)
-            return prompt_attention(qf, pool, table, ids, width, reference=True).to(q.dtype)
-        # Query i (position start + i) selects cells 0..start+i, ascending: width start+i+1.
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        step = max(1, IDS_ELEMENTS // end)
-        for q0 in range(0, n_tokens, step):
-            q1 = min(q0 + step, n_tokens)
-            cap = start + q1
-            ids = torch.arange(cap, dtype=torch.int32, device=q.device).expand(q1 - q0, cap)
-            width = torch.arange(start + q0 + 1, cap + 1, dtype=torch.int32, device=q.device)
-            out[q0:q1] = prompt_attention(qf[q0:q1], pool, table, ids, width, reference=not kernels)
+        for q0, q1, ids, width in query_chunks(n_tokens, start, selection, q.device):
+            out[q0:q1] = self._attend_cells(layer, qf[q0:q1], ids, width, kernels, decode=n_tokens == 1)
         return out
+
+    def _store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, kernels: bool) -> None:
+        """Quantize this step's keys and values into the pool (kv_int8.py's append)."""
+        cells = torch.arange(start, start + k.shape[0], device=k.device)
+        (append_kv_triton if kernels else append_kv_ref)(self.pools[layer], self.page_table, cells, k, v)
+
+    def _attend_cells(self, layer: int, qf: torch.Tensor, ids: torch.Tensor, width: torch.Tensor, kernels: bool,
+                      decode: bool) -> torch.Tensor:
+        """fp32 attention of qf over its cells: the decode kernel for a one-token step, else the prompt kernel."""
+        return attend_pool(qf, self.pools[layer], self.page_table, ids, width, kernels, decode)
+
+
+def attend_pool(qf: torch.Tensor, pool: PagedKV, table: torch.Tensor, ids: torch.Tensor, width: torch.Tensor,
+                kernels: bool, decode: bool) -> torch.Tensor:
+    if decode and kernels:
+        return decode_attn_triton(qf, pool, table, ids, width)
+    return prompt_attention(qf, pool, table, ids, width, reference=not kernels)
+
+
+def query_chunks(n_tokens: int, start: int, selection: Selection | None, device: torch.device):
+    """(q0, q1, ids, width) per attention call: the caller's selection in one call; dense causal (query i selects
+    cells 0..start+i, ascending) in chunks of at most IDS_ELEMENTS ids."""
+    if selection is not None:
+        ids, width = check_selection(selection, n_tokens)
+        yield 0, n_tokens, ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous()
+        return
+    end = start + n_tokens
+    step = max(1, IDS_ELEMENTS // end)
+    for q0 in range(0, n_tokens, step):
+        q1 = min(q0 + step, n_tokens)
+        cap = start + q1
+        ids = torch.arange(cap, dtype=torch.int32, device=device).expand(q1 - q0, cap)
+        width = torch.arange(start + q0 + 1, cap + 1, dtype=torch.int32, device=device)
+        yield q0, q1, ids, width

@@ -13,6 +13,7 @@ from strata.models.config import ModelConfig
 
 GiB = 2**30
 RESERVE_BYTES = 700 * 2**20  # left free for the allocator, CUDA context and kernels' scratch, as Strata does
+HOST_TENSORS = ("per_layer_token_embd.weight",)  # read row by row from host memory, never placed on the device
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class PlacementPlan:
     n_experts: int  # routed experts over all layers
     n_slots: int  # cache slots on the device; n_experts when all are resident
     host_expert_bytes: int  # experts kept in host RAM
+    host_kv_bytes: int = 0  # KV pages in host RAM (--kv-resident: the device holds kv_bytes of them)
 
     @property
     def all_resident(self) -> bool:
@@ -38,6 +40,8 @@ class PlacementPlan:
             f"device        {self.device} (budget {budget})",
             f"dense weights {self.dense_bytes / GiB:8.3f} GiB on the device",
             f"KV cache      {self.kv_bytes / GiB:8.3f} GiB on the device",
+            *([f"KV in host    {self.host_kv_bytes / GiB:8.3f} GiB: every page (the device caches the pages in use)"]
+              if self.host_kv_bytes else []),
             f"work buffers  {self.work_bytes / GiB:8.3f} GiB on the device",
         ]
         if self.all_resident:
@@ -78,10 +82,15 @@ def cache_bytes(config: ModelConfig, n_ctx: int, kv_bytes_per_value: float) -> i
 
 
 def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.device, n_ctx: int, kv_bytes_per_value: int,
-                   vram_budget_gib: float | None = None, expert_cache: str | int = "auto") -> PlacementPlan:
+                   vram_budget_gib: float | None = None, expert_cache: str | int = "auto",
+                   kv_resident: int | None = None) -> PlacementPlan:
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
-    dense = model.n_bytes - expert_bytes
-    kv = cache_bytes(config, n_ctx, kv_bytes_per_value)
+    # qwen4exp's n-gram table stays memory-mapped on the host: rows are gathered from it, never moved whole.
+    host_only = sum(t.n_bytes for name, t in model.tensors.items() if name in HOST_TENSORS)
+    dense = model.n_bytes - expert_bytes - host_only
+    kv = cache_bytes(config, min(n_ctx, kv_resident or n_ctx), kv_bytes_per_value)  # what the device holds
+    host_kv = cache_bytes(config, n_ctx, kv_bytes_per_value) - cache_bytes(config, 0, kv_bytes_per_value) \
+        if kv_resident else 0
     # Activations of a prompt chunk and the logits dominate the scratch space (a rough, generous bound).
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4
     budget = None
@@ -108,4 +117,4 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
                               f"{room / GiB:.2f} GiB of the VRAM budget is left (ask for at most {room // each})")
         slots = min(slots, n_experts)
     host = 0 if slots >= n_experts else expert_bytes
-    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host)
+    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host, host_kv)

@@ -11,6 +11,7 @@ from strata.errors import StrataError
 from strata.models.config import ModelConfig
 
 DEFAULT_MAX_CHUNK = 8192
+MASK_BYTES_PER_CELL = 5  # a bool mask cell and its float32 bias in SDPA
 CPU_CHUNK = 512  # the CPU gains nothing from bigger chunks, and their activations cost RAM
 
 
@@ -33,8 +34,10 @@ def activation_bytes_per_token(config: ModelConfig) -> int:
     return 4 * (4 * config.n_embd + attention + ffn)
 
 
-def chunk_size(spec: int | str, config: ModelConfig, on_gpu: bool, free_bytes: int | None) -> int:
-    """Tokens per chunk from `prefill_chunk`: a number, "auto" or "auto:MAX"."""
+def chunk_size(spec: int | str, config: ModelConfig, on_gpu: bool, free_bytes: int | None,
+               mask_context: int = 0) -> int:
+    """Tokens per chunk from `prefill_chunk`: a number, "auto" or "auto:MAX". `mask_context`: the context a dense
+    KV cache attends with a [chunk, context] mask (bool, and SDPA's additive copy of it), 0 for the paged cache."""
     if isinstance(spec, int):
         if spec < 1:
             raise StrataError(f"prefill chunk must be at least 1 token, got {spec}")
@@ -45,7 +48,8 @@ def chunk_size(spec: int | str, config: ModelConfig, on_gpu: bool, free_bytes: i
     cap_tokens = int(cap) if cap else DEFAULT_MAX_CHUNK
     if not on_gpu or free_bytes is None:
         return min(CPU_CHUNK, cap_tokens)
-    fitting = free_bytes // 2 // activation_bytes_per_token(config)  # half the room: allocator slack, fragmentation
+    per_token = activation_bytes_per_token(config) + MASK_BYTES_PER_CELL * mask_context
+    fitting = free_bytes // 2 // per_token  # half the room: allocator slack, fragmentation
     return max(1, min(cap_tokens, fitting))
 
 

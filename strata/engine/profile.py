@@ -33,12 +33,13 @@ def profile_routing(engine, text: str, output: str | Path) -> dict:
     model = engine.model
     counting = CountingExperts(model.experts, model.config.n_experts)
     model.experts = counting
+    store, engine.checkpoints = engine.checkpoints, None  # every token routed: none taken from a checkpoint
     try:
         ids = engine.tokenizer.encode(text)[: engine.n_ctx]
         engine.cached_tokens = []
         engine.prefill(ids)
     finally:
-        model.experts = counting.inner
+        model.experts, engine.checkpoints = counting.inner, store
     result = {
         "model": str(engine.file.path.name),
         "tokens": len(ids),

@@ -47,15 +47,25 @@ class Sampler:
             self.generator.manual_seed(params.seed)
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        if self.params.greedy:
+            return int(torch.argmax(self.penalized(logits, history)))
+        probs = self.distribution(logits, history)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+
+    def penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         p = self.params
         logits = logits.detach().float().cpu().reshape(-1).clone()
         if p.repetition_penalty != 1.0 and history:
             seen = torch.tensor(sorted(set(history)), dtype=torch.long)
             scores = logits[seen]
             logits[seen] = torch.where(scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
-        if p.greedy:
-            return int(torch.argmax(logits))
-        logits = logits / p.temperature
+        return logits
+
+    def distribution(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
+        """The unnormalized probabilities [vocab] this sampler draws from (for sampling, not greedy): penalty,
+        temperature, top-k, top-p and min-p applied. Speculative sampling compares two of these."""
+        p = self.params
+        logits = self.penalized(logits, history) / p.temperature
         if 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits[logits < kth] = float("-inf")
@@ -67,4 +77,4 @@ class Sampler:
             probs[order[drop]] = 0
         if p.min_p > 0:
             probs[probs < p.min_p * probs.max()] = 0
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))
+        return probs

@@ -2,7 +2,8 @@
 position.
 
 The first P tokens go through the prompt path; the next N are scored, the first from the prompt path's last logits
-and the rest through the decode path, one token at a time, with the text's own tokens fed in (teacher forcing).
+and the rest through the decode path, one token at a time, with the text's own tokens fed in (teacher forcing); with
+`spec` > 1 (an engine option) the decode path reads them a verify window of `spec` tokens at a time.
 Each configuration runs in its own process with its own environment (A, B, then A again for the noise floor) and
 writes STRATA_LOGPOS records; this process compares them (`strata.eval.metrics`).
 
@@ -64,6 +65,11 @@ def _engine_options(pairs: dict[str, str]) -> dict:
             value = value.lower() in ("1", "true", "yes", "on")
         elif isinstance(value, str) and "int" in kind and value.lstrip("-").isdigit():
             value = int(value)
+        elif isinstance(value, str) and "float" in kind:
+            try:
+                value = float(value)
+            except ValueError:
+                raise StrataError(f"engine option {name}={value!r} is not a number") from None
         options[name] = value
     return options
 
@@ -87,8 +93,12 @@ def run_worker(model: str, text_file: str, prefix: int, n: int, greedy: int, out
     engine = llm.engine
     logits = engine.prefill(ids[:prefix])[-1]  # the prompt path
     writer.write(prefix, ids[prefix], logits)
-    for pos in range(prefix + 1, prefix + n):
-        writer.write(pos, ids[pos], decode_step(engine, ids[:pos]))  # the decode path, fed the text's token
+    if engine.spec is not None:  # the decode path as speculation runs it: verify windows of the text's tokens
+        for pos, row in engine.spec.teacher_forced(ids, prefix, n):
+            writer.write(pos, ids[pos], row)
+    else:
+        for pos in range(prefix + 1, prefix + n):
+            writer.write(pos, ids[pos], decode_step(engine, ids[:pos]))  # the decode path, fed the text's token
     tokens = list(engine.generate(ids[:prefix], SamplingParams(temperature=0), greedy)) if greedy else []
     Path(out).write_text(json.dumps({"greedy": tokens, "text_tokens": len(ids)}))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -60,10 +61,10 @@ def _field_value(field: gguf.ReaderField) -> Any:
 class _CheckedReader(gguf.GGUFReader):
     """gguf's reader, with each tensor's type and extent checked before it is mapped, so errors can name it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mode: str = "c"):
         self.source = path
         # Copy-on-write mapping: pages are shared with the page cache, and torch may wrap them without copying.
-        super().__init__(path, mode="c")
+        super().__init__(path, mode=mode)
 
     def _build_tensors(self, start_offs: int, fields: list) -> None:
         file_size = len(self.data)
@@ -86,7 +87,14 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
     if path.stat().st_size < 24:
         raise StrataError(f"{path}: not a GGUF file (only {path.stat().st_size} bytes)")
     try:
-        return _CheckedReader(path)
+        try:
+            return _CheckedReader(path)
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise StrataError(f"{path}: cannot map the file ({exc.strerror})") from None
+            # A private (copy-on-write) mapping larger than memory is refused (the 28.8 GB n-gram table shard on a
+            # smaller host); a read-only one is not, and nothing writes to the weights.
+            return _CheckedReader(path, mode="r")
     except ValueError as exc:
         text = str(exc)
         if "magic" in text:

@@ -19,7 +19,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     ggml_type: int
-    make: Callable[[], np.ndarray]
+    make: Callable[[], np.ndarray] | None  # None: all-zero bytes, skipped over (a hole in the file, no disk used)
 
     @property
     def n_bytes(self) -> int:
@@ -40,6 +40,10 @@ def add_metadata(writer: gguf.GGUFWriter, metadata: dict[str, Any]) -> None:
             writer.add_float32(key, value)
         elif isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value) \
+                and max(value) >= 2**31:
+            # gguf's writer would guess INT32 for ints; hash constants need 64 bits.
+            writer.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT64)
         elif isinstance(value, (list, tuple)):
             writer.add_array(key, list(value))
         else:
@@ -62,6 +66,10 @@ def write_gguf(path: str | Path, arch: str, metadata: dict[str, Any], tensors: I
     writer.write_ti_data_to_file()
     bar = _progress_bar(tensors, progress)
     for t in tensors:
+        if t.make is None:
+            _skip_zero_tensor(writer, t)
+            bar.update(t.n_bytes)
+            continue
         data = np.ascontiguousarray(t.make()).view(np.uint8)
         if data.nbytes != t.n_bytes:
             raise ValueError(f"tensor {t.name}: made {data.nbytes} bytes, its shape and type need {t.n_bytes}")
@@ -69,6 +77,17 @@ def write_gguf(path: str | Path, arch: str, metadata: dict[str, Any], tensors: I
         bar.update(data.nbytes)
     bar.close()
     writer.close()
+
+
+def _skip_zero_tensor(writer: gguf.GGUFWriter, t: TensorSpec) -> None:
+    """Leave `t`'s bytes as a hole: seek past them and extend the file, as write_tensor_data would have written."""
+    fout = writer.fout[0]
+    writer.tensors[0].pop(t.name)
+    writer.write_padding(fout, fout.tell())
+    end = fout.tell() + t.n_bytes
+    end += writer.ggml_pad(t.n_bytes, writer.data_alignment) - t.n_bytes
+    fout.truncate(end)
+    fout.seek(end)
 
 
 def _byte_shape(t: TensorSpec) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ ARCHITECTURES = {
     "qwen3moe": "decoder:DecoderLM",
     "qwen2moe": "decoder:DecoderLM",
     "qwen3next": "qwen3next:Qwen3NextLM",
+    "qwen4exp": "qwen4exp:Qwen4ExpLM",
 }
 
 

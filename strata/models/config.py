@@ -7,6 +7,16 @@ from dataclasses import dataclass, fields
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 
+# Values Strata hard-codes for qwen4exp rather than reading them (include/strata/core/layout.hpp, qsa.hpp):
+# a file may carry these keys, and then they win.
+ARCH_DEFAULTS = {
+    "qwen4exp": {
+        "attention.key_length": 256, "attention.value_length": 256, "rope.dimension_count": 64,
+        "rope.freq_base": 1e7, "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 48,
+        "ssm.inner_size": 6144, "expert_shared_feed_forward_length": 640, "context_length": 262144,
+    },
+}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -50,9 +60,10 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, model: GGUFModelFile) -> "ModelConfig":
         arch = model.architecture
+        arch_defaults = ARCH_DEFAULTS.get(arch, {})
 
         def get(key, default=..., kind=(int, float)):
-            return model.field(f"{arch}.{key}", default, kind)
+            return model.field(f"{arch}.{key}", arch_defaults.get(key, default), kind)
 
         n_embd = get("embedding_length", kind=int)
         n_heads = get("attention.head_count", kind=int)

@@ -36,7 +36,7 @@ class AttentionWeights:
 
 @dataclass
 class FFNWeights:
-    norm: torch.Tensor
+    norm: torch.Tensor | None  # None where the input arrives normalised (qwen4exp's hyper-connection read)
     gate: QuantWeight | None = None  # dense FFN
     up: QuantWeight | None = None
     down: QuantWeight | None = None
@@ -155,34 +155,75 @@ class DecoderLM:
         out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
-    def _ffn(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        w, c = self.ffn[i], self.config
+    def is_moe(self, i: int) -> bool:
+        return self.ffn[i].router is not None
+
+    def route(self, i: int, h: torch.Tensor,
+              w: FFNWeights | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An MoE layer's input and routing: (normed x [T, embd], weights [T, k] float32, expert ids [T, k]); `w`
+        gives other weights for the same expert layer index (an MTP block)."""
+        w, c = w or self.ffn[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps)
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
+        return x, weights, ids
+
+    def shared_expert(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor | None:
+        w = w or self.ffn[i]
+        if w.shared_gate is None:
+            return None
+        shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
+        if w.shared_router is not None:
+            shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
+        return shared
+
+    def _ffn(self, i: int, h: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
+        """Layer i's FFN (or MoE); `w` gives other weights for the same expert layer index (an MTP block)."""
+        w = w or self.ffn[i]
+        return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps), w)
+
+    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
+        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
+        w, c = w or self.ffn[i], self.config
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
         pending = self.experts.start(i, x, weights, ids)
-        if w.shared_gate is None:
-            return pending.finish()
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
-        shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
-        if w.shared_router is not None:
-            shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
-        return pending.finish() + shared
+        shared = self.shared_expert(i, x, w)
+        return pending.finish() if shared is None else pending.finish() + shared
+
+    @property
+    def n_main_layers(self) -> int:
+        """The layers a forward step runs (Qwen3-Next's trailing MTP blocks are not among them)."""
+        return self.config.n_layers
+
+    def begin(self, ids: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Start of a step: (embedded ids, RoPE cos, sin)."""
+        ctx.kv.reserve(ctx.start + ctx.n_tokens)
+        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
+        return self.embed_tokens(ids), cos, sin
+
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+        """Layer i's token mixer (attention here), to be added to the residual h."""
+        return self._attention(i, h, ctx, cos, sin)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
-        ctx.kv.reserve(ctx.start + ctx.n_tokens)
-        h = self.embed_tokens(ids)
-        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
-        for i in range(self.config.n_layers):
-            h = h + self._attention(i, h, ctx, cos, sin)
+        h, cos, sin = self.begin(ids, ctx)
+        for i in range(self.n_main_layers):
+            h = h + self.mixer(i, h, ctx, cos, sin)
             h = h + self._ffn(i, h)
         return self.head(h, ctx)
 
     def head(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """End of a step: experts adapt, then logits of the last token (or of all, if the context asks)."""
         self.experts.end_step()
+        return self.logits(h, ctx)
+
+    def logits(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.want_hidden:  # speculative decoding drafts from the final normed hidden states
+            ctx.hidden = rms_norm(h, self.output_norm, self.config.rms_eps)
+            return linear(ctx.hidden if ctx.want_all_logits else ctx.hidden[-1:], self.output).float()
         if not ctx.want_all_logits:
             h = h[-1:]
         return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()

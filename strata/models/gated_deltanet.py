@@ -70,28 +70,42 @@ class GDNWeights:
     out: QuantWeight  # ssm_out [embd, value heads x v_dim]
 
 
-def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv of x [T, C] after `past` [K-1, C] inputs; returns (SiLU(conv) [T, C], new past)."""
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
+                row_states: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv of x [T, C] after `past` [K-1, C] inputs; returns (SiLU(conv) [T, C], new past), or
+    with row_states the past after each row, [T, K-1, C]."""
     kernel = weight.shape[1]
     window = torch.cat((past.to(x.dtype), x))
     out = F.conv1d(window.T[None], weight.to(x.dtype)[:, None, :], groups=x.shape[1])[0].T
+    if row_states:
+        return F.silu(out), window.unfold(0, kernel - 1, 1)[1:].transpose(1, 2)
     return F.silu(out), window[window.shape[0] - (kernel - 1):]
 
 
 def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: torch.Tensor,
-                   state: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One GatedDeltaNet layer over h [T, embd] -> (mixer output [T, embd], new conv state, new recurrent state)."""
+                   state: torch.Tensor, eps: float,
+                   row_states: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One GatedDeltaNet layer over h [T, embd] -> (mixer output [T, embd], new conv state, new recurrent state).
+    With row_states (a verify window) the states come per row, [T, ...]: the window keeps them to roll back."""
     s, n_tokens = shape, h.shape[0]
     x = rms_norm(h, w.norm, eps)
-    mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state)
+    mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state, row_states)
     key_dim = s.n_k_heads * s.k_dim
     q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)
     beta = torch.sigmoid(linear(x, w.b).float())
     g = w.decay_rate * F.softplus(linear(x, w.a).float() + w.dt_bias.float())
-    out, state = gated_delta_rule(
-        q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim),
-        v.reshape(n_tokens, s.n_v_heads, s.v_dim), g, beta, state,
-    )
+    q, k = q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim)
+    v = v.reshape(n_tokens, s.n_v_heads, s.v_dim)
+    if row_states:
+        # One token at a time, as plain decoding runs them, keeping the state after each.
+        outs, states = [], []
+        for t in range(n_tokens):
+            o, state = gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], state)
+            outs.append(o)
+            states.append(state)
+        out, state = torch.cat(outs), torch.stack(states)
+    else:
+        out, state = gated_delta_rule(q, k, v, g, beta, state)
     z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
     out = (rms_norm(out, w.out_norm, eps).float() * F.silu(z.float())).to(h.dtype)
     return linear(out.reshape(n_tokens, -1), w.out), conv_state, state

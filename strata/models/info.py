@@ -10,7 +10,10 @@ from strata.models import config_of
 GiB = 2**30
 
 
-def describe(path: str, n_ctx: int) -> str:
+def describe(path: str, n_ctx: int, kv_dtype: str = "float16") -> str:
+    from strata.engine.kv import kv_bytes_per_value
+    from strata.engine.placement import cache_bytes
+
     model = GGUFModelFile(path)
     config = config_of(model)
     by_type: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # tensors, parameters, bytes
@@ -24,7 +27,7 @@ def describe(path: str, n_ctx: int) -> str:
             expert_bytes += t.n_bytes
     n_params = sum(r[1] for r in by_type.values())
     weight_bytes = sum(r[2] for r in by_type.values())
-    kv_bytes = 2 * config.n_layers * n_ctx * config.n_kv_heads * config.head_dim * 2  # fp16 keys and values
+    kv_bytes = cache_bytes(config, n_ctx, kv_bytes_per_value(kv_dtype))  # attention layers' KV + recurrent states
     lines = [
         f"file          {model.path} ({len(model.shards)} file{'s' if len(model.shards) > 1 else ''}, {model.n_bytes / GiB:.2f} GiB)",
         f"name          {model.metadata.get('general.name', '-')}",
@@ -34,6 +37,11 @@ def describe(path: str, n_ctx: int) -> str:
     if config.is_moe:
         shared = f", shared expert {config.shared_expert_ff}" if config.shared_expert_ff else ""
         lines.append(f"experts       {config.n_experts} per layer, top {config.n_experts_used}, width {config.expert_ff}{shared}")
+        n_expert_layers = sum(1 for name in model.tensors if name.endswith("ffn_gate_exps.weight"))
+        n_experts = n_expert_layers * config.n_experts
+        if n_experts:
+            lines.append(f"              {n_experts:,} experts in {n_expert_layers} layers, "
+                         f"{expert_bytes // n_experts:,} bytes each ({expert_bytes:,} bytes)")
     else:
         lines.append(f"feed-forward  dense, width {config.n_ff}")
     lines += [
@@ -47,20 +55,23 @@ def describe(path: str, n_ctx: int) -> str:
     lines += [
         f"memory at context {n_ctx}:",
         f"  weights     {weight_bytes / GiB:8.3f} GiB (routed experts {expert_bytes / GiB:.3f} GiB)",
-        f"  KV cache    {kv_bytes / GiB:8.3f} GiB (fp16)",
+        f"  KV cache    {kv_bytes / GiB:8.3f} GiB ({kv_dtype})",
         f"  total       {(weight_bytes + kv_bytes) / GiB:8.3f} GiB",
     ]
     return "\n".join(lines)
 
 
-def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None, expert_cache) -> str:
+def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None, expert_cache,
+                  kv_dtype: str = "float16", kv_resident: int | None = None) -> str:
     """Where each part of the model would live on `device` (see strata.engine.placement)."""
-    import torch
-
     from strata.engine.engine import EngineConfig
+    from strata.engine.kv import check_kind, kv_bytes_per_value
     from strata.engine.placement import plan_placement
 
     model = GGUFModelFile(path)
     resolved = EngineConfig(device=device).resolve_device()
-    plan = plan_placement(model, config_of(model), resolved, n_ctx, torch.float16.itemsize, vram_budget, expert_cache)
-    return "placement plan (fp16 KV):\n" + "\n".join("  " + line for line in plan.describe().splitlines())
+    config = config_of(model)
+    per_value = kv_bytes_per_value(check_kind(kv_dtype, config.head_dim))
+    plan = plan_placement(model, config, resolved, n_ctx, per_value, vram_budget, expert_cache, kv_resident)
+    resident = f", {kv_resident} cells per layer on the device" if kv_resident else ""
+    return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in plan.describe().splitlines())

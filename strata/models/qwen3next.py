@@ -4,7 +4,8 @@ with a sigmoid-gated shared expert.
 Attention layers: q_proj gives per head [q (head_dim), output gate (head_dim)]; q and k are RMS-normed per head,
 RoPE turns their first rope_dim dims (neox pairing), and the attention output is multiplied by sigmoid(gate).
 llama.cpp bakes Qwen3-Next's (1 + w) RMSNorm weights into the file, so every norm here is a plain RMSNorm.
-Trailing MTP blocks (nextn_predict_layers) are loaded, not yet run.
+Trailing MTP blocks (nextn_predict_layers, llama.cpp's `blk.{n}.nextn.*`) draft tokens for speculative decoding:
+`mtp_forward` (engine/spec.py drives it; docs/ARCHITECTURES.md has the formula and the checkpoint names).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import KVBackend, new_kv_cache
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
@@ -179,8 +181,17 @@ class Qwen3NextLM(DecoderLM):
         return HybridCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape, self.gdn.state_shape,
                            max_tokens, kv_dtype, self.dtype, self.device)
 
+    def new_mtp_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
+        """Keys and values of the MTP blocks' attention (one slot per block), apart from the trunk's cache."""
+        c = self.config
+        return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, self.device)
+
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
-        w, c = self.mixers[i], self.config
+        return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin)
+
+    def _gated_attention(self, w: GatedAttentionWeights, slot: int, h: torch.Tensor, ctx: ForwardContext,
+                         cos, sin) -> torch.Tensor:
+        c = self.config
         n_tokens, rot = h.shape[0], cos.shape[-1]
         x = rms_norm(h, w.norm, c.rms_eps)
         q, gate = linear(x, w.q).view(n_tokens, c.n_heads, 2 * c.head_dim).split(c.head_dim, dim=-1)
@@ -190,18 +201,43 @@ class Qwen3NextLM(DecoderLM):
         # RoPE on the leading `rot` dims of each head; the rest pass through.
         q = torch.cat((Rope.apply(q[..., :rot], cos, sin), q[..., rot:]), dim=-1)
         k = torch.cat((Rope.apply(k[..., :rot], cos, sin), k[..., rot:]), dim=-1)
-        out = ctx.kv.attend(i, q, k, v, ctx.start)
+        out = ctx.kv.attend(slot, q, k, v, ctx.start)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 
-    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache) -> torch.Tensor:
-        out, conv, state = gated_deltanet(self.mixers[i], self.gdn, h, cache.conv[i], cache.state[i], self.config.rms_eps)
-        cache.conv[i].copy_(conv)
-        cache.state[i].copy_(state)
+    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, row_states: bool = False) -> torch.Tensor:
+        out, conv, state = gated_deltanet(self.mixers[i], self.gdn, h, cache.conv[i], cache.state[i],
+                                          self.config.rms_eps, row_states)
+        if row_states:
+            cache.keep_row_states(i, conv, state)
+        else:
+            cache.conv[i].copy_(conv)
+            cache.state[i].copy_(state)
         return out
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
+    def mtp_forward(self, hidden: torch.Tensor, ids: torch.Tensor, cache: KVBackend, start: int,
+                    block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP block `block` over cells start..start+n-1: cell i pairs the final normed hidden state at position i
+        (the trunk's, or this block's own output for a draft after a draft) with the token at i+1, and predicts
+        the token at i+2. hidden [n, embd], ids [n] -> (logits float32 [n, vocab], the block's output [n, embd])."""
+        if not self.mtp:
+            raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
+        w, c = self.mtp[block], self.config
+        embedded = rms_norm(self.embed_tokens(ids), w.enorm, c.rms_eps)
+        x = linear(torch.cat((embedded, rms_norm(hidden.to(self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
+        ctx = ForwardContext(cache, start, ids.shape[0])
+        cache.reserve(start + ids.shape[0])
+        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
+        x = x + self._gated_attention(w.attention, block, x, ctx, cos, sin)
+        x = x + self._ffn(self.n_main + block, x, w.ffn)
+        out = rms_norm(x, w.shared_head_norm if w.shared_head_norm is not None else self.output_norm, c.rms_eps)
+        return linear(out, self.output).float(), out
+
+    @property
+    def n_main_layers(self) -> int:
+        return self.n_main
+
+    def begin(self, ids: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cache = ctx.kv
         if not isinstance(cache, HybridCache):
             raise StrataError(f"{self.source}: {self.config.arch} needs the HybridCache of new_cache(), "
@@ -210,10 +246,9 @@ class Qwen3NextLM(DecoderLM):
         cache.begin(ctx.start, ctx.n_tokens)
         h = self.embed_tokens(ids)
         cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
-        for i in range(self.n_main):
-            if self.recurrent[i]:
-                h = h + self._gated_deltanet(i, h, cache)
-            else:
-                h = h + self._attention(i, h, ctx, cos, sin)
-            h = h + self._ffn(i, h)
-        return self.head(h, ctx)
+        return h, cos, sin
+
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+        if self.recurrent[i]:
+            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states)
+        return self._attention(i, h, ctx, cos, sin)

@@ -31,6 +31,7 @@ class Shape:
     ssm_v_heads: int = 0
     ssm_head_dim: int = 0
     full_attention_interval: int = 0
+    nextn_layers: int = 0  # qwen3next: MTP blocks after the trunk (blk.{n_layers}.nextn.*), for speculative decoding
 
 
 PRESETS: dict[str, Shape] = {
@@ -46,7 +47,15 @@ PRESETS: dict[str, Shape] = {
                               n_experts=512, n_experts_used=10, expert_ff=640, shared_expert_ff=640,
                               context_length=262144, expert_quant="Q2_0"),
 }
-ARCHS = ("qwen2", "qwen3", "qwen3moe", "qwen3next")
+# `--preset full`: the architecture's real shapes (qwen4exp's are in synthetic_qwen4exp.py).
+FULL_PRESETS: dict[str, Shape] = {
+    # Qwen3-Next-80B-A3B: GatedDeltaNet 16 k / 32 v heads of 128, gated attention every 4th layer.
+    "qwen3next": Shape(n_layers=48, n_embd=2048, n_heads=16, n_kv_heads=2, head_dim=256, vocab=151936,
+                       n_experts=512, n_experts_used=10, expert_ff=512, shared_expert_ff=512, context_length=262144,
+                       expert_quant="Q4_K", ssm_k_heads=16, ssm_v_heads=32, ssm_head_dim=128,
+                       full_attention_interval=4),
+}
+ARCHS = ("qwen2", "qwen3", "qwen3moe", "qwen3next", "qwen4exp")
 WEIGHT_SCALE = 0.02
 
 
@@ -54,7 +63,7 @@ def _normal(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
     return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
 
 
-def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int) -> TensorSpec:
+def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int, scale: float = WEIGHT_SCALE) -> TensorSpec:
     from strata.quant import get_format, random_blocks
 
     fmt = get_format(quant)
@@ -65,9 +74,9 @@ def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int) -> TensorS
         if fmt.name in ("F32", "F16", "BF16"):
             from strata.quant import quantize
 
-            return quantize(_normal(rng, shape, WEIGHT_SCALE), fmt.name)
+            return quantize(_normal(rng, shape, scale), fmt.name)
         n_blocks = int(np.prod(shape)) // fmt.block_size
-        return random_blocks(fmt.name, n_blocks, rng, WEIGHT_SCALE)
+        return random_blocks(fmt.name, n_blocks, rng, scale)
 
     if shape[-1] % fmt.block_size:
         raise StrataError(f"{name}: rows of {shape[-1]} weights are not a multiple of {fmt.name}'s block of {fmt.block_size}")
@@ -99,7 +108,7 @@ def qwen3next_shape(s: Shape) -> Shape:
 def _qwen3next_layer(p: str, i: int, s: Shape, quant: str, seed: int) -> list[TensorSpec]:
     """A GatedDeltaNet or gated-attention mixer with llama.cpp's qwen3next names (norms already carry the +1)."""
     out = [_vector(p + "attn_norm.weight", s.n_embd, 1.0), _vector(p + "post_attention_norm.weight", s.n_embd, 1.0)]
-    if (i + 1) % s.full_attention_interval == 0:
+    if (i + 1) % s.full_attention_interval == 0 or i >= s.n_layers:  # MTP blocks are attention layers
         q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         return out + [
             _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
@@ -153,6 +162,15 @@ def model_tensors(arch: str, s: Shape, quant: str, seed: int) -> list[TensorSpec
                 _matrix(p + "ffn_up.weight", (s.n_ff, s.n_embd), quant, seed),
                 _matrix(p + "ffn_down.weight", (s.n_embd, s.n_ff), quant, seed),
             ]
+    if arch == "qwen3next":
+        for i in range(s.n_layers, s.n_layers + s.nextn_layers):
+            p = f"blk.{i}."
+            out += _qwen3next_layer(p, i, s, quant, seed) + _moe_tensors(p, s, expert_quant, seed) + [
+                _matrix(p + "nextn.eh_proj.weight", (s.n_embd, 2 * s.n_embd), quant, seed),
+                _vector(p + "nextn.enorm.weight", s.n_embd, 1.0),
+                _vector(p + "nextn.hnorm.weight", s.n_embd, 1.0),
+                _vector(p + "nextn.shared_head_norm.weight", s.n_embd, 1.0),
+            ]
     out.append(_matrix("output.weight", (s.vocab, s.n_embd), quant, seed))
     return out
 
@@ -192,6 +210,9 @@ def model_metadata(arch: str, s: Shape, preset: str) -> dict:
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
     }
     if arch == "qwen3next":
+        meta[f"{arch}.block_count"] = s.n_layers + s.nextn_layers
+        if s.nextn_layers:
+            meta[f"{arch}.nextn_predict_layers"] = s.nextn_layers
         meta |= {
             f"{arch}.rope.dimension_count": s.head_dim // 4,
             f"{arch}.ssm.conv_kernel": 4,
@@ -221,11 +242,18 @@ def make_model(path: str | Path, arch: str = "qwen3moe", preset: str = "tiny", q
 
     if arch not in ARCHS:
         raise StrataError(f"make-model: unknown --arch {arch} (choose from {', '.join(ARCHS)})")
-    if preset not in PRESETS:
-        raise StrataError(f"make-model: unknown --preset {preset} (choose from {', '.join(PRESETS)})")
-    shape = replace(PRESETS[preset], **overrides)
+    if arch == "qwen4exp":
+        from strata.models.synthetic_qwen4exp import make_qwen4exp
+
+        return make_qwen4exp(path, preset, quant, seed, progress, **overrides)
+    presets = PRESETS | ({"full": FULL_PRESETS[arch]} if arch in FULL_PRESETS else {})
+    if preset not in presets:
+        raise StrataError(f"make-model: unknown --preset {preset} for --arch {arch} (choose from {', '.join(presets)})")
+    shape = replace(presets[preset], **overrides)
     if arch == "qwen3next":
         shape = qwen3next_shape(shape)
+    elif shape.nextn_layers:
+        raise StrataError(f"make-model: MTP blocks (--mtp) are made for qwen3next only, not {arch}")
     tokenizer = train_small_bpe(vocab_size=shape.vocab)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

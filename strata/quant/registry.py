@@ -41,9 +41,9 @@ def _format(name, block_size, type_size, dequant, quant=None, ggml_type=None) ->
 FORMATS: dict[int, QuantFormat] = {
     f.ggml_type: f
     for f in [
-        _format("F32", 1, 4, simple.f32, _by_gguf("F32")),
-        _format("F16", 1, 2, simple.f16, _by_gguf("F16")),
-        _format("BF16", 1, 2, simple.bf16, _by_gguf("BF16")),
+        _format("F32", 1, 4, simple.f32, simple.quantize_f32),
+        _format("F16", 1, 2, simple.f16, simple.quantize_f16),
+        _format("BF16", 1, 2, simple.bf16, simple.quantize_bf16),
         _format("Q4_0", 32, 18, simple.q4_0, _by_gguf("Q4_0")),
         _format("Q4_1", 32, 20, simple.q4_1, _by_gguf("Q4_1")),
         _format("Q5_0", 32, 22, simple.q5_0, _by_gguf("Q5_0")),

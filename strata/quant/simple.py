@@ -1,5 +1,6 @@
 """Plain floats and the 32-weight legacy blocks (Q4_0 .. Q8_0): one fp16 scale (and offset) per block."""
 
+import numpy as np
 import torch
 
 from strata.quant.fields import fp16_at, interleaved, planes, view_as
@@ -16,6 +17,24 @@ def f16(blocks: torch.Tensor) -> torch.Tensor:
 def bf16(blocks: torch.Tensor) -> torch.Tensor:
     # bf16 is the top half of a float32; shifting keeps every bit (NaN payloads included).
     return (view_as(blocks, torch.int16).int() << 16).view(torch.float32)
+
+
+def quantize_f32(blocks: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(blocks, dtype=np.float32).view(np.uint8)
+
+
+def quantize_f16(blocks: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(blocks, dtype=np.float32).astype(np.float16).view(np.uint8)
+
+
+def quantize_bf16(blocks: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bytes as ggml rounds (to nearest even, NaN kept quiet), in one pass over the array:
+    gguf-py's row-by-row encoder writes under 1 MB/s, too slow for a full-size synthetic model."""
+    bits = np.ascontiguousarray(blocks, dtype=np.float32).view(np.uint32)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded[nan] = ((bits[nan] >> 16) | 64).astype(np.uint16)
+    return rounded.view(np.uint8)
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from sse_starlette import EventSourceResponse
 from strata.engine.sampling import SamplingParams
 from strata.errors import StrataError
 from strata.serve.app import MAX_STOP_LENGTH, MAX_STOP_STRINGS, ApiError, Job, Server, error_body, job_events
+from strata.serve.reasoning import ReasoningSplitter, split_reasoning
 from strata.serve.tools import ToolCall, ToolCallParser, split_calls
 
 router = APIRouter()
@@ -141,7 +142,7 @@ async def messages(request: Request):
     template_kwargs = {}
     if body.thinking is not None:
         template_kwargs["enable_thinking"] = body.thinking.type != "disabled"
-    ids = server.render_chat(template_messages(body), tools, template_kwargs)
+    ids, prompt = server.render_chat(template_messages(body), tools, template_kwargs)
     max_tokens = server.check_prompt(ids, body.max_tokens)
     stops = list(body.stop_sequences or [])
     if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in stops):
@@ -155,7 +156,7 @@ async def messages(request: Request):
     job = server.submit("messages", server.generation(ids, max_tokens, sampling, stops, None))
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
-        stream = _stream(server, job, message_id, len(ids), tools is not None)
+        stream = _stream(server, job, message_id, len(ids), tools is not None, server.reasoning_splitter(prompt))
         return EventSourceResponse(stream, ping=server.config.keepalive_seconds, sep="\n")
 
     text, last = [], None
@@ -164,10 +165,12 @@ async def messages(request: Request):
         last = chunk
     if last is None or last.finish_reason == "cancelled":
         return Response(status_code=499)
-    content, calls = ("".join(text), [])
+    reasoning, content = split_reasoning("".join(text), server.reasoning_splitter(prompt))
+    calls = []
     if tools is not None:
         content, calls = split_calls(content)
-    blocks = ([{"type": "text", "text": content}] if content else []) + [_tool_use(c) for c in calls]
+    blocks = ([{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []) + \
+        ([{"type": "text", "text": content}] if content else []) + [_tool_use(c) for c in calls]
     return JSONResponse({
         "id": message_id, "type": "message", "role": "assistant", "model": server.config.model_name,
         "content": blocks, "stop_reason": _stop_reason(last.finish_reason, last.stop_string, bool(calls)),
@@ -179,31 +182,53 @@ def _event(name: str, data: dict) -> dict:
     return {"event": name, "data": json.dumps({"type": name, **data}, ensure_ascii=False)}
 
 
-async def _stream(server: Server, job: Job, message_id: str, prompt_tokens: int, parse_tools: bool):
+async def _stream(server: Server, job: Job, message_id: str, prompt_tokens: int, parse_tools: bool,
+                  splitter: ReasoningSplitter | None):
     yield _event("message_start", {"message": {
         "id": message_id, "type": "message", "role": "assistant", "model": server.config.model_name, "content": [],
         "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
     yield _event("ping", {})
     parser = ToolCallParser() if parse_tools else None
-    index, open_text, n_calls = 0, False, 0
+    index, open_block, n_calls = 0, None, 0  # open_block: "thinking" or "text" while such a block is open
+
+    def close():
+        nonlocal index, open_block
+        event = _event("content_block_stop", {"index": index})
+        index, open_block = index + 1, None
+        return event
+
+    def piece(kind: str, text: str) -> list[dict]:
+        """Events that add `text` to a block of `kind` ("thinking" or "text"), closing one of the other kind."""
+        nonlocal open_block
+        events = [close()] if open_block not in (None, kind) else []
+        if open_block is None:
+            start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+                {"type": "text", "text": ""}
+            events.append(_event("content_block_start", {"index": index, "content_block": start}))
+            open_block = kind
+        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else \
+            {"type": "text_delta", "text": text}
+        return events + [_event("content_block_delta", {"index": index, "delta": delta})]
+
     try:
         async for _, (_, chunk) in job_events(job):
-            items = parser.feed(chunk.text) if parser else ([chunk.text] if chunk.text else [])
+            reasoning, answer = splitter.feed(chunk.text) if splitter else ("", chunk.text)
+            if chunk.finish_reason and splitter:
+                tail = splitter.finish()
+                reasoning, answer = reasoning + tail[0], answer + tail[1]
+            for event in piece("thinking", reasoning) if reasoning else []:
+                yield event
+            items = parser.feed(answer) if parser else ([answer] if answer else [])
             if chunk.finish_reason and parser:
                 items += parser.finish()
             for item in items:
                 if isinstance(item, str):
-                    if not open_text:
-                        yield _event("content_block_start", {"index": index,
-                                                             "content_block": {"type": "text", "text": ""}})
-                        open_text = True
-                    yield _event("content_block_delta", {"index": index,
-                                                         "delta": {"type": "text_delta", "text": item}})
+                    for event in piece("text", item):
+                        yield event
                     continue
-                if open_text:
-                    yield _event("content_block_stop", {"index": index})
-                    index, open_text = index + 1, False
+                if open_block is not None:
+                    yield close()
                 block = _tool_use(item)
                 yield _event("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
                 yield _event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
@@ -211,8 +236,8 @@ async def _stream(server: Server, job: Job, message_id: str, prompt_tokens: int,
                 yield _event("content_block_stop", {"index": index})
                 index, n_calls = index + 1, n_calls + 1
             if chunk.finish_reason:
-                if open_text:
-                    yield _event("content_block_stop", {"index": index})
+                if open_block is not None:
+                    yield close()
                 usage = _usage(chunk.stats)
                 reason = _stop_reason(chunk.finish_reason, chunk.stop_string, n_calls > 0)
                 yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": chunk.stop_string},

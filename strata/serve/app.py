@@ -25,8 +25,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from strata.engine.generation import Stats
 from strata.errors import StrataError
-from strata.serve.metrics import Metrics, host_memory_bytes, process_rss_bytes
+from strata.serve.metrics import Metrics, checkpoint_figures, expert_cache_hit_rate, gpu_memory_bytes, \
+    host_memory_bytes, process_rss_bytes
+from strata.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, template_thinks
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -72,6 +75,10 @@ def error_body(path: str, status: int, message: str, param: str | None = None, c
 
 class QueueFull(Exception):
     pass
+
+
+class RequestCancelled(Exception):
+    """Raised through the engine, between two chunks of a prompt, when the request's client has gone."""
 
 
 class Job:
@@ -126,6 +133,8 @@ class Scheduler:
             try:
                 job.work(job)
                 job.emit("end")
+            except RequestCancelled:
+                job.emit("end")
             except Exception as error:  # reported to the request; the worker serves on
                 job.emit("error", error)
             finally:
@@ -168,12 +177,18 @@ class Server:
         self.metrics = Metrics(llm.engine, self.scheduler.queue_length,
                                lambda: 1 if self.scheduler.current is not None else 0)
         llm.engine.on_prefill_progress = self.prompt_progress
+        self.thinks = template_thinks(llm.tokenizer)  # replies may hold <think> sections to split off
 
     def prompt_progress(self, p) -> None:
-        """The engine read another chunk of the current request's prompt (shown by the monitor)."""
+        """The engine read another chunk of the current request's prompt (shown by the monitor). A request whose
+        client has gone stops here, at the next chunk, rather than read the rest of a long prompt."""
         job = self.scheduler.current
-        if job is not None:
-            job.progress.update(prompt_read=p.done, prompt_to_read=p.total)
+        if job is None:
+            return
+        job.progress.update(prompt_read=p.done, prompt_to_read=p.total)
+        if job.cancelled.is_set() and p.done < p.total:
+            self.metrics.record(Stats(prompt_tokens=p.done, prompt_seconds=p.seconds), "cancelled")
+            raise RequestCancelled
 
     @property
     def n_ctx(self) -> int:
@@ -206,13 +221,20 @@ class Server:
             where = ".".join(str(part) for part in first["loc"]) or "body"
             raise ApiError(400, f"{where}: {first['msg']}", param=where) from None
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict) -> list[int]:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    template_kwargs: dict) -> tuple[list[int], str]:
+        """The conversation through the chat template: its token ids and text."""
         try:
             text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
                                                           **template_kwargs)
         except StrataError as error:
             raise ApiError(400, str(error)) from None
-        return self.llm.tokenize(text)
+        return self.llm.tokenize(text), text
+
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None:
+        """A splitter of the reply to this rendered prompt into thinking and answer (None: the template never
+        thinks)."""
+        return ReasoningSplitter(prompt_opens_thinking(prompt)) if self.thinks else None
 
     def check_prompt(self, ids: list[int], max_tokens: int | None) -> int:
         """The prompt fits with room for at least one token; returns max_tokens capped by what is left."""
@@ -256,7 +278,7 @@ class Server:
             job.progress["generated"] += len(chunk.token_ids)
             if chunk.finish_reason:
                 if cached_tokens is not None:
-                    chunk.stats.cached_tokens = cached_tokens
+                    chunk.stats.cached_tokens = chunk.stats.checkpoint_tokens = cached_tokens
                 job.progress["cached_tokens"] = chunk.stats.cached_tokens
                 self.metrics.record(chunk.stats, chunk.finish_reason)
             job.emit("chunk", (index, chunk))
@@ -269,6 +291,8 @@ class Server:
             progress = dict(current.progress)
             progress["elapsed_seconds"] = time.time() - progress.get("started_at", time.time())
         m = self.metrics
+        hit_rate = expert_cache_hit_rate(self.llm.engine)
+        n_checkpoints, checkpoint_bytes = checkpoint_figures(self.llm.engine)
         return {
             "model": self.config.model_name,
             "uptime_seconds": time.time() - m.started,
@@ -277,10 +301,13 @@ class Server:
             "current": progress,
             "last": m.last,
             "totals": {"prompt_tokens": m.total(m.prompt_tokens), "cached_tokens": m.total(m.cached_tokens),
+                       "checkpoint_tokens": m.total(m.checkpoint_tokens),
                        "generated_tokens": m.total(m.generated_tokens), "requests": m.total(m.requests),
                        "rejected": m.total(m.rejected), "cancelled": m.total(m.cancelled)},
             "memory": {"process_rss_bytes": process_rss_bytes(), "host_total_bytes": total,
-                       "host_available_bytes": available},
+                       "host_available_bytes": available, "gpu": gpu_memory_bytes(self.llm.engine)},
+            "expert_cache_hit_rate": None if math.isnan(hit_rate) else hit_rate,  # None: experts all resident
+            "checkpoints": {"count": n_checkpoints, "bytes": checkpoint_bytes},
             "n_ctx": self.n_ctx,
         }
 
@@ -304,7 +331,7 @@ _WEB = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; char
 def create_app(llm, config: ServerConfig) -> FastAPI:
     from contextlib import asynccontextmanager
 
-    from strata.serve import anthropic, openai
+    from strata.serve import anthropic, openai, tokenize
 
     server = Server(llm, config)
 
@@ -370,6 +397,7 @@ def create_app(llm, config: ServerConfig) -> FastAPI:
 
     app.include_router(openai.router, dependencies=[Depends(require_key)])
     app.include_router(anthropic.router, dependencies=[Depends(require_key)])
+    app.include_router(tokenize.router, dependencies=[Depends(require_key)])
     return app
 
 

@@ -20,6 +20,7 @@ from strata.engine.sampling import SamplingParams
 from strata.errors import StrataError
 from strata.serve.app import MAX_STOP_LENGTH, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ApiError, Job, Server, \
     error_body, job_events, token_text
+from strata.serve.reasoning import ReasoningSplitter, split_reasoning
 from strata.serve.tools import ToolCall, ToolCallParser, split_calls
 
 router = APIRouter()
@@ -215,7 +216,7 @@ async def chat_completions(request: Request):
     template_kwargs = dict(body.chat_template_kwargs or {})
     if body.reasoning_effort is not None:
         template_kwargs["enable_thinking"] = body.reasoning_effort not in ("none", "minimal")
-    ids = server.render_chat(template_messages(body.messages), tools, template_kwargs)
+    ids, prompt = server.render_chat(template_messages(body.messages), tools, template_kwargs)
     max_tokens = _max_tokens(server, ids, body.max_completion_tokens, body.max_tokens)
     sampling, stops = body.sampling(), body.stops()
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -223,7 +224,8 @@ async def chat_completions(request: Request):
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": server.config.model_name}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _event_stream(server, _chat_stream(server, job, meta, tools is not None, include_usage))
+        return _event_stream(server, _chat_stream(server, job, meta, tools is not None, include_usage,
+                                                  server.reasoning_splitter(prompt)))
 
     text, lps, last = [], [], None
     async for _, (_, chunk) in job_events(job, request):
@@ -232,10 +234,13 @@ async def chat_completions(request: Request):
         last = chunk
     if last is None or last.finish_reason == "cancelled":
         return Response(status_code=499)  # the client is gone; nobody reads this
-    content, calls = ("".join(text), [])
+    reasoning, content = split_reasoning("".join(text), server.reasoning_splitter(prompt))
+    calls = []
     if tools is not None:
         content, calls = split_calls(content)
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [_tool_call_json(call) for call in calls]
     choice = {"index": 0, "message": message,
@@ -244,7 +249,8 @@ async def chat_completions(request: Request):
     return JSONResponse({**meta, "object": "chat.completion", "choices": [choice], "usage": _usage(last.stats)})
 
 
-async def _chat_stream(server: Server, job: Job, meta: dict, parse_tools: bool, include_usage: bool):
+async def _chat_stream(server: Server, job: Job, meta: dict, parse_tools: bool, include_usage: bool,
+                       splitter: ReasoningSplitter | None):
     tokenizer = server.llm.tokenizer
 
     def event(delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
@@ -258,7 +264,14 @@ async def _chat_stream(server: Server, job: Job, meta: dict, parse_tools: bool, 
     try:
         async for _, (_, chunk) in job_events(job):
             lps = chat_logprobs(tokenizer, chunk.logprobs) if chunk.logprobs else None
-            items = parser.feed(chunk.text) if parser else ([chunk.text] if chunk.text else [])
+            reasoning, answer = splitter.feed(chunk.text) if splitter else ("", chunk.text)
+            if chunk.finish_reason and splitter:
+                tail = splitter.finish()
+                reasoning, answer = reasoning + tail[0], answer + tail[1]
+            if reasoning:
+                yield event({"reasoning_content": reasoning}, logprobs=lps)
+                lps = None
+            items = parser.feed(answer) if parser else ([answer] if answer else [])
             if chunk.finish_reason and parser:
                 items += parser.finish()
             for item in items:

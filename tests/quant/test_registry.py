@@ -69,3 +69,15 @@ def test_random_blocks(name):
     w = dequantize(torch.from_numpy(blocks), name, (300, fmt.block_size))
     assert torch.isfinite(w).all()
     assert 0.05 / 1.5 < w.std().item() < 0.05 * 1.5
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16"])
+def test_float_encoders_write_the_bytes_gguf_writes(name):
+    """The one-pass encoders equal gguf-py's, ties to even and NaN included."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.standard_normal(4096).astype(np.float32) * 10.0 ** rng.integers(-8, 4, 4096),
+                             np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1 + 2**-8, 1 + 3 * 2**-8, 65504, 1e-8],
+                                      dtype=np.float32)]).astype(np.float32)[:, None]
+    ours = get_format(name).quantize_blocks(values)
+    theirs = gguf.quants.quantize(values, gguf.GGMLQuantizationType[name]).view(np.uint8)
+    assert np.array_equal(ours.reshape(-1), theirs.reshape(-1))

@@ -74,11 +74,22 @@ def test_tool_use_whole_and_streamed(scripted):
     assert answer.content[0].text == "It is 21 degrees in Paris." and answer.stop_reason == "end_turn"
 
 
-def test_thinking_switch_reaches_the_template(scripted):
-    ask = dict(model="scripted", max_tokens=20, messages=[{"role": "user", "content": "Hi"}])
+def test_thinking_switch_reaches_the_template_and_thinking_is_its_own_block(scripted):
+    from tests.serve.scripted_server import THOUGHT
+
+    ask = dict(model="scripted", max_tokens=200, messages=[{"role": "user", "content": "Hi"}])
     off = scripted.messages.create(**ask, thinking={"type": "disabled"})
-    assert off.content[0].text == "thinking off"
-    assert scripted.messages.create(**ask).content[0].text == "thinking default"
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == "thinking off"
+    default = scripted.messages.create(**ask)
+    assert [b.type for b in default.content] == ["thinking", "text"]
+    assert default.content[0].thinking == THOUGHT and default.content[1].text == "thinking default"
+
+    with scripted.messages.stream(**ask, thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == THOUGHT and final.content[1].text == "thinking default"
+    assert events.count("content_block_stop") == 2
 
 
 def test_errors_are_anthropic_shaped(client, server):

@@ -38,6 +38,27 @@ def test_a_stream_whose_client_leaves_is_cancelled_at_the_next_token(server):
     assert state["last"]["finish_reason"] == "cancelled" and state["last"]["completion_tokens"] < 3000
 
 
+def test_a_client_that_leaves_while_its_long_prompt_is_read_stops_it_at_the_next_chunk(scripted_server):
+    words = "CRAWL " + "the river runs to the sea " * 60  # about 50 steps of 50 ms
+    body = {"model": "scripted", "messages": [{"role": "user", "content": words}], "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", scripted_server.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        deadline = time.monotonic() + 10
+        while not ((current := scripted_server.monitor()["current"]) or {}).get("prompt_read"):
+            assert time.monotonic() < deadline, "the prompt never started"
+            time.sleep(0.02)
+    # The client has left with the prompt part read.
+    state = scripted_server.wait_idle(timeout=10)
+    last = state["last"]
+    assert last["finish_reason"] == "cancelled" and last["completion_tokens"] == 0
+    assert 0 < last["prompt_tokens"] < current["prompt_to_read"]  # the tokens read before it stopped
+    ok = httpx.post(scripted_server.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 200},
+                    timeout=30).json()  # the next request reads the prompt whole and answers
+    assert ok["choices"][0]["message"]["content"] == "thinking default"
+    assert ok["usage"]["prompt_tokens"] == current["prompt_to_read"]
+
+
 def test_a_waiting_client_that_times_out_is_cancelled_too(server):
     before = server.wait_idle()["totals"]["cancelled"]
     with pytest.raises(httpx.ReadTimeout):
@@ -100,7 +121,7 @@ def test_refuses_to_listen_beyond_loopback_without_a_key(tiny_moe, capsys):
 
 
 def test_keep_alive_comments_flow_while_a_slow_prompt_is_read(scripted_server):
-    body = {"model": "scripted", "messages": [{"role": "user", "content": "SLOW please"}], "max_tokens": 20,
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "SLOW please"}], "max_tokens": 200,
             "stream": True}
     with httpx.stream("POST", scripted_server.url + "/v1/chat/completions", json=body, timeout=30) as r:
         lines = [line for line in r.iter_lines() if line]

@@ -146,13 +146,22 @@ def test_tool_calls_are_parsed_whole_and_streamed_name_first(scripted):
     assert final.choices[0].finish_reason == "stop"
 
 
-def test_reasoning_effort_reaches_the_template(scripted):
-    ask = dict(model="scripted", messages=[{"role": "user", "content": "Hi"}], max_tokens=20)
-    assert scripted.chat.completions.create(**ask).choices[0].message.content == "thinking default"
-    off = scripted.chat.completions.create(**ask, reasoning_effort="none")
-    assert off.choices[0].message.content == "thinking off"
+def test_reasoning_effort_reaches_the_template_and_thinking_comes_apart(scripted):
+    from tests.serve.scripted_server import THOUGHT
+
+    ask = dict(model="scripted", messages=[{"role": "user", "content": "Hi"}], max_tokens=200)
+    default = scripted.chat.completions.create(**ask).choices[0].message
+    assert default.content == "thinking default" and default.model_extra["reasoning_content"] == THOUGHT
+    off = scripted.chat.completions.create(**ask, reasoning_effort="none").choices[0].message
+    assert off.content == "thinking off" and off.model_extra.get("reasoning_content") is None
     on = scripted.chat.completions.create(**ask, reasoning_effort="high")
     assert on.choices[0].message.content == "thinking default"
+
+    deltas = [c.choices[0].delta for c in scripted.chat.completions.create(**ask, stream=True) if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == THOUGHT
+    assert "".join(d.content or "" for d in deltas) == "thinking default"
+    first_answer = next(i for i, d in enumerate(deltas) if d.content)
+    assert all(not d.model_extra.get("reasoning_content") for d in deltas[first_answer:])  # thinking comes first
 
 
 def test_errors_are_openai_shaped_and_the_server_keeps_serving(client, server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -50,6 +51,9 @@ def test_chat_streams_a_reply_and_the_monitor_counts_it(page, server):
     page.wait_for_function(f"parseInt(document.getElementById('m-generated').textContent) > {before}")
     assert page.locator("#m-decode-tps").inner_text() != "-"
     assert "iB" in page.locator("#m-rss").inner_text()
+    assert page.locator("#m-hit-rate").inner_text() == "- (experts all resident)"  # the CPU model has no cache
+    assert page.locator("#m-gpu").inner_text() == "- (no GPU)"
+    assert re.fullmatch(r"\d+ \((-|[\d.]+ [KMG]?i?B)\)", page.locator("#m-checkpoints").inner_text())
 
 
 def test_stop_button_cancels_a_long_reply(page, server):
@@ -70,3 +74,26 @@ def test_stop_button_cancels_a_long_reply(page, server):
     expect(page.locator("#chat-status")).to_have_text("stopped")
     state = server.wait_idle(timeout=10)
     assert state["last"]["finish_reason"] == "cancelled"
+
+
+def test_thinking_shows_apart_from_the_reply_and_the_switch_turns_it_off(page, scripted_server):
+    from playwright.sync_api import expect
+
+    from tests.serve.scripted_server import THOUGHT
+
+    page.goto(scripted_server.url + "/")
+    page.fill("#max-tokens", "200")
+    page.check("#thinking")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("thinking default")
+    expect(page.locator(".msg.thinking").last).to_have_text(THOUGHT)
+    expect(page.locator("#send")).to_be_enabled()
+
+    page.click("#clear")
+    page.uncheck("#thinking")
+    page.fill("#prompt", "Hi")
+    page.click("#send")
+    expect(page.locator(".msg.assistant").last).to_have_text("thinking off")
+    expect(page.locator("#send")).to_be_enabled()
+    assert page.locator(".msg.thinking").count() == 0

@@ -58,7 +58,7 @@ async function send(text) {
   $("send").disabled = true;
   $("stop").disabled = false;
   $("chat-status").textContent = "waiting for the model...";
-  let reply = "";
+  let reply = "", thought = "", thinking = null;  // the model's thinking goes in its own bubble, above the reply
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(), signal: controller.signal,
@@ -85,6 +85,15 @@ async function send(text) {
       }
       for (const choice of event.choices || []) {
         const delta = choice.delta || {};
+        if (delta.reasoning_content) {
+          if (!thinking) {
+            thinking = bubble("thinking", "");
+            $("messages").insertBefore(thinking, out);
+          }
+          thought += delta.reasoning_content;
+          thinking.textContent = thought;
+          $("chat-status").textContent = "thinking...";
+        }
         if (delta.content) {
           reply += delta.content;
           out.textContent = reply;
@@ -149,6 +158,11 @@ async function poll() {
     $("m-requests").textContent = `${t.requests} (${t.rejected} refused, ${t.cancelled} cancelled)`;
     $("m-generated").textContent = m.totals.generated_tokens;
     $("m-prompt").textContent = `${m.totals.prompt_tokens} (${m.totals.cached_tokens})`;
+    $("m-hit-rate").textContent = m.expert_cache_hit_rate === null ? "- (experts all resident)"
+      : (100 * m.expert_cache_hit_rate).toFixed(1) + " %";
+    $("m-checkpoints").textContent = `${m.checkpoints.count} (${bytes(m.checkpoints.bytes)})`;
+    const gpu = m.memory.gpu;
+    $("m-gpu").textContent = gpu ? `${bytes(gpu.allocated)} / ${bytes(gpu.total)}` : "- (no GPU)";
     $("m-rss").textContent = bytes(m.memory.process_rss_bytes);
     $("m-host").textContent = `${bytes(m.memory.host_available_bytes)} of ${bytes(m.memory.host_total_bytes)}`;
     $("m-uptime").textContent = Math.round(m.uptime_seconds) + " s";

@@ -1,0 +1,97 @@
+"""`strata bench long-context`: a long prompt through the int8 KV, dense vs `--qsa quest` vs quest with
+`--kv-resident`, prompt and decode tokens/s beside how far each arm's logits are from the first arm's.
+
+The first arm decodes greedily; the others are fed the same tokens (teacher-forced), so their logits compare
+position by position: argmax agreement, the largest error of a row relative to its norm, and whether an arm's logits
+equal another's byte for byte (kv-resident must equal the all-VRAM arm it mirrors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from strata.bench.ceilings import sync
+from strata.engine.engine import Engine, EngineConfig
+
+ARMS = {  # name: engine options over kv_dtype=int8
+    "dense": {},
+    "quest": {"qsa": "quest"},
+    "quest+resident": {"qsa": "quest", "kv_resident": None},  # None: filled from --resident
+}
+
+
+def run_arm(model: str, options: dict, prompt: list[int], forced: list[int] | None, gen: int):
+    """(prompt seconds, decode seconds per token, logits [gen + 1, vocab] on the CPU, tokens, engine)."""
+    engine = Engine(model, EngineConfig(**options))
+    device = engine.device
+    sync(device)
+    start = time.perf_counter()
+    logits = [engine.prefill(prompt)[-1].float().cpu()]
+    sync(device)
+    prompt_s = time.perf_counter() - start
+    history, tokens = list(prompt), []
+    start = time.perf_counter()
+    for i in range(gen):
+        token = int(logits[-1].argmax()) if forced is None else forced[i]
+        tokens.append(token)
+        history.append(token)
+        logits.append(engine.prefill(history)[-1].float().cpu())  # the cached prefix is reused: one new token
+    sync(device)
+    return prompt_s, (time.perf_counter() - start) / max(gen, 1), torch.stack(logits), tokens, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="strata bench long-context", description=__doc__.split("\n\n")[0])
+    p.add_argument("model")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prompt-tokens", type=int, default=32768)
+    p.add_argument("--gen-tokens", type=int, default=16)
+    p.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
+    p.add_argument("--budget", type=int, default=2048 + 3, help="--qsa-budget of the quest arms")
+    p.add_argument("--resident", type=int, default=16384, help="--kv-resident cells per layer of the resident arm")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    args = p.parse_args(argv)
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        p.error(f"unknown arm(s) {', '.join(unknown)}")
+    prefill = int(args.prefill) if args.prefill.isdigit() else args.prefill
+    prompt = torch.randint(0, 256, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    results, forced = {}, None
+    for arm in arms:
+        options = dict(device=args.device, kv_dtype="int8", n_ctx=args.prompt_tokens + args.gen_tokens + 8,
+                       prefill_chunk=prefill, qsa_budget=args.budget, **ARMS[arm])
+        if "kv_resident" in options:
+            options["kv_resident"] = args.resident
+        prompt_s, decode_s, logits, tokens, engine = run_arm(args.model, options, prompt, forced, args.gen_tokens)
+        forced = forced or tokens
+        kv = engine.kv.kv if hasattr(engine.kv, "recurrent_layers") else engine.kv
+        results[arm] = (prompt_s, decode_s, logits, getattr(kv, "evictions", None), engine.plan.kv_bytes)
+        del engine, kv
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    first = arms[0]
+    ref = results[first][2]
+    print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded, int8 KV, "
+          f"budget {args.budget}, resident {args.resident} cells/layer; agreement against {first}")
+    print("| arm | prompt tok/s | decode tok/s | argmax agreement | max rel logit error | equal bytes to | "
+          "device KV MiB | evictions |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    for arm, (prompt_s, decode_s, logits, evictions, kv_bytes) in results.items():
+        agree = (logits.argmax(-1) == ref.argmax(-1)).float().mean()
+        rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max()
+        same = [other for other in results if other != arm and torch.equal(results[other][2], logits)]
+        print(f"| {arm} | {args.prompt_tokens / prompt_s:.1f} | {1 / decode_s:.2f} | {agree:.1%} | {rel:.2e} | "
+              f"{', '.join(same) or '-'} | {kv_bytes / 2**20:.1f} | {evictions if evictions is not None else '-'} |")
+    if "quest" in results and "quest+resident" in results and not torch.equal(results["quest"][2],
+                                                                              results["quest+resident"][2]):
+        print("FAIL: quest+resident logits differ from quest's (they must be equal byte for byte)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""`strata bench spec`: decode tokens/s with and without speculative decoding, acceptance by draft position, the cost
+of a verify window by its rows, and whether speculation pays on this model and device.
+
+Speculation pays when the tokens a window yields (1 + a1 + a1 a2 + ..., a_j the acceptance at draft position j)
+outgrow what the window costs against one decode step (the verify-window ratio printed here, plus the drafts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from strata.bench.ceilings import sync
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.sampling import SamplingParams
+from strata.engine.spec import MAX_WINDOW, SpecDecoder
+from strata.errors import StrataError
+
+
+def _prompt(engine: Engine, args) -> list[int]:
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else \
+        resources.files("strata").joinpath("data/tokenizer_corpus.txt").read_text(encoding="utf-8")
+    ids = engine.tokenizer.encode(text)
+    if len(ids) < args.prompt_tokens:
+        raise StrataError(f"the text has {len(ids)} tokens, fewer than --prompt-tokens {args.prompt_tokens}")
+    return ids[:args.prompt_tokens]
+
+
+def _use(engine: Engine, window: int, args) -> None:
+    engine.spec = SpecDecoder(engine, window, args.spec_min_p, args.suffix_draft) if window > 1 else None
+
+
+def _decode(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """Greedy tokens and decode seconds per token (the first token, from the prompt pass, not counted)."""
+    engine.cached_tokens = []  # the same work every run: the prompt from position 0
+    tokens = engine.generate(prompt, SamplingParams(temperature=0), n, stop_ids=frozenset())
+    out = [next(tokens)]
+    sync(engine.device)
+    start = time.perf_counter()
+    out += list(tokens)
+    sync(engine.device)
+    return out, (time.perf_counter() - start) / max(len(out) - 1, 1)
+
+
+def _window_ms(engine: Engine, prompt: list[int], rows: int, reps: int) -> float:
+    """Milliseconds of one verify window of `rows` tokens through the trunk (keeping one row each time)."""
+    _use(engine, MAX_WINDOW, argparse.Namespace(spec_min_p=0.0, suffix_draft=0))
+    engine.cached_tokens = []
+    engine.prefill(prompt)
+    start_pos = len(prompt)
+    times = []
+    for rep in range(reps + 1):
+        window = prompt[rep:rep + rows]
+        sync(engine.device)
+        start = time.perf_counter()
+        engine.spec.verify(window, start_pos + rep)
+        engine.spec.keep(start_pos + rep, 1)
+        sync(engine.device)
+        times.append(time.perf_counter() - start)
+    return min(times[1:]) * 1e3
+
+
+def bench_spec(args, placement: dict) -> None:
+    windows = sorted({int(w) for w in args.windows.split(",")} | {1})
+    if not all(1 <= w <= MAX_WINDOW for w in windows):
+        raise StrataError(f"--windows: each must be 1..{MAX_WINDOW}, got {args.windows}")
+    n_ctx = args.ctx or args.prompt_tokens + args.gen_tokens + MAX_WINDOW + 8
+    engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                             prefill_chunk=args.prefill, n_ctx=n_ctx, **placement))
+    prompt = _prompt(engine, args)
+    has_mtp = bool(getattr(engine.model, "mtp", None))
+    name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "CPU"
+    print(f"model     {engine.file.path.name} ({engine.model.config.arch}), device {name}, dtype {engine.dtype}; "
+          f"drafts: {'MTP block' if has_mtp else 'prompt lookup (no MTP block)'}"
+          f"{f' + {args.suffix_draft} prompt lookup' if has_mtp and args.suffix_draft else ''}, "
+          f"spec-min-p {args.spec_min_p}")
+    print(f"prompt    {len(prompt)} tokens, {args.gen_tokens} greedy tokens per run, best of {args.reps}")
+    window_ms = {rows: _window_ms(engine, prompt, rows, args.reps * 4) for rows in range(1, max(windows) + 1)}
+    print("verify window: " + ", ".join(f"{r} rows {ms:.2f} ms ({ms / window_ms[1]:.2f}x)"
+                                        for r, ms in window_ms.items()))
+    results, baseline = {}, None
+    for window in windows:
+        _use(engine, window, args)
+        _decode(engine, prompt, min(args.gen_tokens, 8))  # warm-up
+        if engine.spec is not None:
+            _use(engine, window, args)  # fresh counters
+        runs = [_decode(engine, prompt, args.gen_tokens) for _ in range(args.reps)]
+        tokens, seconds = runs[0][0], min(s for _, s in runs)
+        baseline = baseline or (tokens, seconds)
+        results[window] = (tokens, seconds, engine.spec.stats if engine.spec else None)
+    print("\n| --spec | tok/s | vs --spec 1 | tokens/window | acceptance by draft position | greedy = plain |")
+    print("|---|---|---|---|---|---|")
+    best = 1
+    for window, (tokens, seconds, stats) in results.items():
+        speedup = baseline[1] / seconds
+        if speedup > baseline[1] / results[best][1]:
+            best = window
+        acceptance = " ".join("-" if a != a else f"{a:.2f}" for a in stats.acceptance()) if stats else "-"
+        per_window = f"{stats.tokens_per_window:.2f}" if stats else "1.00"
+        same = "yes" if tokens == baseline[0] else "NO"
+        print(f"| {window} | {1 / seconds:.1f} | {speedup:.2f}x | {per_window} | {acceptance} | {same} |")
+    if best == 1:
+        print("\nspeculation does not pay here: keep --spec 1 (the default)")
+    else:
+        print(f"\nspeculation pays here: --spec {best} decodes {baseline[1] / results[best][1]:.2f}x as fast")
+

@@ -1,0 +1,224 @@
+"""Checkpoints of recent conversations: copies of a sequence's cache (KV cells, GatedDeltaNet conv and recurrent
+states) so that a follow-up whose prompt extends one is read from its new tokens on, even after other conversations
+have used the engine in between.
+
+The engine keeps one live sequence. When a prompt leaves it (another conversation, or a scoring request), the live
+state is copied here first; when a prompt extends a checkpoint further than it extends the live sequence, the
+checkpoint is copied back. A hybrid model's cache cannot be rewound, so it is also checkpointed at the end of each
+prompt: the next turn of a chat usually re-renders the reply (without its thinking, say) and extends the prompt, not
+the live state. Copies live in host RAM (pinned) when the cache is on the GPU. The store keeps at most `max_count`
+checkpoints and `max_bytes` of them, dropping the least recently used first.
+
+A restored cache holds bit for bit what the saved one held: reading a prompt after a restore computes what reading
+it after the live prefix would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import KVCache
+from strata.engine.kv_paged import PagedInt8KV
+from strata.kernels.attention.paged import PAGE
+
+
+@dataclass
+class Checkpoint:
+    tokens: tuple[int, ...]
+    state: Any  # what the cache's snapshot function returned
+    n_bytes: int
+
+
+@dataclass
+class CheckpointStats:
+    saved: int = 0
+    restored: int = 0
+    restored_tokens: int = 0  # prompt tokens not read again thanks to a restore
+    evicted: int = 0
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """How the next prompt starts: `tokens` leading tokens taken from the live cache, or from `checkpoint`."""
+
+    tokens: int
+    checkpoint: Checkpoint | None = None
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def usable_prefix(held: list[int] | tuple[int, ...], ids: list[int], can_truncate: bool) -> int:
+    """Leading tokens of `ids` that a cache holding `held` can start from. At least the last token of `ids` is read
+    again (its logits are the answer); a cache that cannot be rewound serves only when it holds a prefix whole."""
+    shared = common_prefix(held, ids[:-1])
+    if shared < len(held) and not can_truncate:
+        return 0
+    return shared
+
+
+# ---- snapshots of each cache kind: (copy of the first n tokens' state, bytes) and the way back ----
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t.clone()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # pinned: the copy back runs at link speed
+    host.copy_(t)
+    return host
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _snapshot_dense(cache: KVCache, n: int):
+    keys = [_to_host(k[:n]) for k in cache.keys]
+    values = [_to_host(v[:n]) for v in cache.values]
+    return (n, keys, values), _nbytes(keys) + _nbytes(values)
+
+
+def _restore_dense(cache: KVCache, state) -> None:
+    n, keys, values = state
+    cache.reserve(n)
+    for layer in range(cache.n_layers):
+        cache.keys[layer][:n].copy_(keys[layer])
+        cache.values[layer][:n].copy_(values[layer])
+
+
+def _page_rows(cache: PagedInt8KV, pages: list[int]) -> torch.Tensor:
+    """Pool rows of these physical pages, page after page (a page's rows are contiguous)."""
+    per_page = cache.n_kv_heads * PAGE
+    base = torch.tensor(pages, dtype=torch.long, device=cache.device)[:, None] * per_page
+    return (base + torch.arange(per_page, device=cache.device)).reshape(-1)
+
+
+def _snapshot_paged(cache: PagedInt8KV, n: int):
+    rows = _page_rows(cache, cache.pages[: math.ceil(n / PAGE)])
+    pools = [tuple(_to_host(t[rows]) for t in (p.k, p.v, p.k_scale, p.v_scale)) for p in cache.pools]
+    return (n, pools), sum(_nbytes(parts) for parts in pools)
+
+
+def _restore_paged(cache: PagedInt8KV, state) -> None:
+    n, pools = state
+    cache.truncate(0)
+    cache.reserve(n)
+    rows = _page_rows(cache, cache.pages)
+    for pool, saved in zip(cache.pools, pools):
+        for target, values in zip((pool.k, pool.v, pool.k_scale, pool.v_scale), saved):
+            target[rows] = values.to(target.device)
+
+
+def _snapshot_hybrid(cache: HybridCache, n: int):
+    kv, kv_bytes = snapshot(cache.kv, n)
+    conv = {i: _to_host(t) for i, t in cache.conv.items()}
+    state = {i: _to_host(t) for i, t in cache.state.items()}
+    return (n, kv, conv, state), kv_bytes + _nbytes(conv.values()) + _nbytes(state.values())
+
+
+def _restore_hybrid(cache: HybridCache, saved) -> None:
+    n, kv, conv, state = saved
+    restore(cache.kv, kv)
+    for i, t in conv.items():
+        cache.conv[i].copy_(t)
+    for i, t in state.items():
+        cache.state[i].copy_(t)
+    cache.length = n
+
+
+_KINDS: dict[type, tuple[Callable, Callable]] = {
+    KVCache: (_snapshot_dense, _restore_dense),
+    PagedInt8KV: (_snapshot_paged, _restore_paged),
+    HybridCache: (_snapshot_hybrid, _restore_hybrid),
+}
+
+
+def supports(cache) -> bool:
+    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
+    if isinstance(cache, HybridCache):
+        return type(cache.kv) in _KINDS
+    return type(cache) in _KINDS
+
+
+def snapshot(cache, n: int):
+    return _KINDS[type(cache)][0](cache, n)
+
+
+def restore(cache, state) -> None:
+    _KINDS[type(cache)][1](cache, state)
+
+
+# ---- the store ----
+
+
+class CheckpointStore:
+    def __init__(self, max_count: int, max_bytes: int):
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.items: OrderedDict[tuple[int, ...], Checkpoint] = OrderedDict()  # least recently used first
+        self.n_bytes = 0  # kept as a number: the server's metrics read it while the engine thread changes items
+        self.stats = CheckpointStats()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _covered(self, tokens: tuple[int, ...], can_truncate: bool) -> Checkpoint | None:
+        """A checkpoint that already serves every prompt `tokens` would: the same tokens, or (when the cache can be
+        rewound) a longer sequence starting with them."""
+        for checkpoint in self.items.values():
+            held = checkpoint.tokens
+            if held == tokens or (can_truncate and len(held) > len(tokens) and held[: len(tokens)] == tokens):
+                return checkpoint
+        return None
+
+    def save(self, tokens: list[int], cache) -> None:
+        """Keep a copy of `cache`, which holds `tokens`."""
+        key = tuple(tokens)
+        if not key or not supports(cache):
+            return
+        can_truncate = cache.can_truncate
+        known = self._covered(key, can_truncate)
+        if known is not None:
+            self.items.move_to_end(known.tokens)
+            return
+        state, n_bytes = snapshot(cache, len(key))
+        if n_bytes > self.max_bytes:
+            return
+        if can_truncate:  # the new one serves every prompt that a prefix of it served
+            for held in [h for h in self.items if h == key[: len(h)]]:
+                self.n_bytes -= self.items.pop(held).n_bytes
+        self.items[key] = Checkpoint(key, state, n_bytes)
+        self.n_bytes += n_bytes
+        self.stats.saved += 1
+        while len(self.items) > self.max_count or self.n_bytes > self.max_bytes:
+            self.n_bytes -= self.items.popitem(last=False)[1].n_bytes
+            self.stats.evicted += 1
+
+    def best(self, ids: list[int], can_truncate: bool) -> Reuse:
+        """The checkpoint from which the most leading tokens of `ids` can be taken."""
+        found = Reuse(0)
+        for checkpoint in self.items.values():
+            n = usable_prefix(checkpoint.tokens, ids, can_truncate)
+            if n > found.tokens:
+                found = Reuse(n, checkpoint)
+        return found
+
+    def restore(self, checkpoint: Checkpoint, cache, reused: int) -> None:
+        """Copy `checkpoint` into `cache`. It may have been dropped since it was found (saving the sequence it
+        replaces made room): its copy is still whole, and the cache, once left, is saved again."""
+        restore(cache, checkpoint.state)
+        if checkpoint.tokens in self.items:
+            self.items.move_to_end(checkpoint.tokens)
+        self.stats.restored += 1
+        self.stats.restored_tokens += reused

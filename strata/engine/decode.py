@@ -1,0 +1,295 @@
+"""Captured decode: a token's work as CUDA graphs over static buffers, replayed with no allocation and no Python
+per kernel.
+
+The inputs of a step (token ids, positions) live in device tensors the graphs read; the KV cache is seen through
+a static view (engine/static_kv.py) whose attention spans a fixed number of cells (a power of two, one set of
+graphs per span). A step of `rows` tokens (1 for decode; a fixed T for a verify window) runs as:
+
+- experts all resident: one graph, embedding to logits;
+- experts behind the GPU cache (CachedExperts): segments. Segment j ends at MoE layer j's routing and publishes
+  (x, weights, ids) to host memory; the host looks the experts up, hands the misses to the CPU pool, uploads the
+  slot table and replays the expert graph (cached experts + shared expert) while the pool computes; it then
+  uploads the pool's result and replays segment j+1, which adds it to the residual and runs on to the next
+  routing. The same split as reference/strata-architecture.md section 2 (doorbell, pool, combine).
+
+`Program` holds one step's segment functions; `StepGraphs` either records them into graphs (`capture=True`) or
+calls them as they are (the CPU form: the same functions and buffers, eagerly, so CPU tests check the very code
+the graphs hold). A span's first step runs eagerly (compiling every kernel) and is captured after; captures
+never execute, so no state moves twice.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from strata.engine.context import ForwardContext
+from strata.engine.experts import CachedExperts, kernel_path
+from strata.engine.hybrid_cache import HybridCache
+from strata.engine.static_kv import span_for, static_kv
+from strata.errors import StrataError
+
+
+@dataclass
+class StaticContext(ForwardContext):
+    """A forward context whose positions are a device tensor (the graphs' input), not a host range."""
+
+    position_tensor: torch.Tensor | None = None
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        return self.position_tensor
+
+
+@dataclass
+class Published:
+    """A routed layer's step state on the host: what the segment before it copied out (pinned on CUDA)."""
+
+    x: torch.Tensor  # float32 [T, embd]
+    weights: torch.Tensor  # float32 [T, k]
+    ids: torch.Tensor  # int64 [T, k]
+
+
+@dataclass
+class Program:
+    """The segment functions of one step at one span, over shared static state (`stash`). `routed` lists the MoE
+    layers whose experts run outside the first segment (empty when all experts are resident)."""
+
+    segments: list[Callable[[], None]]
+    routed: list[int]
+    stash: dict = field(default_factory=dict)
+
+
+class StepGraphs:
+    """Runs a program's segments: each recorded once into a CUDA graph then replayed, or (the CPU form) called."""
+
+    def __init__(self, program: Program, capture: bool, pool=None):
+        self.program, self.graphs = program, None
+        if capture:
+            self.graphs = []
+            for fn in program.segments:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    fn()
+                self.graphs.append(graph)
+
+    def run(self, j: int) -> None:
+        if self.graphs is None:
+            self.program.segments[j]()
+        else:
+            self.graphs[j].replay()
+
+
+class GraphDecoder:
+    """Decode steps of `rows` tokens through static buffers. `capture`: CUDA graphs (True) or the CPU form (False).
+    `exact_span`: attend over exactly the step's cells (the CPU form: byte-identical to the engine's eager step)
+    instead of the power-of-two span the graphs need."""
+
+    def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None):
+        self.model, self.kv, self.device, self.rows = model, kv, torch.device(device), rows
+        self.capture = capture
+        self.exact_span = (not capture) if exact_span is None else exact_span
+        if capture and self.exact_span:
+            raise StrataError("captured decode needs a fixed span (exact_span=False)")
+        experts = model.experts
+        self.cached = experts if isinstance(experts, CachedExperts) else None
+        if self.cached is not None and self.cached.pcie_frac > 0:
+            raise StrataError("decode graphs do not run PCIe-streamed misses yet (pcie_frac > 0)")
+        if self.cached is not None and capture:
+            # A captured expert segment reads the hits through the slot table: the GEMV kernels must take them.
+            probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
+            if any(kernel_path(s, probe) != "decode" for s in self.cached.host_stacks.values()):
+                raise StrataError("the cached experts' formats (or float32 activations) have no decode kernel")
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
+        pin = self.device.type == "cuda"
+        self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
+        self.uploaded = None  # CUDA event after the last upload from staging
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.programs: dict[int, StepGraphs] = {}
+        self.signature = None
+        self.steps = 0
+
+    # ---- host side
+
+    def step(self, tokens: list[int], start: int) -> torch.Tensor:
+        """Logits float32 [rows, vocab] (the last row's [1, vocab] when rows == 1) after tokens at start..;
+        a view of a static buffer, valid until the next step."""
+        if len(tokens) != self.rows:
+            raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
+        end = start + self.rows
+        span = end if self.exact_span else span_for(end, self.kv.max_tokens)
+        self._reserve(start, end if self.exact_span else self.kv.max_tokens)
+        if self.uploaded is not None:
+            self.uploaded.synchronize()  # the last step's upload has left the staging buffer
+        self.staging[0] = torch.tensor(tokens, dtype=torch.long)
+        self.staging[1] = torch.arange(start, end, dtype=torch.long)
+        self.tokens.copy_(self.staging[0], non_blocking=True)
+        self.positions.copy_(self.staging[1], non_blocking=True)
+        if self.device.type == "cuda":
+            self.uploaded = torch.cuda.Event()
+            self.uploaded.record()
+        if not self.capture:
+            runner = StepGraphs(self._program(span), capture=False)
+            self._execute(runner)
+        elif span not in self.programs:  # a span's first step runs eagerly (compiling every kernel); then capture
+            runner = StepGraphs(self._program(span), capture=False)
+            self._execute(runner)
+            self._capture(span)
+        else:
+            runner = self.programs[span]
+            self._execute(runner)
+        self.model.experts.end_step()
+        self.steps += 1
+        return runner.program.stash["logits"]
+
+    def _capture(self, span: int) -> None:
+        try:
+            self.programs[span] = StepGraphs(self._program(span), capture=True, pool=self.pool)
+        except Exception as exc:  # an op that cannot be captured: keep the same static code, uncaptured
+            self.capture = False
+            self.programs.clear()
+            print(f"strata: decode graphs off: capture failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                  "decoding with the same static steps uncaptured", file=sys.stderr)
+
+    def _reserve(self, start: int, n_tokens: int) -> None:
+        cache = self.kv
+        if isinstance(cache, HybridCache):
+            cache.begin(start, self.rows)  # the recurrent states' length; their tensors update in place
+            cache = cache.kv
+        cache.reserve(n_tokens)
+        signature = _storage_signature(cache)
+        if signature != self.signature:  # the cache moved (it grew, or pages were handed out anew): recapture
+            self.programs.clear()
+            self.signature = signature
+
+    def _execute(self, runner: StepGraphs) -> None:
+        program = runner.program
+        runner.run(0)
+        for j, layer in enumerate(program.routed):
+            published = program.stash["published"]
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # the doorbell: the routing is on the host
+            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids)
+            program.stash["table"].copy_(plan.table, non_blocking=True)
+            program.stash["plan"] = plan
+            runner.run(2 * j + 1)  # cached experts + shared expert, while the pool computes the misses
+            cpu = program.stash["cpu"]
+            if future is None:
+                cpu.zero_()
+            else:
+                result = future.result()
+                cpu.copy_(result.to(cpu.dtype), non_blocking=False)
+            runner.run(2 * j + 2)  # adds the pool's part, on to the next routing (or the logits)
+
+    # ---- the step's functions
+
+    def _program(self, span: int) -> Program:
+        model, rows = self.model, self.rows
+        ctx = StaticContext(static_kv(self.kv, self.positions, span), start=0, n_tokens=rows,
+                            want_all_logits=rows > 1, position_tensor=self.positions)
+        routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
+        stash: dict = {"plan": None}
+        program = Program([], routed, stash)
+        host = self.cached is not None and self.capture
+        if self.cached is not None:
+            c = model.config
+            stash["table"] = torch.full((max(c.n_experts, 1),), -1, dtype=torch.int32, device=self.device)
+            stash["cpu"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, device=self.device)
+            stash["published"] = Published(
+                torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host),
+                torch.zeros(rows, c.n_experts_used, dtype=torch.float32, pin_memory=host),
+                torch.zeros(rows, c.n_experts_used, dtype=torch.long, pin_memory=host))
+
+        def layers(first: int, stop: int) -> None:
+            """Mixers and FFNs of layers first..stop-1, then (stop < layers) the mixer and routing of `stop`."""
+            h, cos, sin = stash["h"], stash["cos"], stash["sin"]
+            for i in range(first, min(stop, model.n_main_layers)):
+                h = h + model.mixer(i, h, ctx, cos, sin)
+                h = h + model._ffn(i, h)
+            if stop < model.n_main_layers:
+                h = h + model.mixer(stop, h, ctx, cos, sin)
+                x, weights, ids = model.route(stop, h)
+                stash.update(x=x, weights=weights, ids=ids)
+                published = stash["published"]
+                published.x.copy_(x.float(), non_blocking=True)
+                published.weights.copy_(weights.float(), non_blocking=True)
+                published.ids.copy_(ids.long(), non_blocking=True)
+            stash["h"] = h
+
+        def first_segment() -> None:
+            stash["h"], stash["cos"], stash["sin"] = model.begin(self.tokens, ctx)
+            layers(0, routed[0] if routed else model.n_main_layers)
+            if not routed:
+                stash["logits"] = model.logits(stash["h"], ctx)
+
+        program.segments.append(first_segment)
+        for j, layer in enumerate(routed):
+            program.segments.append(lambda layer=layer: _experts_segment(model, self.cached, layer, stash))
+            after = routed[j + 1] if j + 1 < len(routed) else model.n_main_layers
+
+            def combine_segment(layer=layer, after=after) -> None:
+                part, shared = stash["part"], stash["shared"]
+                ffn = part + stash["cpu"].to(part.dtype)
+                stash["h"] = stash["h"] + (ffn if shared is None else ffn + shared)
+                layers(layer + 1, after)
+                if after >= model.n_main_layers:
+                    stash["logits"] = model.logits(stash["h"], ctx)
+
+            program.segments.append(combine_segment)
+        return program
+
+
+def _experts_segment(model, backend: CachedExperts, layer: int, stash: dict) -> None:
+    """The device's share of a routed layer: its cached experts (through the slot table) and the shared expert."""
+    x, weights, ids = stash["x"], stash["weights"], stash["ids"]
+    stash["part"] = backend.hits_part(layer, x, weights, ids, stash["plan"], stash["table"])
+    stash["shared"] = model.shared_expert(layer, x)
+
+
+def _storage_signature(cache) -> tuple:
+    """Addresses of what a captured step reads and writes of the cache: they change when it reallocates."""
+    tensors = []
+    for name in ("keys", "values"):
+        tensors += getattr(cache, name, [])
+    for pool in getattr(cache, "pools", []):
+        tensors += [t for t in (pool.k, pool.v, pool.k_scale, pool.v_scale) if t is not None]
+    table = getattr(cache, "page_table", None)
+    if table is not None:
+        tensors.append(table)
+    return tuple(t.data_ptr() for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------------- engine glue
+
+
+def graphs_wanted(option: str, device: torch.device) -> str:
+    """"graphs" (capture), "eager" (the static code without capture) or "off", from the engine option
+    `decode_graphs` ("auto", "on", "off", "eager") and STRATA_NO_GRAPHS."""
+    from strata import switches
+
+    if option not in ("auto", "on", "off", "eager"):
+        raise StrataError(f"decode_graphs {option!r} is not one of auto, on, off, eager")
+    if option == "off" or (option in ("auto", "on") and switches.get("STRATA_NO_GRAPHS")):
+        return "off"
+    if option == "eager":
+        return "eager"
+    if device.type != "cuda":
+        if option == "on":
+            raise StrataError("decode_graphs='on' needs a CUDA device (CUDA graphs); use 'eager' on the CPU")
+        return "off"
+    return "graphs"
+
+
+def make_decoder(model, kv, device: torch.device, option: str) -> GraphDecoder | None:
+    """The engine's decoder for one-token steps, or None (step by step) with one line saying why."""
+    mode = graphs_wanted(option, device)
+    if mode == "off":
+        return None
+    try:
+        return GraphDecoder(model, kv, device, capture=mode == "graphs")
+    except StrataError as exc:
+        print(f"strata: decode graphs off: {exc}; decoding step by step", file=sys.stderr)
+        return None

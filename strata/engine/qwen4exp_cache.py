@@ -1,0 +1,96 @@
+"""The cache of one qwen4exp sequence: a HybridCache (attention KV, GatedDeltaNet states) plus what only qwen4exp
+keeps: the QSA indexer's keys per attention layer, the n-gram block's token window and conv history, and the MTP
+block's keys and values.
+
+Indexer keys: every cell's raw key (before any norm) is kept; each completed block of 4 cells also gets its pooled
+key (kernels/select/keys.pool_block_keys), computed once when the block completes. `dead` (the tail block's
+stand-in) is the normalized raw key of cell 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import new_kv_cache
+from strata.errors import StrataError
+from strata.kernels.select.keys import BLOCK, dead_key, pool_block_keys
+
+
+class IndexerKeys:
+    """Raw and pooled indexer keys of one attention layer, float32, growing by doubling."""
+
+    def __init__(self, key_dim: int, device: torch.device, n_rot: int, base: float, eps: float):
+        self.key_dim, self.device, self.n_rot, self.base, self.eps = key_dim, device, n_rot, base, eps
+        self.raw = torch.zeros(0, key_dim, device=device)
+        self.pooled = torch.zeros(0, key_dim, device=device)
+        self.dead = torch.zeros(key_dim, device=device)
+        self.n_cells = 0
+        self.n_pooled = 0
+
+    @property
+    def n_bytes(self) -> int:
+        return 4 * (self.raw.numel() + self.pooled.numel() + self.dead.numel())
+
+    def reset(self) -> None:
+        self.n_cells = self.n_pooled = 0
+
+    def append(self, start: int, raw: torch.Tensor, k_norm: torch.Tensor) -> None:
+        """Store raw keys [T, Dk] of cells start.., then pool every block they complete."""
+        end = start + raw.shape[0]
+        if end > self.raw.shape[0]:
+            grown = torch.zeros(max(end, 2 * self.raw.shape[0], 256), self.key_dim, device=self.device)
+            grown[: self.n_cells] = self.raw[: self.n_cells]
+            self.raw = grown
+        self.raw[start:end] = raw.float()
+        self.n_cells = end
+        if start == 0:
+            self.dead = dead_key(self.raw[0], k_norm, self.eps)
+        n_blocks = end // BLOCK
+        if n_blocks > self.n_pooled:
+            if n_blocks > self.pooled.shape[0]:
+                grown = torch.zeros(max(n_blocks, 2 * self.pooled.shape[0], 64), self.key_dim, device=self.device)
+                grown[: self.n_pooled] = self.pooled[: self.n_pooled]
+                self.pooled = grown
+            cells = self.raw[BLOCK * self.n_pooled : BLOCK * n_blocks]
+            self.pooled[self.n_pooled : n_blocks] = pool_block_keys(cells, k_norm, self.n_pooled, self.eps,
+                                                                    self.n_rot, self.base)
+            self.n_pooled = n_blocks
+
+    def keys(self) -> torch.Tensor:
+        """Pooled keys [completed blocks, Dk]."""
+        return self.pooled[: self.n_pooled]
+
+
+class Qwen4ExpCache(HybridCache):
+    def __init__(self, recurrent_layers: tuple[bool, ...], n_kv_heads: int, head_dim: int,
+                 conv_shape: tuple[int, int], state_shape: tuple[int, int, int], max_tokens: int,
+                 kv_dtype: str | torch.dtype, conv_dtype: torch.dtype, device: torch.device, *,
+                 indexer_key_dim: int, indexer_rot: int, rope_base: float, eps: float,
+                 ple_width: int, ple_history_rows: int, mtp_layers: int = 0):
+        super().__init__(recurrent_layers, n_kv_heads, head_dim, conv_shape, state_shape, max_tokens, kv_dtype,
+                         conv_dtype, device)
+        # The MTP block's own keys and values (dense: its attention never selects).
+        self.mtp_kv = new_kv_cache(kv_dtype, mtp_layers, n_kv_heads, head_dim, max_tokens, device) if mtp_layers else None
+        self.indexer = {layer: IndexerKeys(indexer_key_dim, device, indexer_rot, rope_base, eps)
+                        for layer in self.kv_slot}
+        self.ple_history = torch.zeros(ple_history_rows, ple_width, device=device)
+        self.previous_tokens = (-1, -1)  # (2 back, 1 back) of the next token; -1 where none
+
+    @property
+    def n_bytes(self) -> int:
+        extra = sum(keys.n_bytes for keys in self.indexer.values()) + 4 * self.ple_history.numel()
+        extra += self.mtp_kv.n_bytes if self.mtp_kv is not None else 0
+        return super().n_bytes + extra
+
+    def check_ple(self, source: str, history_shape: tuple[int, int]) -> None:
+        if tuple(self.ple_history.shape) != tuple(history_shape):
+            raise StrataError(f"{source}: the cache's n-gram conv history has shape {list(self.ple_history.shape)}, "
+                              f"the model needs {list(history_shape)}")
+
+    def reset(self) -> None:
+        super().reset()
+        for keys in self.indexer.values():
+            keys.reset()
+        self.ple_history.zero_()
+        self.previous_tokens = (-1, -1)

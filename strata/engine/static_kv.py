@@ -1,0 +1,121 @@
+"""KV caches seen through static shapes: the decode step's positions are a device tensor, the attention spans a
+fixed number of cells (`span`) and masks those past each row's position, so the step captures in a CUDA graph and
+replays for any position below the span.
+
+A view wraps the engine's cache (same storage, nothing copied) for one span; the graph runner (engine/decode.py)
+keeps the host-side bookkeeping (reserve, a hybrid cache's length) outside the captured step. With `span` equal to
+the step's end (what the CPU form uses) every view computes exactly what the cache's own `attend` does, byte for
+byte; a larger span adds only masked cells.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from strata.engine.hybrid_cache import HybridCache
+from strata.engine.kv import KVBackend, KVCache
+from strata.engine.kv_paged import PagedInt8KV
+from strata.errors import StrataError
+from strata.kernels.attention.decode import decode_attn_triton
+from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
+from strata.kernels.attention.paged import PAGE
+from strata.kernels.attention.prompt import prompt_attention
+
+MIN_SPAN = 256  # spans are powers of two from here up to the context: a handful of graphs per sequence
+
+
+def span_for(end: int, max_tokens: int) -> int:
+    """The attention span of a captured step ending at position `end` (exclusive): the next power of two, at
+    least MIN_SPAN, at most the context."""
+    span = MIN_SPAN
+    while span < end:
+        span *= 2
+    return min(span, max_tokens)
+
+
+class StaticView(KVBackend):
+    """Common part: the positions [T] (int64, on the device) and the span; growing or rewinding is the runner's."""
+
+    def __init__(self, cache: KVBackend, positions: torch.Tensor, span: int):
+        if span > cache.max_tokens:
+            raise StrataError(f"attention span {span} exceeds the context of {cache.max_tokens}")
+        self.cache, self.positions, self.span = cache, positions, span
+        self.max_tokens = cache.max_tokens
+        self.cells = torch.arange(span, device=positions.device)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.cache.n_bytes
+
+    def reserve(self, n_tokens: int) -> None:
+        """Nothing to do inside a step: the runner reserved the whole context before capturing."""
+
+    def truncate(self, length: int) -> None:
+        raise StrataError("a static decode view cannot truncate; truncate the engine's cache")
+
+
+class StaticDenseKV(StaticView):
+    """The dense fp16/bf16/fp32 cache (engine/kv.KVCache), whose storage must already hold `span` cells."""
+
+    cache: KVCache
+
+    def attend(self, layer, q, k, v, start):
+        c, pos = self.cache, self.positions
+        if c.capacity < self.span:
+            raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
+        c.keys[layer].index_copy_(0, pos, k.to(c.dtype))
+        c.values[layer].index_copy_(0, pos, v.to(c.dtype))
+        # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
+        keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
+        values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
+        allowed = self.cells[None, :] <= pos[:, None]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                                             attn_mask=allowed, enable_gqa=True)
+        return out.transpose(0, 1)
+
+
+class StaticPagedKV(StaticView):
+    """The int8 paged cache: append at the device positions, then the split-K decode kernel (the reference on the
+    CPU) over cells 0..span-1 with each row's width pos + 1 read on the device."""
+
+    cache: PagedInt8KV
+
+    def __init__(self, cache: PagedInt8KV, positions: torch.Tensor, span: int):
+        super().__init__(cache, positions, span)
+        self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
+
+    def attend(self, layer, q, k, v, start):
+        c = self.cache
+        if len(c.pages) * PAGE < self.span:
+            raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
+        pool, table = c.pools[layer], c.page_table
+        kernels = q.is_cuda if c.kernels is None else c.kernels
+        (append_kv_triton if kernels else append_kv_ref)(pool, table, self.positions, k, v)
+        width = (self.positions + 1).to(torch.int32)
+        if kernels:
+            return decode_attn_triton(q.float(), pool, table, self.ids, width).to(q.dtype)
+        return prompt_attention(q.float(), pool, table, self.ids, width, reference=True).to(q.dtype)
+
+
+def static_kv(cache: KVBackend, positions: torch.Tensor, span: int) -> KVBackend:
+    """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
+    if isinstance(cache, HybridCache):
+        return StaticHybrid(cache, static_kv(cache.kv, positions, span))
+    if isinstance(cache, KVCache):
+        return StaticDenseKV(cache, positions, span)
+    if isinstance(cache, PagedInt8KV):
+        return StaticPagedKV(cache, positions, span)
+    raise StrataError(f"no static decode view for the KV backend {type(cache).__name__}")
+
+
+class StaticHybrid(HybridCache):
+    """A hybrid cache's GatedDeltaNet states (updated in place, so they capture) beside a static view of its
+    attention layers' KV. It shares the cache's state tensors; `begin` is the runner's, outside the step."""
+
+    def __init__(self, cache: HybridCache, kv_view: StaticView):  # noqa: the parent's __init__ allocates; we share
+        self.__dict__.update(cache.__dict__)
+        self.kv = kv_view
+
+    def begin(self, start: int, n_tokens: int) -> None:
+        """The runner has already called the real cache's begin (length, reserve) on the host."""

@@ -1,0 +1,300 @@
+"""qwen4exp (Qwen3.8-Flash-Next), Strata's own model, on the tensor names and metadata keys Strata's loader reads.
+
+Per step (Strata's src/core/layer.cpp `block_layer_pre`/`post`, src/core/session.cpp; docs/ARCHITECTURES.md):
+
+    R = the token embedding copied into every one of hc streams                    [T, hc, embd]
+    for each layer l:
+        if l is the n-gram layer (ple.layers, [1]): R = ple_block(R, table rows of the last 3 tokens)
+        mixed, inject = hc_read(R, hc_attn_*);  R = hc_write(R, QSA or GDN(mixed), inject)   QSA when l % 4 == 3
+        mixed, inject = hc_read(R, hc_ffn_*);   R = hc_write(R, MoE(mixed), inject)
+    logits = output @ hc_read(R, output_hc_*)  (no inject, no final norm)
+
+There is no attn_norm or ffn_norm: the per-stream norm inside hc_read is the layer's input norm. MoE is
+softmax-over-all, top-k renormalised, plus the shared expert times sigmoid(ffn_gate_inp_shexp . x).
+With nextn_predict_layers = 1 the MTP block after the trunk is loaded, and `mtp_draft` runs it (qwen4exp_mtp.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.context import ForwardContext
+from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
+from strata.engine.qwen4exp_cache import Qwen4ExpCache
+from strata.errors import StrataError
+from strata.gguf.reader import GGUFModelFile
+from strata.models.config import ModelConfig
+from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
+from strata.models.gated_deltanet import GDNShape
+from strata.models.hyper_connections import HyperConnectionWeights, hc_read, hc_write
+from strata.models.layers import Rope
+from strata.models.ngram_embedding import (
+    HISTORY_ROWS, TABLE_TENSOR, NgramHash, NgramTable, PleWeights, ple_block,
+)
+from strata.models.qwen4exp_mixers import (
+    QSAShape, QSAWeights, Qwen4ExpGDNWeights, qsa_attention, qsa_selection, qwen4exp_gdn,
+)
+from strata.models.qwen4exp_mtp import MTPWeights, mtp_input
+from strata.models.weights import QuantWeight, linear
+
+GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_conv1d.weight",
+               "ssm_a", "ssm_dt.bias", "ssm_norm.weight", "ssm_out.weight")
+QSA_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "indexer.q_proj.weight",
+               "indexer.k_proj.weight")
+
+
+class Qwen4ExpLM(DecoderLM):
+    """Token ids in, logits out; every per-sequence state lives in the Qwen4ExpCache of new_cache()."""
+
+    def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
+                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
+        self.config, self.device, self.dtype = config, device, dtype
+        self.expert_device = expert_device
+        self.source = str(model.path)
+        c, arch = config, config.arch
+        if not c.is_hybrid or not c.is_moe:
+            raise StrataError(f"{model.path}: {arch} needs ssm.* and expert_count metadata")
+
+        def meta(key: str, default: int) -> int:
+            return model.field(f"{arch}.{key}", default, int)
+
+        self.hc = meta("hyper_connection.count", 4)
+        self.hc_rank = meta("hyper_connection.low_rank", 320)  # Strata hard-codes 320
+        self.qsa = QSAShape(n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+                            n_rot=c.rope_dim or c.head_dim, rope_base=c.rope_theta,
+                            indexer_heads=meta("attention.indexer.head_count", 4),
+                            indexer_dim=meta("attention.indexer.key_length", 128),
+                            top_k=meta("attention.indexer.top_k", 2048))
+        self.gdn = GDNShape(n_k_heads=c.ssm_group_count, n_v_heads=c.ssm_time_step_rank, k_dim=c.ssm_state_size,
+                            v_dim=c.ssm_inner_size // c.ssm_time_step_rank, conv_kernel=c.ssm_conv_kernel)
+        self.n_main = c.n_layers - c.nextn_layers
+        self.recurrent = c.recurrent_layers[: self.n_main]
+        if c.nextn_layers > 1:
+            raise StrataError(f"{model.path}: {arch}.nextn_predict_layers is {c.nextn_layers}; qwen4exp has one MTP block")
+        self._check_layers(model)
+        self.ple_layer = self._ple_layer(model)
+        self.ngram_hash = NgramHash.from_gguf(model, arch)
+        self.ngram_table = self._load_table(model)  # checked before the weights load: the table shard is the one apart
+        load = WeightLoader(model, device, dtype, progress)
+        width = self.hc * c.n_embd
+        self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
+        self.output = self.embed if c.tied_embeddings else load.quant("output.weight", c.vocab_size, c.n_embd)
+        self.hc_output = self._load_hc(load, "output_hc_", inject=False)
+        self.hc_attn: list[HyperConnectionWeights] = []
+        self.hc_ffn: list[HyperConnectionWeights] = []
+        self.mixers: list[Qwen4ExpGDNWeights | QSAWeights] = []
+        self.ffn: list[FFNWeights] = []
+        stacks: dict[int, ExpertStack] = {}
+        for i in range(self.n_main):
+            p = f"blk.{i}."
+            self.hc_attn.append(self._load_hc(load, p + "hc_attn_"))
+            self.hc_ffn.append(self._load_hc(load, p + "hc_ffn_"))
+            self.mixers.append(self._load_gdn(load, p) if self.recurrent[i] else self._load_qsa(load, p))
+            self.ffn.append(self._load_moe(load, p, i, stacks))
+        self.mtp = self._load_mtp(load, self.n_main, stacks) if c.nextn_layers else None
+        self.ple = self._load_ple(load, f"blk.{self.ple_layer}.", width)
+        self.experts = experts if experts is not None else ResidentExperts(stacks)
+        self.expert_stacks = stacks
+        self.rope = Rope(self.qsa.n_rot, c.rope_theta, device)
+        load.bar.close()
+
+    # ------------------------------------------------------------------------------------------ loading
+
+    def _check_layers(self, model: GGUFModelFile) -> None:
+        """Each layer's tensors must be those of the mixer the layer pattern gives it."""
+        key = f"{self.config.arch}.full_attention_interval"
+        for i, recurrent in enumerate(self.recurrent):
+            for name in QSA_TENSORS if recurrent else GDN_TENSORS:
+                if f"blk.{i}.{name}" in model.tensors:
+                    kind = "a GatedDeltaNet" if recurrent else "a QSA attention"
+                    raise StrataError(f"{model.path}: tensor blk.{i}.{name} does not belong in layer {i}, which is "
+                                      f"{kind} layer by {key}={model.metadata.get(key, 4)!r}")
+
+    def _ple_layer(self, model: GGUFModelFile) -> int:
+        key = f"{self.config.arch}.ple.layers"
+        layers = list(model.metadata.get(key, [1]))
+        if len(layers) != 1 or not 0 <= int(layers[0]) < self.n_main:
+            raise StrataError(f"{model.path}: metadata field {key} must name one layer below {self.n_main}, got {layers}")
+        return int(layers[0])
+
+    def _load_hc(self, load: WeightLoader, p: str, inject: bool = True) -> HyperConnectionWeights:
+        width = self.hc * self.config.n_embd
+        return HyperConnectionWeights(
+            norm=load.quant(p + "norm.weight", width).dequantize(torch.float32).to(self.device),
+            down=load.quant(p + "down.weight", self.hc_rank, width),
+            up=load.quant(p + "up.weight", width, self.hc_rank),
+            inject=load.quant(p + "inject.weight", self.hc, width) if inject else None,
+        )
+
+    def _load_gdn(self, load: WeightLoader, p: str) -> Qwen4ExpGDNWeights:
+        c, s = self.config, self.gdn
+        value_dim = s.n_v_heads * s.v_dim
+        return Qwen4ExpGDNWeights(
+            qkv=load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
+            gate=load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
+            alpha=load.quant(p + "ssm_alpha.weight", s.n_v_heads, c.n_embd),
+            beta=load.quant(p + "ssm_beta.weight", s.n_v_heads, c.n_embd),
+            conv=load.dense(p + "ssm_conv1d.weight", s.conv_channels, s.conv_kernel),
+            dt_bias=load.dense(p + "ssm_dt.bias", s.n_v_heads),
+            decay_rate=load.quant(p + "ssm_a", s.n_v_heads).dequantize(torch.float32).to(self.device),
+            out_norm=load.dense(p + "ssm_norm.weight", s.v_dim),
+            out=load.quant(p + "ssm_out.weight", c.n_embd, value_dim),
+        )
+
+    def _load_qsa(self, load: WeightLoader, p: str, indexer: bool = True) -> QSAWeights:
+        c, s = self.config, self.qsa
+        q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        w = QSAWeights(
+            q=load.quant(p + "attn_q.weight", 2 * q_dim, c.n_embd),
+            k=load.quant(p + "attn_k.weight", kv_dim, c.n_embd),
+            v=load.quant(p + "attn_v.weight", kv_dim, c.n_embd),
+            o=load.quant(p + "attn_output.weight", c.n_embd, q_dim),
+            q_norm=load.dense(p + "attn_q_norm.weight", s.head_dim),
+            k_norm=load.dense(p + "attn_k_norm.weight", s.head_dim),
+        )
+        if indexer:
+            w.indexer_q = load.quant(p + "indexer.q_proj.weight", s.indexer_heads * s.indexer_dim, c.n_embd)
+            w.indexer_k = load.quant(p + "indexer.k_proj.weight", s.indexer_dim, c.n_embd)
+            w.indexer_q_norm = load.dense(p + "indexer.q_norm.weight", s.indexer_dim)
+            w.indexer_k_norm = load.quant(p + "indexer.k_norm.weight", s.indexer_dim).dequantize().to(self.device)
+        return w
+
+    def _load_mtp(self, load: WeightLoader, layer: int, stacks: dict[int, ExpertStack]) -> MTPWeights:
+        """The MTP block's attention and MoE go into the per-layer lists at index n_main, after the trunk's."""
+        c, p = self.config, f"blk.{layer}."
+        self.hc_attn.append(self._load_hc(load, p + "hc_attn_"))
+        self.hc_ffn.append(self._load_hc(load, p + "hc_ffn_"))
+        self.mixers.append(self._load_qsa(load, p, indexer=False))
+        self.ffn.append(self._load_moe(load, p, layer, stacks))
+        return MTPWeights(
+            fc_embedding=load.quant(p + "nextn.fc_embedding.weight", c.n_embd, c.n_embd),
+            fc_hidden=load.quant(p + "nextn.fc_hidden.weight", c.n_embd, c.n_embd),
+            norm_embedding=load.dense(p + "nextn.norm_embedding.weight", c.n_embd),
+            norm_hidden=load.quant(p + "nextn.norm_hidden.weight", self.hc * c.n_embd).dequantize().to(self.device),
+            hc_out=self._load_hc(load, p + "nextn.hc_out_", inject=False),
+        )
+
+    def _load_moe(self, load: WeightLoader, p: str, layer: int, stacks: dict[int, ExpertStack]) -> FFNWeights:
+        c, sff, on = self.config, self.config.shared_expert_ff, self.expert_device
+        stacks[layer] = ExpertStack(
+            gate=load.quant(p + "ffn_gate_exps.weight", c.n_experts, c.expert_ff, c.n_embd, device=on),
+            up=load.quant(p + "ffn_up_exps.weight", c.n_experts, c.expert_ff, c.n_embd, device=on),
+            down=load.quant(p + "ffn_down_exps.weight", c.n_experts, c.n_embd, c.expert_ff, device=on),
+        )
+        return FFNWeights(
+            norm=None,
+            router=load.quant(p + "ffn_gate_inp.weight", c.n_experts, c.n_embd),
+            shared_gate=load.quant(p + "ffn_gate_shexp.weight", sff, c.n_embd),
+            shared_up=load.quant(p + "ffn_up_shexp.weight", sff, c.n_embd),
+            shared_down=load.quant(p + "ffn_down_shexp.weight", c.n_embd, sff),
+            shared_router=load.dense(p + "ffn_gate_inp_shexp.weight", c.n_embd),
+        )
+
+    def _load_ple(self, load: WeightLoader, p: str, width: int) -> PleWeights:
+        embd = self.config.n_embd
+        dense32 = lambda name, *shape: load.quant(p + name, *shape).dequantize(torch.float32).to(self.device)  # noqa: E731
+        return PleWeights(
+            key=load.quant(p + "ple_key.weight", width, embd),
+            value=load.quant(p + "ple_value.weight", embd, embd),
+            norm_key=dense32("ple_norm_key.weight", width),
+            norm_query=dense32("ple_norm_query.weight", width),
+            norm_conv=dense32("ple_norm_conv.weight", width),
+            conv=dense32("ple_conv1d.weight", width, 4),
+        )
+
+    def _load_table(self, model: GGUFModelFile) -> NgramTable:
+        """The n-gram table stays in its memory-mapped shard (on the host); rows are gathered as tokens need them."""
+        info = model.tensors.get(TABLE_TENSOR)
+        if info is None:
+            raise StrataError(f"{model.path}: tensor {TABLE_TENSOR} (the n-gram table, kept in its own shard) is "
+                              f"missing: give the first shard of the split GGUF with every shard beside it")
+        head_dim = self.config.n_embd // self.ngram_hash.n_heads
+        rows = self.ngram_hash.n_rows
+        # The real table has a few more rows than the heads address (320,001,536 for 320,001,446: padded to 256).
+        if len(info.shape) != 2 or info.shape[1] != head_dim or info.shape[0] < rows:
+            raise StrataError(f"{info.file}: tensor {TABLE_TENSOR} has shape {list(info.shape)}, expected at least "
+                              f"{[rows, head_dim]} (the heads' vocab sizes sum to {rows:,} rows)")
+        return NgramTable(QuantWeight.from_info(info, "cpu"))
+
+    # ------------------------------------------------------------------------------------------ running
+
+    def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> Qwen4ExpCache:
+        c, s = self.config, self.qsa
+        return Qwen4ExpCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape,
+                             self.gdn.state_shape, max_tokens, kv_dtype, self.dtype, self.device,
+                             indexer_key_dim=s.indexer_dim, indexer_rot=s.n_rot, rope_base=s.rope_base,
+                             eps=c.rms_eps, ple_width=self.hc * c.n_embd, ple_history_rows=HISTORY_ROWS,
+                             mtp_layers=int(self.mtp is not None))
+
+    def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache) -> torch.Tensor:
+        tokens = ids.cpu().numpy()
+        rows = self.ngram_hash.rows(tokens, cache.previous_tokens)
+        window = (*cache.previous_tokens, *(int(t) for t in tokens))
+        cache.previous_tokens = (window[-2], window[-1])
+        emb = self.ngram_table.gather(rows).to(self.device)
+        residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
+        cache.ple_history.copy_(history)
+        return residual
+
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
+        return self.head(self.forward_residual(ids, ctx), ctx)
+
+    def forward_residual(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """ids: [T] -> the final residual stack [T, hc, embd] (float32), before the head."""
+        cache, c = ctx.kv, self.config
+        if not isinstance(cache, Qwen4ExpCache):
+            raise StrataError(f"{self.source}: {c.arch} needs the Qwen4ExpCache of new_cache(), "
+                              f"got {type(cache).__name__}")
+        cache.check(self.source, self.recurrent, self.gdn.conv_state_shape, self.gdn.state_shape)
+        cache.check_ple(self.source, (HISTORY_ROWS, self.hc * c.n_embd))
+        cache.begin(ctx.start, ctx.n_tokens)
+        positions = ctx.positions(self.device)
+        cos, sin = self.rope.cos_sin(positions, self.dtype)
+        # The residual stack is kept in float32 whatever the compute dtype (Strata's R is float32).
+        residual = self.embed_tokens(ids).float()[:, None, :].repeat(1, self.hc, 1)
+        for i in range(self.n_main):
+            if i == self.ple_layer:
+                residual = self._ngram_block(ids, residual, cache)
+            mixed, inject = hc_read(residual, self.hc_attn[i], c.rms_eps)
+            x = mixed.to(self.dtype)
+            if self.recurrent[i]:
+                y, conv, state = qwen4exp_gdn(self.mixers[i], self.gdn, x, cache.conv[i], cache.state[i], c.rms_eps)
+                cache.conv[i].copy_(conv)
+                cache.state[i].copy_(state)
+            else:
+                selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
+                                          c.rms_eps)
+                y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps)
+            residual = hc_write(residual, y, inject)
+            mixed, inject = hc_read(residual, self.hc_ffn[i], c.rms_eps)
+            residual = hc_write(residual, self._feed_forward(i, mixed.to(self.dtype)), inject)
+        return residual
+
+    def mtp_draft(self, residual: torch.Tensor, next_ids: torch.Tensor, cache: Qwen4ExpCache,
+                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP over cells start..start+T-1: cell i pairs the trunk's final stack R_i (`residual` [T, hc, embd]) with
+        the token at i+1 (`next_ids` [T]); returns (logits float32 [T, vocab] for the tokens at i+2, the block's
+        stack [T, hc, embd], the input of a next draft step). Keys and values go to the cache's MTP layer."""
+        if self.mtp is None:
+            raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
+        layer, eps = self.n_main, self.config.rms_eps
+        positions = torch.arange(start, start + residual.shape[0], device=self.device)
+        cos, sin = self.rope.cos_sin(positions, self.dtype)
+        stack = mtp_input(self.mtp, residual, self.embed_tokens(next_ids), eps)
+        mixed, inject = hc_read(stack, self.hc_attn[layer], eps)
+        cache.mtp_kv.reserve(start + residual.shape[0])
+        y = qsa_attention(self.mixers[layer], self.qsa, mixed.to(self.dtype), cache.mtp_kv, 0, start, cos, sin, None,
+                          eps)
+        stack = hc_write(stack, y, inject)
+        mixed, inject = hc_read(stack, self.hc_ffn[layer], eps)
+        stack = hc_write(stack, self._feed_forward(layer, mixed.to(self.dtype)), inject)
+        mixed, _ = hc_read(stack, self.mtp.hc_out, eps)
+        return linear(mixed.to(self.dtype), self.output).float(), stack
+
+    def head(self, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        self.experts.end_step()
+        if not ctx.want_all_logits:
+            residual = residual[-1:]
+        mixed, _ = hc_read(residual, self.hc_output, self.config.rms_eps)
+        return linear(mixed.to(self.dtype), self.output).float()

@@ -1,0 +1,67 @@
+"""On the GPU: captured decode (engine/decode.py) against the step-by-step decode on small synthetic models.
+
+For each model and placement: the step-by-step engine decodes N greedy tokens; the graph engine is then fed the
+same tokens (teacher-forced, so one early near-tie cannot hide the rest) and must pick the same argmax at every
+step, with logits within BOUND of the largest; a free-running greedy run of the graph engine must give the same
+tokens too. Prints one table row per case; exit 1 on any mismatch or when no graph was captured.
+
+    python3 tools/device/decode_graphs_check.py MODEL_DIR [N]
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from strata.engine.sampling import SamplingParams  # noqa: E402
+from strata.models.synthetic import make_model  # noqa: E402
+
+BOUND = 2e-2  # bf16 activations: the graphs' attention span (masked cells) may round differently
+models = Path(sys.argv[1])
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 48
+prompt = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+cases = [("qwen3moe", "Q4_K", {}), ("qwen3moe", "Q4_0", {"kv_dtype": "int8"}), ("qwen3moe", "Q4_0", {"expert_cache": 40}),
+         ("qwen3next", "Q4_0", {}), ("qwen3next", "Q4_0", {"expert_cache": 40})]
+ok = True
+print("| model | options | steps | argmax agree | max rel err | free-run tokens equal | eager tok/s | graph tok/s |"
+      " graphs |")
+print("|---|---|---:|---:|---:|---|---:|---:|---|")
+for arch, quant, options in cases:
+    path = models / f"graphs-{arch}-small-{quant}.gguf"
+    if not path.exists():
+        make_model(path, arch=arch, preset="small", quant=quant)
+    runs = {}
+    for mode in ("off", "on"):
+        engine = Engine(path, EngineConfig(device="cuda", n_ctx=1024, decode_graphs=mode, **options))
+        list(engine.generate(prompt, SamplingParams(temperature=0), 4))  # warm up (and capture the first span)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = list(engine.generate(prompt, SamplingParams(temperature=0), n))
+        torch.cuda.synchronize()
+        runs[mode] = (engine, tokens, (n - 1) / (time.perf_counter() - start))
+    (eager_engine, eager_tokens, eager_rate), (graph_engine, graph_tokens, graph_rate) = runs["off"], runs["on"]
+    agree, worst = 0, 0.0
+    want = eager_engine.prefill(prompt)
+    got = graph_engine.prefill(prompt)
+    for i, token in enumerate(eager_tokens[:-1]):
+        position = len(prompt) + i
+        want = eager_engine.decode(token, position).float()
+        got = graph_engine.decode(token, position).float()
+        worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+        agree += int(got.argmax() == want.argmax())
+    decoder = graph_engine.decoder
+    captured = decoder is not None and decoder.capture and bool(decoder.programs)
+    steps = len(eager_tokens) - 1
+    good = agree == steps and worst <= BOUND and captured
+    ok &= good
+    free = graph_tokens == eager_tokens
+    label = " ".join(f"{k}={v}" for k, v in options.items()) or "resident"
+    print(f"| {arch} {quant} | {label} | {steps} | {agree}/{steps} | {worst:.1e} | {'yes' if free else 'no'} | "
+          f"{eager_rate:.1f} | {graph_rate:.1f} | {'captured' if captured else 'NOT captured'}"
+          f"{'' if good else ' FAIL'} |", flush=True)
+print("ALL OK" if ok else "FAILURES")
+sys.exit(0 if ok else 1)
