@@ -295,7 +295,7 @@ def finish(args, causal_lm, mtp, tokenizer_metadata: dict, data_manifest: dict, 
     attach_checkpoint_mtp(causal_lm, mtp.checkpoint_tensors())  # the GGUF carries the MTP head (nextn) for --spec
     export_gguf(causal_lm, gguf_path, args.qtype, tokenizer_metadata=tokenizer_metadata)
     size = gguf_path.stat().st_size
-    result["gguf"] = {"file": GGUF_NAME, "qtype": args.qtype, "bytes": size, "mtp_block": exports_mtp,
+    result["gguf"] = {"file": GGUF_NAME, "qtype": args.qtype, "bytes": size, "mtp_block": True,
                       "sha256": hashlib.sha256(gguf_path.read_bytes()).hexdigest(),
                       "heldout_eval_sha256": hashlib.sha256((out / "heldout_eval.bin").read_bytes()).hexdigest()}
     (out / "result.json").write_text(json.dumps(result, indent=1))
