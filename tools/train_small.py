@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `strata` and `tools` impo
 
 from tools.export_hf import attach_checkpoint_mtp, export_gguf  # noqa: E402
 from tools.train_mtp import Qwen3NextMTP  # noqa: E402
-from strata.default_model import SAMPLE_PROMPTS  # noqa: E402
+from strata.default_model import PINNED_TOKENS, SAMPLE_PROMPTS  # noqa: E402
 
 # The shipped model. Q8_0 rows are 32 wide, so every matrix dimension is a multiple of 32; 8 layers with full
 # attention every 4th (Qwen3-Next's 3:1), 32 experts of which 4 are used, and a shared expert.
@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[1] / "strata/data/default-model")
     s.add_argument("--pins", type=Path, default=Path(__file__).resolve().parents[1] / "tests/default_model_greedy.json",
                    help="where the pinned greedy outputs go")
+    s.add_argument("--pin-tokens", type=int, default=PINNED_TOKENS, help="tokens per pinned output (tests: fewer)")
     s.add_argument("--benchmarks", type=Path, default=Path(__file__).resolve().parents[1] / "docs/BENCHMARKS.md",
                    help="the docs file whose default-model section is (re)written")
     s.set_defaults(func=lambda args: _report().ship_command(args))
