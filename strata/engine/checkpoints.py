@@ -147,9 +147,9 @@ _KINDS: dict[type, tuple[Callable, Callable]] = {
 
 def supports(cache) -> bool:
     """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
-    if isinstance(cache, HybridCache):
-        return type(cache.kv) in _KINDS
-    return type(cache) in _KINDS
+    if type(cache) not in _KINDS:
+        return False  # a subclass may hold more than its base's copy keeps (qwen4exp: indexer keys, n-gram rows)
+    return type(cache.kv) in _KINDS if isinstance(cache, HybridCache) else True
 
 
 def snapshot(cache, n: int):
