@@ -80,19 +80,23 @@ def test_the_shipped_file_matches_its_recorded_hash_and_size():
         manifest["heldout_eval_sha256"]
 
 
+@pytest.fixture(scope="module")
+def shipped_llm():
+    return strata.LLM(SHIPPED, device=default_model.PINNED_DEVICE, dtype="float32", kv_dtype="float32")
+
+
 @needs_shipped
-def test_our_heldout_perplexity_equals_transformers_within_one_percent():
+def test_our_heldout_perplexity_equals_transformers_within_one_percent(shipped_llm):
     # Q8_0 weights against transformers' float32 checkpoint: the quantization moves perplexity well under 1 %.
-    llm = strata.LLM(SHIPPED, device="cpu", dtype="float32", kv_dtype="float32")
+    llm = shipped_llm
     ours, theirs = default_model.heldout_perplexity(llm)
     assert abs(ours / theirs - 1) <= 0.01, (ours, theirs)  # so it also stays under the recorded value + 1 %
 
 
 @needs_shipped
-def test_greedy_output_of_three_prompts_is_pinned():
+def test_greedy_output_of_three_prompts_is_pinned(shipped_llm):
     # A kernel or quant change that alters these must say why (and re-pin with tools/train_small.py ship).
     pinned = json.loads(PINS.read_text())
-    llm = strata.LLM(SHIPPED, device=default_model.PINNED_DEVICE, dtype="float32", kv_dtype="float32")
     for prompt in default_model.SAMPLE_PROMPTS:
-        text = llm.generate(prompt, max_tokens=default_model.PINNED_TOKENS, temperature=0).text
+        text = shipped_llm.generate(prompt, max_tokens=default_model.PINNED_TOKENS, temperature=0).text
         assert text == pinned[prompt], prompt

@@ -182,7 +182,7 @@ def test_ship_installs_the_file_the_default_model_checks_read(tiny_run, monkeypa
     # A previous ship's section is replaced, the rest of the file kept.
     bench.write_text(f"# Benchmarks\n\nolder section\n\n{BENCH_BEGIN}\nstale\n{BENCH_END}\n\nlater section\n")
     train_small.main(["ship", "--run", str(tiny_run / "run"), "--dest", str(dest), "--pins", str(pins),
-                      "--benchmarks", str(bench)])
+                      "--pin-tokens", "2", "--benchmarks", str(bench)])
     text = bench.read_text()
     assert text.startswith("# Benchmarks\n\nolder section\n") and text.endswith("\n\nlater section\n")
     assert text.count(BENCH_BEGIN) == 1 and "stale" not in text
@@ -192,3 +192,27 @@ def test_ship_installs_the_file_the_default_model_checks_read(tiny_run, monkeypa
     assert default_model.sha256_of(default_model.shipped_path()) == manifest["sha256"]
     assert default_model.resolve_model(None, notice=pytest.fail) == str(dest / default_model.SHIPPED_GGUF)
     assert set(json.loads(pins.read_text())) == set(default_model.SAMPLE_PROMPTS)
+
+
+def test_adding_the_mtp_block_later_gives_the_tensors_of_exporting_it_at_once(tiny_run, tmp_path):
+    import gguf
+    from transformers import Qwen3NextForCausalLM
+
+    from tools import export_hf
+    from tools.add_mtp_block import add_mtp_block
+
+    run = tiny_run / "run"
+    assert json.loads((run / "result.json").read_text())["gguf"]["mtp_block"]  # the exporter wrote it at once
+    metadata = json.loads((tiny_run / "data" / "tokenizer_gguf.json").read_text())
+    model = Qwen3NextForCausalLM.from_pretrained(run / "checkpoint").float().eval()  # drops mtp.*
+    export_hf.export_gguf(model, tmp_path / "main.gguf", "Q8_0", tokenizer_metadata=metadata)
+    assert add_mtp_block(tmp_path / "main.gguf", run / "checkpoint", tmp_path / "added.gguf") > 0
+
+    def tensors(path):
+        return {t.name: (int(t.tensor_type), bytes(np.asarray(t.data).tobytes())) for t in gguf.GGUFReader(path).tensors}
+
+    assert tensors(tmp_path / "added.gguf") == tensors(run / "model.gguf")
+    fields = gguf.GGUFReader(tmp_path / "added.gguf").fields
+    assert fields["qwen3next.block_count"].contents() == 5 and fields["qwen3next.nextn_predict_layers"].contents() == 1
+    with pytest.raises(SystemExit, match="already an MTP block"):
+        add_mtp_block(run / "model.gguf", run / "checkpoint", tmp_path / "twice.gguf")

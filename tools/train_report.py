@@ -70,7 +70,7 @@ def ship_command(args) -> None:
     (args.dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"shipped {args.dest / SHIPPED_GGUF} ({manifest['bytes']} bytes, sha256 {manifest['sha256'][:16]}...)")
     llm = strata.LLM(args.dest / SHIPPED_GGUF, device=PINNED_DEVICE, dtype="float32", kv_dtype="float32")
-    pin_greedy(llm, args.pins)
+    pin_greedy(llm, args.pins, args.pin_tokens)
     if args.benchmarks:
         write_benchmarks(args.benchmarks, manifest, llm, args.dest)
 
@@ -123,8 +123,8 @@ def write_benchmarks(path: Path, manifest: dict, llm, folder: Path) -> None:
     print(f"wrote the default model's section of {path}")
 
 
-def pin_greedy(llm, pins: Path) -> None:
+def pin_greedy(llm, pins: Path, n_tokens: int = PINNED_TOKENS) -> None:
     """Our engine's greedy continuations of SAMPLE_PROMPTS on the CPU in float32: the outputs the tests pin."""
-    pinned = {p: llm.generate(p, max_tokens=PINNED_TOKENS, temperature=0).text for p in SAMPLE_PROMPTS}
+    pinned = {p: llm.generate(p, max_tokens=n_tokens, temperature=0).text for p in SAMPLE_PROMPTS}
     pins.write_text(json.dumps(pinned, indent=1, ensure_ascii=False) + "\n")
     print(f"pinned greedy outputs in {pins}:\n" + json.dumps(pinned, indent=1, ensure_ascii=False))

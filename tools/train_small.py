@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `strata` and `tools` impo
 
 from tools.export_hf import attach_checkpoint_mtp, export_gguf  # noqa: E402
 from tools.train_mtp import Qwen3NextMTP  # noqa: E402
-from strata.default_model import SAMPLE_PROMPTS  # noqa: E402
+from strata.default_model import PINNED_TOKENS, SAMPLE_PROMPTS  # noqa: E402
 
 # The shipped model. Q8_0 rows are 32 wide, so every matrix dimension is a multiple of 32; 8 layers with full
 # attention every 4th (Qwen3-Next's 3:1), 32 experts of which 4 are used, and a shared expert.
@@ -295,7 +295,7 @@ def finish(args, causal_lm, mtp, tokenizer_metadata: dict, data_manifest: dict, 
     attach_checkpoint_mtp(causal_lm, mtp.checkpoint_tensors())  # the GGUF carries the MTP head (nextn) for --spec
     export_gguf(causal_lm, gguf_path, args.qtype, tokenizer_metadata=tokenizer_metadata)
     size = gguf_path.stat().st_size
-    result["gguf"] = {"file": GGUF_NAME, "qtype": args.qtype, "bytes": size, "mtp_block": exports_mtp,
+    result["gguf"] = {"file": GGUF_NAME, "qtype": args.qtype, "bytes": size, "mtp_block": True,
                       "sha256": hashlib.sha256(gguf_path.read_bytes()).hexdigest(),
                       "heldout_eval_sha256": hashlib.sha256((out / "heldout_eval.bin").read_bytes()).hexdigest()}
     (out / "result.json").write_text(json.dumps(result, indent=1))
@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[1] / "strata/data/default-model")
     s.add_argument("--pins", type=Path, default=Path(__file__).resolve().parents[1] / "tests/default_model_greedy.json",
                    help="where the pinned greedy outputs go")
+    s.add_argument("--pin-tokens", type=int, default=PINNED_TOKENS, help="tokens per pinned output (tests: fewer)")
     s.add_argument("--benchmarks", type=Path, default=Path(__file__).resolve().parents[1] / "docs/BENCHMARKS.md",
                    help="the docs file whose default-model section is (re)written")
     s.set_defaults(func=lambda args: _report().ship_command(args))

@@ -25,6 +25,7 @@ import torch
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import KVCache
 from strata.engine.kv_paged import PagedInt8KV
+from strata.engine.qwen4exp_cache import Qwen4ExpCache
 from strata.kernels.attention.paged import PAGE
 
 
@@ -148,19 +149,34 @@ def _restore_hybrid(cache: HybridCache, saved) -> None:
     cache.length = n
 
 
+def _snapshot_qwen4exp(cache: Qwen4ExpCache, n: int):
+    hybrid, n_bytes = _snapshot_hybrid(cache, n)
+    extra = {name: _to_host(t) for name, t in cache.saved_state(n).items()}
+    mtp, mtp_bytes = snapshot(cache.mtp_kv, n) if cache.mtp_kv is not None else (None, 0)
+    return (hybrid, extra, mtp), n_bytes + _nbytes(extra.values()) + mtp_bytes
+
+
+def _restore_qwen4exp(cache: Qwen4ExpCache, saved) -> None:
+    hybrid, extra, mtp = saved
+    _restore_hybrid(cache, hybrid)
+    cache.load_state(extra)
+    if mtp is not None:
+        restore(cache.mtp_kv, mtp)
+
+
 _KINDS: dict[type, tuple[Callable, Callable]] = {
     KVCache: (_snapshot_dense, _restore_dense),
     PagedInt8KV: (_snapshot_paged, _restore_paged),
     HybridCache: (_snapshot_hybrid, _restore_hybrid),
+    Qwen4ExpCache: (_snapshot_qwen4exp, _restore_qwen4exp),
 }
 
 
 def supports(cache) -> bool:
-    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind). Exact types:
-    a subclass (qwen4exp's cache, say) may hold state these copies would miss, so it gets no checkpoints."""
-    if type(cache) is HybridCache:
-        return type(cache.kv) in _KINDS
-    return type(cache) in _KINDS
+    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
+    if type(cache) not in _KINDS:  # exact types: a subclass (qwen4exp's cache) holds state these copies would miss
+        return False
+    return type(cache.kv) in _KINDS if isinstance(cache, HybridCache) else True
 
 
 def snapshot(cache, n: int):

@@ -29,8 +29,9 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.experts import CachedExperts, kernel_path
 from strata.engine.hybrid_cache import HybridCache
-from strata.engine.static_kv import span_for, static_kv
+from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
+from strata.models.decoder import DecoderLM
 
 
 @dataclass
@@ -93,6 +94,9 @@ class GraphDecoder:
         self.exact_span = (not capture) if exact_span is None else exact_span
         if capture and self.exact_span:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
+        check_static(kv)
+        if type(model).forward is not DecoderLM.forward:  # the segments below are DecoderLM.forward's loop
+            raise StrataError(f"{type(model).__name__} runs its own forward step, which has no static form yet")
         experts = model.experts
         self.cached = experts if isinstance(experts, CachedExperts) else None
         if self.cached is not None and self.cached.pcie_frac > 0:
@@ -155,12 +159,13 @@ class GraphDecoder:
                   "decoding with the same static steps uncaptured", file=sys.stderr)
 
     def _reserve(self, start: int, n_tokens: int) -> None:
-        cache = self.kv
+        cache, states = self.kv, ()
         if isinstance(cache, HybridCache):
             cache.begin(start, self.rows)  # the recurrent states' length; their tensors update in place
+            states = tuple(t.data_ptr() for t in (*cache.conv.values(), *cache.state.values()))
             cache = cache.kv
         cache.reserve(n_tokens)
-        signature = _storage_signature(cache)
+        signature = _storage_signature(cache) + states
         if signature != self.signature:  # the cache moved (it grew, or pages were handed out anew): recapture
             self.programs.clear()
             self.signature = signature

@@ -61,6 +61,15 @@ class IndexerKeys:
         """Pooled keys [completed blocks, Dk]."""
         return self.pooled[: self.n_pooled]
 
+    def load(self, raw: torch.Tensor, pooled: torch.Tensor, dead: torch.Tensor) -> None:
+        """Hold exactly these raw keys [n, Dk], pooled keys [n // 4, Dk] and dead key (a checkpoint's)."""
+        self.raw = torch.zeros(max(raw.shape[0], 256), self.key_dim, device=self.device)
+        self.pooled = torch.zeros(max(pooled.shape[0], 64), self.key_dim, device=self.device)
+        self.raw[: raw.shape[0]] = raw.to(self.device)
+        self.pooled[: pooled.shape[0]] = pooled.to(self.device)
+        self.dead = dead.to(self.device).clone()
+        self.n_cells, self.n_pooled = raw.shape[0], pooled.shape[0]
+
 
 class Qwen4ExpCache(HybridCache):
     def __init__(self, recurrent_layers: tuple[bool, ...], n_kv_heads: int, head_dim: int,
@@ -87,6 +96,21 @@ class Qwen4ExpCache(HybridCache):
         if tuple(self.ple_history.shape) != tuple(history_shape):
             raise StrataError(f"{source}: the cache's n-gram conv history has shape {list(self.ple_history.shape)}, "
                               f"the model needs {list(history_shape)}")
+
+    def saved_state(self, n: int) -> dict[str, torch.Tensor]:
+        """What a checkpoint of the first n tokens keeps beyond the hybrid cache's KV and states (views)."""
+        out = {"ple_history": self.ple_history, "previous_tokens": torch.tensor(self.previous_tokens)}
+        for layer, keys in self.indexer.items():
+            out[f"raw.{layer}"] = keys.raw[:n]
+            out[f"pooled.{layer}"] = keys.pooled[: n // BLOCK]
+            out[f"dead.{layer}"] = keys.dead
+        return out
+
+    def load_state(self, saved: dict[str, torch.Tensor]) -> None:
+        self.ple_history.copy_(saved["ple_history"])
+        self.previous_tokens = tuple(int(t) for t in saved["previous_tokens"])
+        for layer, keys in self.indexer.items():
+            keys.load(saved[f"raw.{layer}"], saved[f"pooled.{layer}"], saved[f"dead.{layer}"])
 
     def reset(self) -> None:
         super().reset()

@@ -56,10 +56,9 @@ class StaticView(KVBackend):
 
 
 def _dense_only(selection) -> None:
-    """A captured step attends to every cell of its span; a selection (HybridCache.attend passes one on) must be
-    None."""
+    # HybridCache passes the (None) selection through; a static view attends densely over its span only.
     if selection is not None:
-        raise StrataError("a static decode view attends densely: it takes no cell selection")
+        raise StrataError("a static decode view attends densely: a QSA selection is not supported in decode graphs")
 
 
 class StaticDenseKV(StaticView):
@@ -107,15 +106,29 @@ class StaticPagedKV(StaticView):
         return prompt_attention(q.float(), pool, table, self.ids, width, reference=True).to(q.dtype)
 
 
-def static_kv(cache: KVBackend, positions: torch.Tensor, span: int) -> KVBackend:
+def _dense_only(selection) -> None:
+    if selection is not None:
+        raise StrataError("a static decode step attends densely (causal); it takes no cell selection")
+
+
+def check_static(cache) -> None:
+    """A StrataError unless `static_kv` has a view of this cache: the dense or int8 paged backend (not a subclass,
+    such as the host-resident one, whose reads it would skip), alone or in a plain HybridCache, with no selector."""
+    inner = cache.kv if type(cache) is HybridCache else cache
+    if type(inner) not in (KVCache, PagedInt8KV):
+        raise StrataError(f"no static decode view for the cache {type(cache).__name__} / {type(inner).__name__}")
+    if inner.selector is not None:
+        raise StrataError("a static decode step attends densely; this cache selects cells (--qsa quest)")
+
+
+def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:
     """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
-    if isinstance(cache, HybridCache):
+    check_static(cache)
+    if type(cache) is HybridCache:
         return StaticHybrid(cache, static_kv(cache.kv, positions, span))
-    if isinstance(cache, KVCache):
+    if type(cache) is KVCache:
         return StaticDenseKV(cache, positions, span)
-    if isinstance(cache, PagedInt8KV):
-        return StaticPagedKV(cache, positions, span)
-    raise StrataError(f"no static decode view for the KV backend {type(cache).__name__}")
+    return StaticPagedKV(cache, positions, span)
 
 
 class StaticHybrid(HybridCache):

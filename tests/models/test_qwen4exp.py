@@ -231,3 +231,22 @@ def test_mtp_block_leaves_the_trunk_alone_and_drafts_consistently(tiny, tmp_path
     assert _relative_error(steps, whole) < 1e-4
     with pytest.raises(StrataError, match="has no MTP block"):
         plain.mtp_draft(residual[:1], torch.tensor(ids[1:2]), plain.new_cache(8, torch.float32), 0)
+
+
+def test_a_restored_checkpoint_continues_as_the_live_cache_does(tiny):
+    from strata.engine import checkpoints
+
+    model = load_model(GGUFModelFile(tiny), CPU, torch.float32)
+    ids = _tokens(16, seed=7)
+    live = model.new_cache(32, torch.float32)
+    model.forward(torch.tensor(ids[:13]), ForwardContext(live, 0, 13))
+    assert checkpoints.supports(live)
+    state, n_bytes = checkpoints.snapshot(live, 13)
+    assert n_bytes > 0
+    other = model.new_cache(32, torch.float32)
+    model.forward(torch.tensor(ids[5:9]), ForwardContext(other, 0, 4))  # holds another sequence first
+    checkpoints.restore(other, state)
+    assert other.previous_tokens == live.previous_tokens and other.indexer[3].n_pooled == 3
+    want = model.forward(torch.tensor(ids[13:]), ForwardContext(live, 13, 3, want_all_logits=True))
+    got = model.forward(torch.tensor(ids[13:]), ForwardContext(other, 13, 3, want_all_logits=True))
+    assert torch.equal(got, want)
