@@ -98,7 +98,7 @@ class Engine:
             self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, ResidentKind(config.kv_resident) if config.kv_resident else kv_dtype)
         if config.qsa == "quest":
-            backend = self.kv.kv if isinstance(self.kv, HybridCache) else self.kv
+            backend = self._kv_backend()
             backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,
                                              budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
@@ -106,7 +106,12 @@ class Engine:
             raise StrataError("checkpoints and checkpoint_gib must be >= 0")
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
             if config.checkpoints else None
-        self.decoder = make_decoder(self.model, self.kv, self.device, config.decode_graphs)  # None: step by step
+        own_selection = config.qsa != "none" or config.kv_resident is not None
+        if own_selection and config.decode_graphs == "on":
+            raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "
+                              "densely from VRAM): use decode_graphs off")
+        self.decoder = make_decoder(self.model, self.kv, self.device,  # None: step by step
+                                    "off" if own_selection else config.decode_graphs)
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -118,6 +123,10 @@ class Engine:
             check_options(config.spec, config.spec_min_p, config.suffix_draft)
             if config.spec > 1:
                 self.spec = SpecDecoder(self, config.spec, config.spec_min_p, config.suffix_draft)
+
+    def _kv_backend(self):
+        """The KV backend under the cache (a hybrid cache holds one for its attention layers)."""
+        return self.kv.kv if isinstance(self.kv, HybridCache) else self.kv
 
     def _check_fits(self, n_tokens: int) -> None:
         if n_tokens > self.n_ctx:
@@ -183,6 +192,7 @@ class Engine:
         if start.checkpoint is not None:
             self.checkpoints.restore(start.checkpoint, self.kv, start.tokens)
             self.cached_tokens = list(start.checkpoint.tokens)
+            self._kv_backend().reread_bounds(len(self.cached_tokens))
         self.kv.truncate(start.tokens)  # a recurrent state cannot be rewound: 0 (start over) or all it holds
         logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
         if checkpoint and self.checkpoints is not None and not self.kv.can_truncate:

@@ -99,7 +99,9 @@ class HybridCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                selection: Selection | None = None) -> torch.Tensor:
-        return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection)
+        if selection is None:  # backends without a selection argument (the static decode views) still fit
+            return self.kv.attend(self.kv_slot[layer], q, k, v, start)
+        return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection=selection)
 
     # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -71,6 +71,13 @@ class KVBackend(ABC):
         """Keys of positions begin..end-1 as stored (dequantized): [end - begin, Hkv, D] float32."""
         raise StrataError(f"{type(self).__name__} cannot read its keys back, which --qsa quest needs")
 
+    def reread_bounds(self, n_tokens: int) -> None:
+        """Cells 0..n_tokens-1 were written behind attend's back (a checkpoint restored): the selector's bounds from
+        the keys as stored now."""
+        if self.selector is not None:
+            for layer in range(self.n_layers):
+                self.selector.observe(layer, 0, n_tokens, lambda a, b, layer=layer: self.read_keys(layer, a, b))
+
     def own_selection(self, layer: int, q: torch.Tensor, start: int, selection: Selection | None) -> Selection | None:
         """After this step's keys are stored: the caller's selection, else the selector's (None: dense causal)."""
         if self.selector is None:

@@ -80,3 +80,21 @@ def test_qsa_names_are_checked(model_dir):
         strata.LLM(path, device="cpu", qsa="indexer")
     with pytest.raises(StrataError, match="qsa_budget 20 is below the cells always kept"):
         strata.LLM(path, device="cpu", qsa="quest", qsa_budget=20)
+    with pytest.raises(StrataError, match="decode graphs do not run --qsa quest or --kv-resident yet"):
+        strata.LLM(path, device="cpu", qsa="quest", decode_graphs="on")  # "auto" decodes step by step instead
+
+
+def test_a_restored_checkpoint_gets_its_bounds_back(model_dir):
+    """Conversation A, then B (A goes to a checkpoint, B's keys overwrite the cache), then A's next turn: restored
+    from the checkpoint, it reads what a cache that only ever held A reads."""
+    path = _tiny(model_dir, "qwen3", 64)
+    options = dict(device="cpu", kv_dtype="int8", n_ctx=256, prefill_chunk=64, qsa="quest", qsa_budget=148)
+    a, b, more = IDS[:200], IDS[100:300], [11, 12, 13, 14, 15, 16, 17, 18]
+    engine = strata.LLM(path, **options).engine
+    engine.prefill(a)
+    engine.prefill(b)
+    restored = engine.prefill(a + more)
+    assert engine.checkpoints.stats.restored == 1
+    only_a = strata.LLM(path, **options).engine
+    only_a.prefill(a)
+    assert torch.equal(restored, only_a.prefill(a + more))
