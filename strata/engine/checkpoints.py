@@ -174,7 +174,7 @@ _KINDS: dict[type, tuple[Callable, Callable]] = {
 
 def supports(cache) -> bool:
     """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
-    if type(cache) not in _KINDS:  # exact types: a subclass (qwen4exp's cache) holds state these copies would miss
+    if type(cache) not in _KINDS:  # exact types: a subclass may hold state its base class's copy would miss
         return False
     return type(cache.kv) in _KINDS if isinstance(cache, HybridCache) else True
 
