@@ -83,6 +83,20 @@ def _matrix(name: str, shape: tuple[int, ...], quant: str, seed: int, scale: flo
     return TensorSpec(name, shape, fmt.ggml_type, make)
 
 
+def gated_attention_specs(p: str, s, quant: str, seed: int) -> list[TensorSpec]:
+    """A gated attention layer's tensors (Qwen3-Next's, and qwen4exp's QSA layers): `s` has n_embd, n_heads,
+    n_kv_heads and head_dim."""
+    q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    return [
+        _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
+        _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
+        _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
+        _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
+        _vector(p + "attn_q_norm.weight", s.head_dim, 1.0),
+        _vector(p + "attn_k_norm.weight", s.head_dim, 1.0),
+    ]
+
+
 def _vector(name: str, n: int, value: float | None = None, seed: int = 0, scale: float = 0.1) -> TensorSpec:
     def make() -> np.ndarray:
         if value is not None:
@@ -109,15 +123,7 @@ def _qwen3next_layer(p: str, i: int, s: Shape, quant: str, seed: int) -> list[Te
     """A GatedDeltaNet or gated-attention mixer with llama.cpp's qwen3next names (norms already carry the +1)."""
     out = [_vector(p + "attn_norm.weight", s.n_embd, 1.0), _vector(p + "post_attention_norm.weight", s.n_embd, 1.0)]
     if (i + 1) % s.full_attention_interval == 0 or i >= s.n_layers:  # MTP blocks are attention layers
-        q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        return out + [
-            _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
-            _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
-            _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
-            _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
-            _vector(p + "attn_q_norm.weight", s.head_dim, 1.0),
-            _vector(p + "attn_k_norm.weight", s.head_dim, 1.0),
-        ]
+        return out + gated_attention_specs(p, s, quant, seed)
     nv, d = s.ssm_v_heads, s.ssm_head_dim
     channels = (2 * s.ssm_k_heads + nv) * d
     conv = _normal(np.random.default_rng([seed, *(p + "conv").encode()]), (channels, 4), 0.5)

@@ -18,7 +18,7 @@ from strata.errors import StrataError
 from strata.gguf.reader import SPLIT_NAME
 from strata.gguf.writer import TensorSpec, write_gguf
 from strata.models.ngram_embedding import HEAD_VOCAB_SIZES, MULTIPLIERS, TABLE_TENSOR
-from strata.models.synthetic import _matrix, _normal, _vector
+from strata.models.synthetic import _matrix, _normal, _vector, gated_attention_specs
 
 ARCH = "qwen4exp"
 
@@ -94,15 +94,7 @@ def _gdn(p: str, s: Qwen4ExpShape, quant: str, seed: int) -> list[TensorSpec]:
 
 
 def _qsa(p: str, s: Qwen4ExpShape, quant: str, seed: int, indexer: bool = True) -> list[TensorSpec]:
-    q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    attention = [
-        _matrix(p + "attn_q.weight", (2 * q_dim, s.n_embd), quant, seed),  # per head: query, then output gate
-        _matrix(p + "attn_k.weight", (kv_dim, s.n_embd), quant, seed),
-        _matrix(p + "attn_v.weight", (kv_dim, s.n_embd), quant, seed),
-        _matrix(p + "attn_output.weight", (s.n_embd, q_dim), quant, seed),
-        _vector(p + "attn_q_norm.weight", s.head_dim, 1.0),
-        _vector(p + "attn_k_norm.weight", s.head_dim, 1.0),
-    ]
+    attention = gated_attention_specs(p, s, quant, seed)
     return attention + ([] if not indexer else [
         _matrix(p + "indexer.q_proj.weight", (s.indexer_heads * s.indexer_dim, s.n_embd), "BF16", seed),
         _matrix(p + "indexer.k_proj.weight", (s.indexer_dim, s.n_embd), "BF16", seed),

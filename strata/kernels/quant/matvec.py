@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from strata.kernels.moe.decode import SPECS, decode_spec
-from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, GemvConfig, _cover, launch_down
+from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, gemv_config, launch_down
 from strata.quant import get_format
 
 MAX_ROWS = 4  # up to a verify window; past that, dequantize once and use the tensor cores (reads W once in all)
@@ -27,16 +27,6 @@ def matvec_applies(x: torch.Tensor, ggml_type: int) -> bool:
     return x.is_cuda and x.dtype != torch.float32 and rows <= MAX_ROWS and get_format(ggml_type).name in SPECS
 
 
-def _config(spec, n_out: int, n_in: int, on_gpu: bool) -> GemvConfig:
-    """Tiles like the gate/up kernel's (8 rows x ~512 weights a step): one expert leaves the down kernel's KC at 1."""
-    n_blocks = n_in // spec.block_size
-    if not on_gpu:
-        return GemvConfig(min(256, 1 << (n_out - 1).bit_length()), min(8, 1 << (n_blocks - 1).bit_length()), 4)
-    ns = _cover(n_blocks, max(1, 512 // spec.block_size))
-    per_thread = 16 if spec.block_size <= 64 else 4
-    return GemvConfig(8, ns, max(1, min(8, 8 * ns // per_thread)))
-
-
 def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> torch.Tensor:
     """x [..., n_in] times the [n_out, n_in] weight in GGUF blocks `raw` (uint8 [n_out, row_bytes]): [..., n_out]
     in x's dtype."""
@@ -45,5 +35,8 @@ def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tupl
     rows = x.reshape(-1, 1, n_in).float().contiguous()
     ids = torch.zeros(rows.shape[0], 1, dtype=torch.int32, device=x.device)
     ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=x.device)
-    y = launch_down(rows, ids, ones, operand, None, x.dtype, _config(decode_spec(ggml_type), n_out, n_in, x.is_cuda))
+    # The gate/up kernel's tiles (8 rows x ~512 weights a step): with one "expert" the down kernel's own would
+    # leave most of a program idle.
+    config = gemv_config("gate_up", decode_spec(ggml_type), n_out, n_in, 1, x.is_cuda)
+    y = launch_down(rows, ids, ones, operand, None, x.dtype, config)
     return y.reshape(*x.shape[:-1], n_out)
