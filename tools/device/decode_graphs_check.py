@@ -5,7 +5,7 @@ same tokens (teacher-forced, so one early near-tie cannot hide the rest) and mus
 step, with logits within BOUND of the largest; a free-running greedy run of the graph engine must give the same
 tokens too. Prints one table row per case; exit 1 on any mismatch or when no graph was captured.
 
-    python3 tools/device/decode_graphs_check.py MODEL_DIR [N]
+    python3 tools/device/decode_graphs_check.py MODEL_DIR [N] [ARCH]   (ARCH: only that architecture's rows)
 """
 
 import sys
@@ -26,6 +26,8 @@ n = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 prompt = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(0)).tolist()
 cases = [("qwen3moe", "Q4_K", {}), ("qwen3moe", "Q4_0", {"kv_dtype": "int8"}), ("qwen3moe", "Q4_0", {"expert_cache": 40}),
          ("qwen3next", "Q4_0", {}), ("qwen3next", "Q4_0", {"expert_cache": 40})]
+if len(sys.argv) > 3:
+    cases = [case for case in cases if case[0] == sys.argv[3]]
 ok = True
 print("| model | options | steps | argmax agree | max rel err | free-run tokens equal | eager tok/s | graph tok/s |"
       " graphs |")

@@ -1,6 +1,11 @@
-"""On the GPU: where a decode token's time goes (torch.profiler over a few greedy steps), by device and host time.
-Usage: python3 tools/device/profile_decode.py MODEL.gguf [STEPS]"""
+"""On the GPU: where a decode token's GPU time goes. torch.profiler over a few greedy decode steps through
+`Engine.decode` (the captured CUDA-graph step when graphs are on: CUPTI still reports each kernel inside a replay),
+kernels sorted by device time, then the same steps' host time.
 
+Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
+"""
+
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -14,33 +19,44 @@ from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 
 
 def main() -> None:
-    path, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    engine = Engine(path, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=1024))
-    ids = torch.randint(0, engine.model.config.vocab_size, (512,), generator=torch.Generator().manual_seed(0)).tolist()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--graphs", default="on", choices=("on", "off"))
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--ctx", type=int, default=4096)
+    args = parser.parse_args()
+    engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx,
+                                             decode_graphs=args.graphs))
+    vocab = engine.model.config.vocab_size
+    ids = torch.randint(0, vocab, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     logits = engine.prefill(ids)
     position = len(ids)
 
     def step():
         nonlocal logits, position
         token = int(logits[-1].argmax())
-        logits = engine._forward([token], position, all_logits=False)
+        logits = engine.decode(token, position)
         position += 1
 
-    for _ in range(4):
+    for _ in range(4):  # compile, capture, warm
         step()
     torch.cuda.synchronize()
     started = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(args.steps):
         step()
     torch.cuda.synchronize()
-    print(f"decode {steps / (time.perf_counter() - started):.2f} tok/s without the profiler")
+    rate = args.steps / (time.perf_counter() - started)
+    print(f"decode {rate:.2f} tok/s without the profiler (graphs {args.graphs}, {args.steps} steps)")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+        for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
     table = prof.key_averages()
-    print(table.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
-    print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    device_us = sum(e.self_device_time_total for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"GPU kernel time {device_us / args.steps / 1000:.2f} ms per token")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
+    print(table.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 
 
 if __name__ == "__main__":
