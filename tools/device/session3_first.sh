@@ -5,6 +5,7 @@
 # Each part is capped; a part that would start past BUDGET seconds is skipped and says so. Carry .whl; logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
+L=/tmp/logs; mkdir -p $L  # many logs: one tarball comes back (a call returns at most 8 files)
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
@@ -13,9 +14,9 @@ part() {  # name cap command...
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
   if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time"; return; fi
   local t0=$SECONDS
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s"
+  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s"
 }
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git rev-parse --short HEAD; } | tee "$OUT/gpu.txt"
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git rev-parse --short HEAD; } | tee "$L/gpu.txt"
 part make_a3b 150 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
 part profile_graphs 100 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
 part profile_eager 70 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs off --steps 4
@@ -32,4 +33,5 @@ part checkpoints 90 bash -c "python3 -m strata make-model --arch qwen3moe --pres
   && python3 -m strata bench checkpoints $M/small.gguf --device cuda --prompt-tokens 4096 --kv-dtype int8 \
   && python3 -m strata bench checkpoints $M/graphs-qwen3next-small-Q4_0.gguf --device cuda --prompt-tokens 4096"
 echo "total ${SECONDS}s"
-for f in "$OUT"/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | tail -n 40; done
+tar czf "$OUT/logs.tgz" -C $L .
+for f in $L/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | tail -n 25; done
