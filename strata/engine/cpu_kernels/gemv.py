@@ -12,7 +12,7 @@ import numpy as np
 
 from strata.engine.cpu_kernels.activations import Activations, quantize_rows
 from strata.engine.cpu_kernels.blocks import FORMATS, FP16, gate_up_rows, gemv_rows
-from strata.engine.cpu_kernels.int8_act import FORMATS8, gate_up8_rows, gemv8_rows, quantize8
+from strata.engine.cpu_kernels.simd_pool import FORMATS8, Q_MAX, gate_up_simd_rows, gemv_simd_rows, quantize_codes
 from strata.engine.cpu_kernels.simd_ir import LAYOUT
 
 
@@ -62,45 +62,51 @@ def gemv(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return gemv_pairs(ggml_type, w[None], quantize_for(ggml_type, x), [0], [0, t], np.arange(t))
 
 
-# The int8-activation kernels (`int8_act`): the default for every format they take, unless STRATA_CPU_POOL_INT16.
+# The SIMD kernels (`simd_pool`): the pool's default for every format they take; `act` "i16" or "i8".
 
 
-def int8_supported(ggml_type: int) -> bool:
+def simd_supported(ggml_type: int) -> bool:
     return int(ggml_type) in FORMATS8
 
 
-def quantize8_for(ggml_type: int, x: np.ndarray) -> Activations:
-    """float32 [R, n] -> int8 codes in the format's activation groups (steps float32, code sums int32 per group)."""
-    group, interleave = LAYOUT[FORMATS8[int(ggml_type)][1]][2:]
+def simd_groups(ggml_type: int) -> tuple[int, int]:
+    """(activation group, interleave) of a format the SIMD kernels read."""
+    return LAYOUT[FORMATS8[int(ggml_type)][1]][2:]
+
+
+def quantize_simd(ggml_type: int, x: np.ndarray, act: str) -> Activations:
+    """float32 [R, n] -> int16 / int8 codes in the format's activation groups (steps, code sums per group)."""
+    group, interleave = simd_groups(ggml_type)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    act = Activations(np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // group), np.float32),
-                      np.empty((x.shape[0], x.shape[1] // group), np.int32))
-    quantize8(x, group, interleave, act.q, act.step, act.sums)
-    return act
+    act_rows = Activations(np.empty(x.shape, np.int16 if act == "i16" else np.int8),
+                           np.empty((x.shape[0], x.shape[1] // group), np.float32),
+                           np.empty((x.shape[0], x.shape[1] // group), np.int32))
+    quantize_codes(x, group, interleave, Q_MAX[act], act_rows.q, act_rows.step, act_rows.sums)
+    return act_rows
 
 
-def gemv8_pairs(ggml_type: int, w: np.ndarray, act: Activations, experts, pair_start, x_rows) -> np.ndarray:
-    """As `gemv_pairs`, with int8 activations from `quantize8_for`."""
+def simd_gemv_pairs(ggml_type: int, w: np.ndarray, act: Activations, experts, pair_start, x_rows) -> np.ndarray:
+    """As `gemv_pairs`, with activations from `quantize_simd`."""
     experts, pair_start, x_rows = _args(experts, pair_start, x_rows)
     y = np.empty((x_rows.shape[0], w.shape[1]), np.float32)
     with _ONE_AT_A_TIME:
-        gemv8_rows(FORMATS8[int(ggml_type)][0], w, experts, pair_start, x_rows, act.q, act.step, act.sums, FP16, y)
+        gemv_simd_rows(FORMATS8[int(ggml_type)][0], w, experts, pair_start, x_rows, act.q, act.step, act.sums, FP16, y)
     return y
 
 
-def gate_up8_pairs(gate_type: int, w_gate: np.ndarray, up_type: int, w_up: np.ndarray, act: Activations, experts,
-                   pair_start, x_rows) -> np.ndarray:
-    """As `gate_up_pairs`, one int8 activation copy for both (gate and up must share their activation groups)."""
+def simd_gate_up_pairs(gate_type: int, w_gate: np.ndarray, up_type: int, w_up: np.ndarray, act: Activations, experts,
+                       pair_start, x_rows) -> np.ndarray:
+    """As `gate_up_pairs`, one activation copy for both (gate and up must share `simd_groups`)."""
     experts, pair_start, x_rows = _args(experts, pair_start, x_rows)
     h = np.empty((x_rows.shape[0], w_gate.shape[1]), np.float32)
     u = np.empty_like(h)
     with _ONE_AT_A_TIME:
-        gate_up8_rows(FORMATS8[int(gate_type)][0], w_gate, FORMATS8[int(up_type)][0], w_up, experts, pair_start,
-                      x_rows, act.q, act.step, act.sums, FP16, h, u)
+        gate_up_simd_rows(FORMATS8[int(gate_type)][0], w_gate, FORMATS8[int(up_type)][0], w_up, experts, pair_start,
+                          x_rows, act.q, act.step, act.sums, FP16, h, u)
     return h
 
 
-def gemv8(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """One matrix with int8 activations: w uint8 [out, row_bytes], x float32 [T, in] -> float32 [T, out]."""
+def simd_gemv(ggml_type: int, w: np.ndarray, x: np.ndarray, act: str = "i16") -> np.ndarray:
+    """One matrix through the SIMD kernels: w uint8 [out, row_bytes], x float32 [T, in] -> float32 [T, out]."""
     t = x.shape[0]
-    return gemv8_pairs(ggml_type, w[None], quantize8_for(ggml_type, x), [0], [0, t], np.arange(t))
+    return simd_gemv_pairs(ggml_type, w[None], quantize_simd(ggml_type, x, act), [0], [0, t], np.arange(t))

@@ -1,14 +1,16 @@
-"""LLVM IR text of the int8-activation row kernels: one function per GGUF format, `strata_rows_<fmt>`, that computes
-y[r] = sum_j w_rj * x_j over `n_rows` consecutive weight rows in their GGUF block bytes.
+"""LLVM IR text of the SIMD row kernels: one function per GGUF format and activation width,
+`strata_rows_<fmt>_<i8|i16>`, that computes y[r] = sum_j w_rj * x_j over `n_rows` consecutive weight rows in their
+GGUF block bytes.
 
-Activations come as int8 codes q with one float32 step per group of G inputs (see `int8_act`): the kernel forms
-each weight block's signed int8 codes, takes exact int32 dot products of 32 codes with 32 activation codes (4
-products per lane, 8 lanes), and scales them into 8 float32 lane accumulators, reduced once per row (as ggml's
-vec_dot kernels do; no horizontal sum per block). The 32-code dot is the one ISA-dependent piece:
+Activations come as int8 or int16 codes q with one float32 step per group of G inputs (see `simd_pool`): the kernel
+forms each weight block's signed int8 codes, takes exact int32 dot products of 32 codes with 32 activation codes (8
+lanes), and scales them into 8 float32 lane accumulators, reduced once per row (as ggml's vec_dot kernels do; no
+horizontal sum per block). The 32-code dot is the one ISA-dependent piece:
 
-- "vnni": |w| times sign(w) * x by one vpdpbusd (AVX512-VNNI with VL); the products are exact in int32.
-- "avx2": the same two operands through vpmaddubsw then vpmaddwd(1): pairs stay under 2 * 128 * 127 < 2^15, exact.
-- "generic": sign-extend, multiply and add in int32 (any LLVM target; what the x86 forms must equal).
+- "vnni": int8: |w| times sign(w) * x by one vpdpbusd; int16: vpdpwssd on each 16 (AVX512-VNNI with VL).
+- "avx2": int8: the same two operands through vpmaddubsw then vpmaddwd(1) (pairs under 2 * 128 * 127 < 2^15, so
+  exact); int16: vpmaddwd.
+- "generic": sign-extend, multiply and add in int32 (any LLVM target; what the x86 forms must equal bit for bit).
 
 Signature of every function (all i64: pointers as integers, so numba passes `arr.ctypes.data` unchanged):
     (w, row_bytes, n_rows, x_codes, n_groups, fp16_table, x_steps, x_sums, y)
@@ -21,8 +23,11 @@ from __future__ import annotations
 LAYOUT = {"Q8_0": (32, 34, 32, 1), "Q4_0": (32, 18, 32, 1), "Q2_0": (64, 18, 64, 4), "Q4_K": (256, 144, 32, 1),
           "Q6_K": (256, 210, 32, 1)}
 
+ACTS = ("i8", "i16")  # activation codes: int8 (llama.cpp's q8 blocks) or int16 (`activations`, ~256x finer)
+
 _DECLARE = {
     "vnni": "declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <32 x i8>, <32 x i8>)\n"
+            "declare <8 x i32> @llvm.x86.avx512.vpdpwssd.256(<8 x i32>, <16 x i16>, <16 x i16>)\n"
             "declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)\n",
     "avx2": "declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)\n"
             "declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)\n"
@@ -41,8 +46,8 @@ def _seq(start: int, stop: int, step: int = 1) -> str:
 class _Body:
     """Straight-line IR of one loop iteration; `fresh` names every value uniquely."""
 
-    def __init__(self, isa: str):
-        self.isa, self.lines, self.n = isa, [], 0
+    def __init__(self, isa: str, act: str):
+        self.isa, self.act, self.lines, self.n = isa, act, [], 0
 
     def take(self) -> list[str]:
         """The lines emitted since the last call (names stay unique across calls)."""
@@ -73,10 +78,12 @@ class _Body:
         return self.emit("st", f"load float, ptr {self.emit('sp', f'getelementptr float, ptr %xs, i64 {group}')}, align 4")
 
     def x32(self, group: str, half: int = 0, group_size: int = 32) -> str:
-        off = self.emit("xo", f"mul i64 {group}, {group_size}")
+        """32 activation codes of group `group` (from its `half`-th 32 when the group is 64)."""
+        width = 1 if self.act == "i8" else 2
+        off = self.emit("xo", f"mul i64 {group}, {group_size * width}")
         if half:
-            off = self.add(off, 32 * half)
-        return self.emit("xv", f"load <32 x i8>, ptr {self.ptr('%xp', off)}, align 1")
+            off = self.add(off, 32 * half * width)
+        return self.emit("xv", f"load <32 x {self.act}>, ptr {self.ptr('%xp', off)}, align 1")
 
     def bytes(self, at: str, n: int) -> str:
         return self.emit("c", f"load <{n} x i8>, ptr {at}, align 1")
@@ -87,8 +94,11 @@ class _Body:
     def concat16(self, a: str, b: str) -> str:
         return self.emit("w", f"shufflevector <16 x i8> {a}, <16 x i8> {b}, <32 x i32> <{_seq(0, 32)}>")
 
-    def dot(self, w: str, x: str) -> str:
-        """<8 x i32>: lane k = sum of w[4k + i] * x[4k + i], i < 4 (w, x signed int8 <32 x i8>, w > -128)."""
+    def dot(self, w: str, x: str, lanes_by_16: bool = False) -> str:
+        """<8 x i32> whose lanes sum to w . x (w signed int8 <32 x i8>, w > -128 where x is int8; x int8 or int16).
+        `lanes_by_16`: lanes 0-3 take exactly the first 16 products, 4-7 the last 16 (Q6_K's scales)."""
+        if self.act == "i16":
+            return self._dot16(w, x, lanes_by_16)
         if self.isa == "generic":
             w32 = self.emit("we", f"sext <32 x i8> {w} to <32 x i32>")
             x32 = self.emit("xe", f"sext <32 x i8> {x} to <32 x i32>")
@@ -105,6 +115,30 @@ class _Body:
                                    f"<32 x i8> {magnitude}, <32 x i8> {signed_x})")
         pairs = self.emit("pw", f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {magnitude}, <32 x i8> {signed_x})")
         return self.emit("ps", f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {pairs}, <16 x i16> splat (i16 1))")
+
+    def _dot16(self, w: str, x: str, lanes_by_16: bool) -> str:
+        """int16 activations: products of sign-extended weights, summed in pairs (vpdpwssd / vpmaddwd / generic)."""
+        w16 = self.emit("we", f"sext <32 x i8> {w} to <32 x i16>")
+        halves = []
+        for h in range(2):
+            wh = self.emit("wh", f"shufflevector <32 x i16> {w16}, <32 x i16> poison, <16 x i32> <{_seq(16 * h, 16 * h + 16)}>")
+            xh = self.emit("xh", f"shufflevector <32 x i16> {x}, <32 x i16> poison, <16 x i32> <{_seq(16 * h, 16 * h + 16)}>")
+            if self.isa == "vnni":
+                halves.append(self.emit("ph", "call <8 x i32> @llvm.x86.avx512.vpdpwssd.256(<8 x i32> zeroinitializer, "
+                                              f"<16 x i16> {wh}, <16 x i16> {xh})"))
+            elif self.isa == "avx2":
+                halves.append(self.emit("ph", f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {wh}, <16 x i16> {xh})"))
+            else:
+                prod = self.emit("pr", f"mul <16 x i32> {self.emit('we', f'sext <16 x i16> {wh} to <16 x i32>')}, "
+                                       f"{self.emit('xe', f'sext <16 x i16> {xh} to <16 x i32>')}")
+                even = self.emit("pe", f"shufflevector <16 x i32> {prod}, <16 x i32> poison, <8 x i32> <{_seq(0, 16, 2)}>")
+                odd = self.emit("po", f"shufflevector <16 x i32> {prod}, <16 x i32> poison, <8 x i32> <{_seq(1, 16, 2)}>")
+                halves.append(self.emit("ph", f"add <8 x i32> {even}, {odd}"))
+        if not lanes_by_16:
+            return self.emit("ps", f"add <8 x i32> {halves[0]}, {halves[1]}")
+        even = self.emit("pe", f"shufflevector <8 x i32> {halves[0]}, <8 x i32> {halves[1]}, <8 x i32> <{_seq(0, 16, 2)}>")
+        odd = self.emit("po", f"shufflevector <8 x i32> {halves[0]}, <8 x i32> {halves[1]}, <8 x i32> <{_seq(1, 16, 2)}>")
+        return self.emit("ps", f"add <8 x i32> {even}, {odd}")
 
     def splat_f(self, v: str) -> str:
         one = self.emit("si", f"insertelement <8 x float> poison, float {v}, i64 0")
@@ -211,7 +245,7 @@ def _q6_k(body: _Body, bp: str, it: str, acc: str, corr: str):
             c = body.emit("c6", f"or <32 x i8> {nib}, {body.emit('t4', f'shl <32 x i8> {top}, {body.splat8(4)}')}")
             w = body.emit("ws", f"sub <32 x i8> {c}, {body.splat8(32)}")
             g = body.add(g0, h * 4 + p)
-            s = body.dot(w, body.x32(g))
+            s = body.dot(w, body.x32(g), lanes_by_16=True)
             ds = body.fmul(d, body.step(g))
             scales = []
             for k in range(2):
@@ -227,11 +261,11 @@ def _q6_k(body: _Body, bp: str, it: str, acc: str, corr: str):
 _BODY = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q2_0": _q2_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
 
 
-def rows_function(fmt: str, isa: str) -> str:
+def rows_function(fmt: str, isa: str, act: str) -> str:
     """The IR of `strata_rows_<fmt>`: a loop over rows; in each, a loop over pairs of blocks (super-blocks for the K
     formats) into two accumulators, so that consecutive blocks' fmas do not wait on each other, and an odd last block."""
     per_block, block_bytes, group, _ = LAYOUT[fmt]
-    body = _Body(isa)
+    body = _Body(isa, act)
 
     def block(index: str, acc: str, corr: str) -> tuple[str, str]:
         bp = body.ptr("%rowp", body.emit("bo", f"mul i64 {index}, {block_bytes}"))
@@ -245,7 +279,7 @@ def rows_function(fmt: str, isa: str) -> str:
     tail_lines = body.take()
     lines = chr(10).join
     return f"""
-define void @strata_rows_{fmt.lower()}(i64 %w, i64 %rb, i64 %nr, i64 %x, i64 %ng, i64 %tabi, i64 %xsi, i64 %xqi, i64 %y) {{
+define void @{function_name(fmt, act)}(i64 %w, i64 %rb, i64 %nr, i64 %x, i64 %ng, i64 %tabi, i64 %xsi, i64 %xqi, i64 %y) {{
 entry:
   %wp = inttoptr i64 %w to ptr
   %xp = inttoptr i64 %x to ptr
@@ -299,7 +333,11 @@ exit:
 """
 
 
+def function_name(fmt: str, act: str) -> str:
+    return f"strata_rows_{fmt.lower()}_{act}"
+
+
 def module(isa: str) -> str:
-    """Every format's function for one ISA variant, with its declarations."""
+    """Every format's function for one ISA variant and both activation widths, with their declarations."""
     head = _COMMON + _DECLARE[isa] + "declare float @llvm.fma.f32(float, float, float)\n"
-    return head + "".join(rows_function(fmt, isa) for fmt in LAYOUT)
+    return head + "".join(rows_function(fmt, isa, act) for fmt in LAYOUT for act in ACTS)

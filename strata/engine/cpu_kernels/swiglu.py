@@ -8,10 +8,8 @@ import torch.nn.functional as F
 
 from strata.engine.cpu_kernels.blocks import FORMATS
 from strata import switches
-from strata.engine.cpu_kernels.gemv import (gate_up8_pairs, gate_up_pairs, gemv8_pairs, gemv_pairs, int8_supported,
-                                            quantize8_for, quantize_for, supported)
-from strata.engine.cpu_kernels.int8_act import FORMATS8
-from strata.engine.cpu_kernels.simd_ir import LAYOUT
+from strata.engine.cpu_kernels.gemv import (gate_up_pairs, gemv_pairs, quantize_for, quantize_simd, simd_gate_up_pairs,
+                                            simd_gemv_pairs, simd_groups, simd_supported, supported)
 from strata.errors import StrataError
 from strata.models.weights import QuantWeight
 from strata.quant import get_format
@@ -29,10 +27,13 @@ class HostExperts:
         self.types = tuple(int(m.ggml_type) for m in self.mats)
         self.fast_gate_up = supported(self.types[0]) and supported(self.types[1])
         self.fast_down = supported(self.types[2])
-        # The int8-activation kernels take a layer whose three formats they all read and whose gate and up share
-        # activation groups (one quantized copy of x serves both); STRATA_CPU_POOL_INT16 keeps the int16 kernels.
-        self.int8 = (not switches.get("STRATA_CPU_POOL_INT16") and all(int8_supported(t) for t in self.types)
-                     and _groups(self.types[0]) == _groups(self.types[1]))
+        # The SIMD kernels take a layer whose three formats they all read and whose gate and up share activation
+        # groups (one quantized copy of x serves both): `simd` is their activation width, or None for the `blocks`
+        # kernels (STRATA_CPU_POOL_OLD, or a layer they do not take).
+        self.simd = None
+        if (not switches.get("STRATA_CPU_POOL_OLD") and all(simd_supported(t) for t in self.types)
+                and simd_groups(self.types[0]) == simd_groups(self.types[1])):
+            self.simd = "i8" if switches.get("STRATA_CPU_POOL_INT8") else "i16"
 
     def _torch_rows(self, which: int, x: np.ndarray, experts, pair_start, x_rows) -> np.ndarray:
         """The fallback for a format without a block kernel: dequantize each expert's matrix, multiply in float32."""
@@ -46,9 +47,11 @@ class HostExperts:
     def swiglu(self, x: np.ndarray, experts, pair_start, x_rows) -> np.ndarray:
         """float32 [P, embd]: expert(x[x_rows[p]]) for every pair p, grouped by expert as in `gemv_pairs`."""
         (w_gate, w_up, w_down), (t_gate, t_up, t_down) = self.views, self.types
-        if self.int8:
-            h = gate_up8_pairs(t_gate, w_gate, t_up, w_up, quantize8_for(t_gate, x), experts, pair_start, x_rows)
-            return gemv8_pairs(t_down, w_down, quantize8_for(t_down, h), experts, pair_start, np.arange(len(x_rows)))
+        if self.simd:
+            h = simd_gate_up_pairs(t_gate, w_gate, t_up, w_up, quantize_simd(t_gate, x, self.simd), experts, pair_start,
+                                   x_rows)
+            return simd_gemv_pairs(t_down, w_down, quantize_simd(t_down, h, self.simd), experts, pair_start,
+                                   np.arange(len(x_rows)))
         if self.fast_gate_up:
             act_gate = quantize_for(t_gate, x)
             act_up = act_gate if FORMATS[t_gate][1:] == FORMATS[t_up][1:] else quantize_for(t_up, x)
@@ -61,11 +64,6 @@ class HostExperts:
         if self.fast_down:
             return gemv_pairs(t_down, w_down, quantize_for(t_down, h), experts, pair_start, own)
         return self._torch_rows(2, h, experts, pair_start, own)
-
-
-def _groups(ggml_type: int) -> tuple[int, int]:
-    """(activation group, interleave) of a format the int8 kernels read."""
-    return LAYOUT[FORMATS8[ggml_type][1]][2:]
 
 
 def pairs_of(routes: dict, weights: torch.Tensor, experts: list[int]):
