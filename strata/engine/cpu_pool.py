@@ -23,10 +23,11 @@ def pool_threads(asked: int = 0) -> int:
     return asked or max(1, cores - 1)
 
 
-def _worker_setup(threads: int) -> None:
-    # Both settings are per calling thread in numba: they hold for the kernels this worker runs.
+def worker_setup(threads: int, chunksize: int = 0) -> None:
+    """Both settings are per calling thread in numba: they hold for the kernels this worker runs. chunksize 0 is
+    numba's static split of the work items over the threads; n > 0 hands them out n at a time (dynamic)."""
     numba.set_num_threads(threads)
-    numba.set_parallel_chunksize(1)  # work items handed out one by one: a descheduled thread holds back one item
+    numba.set_parallel_chunksize(chunksize)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class CPUExpertPool:
         self.stacks = stacks
         self.host = {layer: HostExperts(s.gate, s.up, s.down) for layer, s in stacks.items()}
         self.threads = pool_threads(threads)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts", initializer=_worker_setup,
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts", initializer=worker_setup,
                                            initargs=(self.threads,))
         self.stats = PoolStats()
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from strata.engine.cpu_kernels.activations import Activations, quantize_rows
 from strata.engine.cpu_kernels.blocks import FORMATS, FP16, gate_up_rows, gemv_rows
-from strata.engine.cpu_kernels.simd_pool import FORMATS8, Q_MAX, gate_up_simd_rows, gemv_simd_rows, quantize_codes
+from strata.engine.cpu_kernels.simd_pool import FORMATS8, ISA, Q_MAX, gate_up_simd_rows, gemv_simd_rows, quantize_codes
 from strata.engine.cpu_kernels.simd_ir import LAYOUT
 
 
@@ -66,7 +66,7 @@ def gemv(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def simd_supported(ggml_type: int) -> bool:
-    return int(ggml_type) in FORMATS8
+    return ISA is not None and int(ggml_type) in FORMATS8
 
 
 def simd_groups(ggml_type: int) -> tuple[int, int]:

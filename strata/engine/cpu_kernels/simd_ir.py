@@ -39,6 +39,10 @@ _COMMON = ("declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x f
            "declare <32 x i8> @llvm.abs.v32i8(<32 x i8>, i1)\n")
 
 
+def _splat(kind: str, v: int, n: int) -> str:
+    return "<" + ", ".join([f"{kind} {v}"] * n) + ">"
+
+
 def _seq(start: int, stop: int, step: int = 1) -> str:
     return ", ".join(f"i32 {i}" for i in range(start, stop, step))
 
@@ -88,8 +92,9 @@ class _Body:
     def bytes(self, at: str, n: int) -> str:
         return self.emit("c", f"load <{n} x i8>, ptr {at}, align 1")
 
-    def splat8(self, v: int) -> str:
-        return f"splat (i8 {v})"
+    def splat8(self, v: int, n: int = 32) -> str:
+        """An n x i8 constant, spelled out (older LLVM parsers lack the `splat` shorthand)."""
+        return _splat("i8", v, n)
 
     def concat16(self, a: str, b: str) -> str:
         return self.emit("w", f"shufflevector <16 x i8> {a}, <16 x i8> {b}, <32 x i32> <{_seq(0, 32)}>")
@@ -114,7 +119,7 @@ class _Body:
             return self.emit("ps", "call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, "
                                    f"<32 x i8> {magnitude}, <32 x i8> {signed_x})")
         pairs = self.emit("pw", f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {magnitude}, <32 x i8> {signed_x})")
-        return self.emit("ps", f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {pairs}, <16 x i16> splat (i16 1))")
+        return self.emit("ps", f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {pairs}, <16 x i16> {_splat('i16', 1, 16)})")
 
     def _dot16(self, w: str, x: str, lanes_by_16: bool) -> str:
         """int16 activations: products of sign-extended weights, summed in pairs (vpdpwssd / vpmaddwd / generic)."""
@@ -160,8 +165,8 @@ def _q8_0(body: _Body, bp: str, it: str, acc: str, corr: str):
 
 def _q4_0(body: _Body, bp: str, it: str, acc: str, corr: str):
     c = body.bytes(body.ptr(bp, "2"), 16)
-    lo = body.emit("lo", f"and <16 x i8> {c}, {body.splat8(15)}")
-    hi = body.emit("hi", f"lshr <16 x i8> {c}, {body.splat8(4)}")
+    lo = body.emit("lo", f"and <16 x i8> {c}, {body.splat8(15, 16)}")
+    hi = body.emit("hi", f"lshr <16 x i8> {c}, {body.splat8(4, 16)}")
     w = body.emit("ws", f"sub <32 x i8> {body.concat16(lo, hi)}, {body.splat8(8)}")
     s = body.dot(w, body.x32(it))
     return body.fma(s, body.splat_f(body.fmul(body.f16(bp), body.step(it))), acc), corr
@@ -171,8 +176,8 @@ def _q2_0(body: _Body, bp: str, it: str, acc: str, corr: str):
     """Byte i carries weights 4i..4i+3 at bits 0, 2, 4, 6; the activations are interleaved to match (group of 64:
     position p * 16 + i holds input 4i + p), so the codes of shift p fill positions p * 16 .. p * 16 + 15."""
     c = body.bytes(body.ptr(bp, "2"), 16)
-    parts = [body.emit("q", f"and <16 x i8> {body.emit('qs', f'lshr <16 x i8> {c}, {body.splat8(2 * p)}')}, "
-                            f"{body.splat8(3)}") for p in range(4)]
+    parts = [body.emit("q", f"and <16 x i8> {body.emit('qs', f'lshr <16 x i8> {c}, {body.splat8(2 * p, 16)}')}, "
+                            f"{body.splat8(3, 16)}") for p in range(4)]
     w0 = body.emit("ws", f"sub <32 x i8> {body.concat16(parts[0], parts[1])}, {body.splat8(1)}")
     w1 = body.emit("ws", f"sub <32 x i8> {body.concat16(parts[2], parts[3])}, {body.splat8(1)}")
     s0 = body.dot(w0, body.x32(it, 0, 64))
