@@ -55,6 +55,7 @@ class CPUExpertPool:
         self.threads = pool_threads(threads)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts", initializer=worker_setup,
                                            initargs=(self.threads,))
+        self.executor.submit(int).result()  # the worker and numba's threads start now, not in the first step
         self.stats = PoolStats()
 
     def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int]) -> torch.Tensor:
