@@ -1,5 +1,5 @@
-"""A bounded soak: 200 mixed requests (16-17 of each of 12 kinds) from 8 concurrent clients on loopback; every answer well
-formed, the server healthy and idle at the end."""
+"""A bounded soak: 200 mixed requests (16-17 of each of 12 kinds) from 8 concurrent clients on loopback; every
+answer well formed, the server healthy and idle at the end."""
 
 from __future__ import annotations
 
