@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--footprint-mb", type=int, default=1024,
                    help="the calls cycle through copies of the layer spanning this much memory (default 1024)")
     p.add_argument("--reps", type=int, default=5, help="timed cycles over the copies; the best is reported (default 5)")
+    p.add_argument("--row-kernels", action="store_true",
+                   help="instead: one core's GB/s of every row kernel (each SIMD variant, int16 / int8, and `blocks`) "
+                        "on a 4096 x 2048 matrix that stays in cache, the compute rate that scales with cores")
     p.add_argument("--torch-reps", type=int, default=0, help="timed calls of the torch path (default 0: not run)")
     return p
 
@@ -161,9 +164,50 @@ def run_case(label, embd, ff, types, args, rng) -> tuple[str, bool]:
     return line, ok
 
 
+def row_kernel_table(reps: int) -> None:
+    """One thread, one cache-resident matrix per format: GB/s of each row kernel."""
+    from strata.engine.cpu_kernels.activations import quantize_rows
+    from strata.engine.cpu_kernels.blocks import FP16, gemv_rows
+    from strata.engine.cpu_kernels.simd_ir import LAYOUT
+    from strata.engine.cpu_kernels.simd_pool import Q_MAX, quantize_codes, row_function
+
+    variants = ["vnni", "avx2", "generic"][["vnni", "avx2", "generic"].index(ISA):] if ISA else []
+    numba.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    n_out, n_in = 4096, 2048
+    print("| format | " + " | ".join(f"SIMD {v} {a}" for a in ("int16", "int8") for v in variants) + " | blocks int16 |")
+    print("|---|" + "---:|" * (2 * len(variants) + 1))
+    for fmt in LAYOUT:
+        spec = get_format(fmt)
+        raw = random_blocks(fmt, n_out * n_in // spec.block_size, rng).reshape(n_out, -1)
+        x = rng.normal(size=(1, n_in)).astype(np.float32)
+        group, interleave = LAYOUT[fmt][2:]
+        y = np.empty((1, n_out), np.float32)
+        cells = []
+        for act, dtype in (("i16", np.int16), ("i8", np.int8)):
+            q, step = np.empty((1, n_in), dtype), np.empty((1, n_in // group), np.float32)
+            sums = np.empty(step.shape, np.int32)
+            quantize_codes(x, group, interleave, Q_MAX[act], q, step, sums)
+            for isa in variants:
+                fn = row_function(fmt, act, isa)
+                call = lambda: fn(raw.ctypes.data, raw.shape[1], n_out, q.ctypes.data, step.shape[1], FP16.ctypes.data,
+                                  step.ctypes.data, sums.ctypes.data, y.ctypes.data)
+                call()
+                cells.append(f"{raw.nbytes / _best(call, reps) / 1e9:.1f}")
+        old = quantize_rows(x, group, interleave)
+        args = (FORMATS[spec.ggml_type][0], raw[None], np.zeros(1, np.int64), np.array([0, 1]), np.zeros(1, np.int64),
+                old.q, old.step, old.sums, FP16, y)
+        gemv_rows(*args)
+        cells.append(f"{raw.nbytes / _best(lambda: gemv_rows(*args), reps) / 1e9:.1f}")
+        print(f"| {fmt} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table; 0 if every SIMD path stays within its bound, else 1."""
     args = parser().parse_args(argv)
+    if args.row_kernels:
+        row_kernel_table(max(args.reps, 5))
+        return 0
     only = {f.strip().upper() for f in args.formats.split(",") if f.strip()}
     threads = pool_threads(args.threads)
     worker_setup(threads, args.chunksize)  # the pool's settings, on this (the calling) thread

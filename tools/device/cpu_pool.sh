@@ -2,7 +2,8 @@
 # On the GPU machine's host CPU (16 cores): the CPU expert pool's kernels. The SIMD kernel tests (every ISA variant
 # the CPU runs, bit-identical, within the float64 bound), then `strata bench cpu-experts` over 1 GB of weights per
 # case: 40 missed experts (a layer of the all-CPU baseline) and 2 (what a decode step at --vram-budget 12 misses per
-# layer), the pool's default threads (every core but one) and all 16, static and dynamic chunks.
+# layer), the pool's default threads (every core but one) and all 16, static and dynamic chunks; and one core's
+# compute rate of every row kernel (`--row-kernels`).
 # Run from the repo root with .whl carried (gguf); logs to $OUT (4 files); under 3 minutes.
 set -uo pipefail
 source tools/device/wheels.sh || exit 1
@@ -24,6 +25,7 @@ bench() {  # $1: label, then the bench's options
   timeout 75 python3 -m strata bench cpu-experts --reps 3 "$@" 2>&1 | tee -a "$OUT/cpu_pool_bench.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || brc=1
 }
+bench "one core, row kernels in cache" --row-kernels
 bench "40 experts, pool threads" --experts 40
 bench "2 experts, pool threads" --experts 2 --formats Q4_0,Q4_K,Q8_0
 bench "40 experts, 16 threads" --experts 40 --threads 16 --formats Q4_0,Q4_K
