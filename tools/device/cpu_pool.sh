@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine's host CPU (16 cores): the CPU expert pool's kernels. The SIMD kernel tests (every ISA variant
-# the CPU runs, bit-identical, within the float64 bound), then `strata bench cpu-experts` over 1 GB of weights per
-# case: 40 missed experts (a layer of the all-CPU baseline) and 2 (what a decode step at --vram-budget 12 misses per
-# layer), the pool's default threads (every core but one) and all 16, static and dynamic chunks; and one core's
-# compute rate of every row kernel (`--row-kernels`).
+# the CPU runs, bit-identical, within the float64 bound); one core's compute rate of every row kernel
+# (`--row-kernels`); then `strata bench cpu-experts` with calls cycling over 512 MB of weights: 40 missed experts (a
+# layer of the all-CPU baseline) and 2 (what a decode step at --vram-budget 12 misses per layer), the pool's default
+# threads (every core but one) and all 16, static and dynamic chunks.
 # Run from the repo root with .whl carried (gguf); logs to $OUT (4 files); under 3 minutes.
 set -uo pipefail
 source tools/device/wheels.sh || exit 1
@@ -22,7 +22,7 @@ brc=0
 bench() {  # $1: label, then the bench's options
   local label=$1; shift
   echo "== $label: bench cpu-experts $*" | tee -a "$OUT/cpu_pool_bench.txt"
-  timeout 75 python3 -m strata bench cpu-experts --reps 3 "$@" 2>&1 | tee -a "$OUT/cpu_pool_bench.txt"
+  timeout 75 python3 -m strata bench cpu-experts --reps 3 --footprint-mb 512 "$@" 2>&1 | tee -a "$OUT/cpu_pool_bench.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || brc=1
 }
 bench "one core, row kernels in cache" --row-kernels
