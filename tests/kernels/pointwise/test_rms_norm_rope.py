@@ -73,3 +73,21 @@ def test_the_cpu_path_stays_torch():
     cos, sin = Rope(32, 1e6, torch.device("cpu")).cos_sin(torch.tensor([3, 4]), torch.bfloat16)
     rotated = Rope.apply_partial(x, cos, sin, 32)
     assert torch.equal(rotated, torch.cat((Rope.apply(x[..., :32], cos, sin), x[..., 32:]), dim=-1))
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_route_topk_picks_torch_experts_and_weights(normalize):
+    from strata.kernels.pointwise.route_topk import route_topk_triton
+    from strata.models.layers import route_topk
+
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(5, 128, generator=gen)  # float32: no accidental ties (torch orders ties as it likes)
+    logits[3, 40] = logits[3, 90] = 9.0  # a tie: the lower id first
+    weights, ids = route_topk_triton(logits.to(DEVICE), 8, normalize)
+    want_w, want_ids = route_topk(logits, 8, normalize)  # the CPU path: torch
+    want_ids[3, :2] = torch.tensor([40, 90])
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids.cpu(), want_ids) and ids[3, 0].item() == 40 and ids[3, 1].item() == 90
+    assert (weights.cpu() - want_w).abs().max().item() <= 1e-6
+    if normalize:
+        assert torch.allclose(weights.sum(-1).cpu(), torch.ones(5))
