@@ -54,7 +54,7 @@ def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
     from strata.kernels.attention.prompt_parts import CHUNK
 
     assert dense_split(256, 4, 1) == CHUNK  # 8 programs at SPLIT: split down to whole chunks
-    assert dense_split(1 << 20, 4, 1) == SPLIT  # long spans: SPLIT cells a program
+    assert dense_split(32768, 4, 1) == SPLIT  # long spans: SPLIT cells a program
     for span in (256, 4096, 32768, 524288):
         split = dense_split(span, 2, 4)
         assert split % CHUNK == 0 and -(-span // split) <= 256  # the merge's width stays bounded
