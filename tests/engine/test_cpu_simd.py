@@ -122,3 +122,18 @@ def test_pool_output_does_not_depend_on_its_thread_count():
     assert len(set(results)) == 1
     with pytest.raises(StrataError, match="cpu_threads"):
         pool_threads(-1)
+
+
+def test_reused_buffers_leave_no_trace_between_calls():
+    rng = np.random.default_rng(7)
+    stack, x, routes, weights, experts = _layer(rng)
+    host = HostExperts(stack.gate, stack.up, stack.down)
+    first = moe_experts(host, x[:1], routes_of(routes, 1), weights[:1], [3, 0]).numpy().tobytes()
+    moe_experts(host, x, routes, weights, experts)  # more rows: the buffers grow, then hold other numbers
+    assert moe_experts(host, x[:1], routes_of(routes, 1), weights[:1], [3, 0]).numpy().tobytes() == first
+
+
+def routes_of(routes: dict, n_tokens: int) -> dict:
+    """The routes restricted to the first n_tokens tokens."""
+    kept = {e: (t[t < n_tokens], s[t < n_tokens]) for e, (t, s) in routes.items()}
+    return {e: r for e, r in kept.items() if len(r[0])}

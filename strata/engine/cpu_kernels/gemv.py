@@ -74,13 +74,33 @@ def simd_groups(ggml_type: int) -> tuple[int, int]:
     return LAYOUT[FORMATS8[int(ggml_type)][1]][2:]
 
 
-def quantize_simd(ggml_type: int, x: np.ndarray, act: str) -> Activations:
-    """float32 [R, n] -> int16 / int8 codes in the format's activation groups (steps, code sums per group)."""
+class Scratch(threading.local):
+    """Buffers the SIMD path reuses from call to call, one set per thread, grown when a call needs more rows."""
+
+    def __init__(self):
+        self.arrays: dict[tuple, np.ndarray] = {}
+
+    def get(self, name: str, rows: int, cols: int, dtype) -> np.ndarray:
+        key = (name, cols, np.dtype(dtype).str)
+        a = self.arrays.get(key)
+        if a is None or a.shape[0] < rows:
+            a = self.arrays[key] = np.empty((max(rows, 8), cols), dtype)
+        return a[:rows]
+
+
+def _new(name: str, rows: int, cols: int, dtype, scratch: Scratch | None) -> np.ndarray:
+    return scratch.get(name, rows, cols, dtype) if scratch is not None else np.empty((rows, cols), dtype)
+
+
+def quantize_simd(ggml_type: int, x: np.ndarray, act: str, scratch: Scratch | None = None) -> Activations:
+    """float32 [R, n] -> int16 / int8 codes in the format's activation groups (steps, code sums per group); in
+    `scratch`'s buffers when given (valid until this thread's next call with the same shape)."""
     group, interleave = simd_groups(ggml_type)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    act_rows = Activations(np.empty(x.shape, np.int16 if act == "i16" else np.int8),
-                           np.empty((x.shape[0], x.shape[1] // group), np.float32),
-                           np.empty((x.shape[0], x.shape[1] // group), np.int32))
+    (rows, n), name = x.shape, f"act{group}.{interleave}"
+    act_rows = Activations(_new(name + "q", rows, n, np.int16 if act == "i16" else np.int8, scratch),
+                           _new(name + "s", rows, n // group, np.float32, scratch),
+                           _new(name + "t", rows, n // group, np.int32, scratch))
     quantize_codes(x, group, interleave, Q_MAX[act], act_rows.q, act_rows.step, act_rows.sums)
     return act_rows
 
@@ -95,11 +115,12 @@ def simd_gemv_pairs(ggml_type: int, w: np.ndarray, act: Activations, experts, pa
 
 
 def simd_gate_up_pairs(gate_type: int, w_gate: np.ndarray, up_type: int, w_up: np.ndarray, act: Activations, experts,
-                       pair_start, x_rows) -> np.ndarray:
-    """As `gate_up_pairs`, one activation copy for both (gate and up must share `simd_groups`)."""
+                       pair_start, x_rows, scratch: Scratch | None = None) -> np.ndarray:
+    """As `gate_up_pairs`, one activation copy for both (gate and up must share `simd_groups`); the result in
+    `scratch`'s buffers when given."""
     experts, pair_start, x_rows = _args(experts, pair_start, x_rows)
-    h = np.empty((x_rows.shape[0], w_gate.shape[1]), np.float32)
-    u = np.empty_like(h)
+    h = _new("h", x_rows.shape[0], w_gate.shape[1], np.float32, scratch)
+    u = _new("u", x_rows.shape[0], w_gate.shape[1], np.float32, scratch)
     with _ONE_AT_A_TIME:
         gate_up_simd_rows(FORMATS8[int(gate_type)][0], w_gate, FORMATS8[int(up_type)][0], w_up, experts, pair_start,
                           x_rows, act.q, act.step, act.sums, FP16, h, u)

@@ -9,11 +9,14 @@ import torch.nn.functional as F
 
 from strata.engine.cpu_kernels.blocks import FORMATS
 from strata import switches
-from strata.engine.cpu_kernels.gemv import (gate_up_pairs, gemv_pairs, quantize_for, quantize_simd, simd_gate_up_pairs,
+from strata.engine.cpu_kernels.gemv import (Scratch, gate_up_pairs, gemv_pairs, quantize_for, quantize_simd, simd_gate_up_pairs,
                                             simd_gemv_pairs, simd_groups, simd_supported, supported)
 from strata.errors import StrataError
 from strata.models.weights import QuantWeight
 from strata.quant import get_format
+
+
+_SCRATCH = Scratch()
 
 
 class HostExperts:
@@ -48,10 +51,10 @@ class HostExperts:
     def swiglu(self, x: np.ndarray, experts, pair_start, x_rows) -> np.ndarray:
         """float32 [P, embd]: expert(x[x_rows[p]]) for every pair p, grouped by expert as in `gemv_pairs`."""
         (w_gate, w_up, w_down), (t_gate, t_up, t_down) = self.views, self.types
-        if self.simd:
-            h = simd_gate_up_pairs(t_gate, w_gate, t_up, w_up, quantize_simd(t_gate, x, self.simd), experts, pair_start,
-                                   x_rows)
-            return simd_gemv_pairs(t_down, w_down, quantize_simd(t_down, h, self.simd), experts, pair_start,
+        if self.simd:  # codes of x, h and u in this thread's reused buffers; the result is new
+            act = quantize_simd(t_gate, x, self.simd, _SCRATCH)
+            h = simd_gate_up_pairs(t_gate, w_gate, t_up, w_up, act, experts, pair_start, x_rows, _SCRATCH)
+            return simd_gemv_pairs(t_down, w_down, quantize_simd(t_down, h, self.simd, _SCRATCH), experts, pair_start,
                                    np.arange(len(x_rows)))
         if self.fast_gate_up:
             act_gate = quantize_for(t_gate, x)
