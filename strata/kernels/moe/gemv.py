@@ -33,6 +33,7 @@ import triton.language as tl
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.wide import wide_aligned, wide_weights32
 from strata.quant import dequantize, get_format
 
 ERROR_BOUND = 1e-5  # max |kernel - float64| over max |float64|, for H and for the output
@@ -151,10 +152,22 @@ def _weights(q, s_lo, s_hi, mn, SPLIT16: tl.constexpr, HAS_MIN: tl.constexpr):
 
 
 @triton.jit
+def _slice_weights(WIDE: tl.constexpr, FMT: tl.constexpr, w, blk, sub, tab, nm, SPLIT16: tl.constexpr,
+                   HAS_MIN: tl.constexpr):
+    """The float32 weights [R, 32] of slice `sub` of the blocks at byte offsets blk: wide loads where the format
+    and alignment allow (`wide.py`), decode32's byte loads otherwise."""
+    if WIDE:
+        return wide_weights32(FMT, w, blk, sub, nm)
+    else:
+        q, s_lo, s_hi, mn = decode32(FMT, w, blk, sub, tab, nm)
+        return _weights(q, s_lo, s_hi, mn, SPLIT16, HAS_MIN)
+
+
+@triton.jit
 def _gate_up_kernel(x, ids, slot_of, wg, wu, tab, h, n_ff, stride_g, stride_u, row_bytes,
                     TOP_K: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr, QK: tl.constexpr,
-                    TS: tl.constexpr, SPLIT16: tl.constexpr, HAS_MIN: tl.constexpr, SLOTS: tl.constexpr,
-                    BN: tl.constexpr, NS: tl.constexpr):
+                    TS: tl.constexpr, SPLIT16: tl.constexpr, HAS_MIN: tl.constexpr, WIDE: tl.constexpr,
+                    SLOTS: tl.constexpr, BN: tl.constexpr, NS: tl.constexpr):
     pair = tl.program_id(0)
     token = pair // TOP_K
     index = tl.load(ids + pair).to(tl.int32)
@@ -179,10 +192,10 @@ def _gate_up_kernel(x, ids, slot_of, wg, wu, tab, h, n_ff, stride_g, stride_u, r
         for sub in range(QK // 32):
             xv = tl.load(x_row + (k0 + nb)[:, None] * QK + sub * 32 + j[None, :], mask=xm, other=0.0)
             xv = xv.to(tl.float32)[None, :, :]
-            q, s_lo, s_hi, mn = decode32(FMT, g_at, row_at + k0 * TS, sub, tab, m)
-            acc_g += tl.reshape(_weights(q, s_lo, s_hi, mn, SPLIT16, HAS_MIN), (BN, NS, 32)) * xv
-            q, s_lo, s_hi, mn = decode32(FMT, u_at, row_at + k0 * TS, sub, tab, m)
-            acc_u += tl.reshape(_weights(q, s_lo, s_hi, mn, SPLIT16, HAS_MIN), (BN, NS, 32)) * xv
+            wg_ = _slice_weights(WIDE, FMT, g_at, row_at + k0 * TS, sub, tab, m, SPLIT16, HAS_MIN)
+            acc_g += tl.reshape(wg_, (BN, NS, 32)) * xv
+            wu_ = _slice_weights(WIDE, FMT, u_at, row_at + k0 * TS, sub, tab, m, SPLIT16, HAS_MIN)
+            acc_u += tl.reshape(wu_, (BN, NS, 32)) * xv
     g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
     u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
     fo = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -192,8 +205,8 @@ def _gate_up_kernel(x, ids, slot_of, wg, wu, tab, h, n_ff, stride_g, stride_u, r
 @triton.jit
 def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_bytes,
                  TOP_K: tl.constexpr, K: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr, QK: tl.constexpr,
-                 TS: tl.constexpr, SPLIT16: tl.constexpr, HAS_MIN: tl.constexpr, SLOTS: tl.constexpr,
-                 KC: tl.constexpr, BN: tl.constexpr, NS: tl.constexpr):
+                 TS: tl.constexpr, SPLIT16: tl.constexpr, HAS_MIN: tl.constexpr, WIDE: tl.constexpr,
+                 SLOTS: tl.constexpr, KC: tl.constexpr, BN: tl.constexpr, NS: tl.constexpr):
     token = tl.program_id(0)
     r = tl.arange(0, KC * BN * NS)  # virtual rows: expert r // (BN*NS) of the chunk, output (r // NS) % BN, block r%NS
     c = r // (BN * NS)
@@ -221,8 +234,8 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
                 hv = tl.load(h_rows[:, None, None] + (k0 + nb)[None, :, None] * QK + sub * 32 + j[None, None, :],
                              mask=hm, other=0.0)
                 hv = (hv * weight[:, None, None])[:, None, :, :]
-                q, s_lo, s_hi, mn = decode32(FMT, wd, w_at + k0 * TS, sub, tab, m)
-                acc += tl.reshape(_weights(q, s_lo, s_hi, mn, SPLIT16, HAS_MIN), (KC, BN, NS, 32)) * hv
+                wv = _slice_weights(WIDE, FMT, wd, w_at + k0 * TS, sub, tab, m, SPLIT16, HAS_MIN)
+                acc += tl.reshape(wv, (KC, BN, NS, 32)) * hv
     out = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)
     oo = tl.program_id(1) * BN + tl.arange(0, BN)
     tl.store(y + token.to(tl.int64) * n_embd + oo, out, mask=oo < n_embd)
@@ -243,22 +256,32 @@ def _cover(n: int, target: int) -> int:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps."""
+    """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
+    `wide`: read the codes as 16/32-bit words (`wide.py`) where the format and alignment allow, else a byte a weight
+    (the weights, and so the outputs, are bit-identical either way)."""
 
     bn: int
     ns: int
     warps: int
     kc: int = 1
+    wide: bool = False
 
 
 def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
-    """The launch configuration of "gate_up" or "down" for n_out rows of n_in weights.
+    """The launch configuration of "gate_up", "down" or "matvec" (the dense matvec: the down kernel with one
+    "expert", on gate_up's tiles, since the down kernel's own would leave most of a program idle) for n_out rows of
+    n_in weights.
 
     On a GPU: a step reads about 512 (gate/up) or 256 (down) weights of each row, 8 (gate/up) or 2 (down) rows per
     program, KC = up to 8 experts at once (down), and warps so that each thread holds 16 decoded weights (4 for the
     256-weight formats, whose decode needs more registers): 60-180 registers, none spilled (sm_90 builds, tested).
     Under the interpreter, whose cost is per operation: the widest tiles.
+    Byte loads everywhere for now: in these tiles each thread holds one weight of a block (Triton spreads the 32
+    weights of a block over lanes), so the words of `wide.py` do not cut the instructions (sm_90 SASS counts);
+    `strata bench matvec` and `moe-decode --sweep` time both.
     """
+    if kind == "matvec":
+        kind, top_k = "gate_up", 1
     n_blocks = n_in // spec.block_size
     if not on_gpu:
         ns = 1 << (n_blocks - 1).bit_length() if n_blocks <= 8 else 8
@@ -272,10 +295,13 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
     return GemvConfig(bn, ns, max(1, min(8, kc * bn * ns // per_thread)), kc)
 
 
-def _format_constants(m: ExpertOperand) -> dict:
+def _format_constants(wide: bool, m: ExpertOperand, *others: ExpertOperand) -> dict:
+    """The kernels' compile-time constants for operand m (and `others` of the same format, read by the same
+    launch: gate and up), WIDE if asked and every one of them is aligned for the wide loads."""
     spec = m.spec
+    wide = wide and all(wide_aligned(spec, o.raw.data_ptr(), o.stride, o.row_bytes) for o in (m, *others))
     return dict(K=m.cols, NB=m.cols // spec.block_size, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size,
-                SPLIT16=spec.split16, HAS_MIN=spec.has_min)
+                SPLIT16=spec.split16, HAS_MIN=spec.has_min, WIDE=wide)
 
 
 def _check_routing(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExperts) -> None:
@@ -297,7 +323,8 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     if h.numel():
         _gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, cfg.bn))](
             x.contiguous(), topk_ids.contiguous(), experts.slot_of if slots else topk_ids, g.raw, u.raw,
-            code_tables(x.device), h, g.rows, g.stride, u.stride, g.row_bytes, TOP_K=top_k, **_format_constants(g),
+            code_tables(x.device), h, g.rows, g.stride, u.stride, g.row_bytes, TOP_K=top_k,
+            **_format_constants(cfg.wide, g, u),
             SLOTS=slots, BN=cfg.bn, NS=cfg.ns, num_warps=cfg.warps)
     return h
 
@@ -319,7 +346,7 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if y.numel():
         _down_kernel[(n_tokens, triton.cdiv(d.rows, cfg.bn))](
             h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw,
-            code_tables(h.device), y, d.rows, d.stride, d.row_bytes, TOP_K=top_k, **_format_constants(d),
+            code_tables(h.device), y, d.rows, d.stride, d.row_bytes, TOP_K=top_k, **_format_constants(cfg.wide, d),
             SLOTS=slots, KC=cfg.kc, BN=cfg.bn, NS=cfg.ns, num_warps=cfg.warps)
     return y
 

@@ -3,6 +3,8 @@
 Bound: max |kernel - float64| <= ERROR_BOUND (1e-5) * max |float64| (the decode expert kernels' bound: the weights
 are decoded exactly, sums in float32)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -54,3 +56,31 @@ def test_only_decode_steps_on_the_gpu_take_the_kernel():
         assert not matvec_applies(one, q6k)  # not a format the decode kernels read
         assert not matvec_applies(one.float(), q4k)  # float32 stays on the exact reference path
         assert not matvec_applies(torch.zeros(MAX_ROWS + 1, 256, dtype=torch.bfloat16, device="cuda"), q4k)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q4_K"])
+def test_bf16_rows_odd_outputs_and_wide_loads(fmt):
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.gemv import gemv_config
+
+    n_out, n_in = 37, 512  # 37 outputs: not a multiple of any tile
+    qtype = get_format(fmt).ggml_type
+    raw = _blocks(fmt, n_out, n_in, seed=7)
+    x = torch.randn(2, n_in, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    want = x.double() @ dequantize(raw, qtype, (n_out, n_in)).double().T
+    base = gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, False)
+    got = [quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, (n_out, n_in), config=dataclasses.replace(base, wide=w)).cpu()
+           for w in (False, True)]
+    assert got[0].dtype == torch.bfloat16
+    # bf16 rows are read as they are (exact in float32); the bf16 output's own rounding is the only extra error.
+    err = float((got[0].double() - want).abs().max() / want.abs().max())
+    assert err <= 2 ** -8, f"{fmt}: {err:.2e}"
+    assert torch.equal(got[0], got[1])  # wide and byte loads: the same weights, the same sums
+
+
+def test_routing_constants_are_made_once_per_device_and_row_count():
+    from strata.kernels.quant.matvec import _one_expert
+
+    assert _one_expert(torch.device(DEVICE), 3) is _one_expert(torch.device(DEVICE), 3)
+    ids, ones = _one_expert(torch.device(DEVICE), 2)
+    assert ids.shape == ones.shape == (2, 1) and not ids.any() and bool((ones == 1).all())
