@@ -124,6 +124,7 @@ def test_mismatched_or_unsupported_formats_are_named():
 # ---- sm_90 builds: the benchmark shapes' launch configurations compile for Hopper and spill nothing
 
 BUILDS = [("Q4_0", 2048, 768, 8), ("Q4_K", 2048, 768, 8), ("Q2_0", 2560, 640, 10), ("IQ2_XS", 2560, 512, 10)]
+MATVEC_BUILDS = [("Q4_0", 2048, 4096), ("Q8_0", 4096, 2048), ("Q4_K", 2048, 151936)]  # (format, n_in, n_out)
 
 
 def _build_sm90() -> None:
@@ -136,20 +137,29 @@ def _build_sm90() -> None:
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     common = {"ids": "*i32", "slot_of": "*i32", "tab": "*i8"}
+    gate_up_sig = {"x": "*bf16", **common, "wg": "*u8", "wu": "*u8", "h": "*fp32", "n_ff": "i32", "stride_g": "i32",
+                   "stride_u": "i32", "row_bytes": "i32"}
+    down_sig = {"h": "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "wd": "*u8", "tab": "*i8",
+                "y": "*fp32", "n_embd": "i32", "stride_d": "i32", "row_bytes": "i32"}
+    jobs = []
     for name, n_embd, n_ff, top_k in BUILDS:
+        jobs += [("gate_up", gemv._gate_up_kernel, name, n_ff, n_embd, top_k, gate_up_sig),
+                 ("down", gemv._down_kernel, name, n_embd, n_ff, top_k, down_sig)]
+    for name, n_in, n_out in MATVEC_BUILDS:
+        jobs.append(("matvec", gemv._down_kernel, name, n_out, n_in, 1, {**down_sig, "h": "*bf16"}))
+    for kind, kernel, name, n_out, n_in, top_k, signature in jobs:
         spec = SPECS[name]
-        for kind, kernel, n_out, n_in, signature in [
-            ("gate_up", gemv._gate_up_kernel, n_ff, n_embd,
-             {"x": "*bf16", **common, "wg": "*u8", "wu": "*u8", "h": "*fp32", "n_ff": "i32", "stride_g": "i32",
-              "stride_u": "i32", "row_bytes": "i32"}),
-            ("down", gemv._down_kernel, n_embd, n_ff,
-             {"h": "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "wd": "*u8", "tab": "*i8",
-              "y": "*fp32", "n_embd": "i32", "stride_d": "i32", "row_bytes": "i32"})]:
-            cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
+        cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
+        # The default loads, and the wide ones where the format has them (the benchmarks time both).
+        for wide in dict.fromkeys([cfg.wide, cfg.wide or name in ("Q4_0", "Q8_0", "Q4_K")]):
             constants = dict(TOP_K=top_k, K=n_in, NB=n_in // spec.block_size, FMT=spec.fmt_id, QK=spec.block_size,
-                             TS=spec.type_size, SPLIT16=spec.split16, HAS_MIN=spec.has_min, SLOTS=True,
-                             BN=cfg.bn, NS=cfg.ns, **({"KC": cfg.kc} if kind == "down" else {}))
-            source = ASTSource(kernel, {**signature, **{k: "constexpr" for k in constants}}, constants)
+                             TS=spec.type_size, SPLIT16=spec.split16, HAS_MIN=spec.has_min, WIDE=wide, SLOTS=True,
+                             BN=cfg.bn, NS=cfg.ns, **({"KC": cfg.kc} if kernel is gemv._down_kernel else {}))
+            # As a launch specializes them: pointers 16-byte aligned, row bytes a multiple of 16 where they are.
+            aligned = [n for n, t in signature.items() if t.startswith("*")
+                       or (n == "row_bytes" and spec.type_size * n_in // spec.block_size % 16 == 0)]
+            attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+            source = ASTSource(kernel, {**signature, **{k: "constexpr" for k in constants}}, constants, attrs=attrs)
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(compiled.asm["cubin"])
@@ -157,7 +167,7 @@ def _build_sm90() -> None:
                 usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
                                        text=True).stdout
             regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-            print(json.dumps({"format": name, "kernel": kind, "regs": int(regs), "stack": int(stack),
+            print(json.dumps({"format": name, "kernel": kind, "wide": wide, "regs": int(regs), "stack": int(stack),
                               "config": [cfg.bn, cfg.ns, cfg.kc, cfg.warps]}), flush=True)
 
 
@@ -170,7 +180,9 @@ def test_kernels_build_for_sm90_without_spills():
     run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(builds) == 2 * len(BUILDS)
+    wide_formats = ("Q4_0", "Q8_0", "Q4_K")
+    n_jobs = sum(2 * (1 + (b[0] in wide_formats)) for b in BUILDS) + 2 * len(MATVEC_BUILDS)
+    assert len(builds) == n_jobs
     assert not [b for b in builds if b["stack"]], builds
 
 
