@@ -50,8 +50,7 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> 
     weights = [torch.from_numpy(random_blocks(fmt, n_out * n_in // info.block_size, rng, 0.02))
                .reshape(n_out, -1).to(device) for _ in range(copies)]
     x = torch.randn(1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-    w64 = dequantize(weights[0].cpu(), info.ggml_type, (n_out, n_in)).double()
-    want = x.cpu().double() @ w64.T
+    want = x.double() @ dequantize(weights[0], info.ggml_type, (n_out, n_in)).double().T  # on the device: the head
     base = gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, True)
     ok, results = True, []
     for cfg in (replace(base, wide=False), replace(base, wide=True)):
