@@ -3,8 +3,8 @@
 For each shape (n_in -> n_out: 2048x4096, 4096x2048 and the head 2048x151936) and format (Q4_0, Q8_0, Q4_K), one
 bf16 row times the weight: microseconds per call replayed from a CUDA graph (enough distinct weights per replay that
 they come from HBM rather than L2), the weight's bytes over the HBM floor of the same run (`copy_bandwidth / 2`),
-GB/s, and the error against float64; once with byte loads and once with the wide (16/32-bit word) loads, which must
-give the same bytes. The default configuration is `gemv_config("matvec", ...)`.
+GB/s, and the error against float64 (float32 x); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
+for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
 
     python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ import torch
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth
 from strata.kernels.moe.decode import SPECS
-from strata.kernels.moe.gemv import ERROR_BOUND, gemv_config, relative_error
+from strata.kernels.moe.gemv import ERROR_BOUND, byte_config, gemv_config, relative_error
 from strata.kernels.quant.matvec import quant_matvec
 from strata.quant import dequantize, get_format, random_blocks
 
@@ -51,9 +50,10 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> 
                .reshape(n_out, -1).to(device) for _ in range(copies)]
     x = torch.randn(1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     want = x.double() @ dequantize(weights[0], info.ggml_type, (n_out, n_in)).double().T  # on the device: the head
-    base = gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, True)
+    on_gpu = torch.device(device).type == "cuda"
     ok, results = True, []
-    for cfg in (replace(base, wide=False), replace(base, wide=True)):
+    for cfg in (byte_config("matvec", SPECS[fmt], n_out, n_in, 1, on_gpu),
+                gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, on_gpu)):
         y = quant_matvec(x, weights[0], info.ggml_type, (n_out, n_in), config=cfg)
         y32 = quant_matvec(x.float(), weights[0], info.ggml_type, (n_out, n_in), config=cfg)
         err = relative_error(y32, want)
@@ -61,13 +61,11 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> 
         us = _graph_us(lambda i, c=cfg: quant_matvec(x, weights[i % copies], info.ggml_type, (n_out, n_in),
                                                      config=c), 4 * copies, device)
         results.append((cfg, y, us, err))
-    same = torch.equal(results[0][1], results[1][1])
-    ok &= same
     floor_us = n_bytes / floor_bw * 1e6
     for cfg, _, us, err in results:
-        print(f"{n_in}x{n_out:<7} {fmt:<5} {'wide' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
+        print(f"{n_in}x{n_out:<7} {fmt:<5} {'words' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
-              f"warps={cfg.warps}{'' if ok else '  FAIL' + ('' if same else ' (wide != bytes)')}", file=out,
+              f"warps={cfg.warps}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out,
               flush=True)
     return ok
 
