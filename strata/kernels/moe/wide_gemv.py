@@ -205,14 +205,14 @@ def _cover(n: int, target: int) -> int:
 
 
 def word_tile(spec: DecodeSpec, n_out: int, n_units: int, on_gpu: bool) -> tuple[int, int, int]:
-    """(BN rows, NU units per step, warps) for n_out rows and `n_units` units a step could cover: on a GPU 8 rows
-    held by each thread and a unit per thread over up to 512 threads (enough 16-bit loads in flight to cover HBM
-    latency with one launch of n_out / 8 programs); under the interpreter, whose cost is per operation, the
-    widest tiles."""
+    """(BN rows, NU units per step, warps) for n_out rows and `n_units` units a step could cover: on a GPU a unit
+    per thread over up to 512 threads (enough 16-bit loads in flight to cover HBM latency), each thread holding
+    8 rows (4 below 4096 rows, so that the n_out / BN programs still fill an H200's 132 SMs; the activations then
+    serve 4 rows); under the interpreter, whose cost is per operation, the widest tiles."""
     if not on_gpu:
         return min(128, 1 << (n_out - 1).bit_length()), min(64, 1 << (n_units - 1).bit_length()), 4
     nu = _cover(n_units, 512 // WORDS[spec.name])
-    return 8, nu, max(1, min(16, nu * WORDS[spec.name] // 32))
+    return (8 if n_out >= 4096 else 4), nu, max(1, min(16, nu * WORDS[spec.name] // 32))
 
 
 def launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, nu: int, warps: int):

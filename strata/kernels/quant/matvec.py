@@ -3,8 +3,9 @@
 A decode step multiplies one token (a verify window: up to 4) by every dense matrix: attention projections, the
 shared expert, the head. Dequantizing a matrix to bf16 first writes and reads it again at 2 bytes a weight, in a dozen
 launches; reading the blocks once in a GEMV costs only their own bytes. The kernel is the routed experts' down kernel
-(`kernels/moe/gemv.py`, `_down_kernel`) with one "expert" of weight 1: its precision (weights decoded exactly, float32
-sums) and its float64 check carry over (ERROR_BOUND of max |y|). x is read in its own dtype (bf16/fp16 are exact in
+(`kernels/moe/gemv.py`, `launch_down`: the word kernel of `wide_gemv.py` for Q4_0/Q8_0/Q4_K, the byte kernel for the
+other formats) with one "expert" of weight 1: its precision (weights decoded exactly, float32 sums) and its float64
+check carry over (ERROR_BOUND of max |y|). x is read in its own dtype (bf16/fp16 are exact in
 float32), and the routing constants (expert 0, weight 1) are made once per device and row count, so a call is one
 launch and allocates only its output (under CUDA-graph capture as well).
 """
