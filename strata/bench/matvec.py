@@ -3,7 +3,7 @@
 For each shape (n_in -> n_out: 2048x4096, 4096x2048 and the head 2048x151936) and format (Q4_0, Q8_0, Q4_K), one
 bf16 row times the weight: microseconds per call replayed from a CUDA graph (enough distinct weights per replay that
 they come from HBM rather than L2), the weight's bytes over the HBM floor of the same run (`copy_bandwidth / 2`),
-GB/s, and the error against float64 (float32 x); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
+GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
 for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
 
     python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
@@ -20,8 +20,8 @@ import torch
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth
 from strata.kernels.moe.decode import SPECS
-from strata.kernels.moe.gemv import ERROR_BOUND, byte_config, gemv_config, relative_error
-from strata.kernels.quant.matvec import quant_matvec
+from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, byte_config, gemv_config, launch_down, relative_error
+from strata.kernels.quant.matvec import one_expert
 from strata.quant import dequantize, get_format, random_blocks
 
 L2_SPAN = 256 << 20  # bytes of distinct weights per graph replay: several times H200's 50 MB L2
@@ -42,31 +42,32 @@ def _graph_us(fn, n_calls: int, device) -> float:
 
 
 def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> bool:
+    """One shape and format: both kernels, timed and checked (a float32 output, so the error is the kernel's own)."""
     info = get_format(fmt)
     rng = np.random.default_rng(n_in + n_out)
     n_bytes = info.row_bytes(n_in) * n_out
-    copies = max(1, min(16, L2_SPAN // n_bytes)) if torch.device(device).type == "cuda" else 1
-    weights = [torch.from_numpy(random_blocks(fmt, n_out * n_in // info.block_size, rng, 0.02))
-               .reshape(n_out, -1).to(device) for _ in range(copies)]
-    x = torch.randn(1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-    want = x.double() @ dequantize(weights[0], info.ggml_type, (n_out, n_in)).double().T  # on the device: the head
     on_gpu = torch.device(device).type == "cuda"
-    ok, results = True, []
+    copies = max(1, min(16, L2_SPAN // n_bytes)) if on_gpu else 1
+    weights = [ExpertOperand(torch.from_numpy(random_blocks(fmt, n_out * n_in // info.block_size, rng, 0.02))
+                             .to(device), info.ggml_type, n_out, n_in, stride=0) for _ in range(copies)]
+    rows = torch.randn(1, 1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    ids, ones = one_expert(torch.device(device), 1)
+    w64 = dequantize(weights[0].raw.reshape(n_out, -1), info.ggml_type, (n_out, n_in)).double()  # on the device
+    want = rows.reshape(1, n_in).double() @ w64.T
+    del w64
+    ok = True
     for cfg in (byte_config("matvec", SPECS[fmt], n_out, n_in, 1, on_gpu),
                 gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, on_gpu)):
-        y = quant_matvec(x, weights[0], info.ggml_type, (n_out, n_in), config=cfg)
-        y32 = quant_matvec(x.float(), weights[0], info.ggml_type, (n_out, n_in), config=cfg)
-        err = relative_error(y32, want)
+        def call(i, c=cfg):
+            return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
+
+        err = relative_error(call(0), want)
         ok &= err <= ERROR_BOUND
-        us = _graph_us(lambda i, c=cfg: quant_matvec(x, weights[i % copies], info.ggml_type, (n_out, n_in),
-                                                     config=c), 4 * copies, device)
-        results.append((cfg, y, us, err))
-    floor_us = n_bytes / floor_bw * 1e6
-    for cfg, _, us, err in results:
+        us = _graph_us(call, 4 * copies, device)
+        floor_us = n_bytes / floor_bw * 1e6
         print(f"{n_in}x{n_out:<7} {fmt:<5} {'words' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
-              f"warps={cfg.warps}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out,
-              flush=True)
+              f"warps={cfg.warps}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     return ok
 
 

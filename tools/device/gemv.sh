@@ -12,12 +12,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   git rev-parse --short HEAD 2>/dev/null
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/gemv_gpu.txt"
-timeout 80 python3 -m strata bench matvec 2>&1 | tee "$OUT/gemv_bench_matvec.txt"
+timeout 100 python3 -m strata bench matvec 2>&1 | tee "$OUT/gemv_bench_matvec.txt"
 mrc=${PIPESTATUS[0]}
-timeout 90 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep 2>&1 \
+timeout 80 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep 2>&1 \
   | tee "$OUT/gemv_bench_moe_decode.txt"
 drc=${PIPESTATUS[0]}
-timeout 65 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant/test_matvec.py \
+timeout 55 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant/test_matvec.py \
   tests/kernels/quant/test_bench_matvec.py --durations=5 2>&1 | tee "$OUT/gemv_tests_cuda.txt"
 rc=${PIPESTATUS[0]}
 echo "matvec rc=$mrc moe-decode rc=$drc tests rc=$rc" | tee -a "$OUT/gemv_gpu.txt"

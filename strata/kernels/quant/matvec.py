@@ -36,7 +36,7 @@ def matvec_applies(x: torch.Tensor, ggml_type: int) -> bool:
 
 
 @functools.cache
-def _one_expert(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def one_expert(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids int32 [n_rows, 1] of zeros, weights float32 [n_rows, 1] of ones) on device: never written."""
     return (torch.zeros(n_rows, 1, dtype=torch.int32, device=device),
             torch.ones(n_rows, 1, dtype=torch.float32, device=device))
@@ -49,7 +49,7 @@ def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tupl
     n_out, n_in = shape
     operand = ExpertOperand(raw.contiguous().reshape(-1), int(ggml_type), n_out, n_in, stride=0)
     rows = x.reshape(-1, 1, n_in).contiguous()
-    ids, ones = _one_expert(x.device, rows.shape[0])
+    ids, ones = one_expert(x.device, rows.shape[0])
     config = config or gemv_config("matvec", decode_spec(ggml_type), n_out, n_in, 1, x.is_cuda)
     y = launch_down(rows, ids, ones, operand, None, x.dtype, config)
     return y.reshape(*x.shape[:-1], n_out)

@@ -96,8 +96,8 @@ def test_misaligned_weights_fall_back_to_the_byte_kernel():
 
 
 def test_routing_constants_are_made_once_per_device_and_row_count():
-    from strata.kernels.quant.matvec import _one_expert
+    from strata.kernels.quant.matvec import one_expert
 
-    assert _one_expert(torch.device(DEVICE), 3) is _one_expert(torch.device(DEVICE), 3)
-    ids, ones = _one_expert(torch.device(DEVICE), 2)
+    assert one_expert(torch.device(DEVICE), 3) is one_expert(torch.device(DEVICE), 3)
+    ids, ones = one_expert(torch.device(DEVICE), 2)
     assert ids.shape == ones.shape == (2, 1) and not ids.any() and bool((ones == 1).all())
