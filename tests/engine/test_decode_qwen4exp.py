@@ -1,0 +1,128 @@
+"""qwen4exp's static decode step (engine/decode_qwen4exp.py) in its CPU form: the same greedy tokens and logits as
+the engine's step-by-step decode, byte for byte with the exact span (resident experts and behind an expert cache),
+the same cache afterwards, the graphs' span within float32 rounding, and step by step past the dense range."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from strata.engine.decode_qwen4exp import Qwen4ExpDecoder
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.sampling import SamplingParams
+from strata.errors import StrataError
+from strata.models.synthetic import make_model
+
+PROMPT = [5, 17, 99, 3, 250, 7, 31]
+STEPS = 6  # positions 7..12: one pooled block completes on the way (cells 8..11)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny tensors gain nothing from intra-op threads, and on a shared machine their spinning costs seconds.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("qwen4exp-graphs") / "tiny.gguf", arch="qwen4exp", preset="tiny",
+                      quant="F32")
+
+
+def _engine(path, top_k: int | None = None, **options) -> Engine:
+    engine = Engine(path, EngineConfig(device="cpu", **options))
+    if top_k is not None:  # a small indexer budget: the selection starts after top_k + 3 cells, not 2,051
+        engine.model.qsa = dataclasses.replace(engine.model.qsa, top_k=top_k)
+    return engine
+
+
+def _greedy(engine: Engine, steps: int = STEPS) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy decode after PROMPT: (tokens, each step's logits)."""
+    logits = engine.prefill(PROMPT)
+    history, tokens, out = list(PROMPT), [], []
+    for _ in range(steps):
+        token = int(logits[-1].argmax())
+        tokens.append(token)
+        history.append(token)
+        logits = engine.decode(token, len(history) - 1)
+        out.append(logits.clone())
+    return tokens, out
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "expert-cache"])
+def test_static_step_is_byte_identical_to_the_eager_step(tiny, options):
+    eager, static = _engine(tiny, **options), _engine(tiny, decode_graphs="eager", **options)
+    want_tokens, want = _greedy(eager)
+    tokens, got = _greedy(static)
+    assert eager.decoder is None and isinstance(static.decoder, Qwen4ExpDecoder)
+    assert static.decoder.steps == STEPS and static.decoder.forward_steps == 0
+    assert tokens == want_tokens
+    assert all(_same_bytes(a, b) for a, b in zip(got, want))
+    # The cache holds what the eager steps left: states, n-gram window and history, indexer keys.
+    a, b = eager.kv, static.kv
+    assert a.length == b.length and a.previous_tokens == b.previous_tokens
+    assert _same_bytes(a.ple_history, b.ple_history)
+    for layer in a.conv:
+        assert _same_bytes(a.conv[layer], b.conv[layer]) and _same_bytes(a.state[layer], b.state[layer])
+    for layer, keys in a.indexer.items():
+        mine = b.indexer[layer]
+        assert (mine.n_cells, mine.n_pooled) == (keys.n_cells, keys.n_pooled) == (13, 3)
+        assert _same_bytes(mine.raw[:13], keys.raw[:13]) and _same_bytes(mine.keys(), keys.keys())
+    if options:  # the layer segments ran: lookups and the pool's work went through plan_step
+        assert static.model.experts.cache.stats.misses == eager.model.experts.cache.stats.misses > 0
+        assert static.model.experts.pool.stats.experts == eager.model.experts.pool.stats.experts
+
+
+def test_graph_span_masks_the_cells_past_the_position(tiny):
+    """What the graphs run: attention over a power-of-two span with the cells past the position masked."""
+    want_tokens, want = _greedy(_engine(tiny, n_ctx=512))
+    engine = _engine(tiny, n_ctx=512)
+    engine.decoder = Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, exact_span=False)
+    tokens, got = _greedy(engine)
+    assert tokens == want_tokens
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()  # float32 sums over more (zero) terms
+
+
+def test_past_the_dense_range_it_steps_through_the_forward(tiny, capfd):
+    """With an indexer budget of 8 the selection starts past 11 cells: steps ending there run the model's forward
+    (its selection reads the pooled keys the static steps wrote), and the decoder says so once."""
+    want_tokens, want = _greedy(_engine(tiny, top_k=8), steps=12)
+    static = _engine(tiny, top_k=8, decode_graphs="eager")
+    tokens, got = _greedy(static, steps=12)
+    assert static.decoder.steps == 4 and static.decoder.forward_steps == 8  # ends 8..11 static, 12.. not
+    assert tokens == want_tokens
+    assert all(_same_bytes(a, b) for a, b in zip(got, want))
+    assert capfd.readouterr().err.count("runs step by step") == 1
+
+
+def test_engine_generate_uses_the_decoder(tiny):
+    eager, static = _engine(tiny), _engine(tiny, decode_graphs="eager")
+    params = SamplingParams(temperature=0)
+    want = list(eager.generate(PROMPT, params, 5))
+    assert list(static.generate(PROMPT, params, 5)) == want
+    assert static.decoder.steps == 5 and static.cached_tokens == PROMPT + want
+    # a second request: the hybrid cache starts over (or from a checkpoint) and the window follows
+    assert list(static.generate(PROMPT[:4], params, 3)) == list(eager.generate(PROMPT[:4], params, 3))
+
+
+def test_refusals(tiny):
+    engine = _engine(tiny)
+    with pytest.raises(StrataError, match="one token"):
+        Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, rows=2)
+    with pytest.raises(StrataError, match="no static qwen4exp step"):
+        Qwen4ExpDecoder(engine.model, engine.kv.kv, engine.device, capture=False)
+    decoder = Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False)
+    engine.prefill(PROMPT)
+    window = engine.kv.previous_tokens
+    with pytest.raises(StrataError, match="cannot continue at position 3"):
+        decoder.step([11], 3)
+    assert engine.kv.previous_tokens == window  # refused before the n-gram window moved
+    assert not Engine(tiny, EngineConfig(device="cpu", decode_graphs="off")).decoder
