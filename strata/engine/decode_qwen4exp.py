@@ -5,14 +5,15 @@ What the step holds beyond DecoderLM's:
 
 - The n-gram rows. The table stays in its memory-mapped shard behind a host row cache (NgramTable), which no
   graph can read; but the rows depend only on token ids the host already has, so the host hashes and gathers them
-  before the replay into a pinned staging buffer, uploaded beside the token. Unlike the routing doorbell this needs
-  no wait on the device: it is the host's work of the step, done while the previous step's graph may still run.
+  before the replay into a pinned staging buffer, uploaded beside the token. Unlike the routing doorbell this adds
+  no wait on the device: the host knows the token once it has sampled the last logits, and the rows with it.
 - The hyper-connection stack [1, hc, embd] float32: built from the embedding inside the step, nothing carried.
 - QSA: keys and values through the static KV view (engine/static_kv.py); the indexer's raw key written at the
   device position, and the pooled key of the position's block recomputed every step (the host counts it as pooled
   only once the block is complete, as the eager append does). Dense attention up to `selection_cells` (2,051)
-  cells, as the eager step; past that the indexer selects cells (a host-sized top-k and attention over the
-  selection), which this program does not hold: such steps run the model's own forward, said in one line.
+  cells, as the eager step; past that the indexer selects cells (scores over every completed block, a top-k,
+  attention over the selected cells), which this program does not hold yet: such steps run the model's own
+  forward, said once on stderr.
 - GDN conv and recurrent states and the n-gram conv history: updated in place, so they capture.
 - MoE: in the one graph when every expert is resident; behind the expert cache, the segments and per-layer
   doorbell of GraphDecoder (every qwen4exp layer routes), with the expert and shared-expert segment it uses.

@@ -32,6 +32,13 @@ def tiny(tmp_path_factory):
                       quant="F32")
 
 
+@pytest.fixture(scope="module")
+def tiny_hd64(tmp_path_factory):
+    """head_dim 64, as the int8 KV cache needs."""
+    return make_model(tmp_path_factory.mktemp("qwen4exp-graphs") / "tiny-hd64.gguf", arch="qwen4exp", preset="tiny",
+                      quant="F32", head_dim=64)
+
+
 def _engine(path, top_k: int | None = None, **options) -> Engine:
     engine = Engine(path, EngineConfig(device="cpu", **options))
     if top_k is not None:  # a small indexer budget: the selection starts after top_k + 3 cells, not 2,051
@@ -56,8 +63,10 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
 
 
-@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "expert-cache"])
-def test_static_step_is_byte_identical_to_the_eager_step(tiny, options):
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3), dict(kv_dtype="int8")],
+                         ids=["resident", "expert-cache", "int8-kv"])
+def test_static_step_is_byte_identical_to_the_eager_step(tiny, tiny_hd64, options):
+    tiny = tiny_hd64 if "kv_dtype" in options else tiny
     eager, static = _engine(tiny, **options), _engine(tiny, decode_graphs="eager", **options)
     want_tokens, want = _greedy(eager)
     tokens, got = _greedy(static)
@@ -75,7 +84,7 @@ def test_static_step_is_byte_identical_to_the_eager_step(tiny, options):
         mine = b.indexer[layer]
         assert (mine.n_cells, mine.n_pooled) == (keys.n_cells, keys.n_pooled) == (13, 3)
         assert _same_bytes(mine.raw[:13], keys.raw[:13]) and _same_bytes(mine.keys(), keys.keys())
-    if options:  # the layer segments ran: lookups and the pool's work went through plan_step
+    if "expert_cache" in options:  # the layer segments ran: lookups and the pool's work went through plan_step
         assert static.model.experts.cache.stats.misses == eager.model.experts.cache.stats.misses > 0
         assert static.model.experts.pool.stats.experts == eager.model.experts.pool.stats.experts
 

@@ -21,8 +21,10 @@ from strata.models.synthetic import make_model
 
 BOUND = 1e-4
 GRAPH_BOUND = 2e-2  # bf16 activations: the graphs' attention span (masked cells) may round differently
+# (label, prompt tokens, engine options); "across": static steps, then step by step past the dense range; int8 KV
+# needs head_dim 64 (a second tiny file)
 GRAPH_CASES = (("resident", 40, {}), ("expert_cache=12", 40, {"expert_cache": 12}),
-               ("across 2,051 cells", 2030, {}))  # the last: static steps, then step by step past the dense range
+               ("across 2,051 cells", 2030, {}), ("kv_dtype=int8", 40, {"kv_dtype": "int8"}))
 
 
 def main(out: Path) -> int:
@@ -68,7 +70,8 @@ def _timed_generate(engine: Engine, prompt: list[int], n: int) -> tuple[list[int
 
 def graphs(out: Path, n: int = 64) -> int:
     """Captured decode against step by step on the tiny model; one table row per case, the failures' count."""
-    path = make_model(out / "tiny-graphs.gguf", arch="qwen4exp", preset="tiny", quant="Q8_0")
+    paths = {64: make_model(out / "tiny-graphs-hd64.gguf", arch="qwen4exp", preset="tiny", quant="Q8_0", head_dim=64),
+             32: make_model(out / "tiny-graphs.gguf", arch="qwen4exp", preset="tiny", quant="Q8_0")}
     failures = 0
     print("| case | steps | argmax agree | max rel err | free-run tokens equal | step-by-step tok/s | graph tok/s |"
           " graphs |")
@@ -77,7 +80,7 @@ def graphs(out: Path, n: int = 64) -> int:
         prompt = torch.randint(0, 512, (prompt_tokens,), generator=torch.Generator().manual_seed(1)).tolist()
         runs = {}
         for mode in ("off", "on"):
-            engine = Engine(path, EngineConfig(device="cuda", n_ctx=4096, decode_graphs=mode, **options))
+            engine = Engine(paths[64 if "kv_dtype" in options else 32], EngineConfig(device="cuda", n_ctx=4096, decode_graphs=mode, **options))
             runs[mode] = (engine, *_timed_generate(engine, prompt, n))
         (eager, want_tokens, eager_rate), (graph, got_tokens, graph_rate) = runs["off"], runs["on"]
         eager.prefill(prompt)
