@@ -63,6 +63,25 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
 
 
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Within float32 rounding of attention over a longer (masked) span."""
+    return a.shape == b.shape and bool((a - b).abs().max() <= 1e-5 * b.abs().max())
+
+
+def _assert_same_cache(want, got, same) -> None:
+    """The cache after STEPS decode steps holds what the eager steps left: states, the n-gram window and
+    history, the indexer's raw and pooled keys (`same`: the comparison of tensors)."""
+    assert want.length == got.length and want.previous_tokens == got.previous_tokens
+    assert same(got.ple_history, want.ple_history)
+    for layer in want.conv:
+        assert same(got.conv[layer], want.conv[layer]) and same(got.state[layer], want.state[layer])
+    n = len(PROMPT) + STEPS
+    for layer, keys in want.indexer.items():
+        mine = got.indexer[layer]
+        assert (mine.n_cells, mine.n_pooled) == (keys.n_cells, keys.n_pooled) == (n, n // 4)
+        assert same(mine.raw[:n], keys.raw[:n]) and same(mine.keys(), keys.keys())
+
+
 @pytest.mark.parametrize("options", [dict(), dict(expert_cache=3), dict(kv_dtype="int8")],
                          ids=["resident", "expert-cache", "int8-kv"])
 def test_static_step_is_byte_identical_to_the_eager_step(tiny, tiny_hd64, options):
@@ -74,16 +93,7 @@ def test_static_step_is_byte_identical_to_the_eager_step(tiny, tiny_hd64, option
     assert static.decoder.steps == STEPS and static.decoder.forward_steps == 0
     assert tokens == want_tokens
     assert all(_same_bytes(a, b) for a, b in zip(got, want))
-    # The cache holds what the eager steps left: states, n-gram window and history, indexer keys.
-    a, b = eager.kv, static.kv
-    assert a.length == b.length and a.previous_tokens == b.previous_tokens
-    assert _same_bytes(a.ple_history, b.ple_history)
-    for layer in a.conv:
-        assert _same_bytes(a.conv[layer], b.conv[layer]) and _same_bytes(a.state[layer], b.state[layer])
-    for layer, keys in a.indexer.items():
-        mine = b.indexer[layer]
-        assert (mine.n_cells, mine.n_pooled) == (keys.n_cells, keys.n_pooled) == (13, 3)
-        assert _same_bytes(mine.raw[:13], keys.raw[:13]) and _same_bytes(mine.keys(), keys.keys())
+    _assert_same_cache(eager.kv, static.kv, _same_bytes)
     if "expert_cache" in options:  # the layer segments ran: lookups and the pool's work went through plan_step
         assert static.model.experts.cache.stats.misses == eager.model.experts.cache.stats.misses > 0
         assert static.model.experts.pool.stats.experts == eager.model.experts.pool.stats.experts
@@ -98,6 +108,25 @@ def test_graph_span_masks_the_cells_past_the_position(tiny):
     assert tokens == want_tokens
     for a, b in zip(got, want):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()  # float32 sums over more (zero) terms
+
+
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "expert-cache"])
+def test_one_program_per_span_serves_every_step(tiny, options):
+    """As a graph replays: the span's program is built once and rerun each step, so nothing of a step (position,
+    token, n-gram rows, block) may be fixed when it is built."""
+    eager = _engine(tiny, n_ctx=512, **options)
+    want_tokens, want = _greedy(eager)
+    engine = _engine(tiny, n_ctx=512, **options)
+    decoder = Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, exact_span=False)
+    built = {}
+    build = decoder._program
+    decoder._program = lambda span: built[span] if span in built else built.setdefault(span, build(span))
+    engine.decoder = decoder
+    tokens, got = _greedy(engine)
+    assert list(built) == [256] and decoder.steps == STEPS
+    assert tokens == want_tokens
+    assert all(_close(a, b) for a, b in zip(got, want))
+    _assert_same_cache(eager.kv, engine.kv, _close)
 
 
 def test_past_the_dense_range_it_steps_through_the_forward(tiny, capfd):
