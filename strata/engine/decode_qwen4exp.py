@@ -10,10 +10,11 @@ What the step holds beyond DecoderLM's:
 - The hyper-connection stack [1, hc, embd] float32: built from the embedding inside the step, nothing carried.
 - QSA: keys and values through the static KV view (engine/static_kv.py); the indexer's raw key written at the
   device position, and the pooled key of the position's block recomputed every step (the host counts it as pooled
-  only once the block is complete, as the eager append does). Dense attention up to `selection_cells` (2,051)
-  cells, as the eager step; past that the indexer selects cells (scores over every completed block, a top-k,
-  attention over the selected cells), which this program does not hold yet: such steps run the model's own
-  forward, said once on stderr.
+  only once the block is complete, as the eager append does). A span of up to `selection_cells` (2,051) cells
+  attends densely, as the eager step does there; a longer span runs the indexer's selection every step: scores
+  over the span's blocks (those past the position's completed ones count for nothing, the tail takes the dead
+  key), the top-k into fixed [1, 2,051] ids with the width on the device, and attention over those cells. Below
+  2,051 cells the selection is every cell, which is what dense attention computes.
 - GDN conv and recurrent states and the n-gram conv history: updated in place, so they capture.
 - MoE: in the one graph when every expert is resident; behind the expert cache, the segments and per-layer
   doorbell of GraphDecoder (every qwen4exp layer routes), with the expert and shared-expert segment it uses.
@@ -22,8 +23,6 @@ The CPU form (capture=False, exact span) computes the eager step's bytes: tests/
 """
 
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 import torch
@@ -37,7 +36,7 @@ from strata.kernels.select.keys import BLOCK, pool_keys_at
 from strata.models.hyper_connections import hc_read, hc_write
 from strata.models.layers import route_topk
 from strata.models.ngram_embedding import ple_block
-from strata.models.qwen4exp_mixers import qsa_attention, qwen4exp_gdn
+from strata.models.qwen4exp_mixers import indexer_select, qsa_attention, qwen4exp_gdn
 from strata.models.weights import linear
 
 
@@ -50,7 +49,7 @@ class Qwen4ExpDecoder(GraphDecoder):
         self.ngram_staging = torch.zeros(rows, embd, pin_memory=self.device.type == "cuda")
         self.ngram = torch.zeros(rows, embd, device=self.device)  # the step's n-gram rows, read by the graphs
         self.indexer_signature = None
-        self.forward_steps = 0  # steps that ran the model's forward (past the dense range)
+        self.forward_steps = 0  # steps that ran the model's forward (a sequence's first token)
 
     def _check_model(self, model, kv) -> None:
         if self.rows != 1:
@@ -63,11 +62,7 @@ class Qwen4ExpDecoder(GraphDecoder):
 
     def step(self, tokens: list[int], start: int) -> torch.Tensor:
         end = start + self.rows
-        cells = self.model.qsa.selection_cells
-        if start == 0 or end > cells:  # a new sequence (the dead key is the prompt's) or past the dense range
-            if start > 0 and self.forward_steps == 0:
-                print(f"strata: qwen4exp decode past {cells:,} cells runs step by step: the static step attends "
-                      "densely and the indexer's selection starts here", file=sys.stderr)
+        if start == 0:  # a new sequence: its first token sets the indexer's dead key, the prompt path's work
             return self._forward_step(tokens, start)
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
@@ -88,11 +83,11 @@ class Qwen4ExpDecoder(GraphDecoder):
         return self.model.forward(torch.tensor(tokens, device=self.device), ctx)
 
     def _reserve(self, start: int, n_tokens: int) -> None:
-        # The static step writes indexer keys only in the dense range.
         for keys in self.kv.indexer.values():
-            keys.reserve(min(n_tokens, self.model.qsa.selection_cells))
+            keys.reserve(n_tokens)
         super()._reserve(start, n_tokens)
-        signature = tuple(t.data_ptr() for keys in self.kv.indexer.values() for t in (keys.raw, keys.pooled))
+        indexer = self.kv.indexer.values()
+        signature = tuple(t.data_ptr() for keys in indexer for t in (keys.raw, keys.pooled, keys.dead))
         signature += (self.kv.ple_history.data_ptr(),)
         if signature != self.indexer_signature:  # storage the graphs write moved: recapture
             self.programs.clear()
@@ -122,8 +117,13 @@ class Qwen4ExpDecoder(GraphDecoder):
                 cache.conv[i].copy_(conv)
                 cache.state[i].copy_(state)
             else:
-                write_indexer_key(cache.indexer[i], self.positions, linear(x, w.indexer_k), w.indexer_k_norm)
-                y = qsa_attention(w, model.qsa, x, ctx.kv, i, 0, stash["cos"], stash["sin"], None, eps)
+                keys = cache.indexer[i]
+                write_indexer_key(keys, self.positions, linear(x, w.indexer_k), w.indexer_k_norm)
+                selection = None
+                if span > model.qsa.selection_cells:  # exact span: the eager step's own test (end > 2,051)
+                    selection = indexer_select(w, model.qsa, x, self.positions, keys.pooled[: span // BLOCK],
+                                               keys.dead, eps)
+                y = qsa_attention(w, model.qsa, x, ctx.kv, i, 0, stash["cos"], stash["sin"], selection, eps)
             return hc_write(residual, y, inject)
 
         def layers(first: int, stop: int) -> None:

@@ -41,8 +41,8 @@ class IndexerKeys:
         self.reserve(end)
         self.raw[start:end] = raw.float()
         self.n_cells = end
-        if start == 0:
-            self.dead = dead_key(self.raw[0], k_norm, self.eps)
+        if start == 0:  # in place: a captured decode step reads this tensor
+            self.dead.copy_(dead_key(self.raw[0], k_norm, self.eps))
         n_blocks = end // BLOCK
         if n_blocks > self.n_pooled:
             cells = self.raw[BLOCK * self.n_pooled : BLOCK * n_blocks]
@@ -69,7 +69,7 @@ class IndexerKeys:
         self.pooled = torch.zeros(max(pooled.shape[0], 64), self.key_dim, device=self.device)
         self.raw[: raw.shape[0]] = raw.to(self.device)
         self.pooled[: pooled.shape[0]] = pooled.to(self.device)
-        self.dead = dead.to(self.device).clone()
+        self.dead.copy_(dead)
         self.n_cells, self.n_pooled = raw.shape[0], pooled.shape[0]
 
 

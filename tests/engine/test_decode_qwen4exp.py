@@ -68,14 +68,14 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool((a - b).abs().max() <= 1e-5 * b.abs().max())
 
 
-def _assert_same_cache(want, got, same) -> None:
+def _assert_same_cache(want, got, same, steps: int = STEPS) -> None:
     """The cache after STEPS decode steps holds what the eager steps left: states, the n-gram window and
     history, the indexer's raw and pooled keys (`same`: the comparison of tensors)."""
     assert want.length == got.length and want.previous_tokens == got.previous_tokens
     assert same(got.ple_history, want.ple_history)
     for layer in want.conv:
         assert same(got.conv[layer], want.conv[layer]) and same(got.state[layer], want.state[layer])
-    n = len(PROMPT) + STEPS
+    n = len(PROMPT) + steps
     for layer, keys in want.indexer.items():
         mine = got.indexer[layer]
         assert (mine.n_cells, mine.n_pooled) == (keys.n_cells, keys.n_pooled) == (n, n // 4)
@@ -110,35 +110,41 @@ def test_graph_span_masks_the_cells_past_the_position(tiny):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()  # float32 sums over more (zero) terms
 
 
-@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "expert-cache"])
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3), dict(top_k=8)],
+                         ids=["resident", "expert-cache", "selecting"])
 def test_one_program_per_span_serves_every_step(tiny, options):
     """As a graph replays: the span's program is built once and rerun each step, so nothing of a step (position,
-    token, n-gram rows, block) may be fixed when it is built."""
+    token, n-gram rows, block) may be fixed when it is built. With an indexer budget of 8 the span of 256 selects
+    every step (all cells until the 12th)."""
+    steps = 12 if "top_k" in options else STEPS
     eager = _engine(tiny, n_ctx=512, **options)
-    want_tokens, want = _greedy(eager)
+    want_tokens, want = _greedy(eager, steps)
     engine = _engine(tiny, n_ctx=512, **options)
     decoder = Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, exact_span=False)
     built = {}
     build = decoder._program
     decoder._program = lambda span: built[span] if span in built else built.setdefault(span, build(span))
     engine.decoder = decoder
-    tokens, got = _greedy(engine)
-    assert list(built) == [256] and decoder.steps == STEPS
+    tokens, got = _greedy(engine, steps)
+    assert list(built) == [256] and decoder.steps == steps
     assert tokens == want_tokens
     assert all(_close(a, b) for a, b in zip(got, want))
-    _assert_same_cache(eager.kv, engine.kv, _close)
+    _assert_same_cache(eager.kv, engine.kv, _close, steps)
 
 
-def test_past_the_dense_range_it_steps_through_the_forward(tiny, capfd):
-    """With an indexer budget of 8 the selection starts past 11 cells: steps ending there run the model's forward
-    (its selection reads the pooled keys the static steps wrote), and the decoder says so once."""
-    want_tokens, want = _greedy(_engine(tiny, top_k=8), steps=12)
-    static = _engine(tiny, top_k=8, decode_graphs="eager")
+@pytest.mark.parametrize("kv_dtype", ["float16", "int8"])
+def test_past_the_dense_range_the_step_selects_cells(tiny, tiny_hd64, kv_dtype):
+    """With an indexer budget of 8 the selection starts past 11 cells: the static step scores the pooled keys it
+    wrote, selects (at most 11 of up to 19 cells) and attends over the selection, as the eager step does."""
+    tiny = tiny_hd64 if kv_dtype == "int8" else tiny
+    eager = _engine(tiny, top_k=8, kv_dtype=kv_dtype)
+    want_tokens, want = _greedy(eager, steps=12)
+    static = _engine(tiny, top_k=8, kv_dtype=kv_dtype, decode_graphs="eager")
     tokens, got = _greedy(static, steps=12)
-    assert static.decoder.steps == 4 and static.decoder.forward_steps == 8  # ends 8..11 static, 12.. not
+    assert static.decoder.steps == 12 and static.decoder.forward_steps == 0
     assert tokens == want_tokens
     assert all(_same_bytes(a, b) for a, b in zip(got, want))
-    assert capfd.readouterr().err.count("runs step by step") == 1
+    _assert_same_cache(eager.kv, static.kv, _same_bytes, steps=12)
 
 
 def test_engine_generate_uses_the_decoder(tiny):
