@@ -67,7 +67,8 @@ class Qwen4ExpDecoder(GraphDecoder):
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
         if start != self.kv.length:  # before the n-gram window moves (the hybrid cache would say it too late)
-            raise StrataError(f"a recurrent state holds {self.kv.length} tokens and cannot continue at position {start}")
+            raise StrataError(f"a recurrent state holds {self.kv.length} tokens and cannot continue at position "
+                              f"{start}")
         if self.uploaded is not None:
             self.uploaded.synchronize()  # the last step's uploads have left the staging buffers
         self.ngram_staging.copy_(self.model.ngram_rows(np.asarray(tokens, dtype=np.int64), self.kv))

@@ -67,7 +67,7 @@ class StaticDenseKV(StaticView):
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
         c.keys[layer].index_copy_(0, pos, k.to(c.dtype))
         c.values[layer].index_copy_(0, pos, v.to(c.dtype))
-        if q.is_cuda and q.dtype != torch.float32:
+        if selection is None and q.is_cuda and q.dtype != torch.float32:
             # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
             out = decode_attn_dense_triton(q, c.keys[layer], c.values[layer], pos + 1, self.span)

@@ -7,6 +7,7 @@ teacher-forced argmax agreement, logits within GRAPH_BOUND of the largest, free-
 python3 tools/device/qwen4exp_check.py DIR [parity|graphs]   (writes DIR/tiny*.gguf; default: both parts)
 """
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -21,10 +22,12 @@ from strata.models.synthetic import make_model
 
 BOUND = 1e-4
 GRAPH_BOUND = 2e-2  # bf16 activations: the graphs' attention span (masked cells) may round differently
-# (label, prompt tokens, engine options); "across": dense spans, then the 4,096 span's selecting step; int8 KV needs
-# head_dim 64 (a second tiny file)
+# (label, prompt tokens, options); "across": dense spans, then the 4,096 span's selecting step; "top_k" (not an
+# engine option): the indexer keeps 8 + 3 cells, so every step of the 256 span selects and drops most cells; int8
+# KV needs head_dim 64 (a second tiny file)
 GRAPH_CASES = (("resident", 40, {}), ("expert_cache=12", 40, {"expert_cache": 12}),
-               ("across 2,051 cells", 2030, {}), ("kv_dtype=int8", 40, {"kv_dtype": "int8"}))
+               ("across 2,051 cells", 2030, {}), ("indexer top_k=8", 40, {"top_k": 8}),
+               ("top_k=8, kv_dtype=int8", 40, {"top_k": 8, "kv_dtype": "int8"}))
 
 
 def main(out: Path) -> int:
@@ -78,9 +81,13 @@ def graphs(out: Path, n: int = 64) -> int:
     print("|---|---:|---:|---:|---|---:|---:|---|")
     for label, prompt_tokens, options in GRAPH_CASES:
         prompt = torch.randint(0, 512, (prompt_tokens,), generator=torch.Generator().manual_seed(1)).tolist()
-        runs = {}
+        runs, options = {}, dict(options)
+        top_k = options.pop("top_k", None)
         for mode in ("off", "on"):
-            engine = Engine(paths[64 if "kv_dtype" in options else 32], EngineConfig(device="cuda", n_ctx=4096, decode_graphs=mode, **options))
+            config = EngineConfig(device="cuda", n_ctx=4096, decode_graphs=mode, **options)
+            engine = Engine(paths[64 if "kv_dtype" in options else 32], config)
+            if top_k is not None:
+                engine.model.qsa = dataclasses.replace(engine.model.qsa, top_k=top_k)
             runs[mode] = (engine, *_timed_generate(engine, prompt, n))
         (eager, want_tokens, eager_rate), (graph, got_tokens, graph_rate) = runs["off"], runs["on"]
         eager.prefill(prompt)
@@ -94,7 +101,8 @@ def graphs(out: Path, n: int = 64) -> int:
         decoder, steps = graph.decoder, len(want_tokens) - 1
         captured = decoder is not None and decoder.capture and bool(decoder.programs)
         spans = sorted(decoder.programs) if decoder is not None else []
-        crossed = prompt_tokens + n <= 2051 or 4096 in spans
+        cells = graph.model.qsa.selection_cells  # past it every step selects: a span beyond it must have run
+        crossed = prompt_tokens + n <= cells or max(spans, default=0) > cells
         good = agree == steps and worst <= GRAPH_BOUND and captured and crossed and decoder.forward_steps == 0
         failures += not good
         print(f"| {label} | {steps} | {agree}/{steps} | {worst:.1e} | {'yes' if got_tokens == want_tokens else 'no'} | "
