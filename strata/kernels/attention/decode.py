@@ -99,8 +99,20 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
     return out
 
 
+PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
+MAX_SPLITS = 256  # the merge holds every split's row of one head at once: long spans take longer splits
+
+
+def dense_split(span: int, n_kv_heads: int, n_queries: int) -> int:
+    """Cells per program for a dense decode launch: SPLIT, or fewer (a multiple of CHUNK) when span / SPLIT splits
+    times the KV heads and queries would leave most of the GPU idle (a 256-cell span with 4 KV heads: 8 programs)."""
+    per_program = span * n_kv_heads * n_queries // PROGRAMS
+    split = max(CHUNK, min(SPLIT, per_program // CHUNK * CHUNK))
+    return max(split, triton.cdiv(triton.cdiv(span, MAX_SPLITS), CHUNK) * CHUNK)
+
+
 def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: torch.Tensor,
-                             span: int, sm_scale: float | None = None, split: int = SPLIT) -> torch.Tensor:
+                             span: int, sm_scale: float | None = None, split: int | None = None) -> torch.Tensor:
     """Split-K attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most
     `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] fp32. A captured decode
     step's attention: one launch (and the merge) in place of torch's masked attention over the whole span."""
@@ -114,6 +126,7 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     group = n_heads // n_kv_heads
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    split = dense_split(span, n_kv_heads, n_q) if split is None else split
     n_splits = triton.cdiv(max(span, 1), split)
     if n_q == 0:
         return out

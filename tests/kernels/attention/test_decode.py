@@ -47,3 +47,14 @@ def test_dense_cache_form_against_float64(dtype):
         assert (got[i] - want).abs().max().item() <= 1e-5 * want.abs().max().item() + 1e-6
     with pytest.raises(ValueError, match="span"):
         decode_attn_dense_triton(q, keys, values, width, 512)
+
+
+def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
+    from strata.kernels.attention.decode import SPLIT, dense_split
+    from strata.kernels.attention.prompt_parts import CHUNK
+
+    assert dense_split(256, 4, 1) == CHUNK  # 8 programs at SPLIT: split down to whole chunks
+    assert dense_split(32768, 4, 1) == SPLIT  # long spans: SPLIT cells a program
+    for span in (256, 4096, 32768, 524288):
+        split = dense_split(span, 2, 4)
+        assert split % CHUNK == 0 and -(-span // split) <= 256  # the merge's width stays bounded
