@@ -59,11 +59,12 @@ class Qwen3NextLM(DecoderLM):
     """Token ids in, logits out; GatedDeltaNet states and attention keys/values live in a HybridCache."""
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
-        self.config, self.device, self.dtype = config, device, dtype
+                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
+                 split=None):
+        self.config, self.device, self.dtype, self.split = config, device, dtype, split
         self.expert_device = expert_device  # where the routed experts are loaded (the host when offloaded)
         self.source = str(model.path)
-        c, load = config, WeightLoader(model, device, dtype, progress)
+        c, load = config, WeightLoader(model, device, dtype, progress, split)
         if not c.is_hybrid:
             raise StrataError(f"{model.path}: {c.arch} needs the ssm.* metadata fields (ssm.inner_size is missing)")
         if not c.is_moe:
@@ -178,8 +179,15 @@ class Qwen3NextLM(DecoderLM):
 
     def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> HybridCache:
         c = self.config
+        placed = {}
+        if self.split is not None:  # each card keeps its own layers' states, keys and values
+            from strata.engine.split_cache import split_kv
+
+            attention = [i for i, r in enumerate(self.recurrent) if not r]
+            placed = dict(layer_devices=[self.split.devices[self.split.stage_of(i)] for i in range(self.n_main)],
+                          kv=split_kv(kv_dtype, attention, self.split, c.n_kv_heads, c.head_dim, max_tokens))
         return HybridCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape, self.gdn.state_shape,
-                           max_tokens, kv_dtype, self.dtype, self.device)
+                           max_tokens, kv_dtype, self.dtype, self.device, **placed)
 
     def new_mtp_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
         """Keys and values of the MTP blocks' attention (one slot per block), apart from the trunk's cache."""
