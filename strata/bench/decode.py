@@ -21,10 +21,10 @@ def bench_decode(args, placement: dict) -> None:
     prompt = torch.randint(0, c.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     tokens = engine.generate(prompt, SamplingParams(temperature=0), args.tokens + 1, stop_ids=frozenset())
     next(tokens)  # the prompt, and the first token from it, are not decode
-    offloaded = isinstance(backend, CachedExperts)
+    cached = [b for b in getattr(backend, "backends", [backend]) if isinstance(b, CachedExperts)]  # a split: per card
+    offloaded = bool(cached)
     if offloaded:
-        cache, pool = backend.cache, backend.pool
-        before = (cache.stats.hits, cache.stats.misses, pool.stats.bytes, pool.stats.seconds, backend.pcie_bytes)
+        before = _counters(cached)
     sync(device)
     start = time.perf_counter()
     n = sum(1 for _ in tokens)
@@ -45,9 +45,7 @@ def bench_decode(args, placement: dict) -> None:
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
-    hits, misses = cache.stats.hits - before[0], cache.stats.misses - before[1]
-    cpu_bytes, cpu_seconds = pool.stats.bytes - before[2], pool.stats.seconds - before[3]
-    pcie_bytes = backend.pcie_bytes - before[4]
+    hits, misses, cpu_bytes, cpu_seconds, pcie_bytes = (a - b for a, b in zip(_counters(cached), before))
     cpu_rate = copy_bandwidth(torch.device("cpu")) / 2
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
@@ -62,3 +60,9 @@ def bench_decode(args, placement: dict) -> None:
     }
     bound, floor = max(parts.items(), key=lambda kv: kv[1])
     print(f"floor      {floor * 1e3:.2f} ms/token ({bound}); decode is {seconds / n / floor:.1f}x the floor")
+
+
+def _counters(backends: list[CachedExperts]) -> tuple:
+    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes) summed over the cards' offloaded backends."""
+    return tuple(sum(values) for values in zip(*((b.cache.stats.hits, b.cache.stats.misses, b.pool.stats.bytes,
+                                                  b.pool.stats.seconds, b.pcie_bytes) for b in backends)))
