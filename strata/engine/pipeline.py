@@ -9,6 +9,9 @@ decode (engine/decode.py) is off for a split.
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import torch
 
 from strata.engine.context import ForwardContext
@@ -33,54 +36,121 @@ def wavefront(n_chunks: int, n_stages: int) -> list[tuple[int, int]]:
 
 
 class SplitExperts(ExpertBackend):
-    """Each card's own expert backend (all resident, or its cache + CPU pool share) for its layers."""
+    """Each card's own expert backend (all resident, or its cache + CPU pool share) for its layers. The pipeline
+    calls each card's `end_step` once the card is through a step, in the card's own stage (stream, thread)."""
 
     name = "split"
 
-    def __init__(self, backends: list[ExpertBackend], split: LayerSplit, transport: Transport):
-        self.backends, self.split, self.transport = backends, split, transport
+    def __init__(self, backends: list[ExpertBackend], split: LayerSplit):
+        self.backends, self.split = backends, split
 
     def start(self, layer, x, weights, ids):
         return self.backends[self.split.stage_of(layer)].start(layer, x, weights, ids)
 
     def end_step(self) -> None:
-        for stage, backend in enumerate(self.backends):
-            with self.transport.stage_context(stage):  # a card's cache adapts on the stream that reads it
-                backend.end_step()
+        """Nothing here: Pipeline.stage_step ends each card's step (the head runs on the last card only)."""
 
 
 class Pipeline:
-    def __init__(self, model, split: LayerSplit, transport: Transport | None = None):
+    """Runs chunks through the stages: in wavefront order on one thread (the CPU form, and any single step), or on
+    CUDA with one thread per stage, so a stage waiting on the host (routing, the CPU pool) never holds up the others.
+    Both keep each stage's chunks in order and each chunk's stages in order: the same results."""
+
+    def __init__(self, model, split: LayerSplit, transport: Transport | None = None, threads: bool | None = None):
         self.model, self.split = model, split
         self.transport = transport or InProcessTransport(split.devices)
         self.devices = split.devices
-        self.order: list[tuple[int, int]] = []  # the last run's (stage, chunk) order, for tests and tools
+        self.threads = any(d.type == "cuda" for d in self.devices) if threads is None else threads
+        self.card_experts: list[ExpertBackend] | None = None  # each card's backend (load_split), to end its steps
+        self.order: list[tuple[int, int]] = []  # the last run's (stage, chunk) steps as they finished
+        self._lock = threading.Lock()
         if model.output is model.embed and self.devices[-1] != self.devices[0]:
             model.output = model.embed.to(self.devices[-1])  # a tied head reads its own copy on the last card
 
+    def stage_step(self, stage: int, ids: torch.Tensor, ctx: ForwardContext, carried):
+        """Stage `stage`'s layers of one chunk: what goes to the next stage (h, cos, sin), or the last stage's logits
+        (on its card; `Transport.finish` brings them to the caller)."""
+        model = self.model
+        with self.transport.stage_context(stage):
+            h, cos, sin = model.begin(ids, ctx) if stage == 0 else carried
+            for i in self.split.layers(stage):
+                h = h + model.mixer(i, h, ctx, cos, sin)
+                h = h + model._ffn(i, h)
+            out = model.head(h, ctx) if stage == self.split.n_stages - 1 else self.transport.send(stage, (h, cos, sin))
+            if self.card_experts is not None:
+                self.card_experts[stage].end_step()  # this card's experts adapt, on the stream that reads them
+        return out
+
+    def _step(self, stage: int, c: int, chunks, carried):
+        out = self.stage_step(stage, *chunks[c], carried)
+        with self._lock:
+            self.order.append((stage, c))
+        return out
+
     def run(self, chunks: list[tuple[torch.Tensor, ForwardContext]], on_chunk_done=None) -> list[torch.Tensor]:
         """Logits of each chunk (ids on the first card, its context), on the first card; `on_chunk_done(c)` after
-        chunk c leaves the last stage."""
-        model, n_stages = self.model, self.split.n_stages
-        carried: list[tuple | None] = [None] * len(chunks)  # chunk -> (h, cos, sin) on the next stage's card
-        outputs: list[torch.Tensor | None] = [None] * len(chunks)
-        self.order = wavefront(len(chunks), n_stages)
+        chunk c leaves the last stage, in order."""
+        self.order = []
         self.transport.begin()
-        for stage, c in self.order:
-            ids, ctx = chunks[c]
-            with self.transport.stage_context(stage):
-                h, cos, sin = model.begin(ids, ctx) if stage == 0 else carried[c]
-                for i in self.split.layers(stage):
-                    h = h + model.mixer(i, h, ctx, cos, sin)
-                    h = h + model._ffn(i, h)
-                if stage < n_stages - 1:
-                    carried[c] = self.transport.send(stage, (h, cos, sin))
-                    continue
-                carried[c] = None
-                logits = model.head(h, ctx)
-            outputs[c] = self.transport.finish(logits)  # outside the stage: ordered for the caller's streams
-            if on_chunk_done is not None:
-                on_chunk_done(c)
+        if self.threads and len(chunks) > 1:
+            return self._run_threaded(chunks, on_chunk_done)
+        return self._run_in_order(chunks, on_chunk_done)
+
+    def _run_in_order(self, chunks, on_chunk_done) -> list[torch.Tensor]:
+        last = self.split.n_stages - 1
+        carried: list = [None] * len(chunks)  # chunk -> (h, cos, sin) on the next stage's card
+        outputs: list = [None] * len(chunks)
+        for stage, c in wavefront(len(chunks), self.split.n_stages):
+            out = self._step(stage, c, chunks, carried[c])
+            carried[c] = None if stage == last else out
+            if stage == last:
+                outputs[c] = self.transport.finish(out)
+                if on_chunk_done is not None:
+                    on_chunk_done(c)
+        return outputs
+
+    def _run_threaded(self, chunks, on_chunk_done) -> list[torch.Tensor]:
+        n_stages, n_chunks = self.split.n_stages, len(chunks)
+        inboxes = [queue.SimpleQueue() for _ in range(n_stages + 1)]  # inboxes[n_stages]: finished logits
+        stop, errors = threading.Event(), []
+        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())  # thread-local: carried into workers
+
+        def worker(stage: int) -> None:
+            finished = False
+            try:
+                with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+                    for c in range(n_chunks):
+                        carried = inboxes[stage].get() if stage else None
+                        if (stage and carried is None) or stop.is_set():
+                            return
+                        inboxes[stage + 1].put(self._step(stage, c, chunks, carried))
+                finished = True
+            except BaseException as exc:  # handed to the caller's thread, which raises it
+                errors.append(exc)
+                stop.set()
+            finally:
+                if not finished:
+                    inboxes[stage + 1].put(None)  # the next stage (or the caller) stops waiting
+
+        workers = [threading.Thread(target=worker, args=(s,), name=f"strata-stage-{s}", daemon=True)
+                   for s in range(n_stages)]
+        for w in workers:
+            w.start()
+        outputs = []
+        try:
+            for c in range(n_chunks):
+                logits = inboxes[n_stages].get()
+                if logits is None:
+                    break
+                outputs.append(self.transport.finish(logits))
+                if on_chunk_done is not None:
+                    on_chunk_done(c)
+        finally:
+            stop.set()  # a hook that raised: the stages stop after their current chunk
+            for w in workers:
+                w.join()
+        if errors:
+            raise errors[0]
         return outputs
 
 
@@ -138,5 +208,6 @@ def load_split(file, model_config, config, dtype: torch.dtype, n_ctx: int, kv_pe
             backends.append(ResidentExperts(stacks))
         else:  # this card's cache, sized to its memory, and its own CPU pool over its layers' host experts
             backends.append(offloaded_experts(stacks, card, devices[stage], config))
-    model.experts = SplitExperts(backends, split, pipeline.transport)
+    model.experts = SplitExperts(backends, split)
+    pipeline.card_experts = backends
     return plan, model, pipeline

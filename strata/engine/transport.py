@@ -9,6 +9,7 @@ host memory). On the CPU the same calls run in order and a send between CPU stag
 from __future__ import annotations
 
 import contextlib
+import threading
 from abc import ABC, abstractmethod
 
 import torch
@@ -41,6 +42,7 @@ class InProcessTransport(Transport):
         self.peer = [self._can_peer(a, b) for a, b in zip(self.devices, self.devices[1:])]
         self.sends = 0
         self.bytes_sent = 0
+        self._count = threading.Lock()  # stages may send from threads of their own
 
     @staticmethod
     def _can_peer(a: torch.device, b: torch.device) -> bool:
@@ -50,7 +52,12 @@ class InProcessTransport(Transport):
 
     def stage_context(self, stage: int):
         stream = self.streams[stage]
-        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        if stream is None:
+            return contextlib.nullcontext()
+        context = contextlib.ExitStack()
+        context.enter_context(torch.cuda.device(self.devices[stage]))  # Triton launches on the current device
+        context.enter_context(torch.cuda.stream(stream))
+        return context
 
     def begin(self) -> None:
         for device, stream in zip(self.devices, self.streams):
@@ -58,8 +65,9 @@ class InProcessTransport(Transport):
                 stream.wait_stream(torch.cuda.current_stream(device))
 
     def send(self, stage: int, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        self.sends += 1
-        self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+        with self._count:
+            self.sends += 1
+            self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
         return tuple(self._move(t, stage, stage + 1) for t in tensors)
 
     def _move(self, tensor: torch.Tensor, source: int, target: int) -> torch.Tensor:
