@@ -15,7 +15,8 @@ import threading
 import torch
 
 from strata.engine.context import ForwardContext
-from strata.engine.experts import ExpertBackend, ResidentExperts
+from strata.engine.cpu_pool import CPUExpertPool
+from strata.engine.experts import CachedExperts, ExpertBackend, ResidentExperts
 from strata.engine.offload import offloaded_experts
 from strata.engine.placement_split import LayerSplit, SplitPlan, parse_gpus, parse_layer_split, plan_split
 from strata.engine.prefill import ProgressClock, prompt_chunks
@@ -208,6 +209,19 @@ def load_split(file, model_config, config, dtype: torch.dtype, n_ctx: int, kv_pe
             backends.append(ResidentExperts(stacks))
         else:  # this card's cache, sized to its memory, and its own CPU pool over its layers' host experts
             backends.append(offloaded_experts(stacks, card, devices[stage], config))
+    share_cpu_pool([b for b in backends if isinstance(b, CachedExperts)])
     model.experts = SplitExperts(backends, split)
     pipeline.card_experts = backends
     return plan, model, pipeline
+
+
+def share_cpu_pool(backends: list[CachedExperts]) -> None:
+    """One CPU pool (one worker) serves every card's misses, each card its own layers' share: the cards share the
+    host's cores, and numba's parallel kernels must not run from two threads at once (its workqueue layer aborts)."""
+    if len(backends) < 2:
+        return
+    host = {layer: stack for b in backends for layer, stack in b.host_stacks.items()}
+    shared = CPUExpertPool(host)
+    for backend in backends:
+        backend.pool.close()
+        backend.pool = shared

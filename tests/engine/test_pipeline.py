@@ -74,6 +74,7 @@ def test_each_card_keeps_its_own_layers_cache_and_expert_cache(six_layers, one_c
     cards = engine.plan.cards
     assert [c.n_slots for c in cards] == [4, 8]  # 12 slots shared by the cards' 16 and 32 experts
     caches = [b.cache for b in engine.model.experts.backends]
+    assert engine.model.experts.backends[0].pool is engine.model.experts.backends[1].pool  # one pool, both cards' layers
     assert [c.n_slots for c in caches] == [4, 8]
     assert {layer for layer, _ in caches[0].slot_of} <= {0, 1} and {layer for layer, _ in caches[1].slot_of} <= {2, 3, 4, 5}
     want_logits, want_tokens = one_card["qwen3moe"]

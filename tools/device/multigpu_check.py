@@ -3,7 +3,7 @@
 `--gpus 0,0` runs two pipeline stages on one card (each on its own stream, the residual copied between them through
 the transport): speed means nothing there, correctness does. Rows: each architecture x split, resident experts
 (bound 1e-4 of the largest logit: the same kernels on the same rows, so in practice 0), the pinned-host staging path
-(peer copies off), and experts offloaded behind each card's own cache (bound 2e-2: misses run on the CPU pool,
+(peer copies off), int8 paged KV, and experts offloaded behind each card's own cache (bound 2e-2: misses run on the CPU pool,
 hits on the GPU, so the sums differ in bf16 rounding; tokens are counted, not required equal).
 Usage: python multigpu_check.py MODEL_DIR [GPUS] (GPUS default 0,0). Prints PASS/FAIL per row; exit 1 on a FAIL.
 """
@@ -59,6 +59,9 @@ def main() -> int:
         engine.cached_tokens = []
         staged_tokens = list(engine.generate(ids.tolist()[:64], SamplingParams(temperature=0), GEN))
         ok &= compare(f"{arch} --gpus {gpus} 4,4 via pinned host staging", one, (staged, staged_tokens), 1e-4)
+        _, *one_int8 = run(path, kv_dtype="int8")  # the paged int8 KV, one backend per card
+        _, *got = run(path, gpus=gpus, layer_split="3,5", kv_dtype="int8")
+        ok &= compare(f"{arch} --gpus {gpus} 3,5 --kv-dtype int8", one_int8, got, 1e-4)
         # Offloaded: 24 slots on one card against 12 + 12 on two stages (each its own cache and CPU pool).
         _, *one_cached = run(path, expert_cache=24)
         engine, *got = run(path, gpus=gpus, layer_split="4,4", expert_cache=24)
