@@ -17,7 +17,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.cpu_pool import CPUExpertPool
 from strata.engine.experts import CachedExperts, ExpertBackend, ResidentExperts
-from strata.engine.offload import offloaded_experts
+from strata.engine.offload import load_profile, offloaded_experts
 from strata.engine.placement_split import LayerSplit, SplitPlan, parse_gpus, parse_layer_split, plan_split
 from strata.engine.prefill import ProgressClock, prompt_chunks
 from strata.engine.transport import InProcessTransport, Transport
@@ -203,12 +203,14 @@ def load_split(file, model_config, config, dtype: torch.dtype, n_ctx: int, kv_pe
     model = load_model(file, devices[0], dtype, progress=config.progress, split=split)
     pipeline = Pipeline(model, split)
     backends = []
+    profile = load_profile(config.expert_profile, model.expert_stacks) if config.expert_profile else None
     for stage, card in enumerate(plan.cards):
         stacks = {layer: s for layer, s in model.expert_stacks.items() if split.stage_of(layer) == stage}
         if card.all_resident:
             backends.append(ResidentExperts(stacks))
-        else:  # this card's cache, sized to its memory, and its own CPU pool over its layers' host experts
-            backends.append(offloaded_experts(stacks, card, devices[stage], config))
+        else:  # this card's cache, sized to its memory, filled with its layers' share of the profile
+            ranking = None if profile is None else [key for key in profile if key[0] in stacks]
+            backends.append(offloaded_experts(stacks, card, devices[stage], config, ranking))
     share_cpu_pool([b for b in backends if isinstance(b, CachedExperts)])
     model.experts = SplitExperts(backends, split)
     pipeline.card_experts = backends

@@ -134,10 +134,11 @@ class SplitPlan:
     def chunk_room(self) -> int | None:
         """What a prompt chunk's activations may use: the least free memory of any card, within its budget."""
         rooms = []
+        devices = [c.device for c in self.cards]
         for card in self.cards:
             if not card.device.startswith("cuda"):
                 continue
-            free = torch.cuda.mem_get_info(torch.device(card.device))[0]
+            free = torch.cuda.mem_get_info(torch.device(card.device))[0] // devices.count(card.device)
             if card.budget is not None:
                 experts = card.expert_bytes if card.all_resident else card.n_slots * card.expert_bytes_each
                 free = min(free, card.budget - card.dense_bytes - card.kv_bytes - experts)
@@ -218,7 +219,7 @@ def plan_split(model: GGUFModelFile, config: ModelConfig, devices: tuple[torch.d
         raise StrataError(f"{model.path}: {n_main} layers cannot be split over {n_cards} cards")
     costs = _layer_costs(model, config, n_main, n_ctx, per_value)
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4  # as plan_placement: a generous bound for a chunk
-    budgets = [_budget(d, vram_budget_gib) for d in devices]
+    budgets = [_budget(d, vram_budget_gib, devices.count(d)) for d in devices]
 
     def fixed(card: int, begin: int, end: int) -> int:
         extra = (costs.first_extra if card == 0 else 0) + (costs.last_extra if card == n_cards - 1 else 0)
@@ -264,10 +265,11 @@ def plan_split(model: GGUFModelFile, config: ModelConfig, devices: tuple[torch.d
     return SplitPlan(tuple(cards), split)
 
 
-def _budget(device: torch.device, vram_budget_gib: float | None) -> int | None:
+def _budget(device: torch.device, vram_budget_gib: float | None, stages_on_it: int) -> int | None:
+    """--vram-budget per stage; else the card's free memory, shared by the stages it holds (`--gpus 0,0`)."""
     if vram_budget_gib is not None:
         return int(vram_budget_gib * GiB)
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    return torch.cuda.mem_get_info(device)[0] // stages_on_it if device.type == "cuda" else None
 
 
 def _share_slots(expert_cache: str | int, counts: list[int]) -> list[int] | None:

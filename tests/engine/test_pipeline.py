@@ -135,3 +135,15 @@ def test_an_error_in_a_stage_thread_is_raised_and_the_cache_starts_over(six_laye
     assert engine.cached_tokens == [] and engine.kv.length == 0
     engine.model.mixer = real
     assert engine.prefill(PROMPT).shape[-1] == engine.model.config.vocab_size
+
+
+def test_each_card_fills_its_cache_from_its_layers_share_of_the_routing_profile(six_layers, tmp_path):
+    import json
+
+    counts = {str(layer): [0] * 8 for layer in range(6)}
+    counts["4"][7], counts["1"][3], counts["5"][2] = 9, 5, 1  # the most routed experts: (4, 7), then (1, 3)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"counts": counts}))
+    engine = Engine(six_layers["qwen3moe"], EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="2,4",
+                                                         expert_cache=2, expert_profile=str(profile)))
+    assert [set(b.cache.slot_of) for b in engine.model.experts.backends] == [{(1, 3)}, {(4, 7)}]
