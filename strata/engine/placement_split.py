@@ -41,6 +41,8 @@ def parse_gpus(text: str) -> tuple[torch.device, ...]:
         elif device.type != "cpu":
             raise StrataError(f"--gpus: {name!r} is not a CUDA GPU or the CPU")
         devices.append(device)
+    if len({d.type for d in devices}) > 1:
+        raise StrataError(f"--gpus {text}: all CUDA GPUs or all CPU stand-ins, not a mix")
     return tuple(devices)
 
 

@@ -31,7 +31,7 @@ def _plan(path, budget=None, split="auto", n_ctx=65536, expert_cache="auto"):
 def test_gpus_and_layer_split_parse():
     assert parse_gpus("cpu,cpu") == CPU2
     assert parse_layer_split("auto") == "auto" and parse_layer_split("24,24") == (24, 24)
-    for bad in ("0", "cpu,", "cpu,mps"):
+    for bad in ("0", "cpu,", "cpu,mps", "cpu,cuda:0" if torch.cuda.is_available() else "cpu,x"):
         with pytest.raises(StrataError, match="--gpus"):
             parse_gpus(bad)
     for bad in ("24,0", "a,b", "24;24"):
