@@ -67,6 +67,11 @@ class Pipeline:
         self._lock = threading.Lock()
         if model.output is model.embed and self.devices[-1] != self.devices[0]:
             model.output = model.embed.to(self.devices[-1])  # a tied head reads its own copy on the last card
+        model.forward = self.forward  # every caller of the model's step (a verify window) runs through the stages
+
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The model's forward step, one chunk through every stage."""
+        return self.run([(ids, ctx)])[0]
 
     def stage_step(self, stage: int, ids: torch.Tensor, ctx: ForwardContext, carried):
         """Stage `stage`'s layers of one chunk: what goes to the next stage (h, cos, sin), or the last stage's logits
@@ -162,12 +167,17 @@ def run_prompt(engine, ids: list[int], start: int, all_logits: bool) -> torch.Te
     engine.cached_tokens = engine.cached_tokens[:start]
     spans = list(prompt_chunks(len(ids), engine.prefill_chunk, equal))
     device = engine.device
-    chunks = [(torch.tensor(ids[b:e], device=device), ForwardContext(engine.kv, start + b, e - b,
-                                                                        want_all_logits=all_logits)) for b, e in spans]
+    want_hidden = engine.spec is not None and engine.spec.wants_hidden
+    chunks = [(torch.tensor(ids[b:e], device=device),
+               ForwardContext(engine.kv, start + b, e - b, want_all_logits=all_logits, want_hidden=want_hidden))
+              for b, e in spans]
 
     def chunk_done(c: int) -> None:
-        engine.cached_tokens += ids[spans[c][0]:spans[c][1]]
-        clock.chunk_done(spans[c][1])
+        (begin, end), ctx = spans[c], chunks[c][1]
+        engine.cached_tokens += ids[begin:end]
+        if want_hidden:
+            engine.spec.saw_hidden(start + begin, ctx.hidden)
+        clock.chunk_done(end)
 
     try:
         engine._kv_backend().reserve(start + len(ids))  # grown once here: no stage reallocates a cache another is using
@@ -185,8 +195,6 @@ def check_split_options(config) -> None:
     if config.qsa != "none" or config.kv_resident is not None:
         raise StrataError("--gpus does not run --qsa quest or --kv-resident yet (one KV backend per card is dense "
                           "or int8 paged)")
-    if config.spec != 1:
-        raise StrataError("--gpus does not run --spec yet (the MTP block reads the embedding of the first card)")
     if config.decode_graphs == "on":
         raise StrataError("--gpus decodes step by step through the cards: CUDA graph decode is off for a split")
 

@@ -192,7 +192,8 @@ class Qwen3NextLM(DecoderLM):
     def new_mtp_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
         """Keys and values of the MTP blocks' attention (one slot per block), apart from the trunk's cache."""
         c = self.config
-        return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, self.device)
+        on = self.mtp[0].eh_proj.device if self.mtp else self.device  # beside the blocks (a split: the last card)
+        return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, on)
 
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
         return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin)
@@ -230,11 +231,12 @@ class Qwen3NextLM(DecoderLM):
         if not self.mtp:
             raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
         w, c = self.mtp[block], self.config
-        embedded = rms_norm(self.embed_tokens(ids), w.enorm, c.rms_eps)
-        x = linear(torch.cat((embedded, rms_norm(hidden.to(self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
+        on = w.eh_proj.device  # a layer split keeps the MTP blocks with the head, on the last card
+        embedded = rms_norm(self.embed_tokens(ids).to(on), w.enorm, c.rms_eps)
+        x = linear(torch.cat((embedded, rms_norm(hidden.to(on, self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
         ctx = ForwardContext(cache, start, ids.shape[0])
         cache.reserve(start + ids.shape[0])
-        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
+        cos, sin = (t.to(on) for t in self.rope.cos_sin(ctx.positions(self.device), self.dtype))
         x = x + self._gated_attention(w.attention, block, x, ctx, cos, sin)
         x = x + self._ffn(self.n_main + block, x, w.ffn)
         out = rms_norm(x, w.shared_head_norm if w.shared_head_norm is not None else self.output_norm, c.rms_eps)

@@ -147,3 +147,24 @@ def test_each_card_fills_its_cache_from_its_layers_share_of_the_routing_profile(
     engine = Engine(six_layers["qwen3moe"], EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="2,4",
                                                          expert_cache=2, expert_profile=str(profile)))
     assert [set(b.cache.slot_of) for b in engine.model.experts.backends] == [{(1, 3)}, {(4, 7)}]
+
+
+@pytest.fixture(scope="module")
+def six_layers_mtp(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "six-qwen3next-mtp.gguf", arch="qwen3next", preset="tiny", quant="Q8_0", n_layers=6,
+                      nextn_layers=1)
+
+
+@pytest.mark.parametrize("spec", [dict(spec=3), dict(spec=3, suffix_draft=2)])
+def test_verify_windows_cross_the_cards_and_keep_greedy_tokens(six_layers_mtp, spec):
+    """--spec on a split: the MTP block (with the head on the last card) drafts, each verify window goes through
+    every stage once, rejected rows roll back on each card: the tokens of plain greedy decoding on one card."""
+    prompt = PROMPT[:12] + PROMPT[:12]  # a repeat, so prompt lookup has something to draft from
+    plain = list(Engine(six_layers_mtp, EngineConfig(device="cpu")).generate(prompt, SamplingParams(temperature=0), 12))
+    engine = Engine(six_layers_mtp, EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="2,4", **spec))
+    sends = engine.pipeline.transport.sends
+    assert list(engine.generate(prompt, SamplingParams(temperature=0), 12)) == plain
+    windows = engine.spec.stats.windows
+    assert windows > 0 and engine.pipeline.transport.sends - sends == 1 + windows  # the prompt, then one per window

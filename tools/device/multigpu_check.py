@@ -3,7 +3,7 @@
 `--gpus 0,0` runs two pipeline stages on one card (each on its own stream, the residual copied between them through
 the transport): speed means nothing there, correctness does. Rows: each architecture x split, resident experts
 (bound 1e-4 of the largest logit: the same kernels on the same rows, so in practice 0), the pinned-host staging path
-(peer copies off), int8 paged KV, and experts offloaded behind each card's own cache (bound 2e-2: misses run on the CPU pool,
+(peer copies off), int8 paged KV, --spec verify windows (tokens equal), and experts offloaded behind each card's own cache (bound 2e-2: misses run on the CPU pool,
 hits on the GPU, so the sums differ in bf16 rounding; tokens are counted, not required equal).
 Usage: python multigpu_check.py MODEL_DIR [GPUS] (GPUS default 0,0). Prints PASS/FAIL per row; exit 1 on a FAIL.
 """
@@ -67,6 +67,19 @@ def main() -> int:
         engine, *got = run(path, gpus=gpus, layer_split="4,4", expert_cache=24)
         print("     " + "\n     ".join(engine.plan.describe().splitlines()))
         ok &= compare(f"{arch} --gpus {gpus} 4,4 offloaded, 24 slots", one_cached, got, 2e-2, tokens_must_match=False)
+    # Speculative decoding: verify windows through the stages, the MTP block on the last card, against one card.
+    path = make_model(f"{root}/split-qwen3next-mtp.gguf", arch="qwen3next", preset="small", quant="Q4_K", nextn_layers=1)
+    runs = []
+    for options in (dict(), dict(gpus=gpus, layer_split="3,5")):
+        engine = Engine(path, EngineConfig(device="cuda:0", decode_graphs="off", checkpoints=0, spec=3, suffix_draft=2,
+                                           **options))
+        vocab = engine.model.config.vocab_size  # a repeated prompt: prompt lookup drafts too
+        prompt = torch.randint(10, vocab, (48,), generator=torch.Generator().manual_seed(2)).tolist() * 2
+        runs.append(list(engine.generate(prompt, SamplingParams(temperature=0), 48)))
+    same = sum(a == b for a, b in zip(*runs))
+    ok &= same == len(runs[0])
+    print(f"{'PASS' if same == len(runs[0]) else 'FAIL'} qwen3next --spec 3 --suffix-draft 2 --gpus {gpus} 3,5: greedy "
+          f"tokens equal to one card's {same}/{len(runs[0])} ({engine.spec.stats.tokens_per_window:.2f} per window)")
     print("ALL PASS" if ok else "SOME FAIL")
     return 0 if ok else 1
 
