@@ -119,9 +119,8 @@ class Engine:
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
         if config.checkpoints < 0 or config.checkpoint_gib < 0:
             raise StrataError("checkpoints and checkpoint_gib must be >= 0")
-        # A split's per-card caches are not checkpointed yet: each new conversation reads its prompt whole.
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
-            if config.checkpoints and self.pipeline is None else None
+            if config.checkpoints else None
         own_selection = config.qsa != "none" or config.kv_resident is not None
         if own_selection and config.decode_graphs == "on":
             raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "

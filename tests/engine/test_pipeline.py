@@ -168,3 +168,18 @@ def test_verify_windows_cross_the_cards_and_keep_greedy_tokens(six_layers_mtp, s
     assert list(engine.generate(prompt, SamplingParams(temperature=0), 12)) == plain
     windows = engine.spec.stats.windows
     assert windows > 0 and engine.pipeline.transport.sends - sends == 1 + windows  # the prompt, then one per window
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_a_split_restores_a_conversation_checkpoint_card_by_card(six_layers, arch):
+    """Another conversation takes the cache; the follow-up restores each card's keys (and states) and reads only
+    its new tokens: the logits of continuing the live cache, bit for bit."""
+    a, b = PROMPT[:20], PROMPT[30:50]
+    engine = Engine(six_layers[arch], EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="4,2"))
+    engine.prefill(a)
+    engine.prefill(b)
+    restored = engine.prefill(a + PROMPT[20:26])
+    assert engine.checkpoints.stats.restored == 1 and engine.checkpoints.stats.restored_tokens == len(a)
+    live = Engine(six_layers[arch], EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="4,2"))
+    live.prefill(a)
+    assert torch.equal(live.prefill(a + PROMPT[20:26]), restored)
