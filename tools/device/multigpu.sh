@@ -4,7 +4,8 @@
 # card: tokens and logits per architecture and split (tools/device/multigpu_check.py), then `strata bench prompt` /
 # `bench decode` through --gpus 0,0 so the CLI paths run on CUDA. With two or more GPUs visible: `strata bench
 # prompt` and `bench decode` with --gpus 0,1 against one card at the same total --vram-budget (Qwen3-30B-A3B shape,
-# Q4_0; experts offloaded: BUDGET GiB per card vs 2 x BUDGET on one; ALL=1 adds all resident); ONE=1 forces the
+# Q4_0; experts offloaded: BUDGET GiB per card vs 2 x BUDGET on one; ALL=1 adds all resident; PREFILL sets the
+# prompt chunk); ONE=1 forces the
 # one-card part. Run from the repo root with .whl carried (gguf); logs to $OUT (a tarball + summary.txt); each part
 # under 8 minutes.
 set -uo pipefail
@@ -12,6 +13,7 @@ source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M; L=/tmp/multigpu_logs; mkdir -p $L
 BUDGET=${BUDGET:-8}
+PREFILL=${PREFILL:-auto}  # e.g. 1024: several chunks of a 4096-token prompt in flight across the cards
 N=$(nvidia-smi -L | wc -l)
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git rev-parse --short HEAD 2>/dev/null; echo "gpus $N"; } \
   2>&1 | tee "$OUT/summary.txt"
@@ -37,7 +39,7 @@ else  # two or more cards: parity across real cards, then the speed comparison a
   for pair in "${PAIRS[@]}"; do
     opts=${pair%%|*}; name=${pair##*|}
     echo "== $name: $opts" | tee -a $L/bench_two.txt "$OUT/summary.txt"
-    timeout 60 python3 -m strata bench prompt $M/a3b.gguf $opts --ctx 4096 2>&1 | tee -a $L/bench_two.txt | grep "tok/s" | tee -a "$OUT/summary.txt"
+    timeout 60 python3 -m strata bench prompt $M/a3b.gguf $opts --ctx 4096 --prefill $PREFILL 2>&1 | tee -a $L/bench_two.txt | grep "tok/s" | tee -a "$OUT/summary.txt"
     timeout 40 python3 -m strata bench decode $M/a3b.gguf $opts --tokens 32 2>&1 | tee -a $L/bench_two.txt | grep "^decode" | tee -a "$OUT/summary.txt"
   done
 fi
