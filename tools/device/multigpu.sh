@@ -5,9 +5,8 @@
 # `bench decode` through --gpus 0,0 so the CLI paths run on CUDA. With two or more GPUs visible: `strata bench
 # prompt` and `bench decode` with --gpus 0,1 against one card at the same total --vram-budget (Qwen3-30B-A3B shape,
 # Q4_0; experts offloaded: BUDGET GiB per card vs 2 x BUDGET on one; ALL=1 adds all resident; PREFILL sets the
-# prompt chunk); ONE=1 forces the
-# one-card part. Run from the repo root with .whl carried (gguf); logs to $OUT (a tarball + summary.txt); each part
-# under 8 minutes.
+# prompt chunk); ONE=1 forces the one-card part. Run from the repo root with .whl carried (gguf); logs to $OUT (a
+# tarball + summary.txt); each part under 8 minutes.
 set -uo pipefail
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
