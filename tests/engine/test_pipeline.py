@@ -183,3 +183,22 @@ def test_a_split_restores_a_conversation_checkpoint_card_by_card(six_layers, arc
     live = Engine(six_layers[arch], EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="4,2"))
     live.prefill(a)
     assert torch.equal(live.prefill(a + PROMPT[20:26]), restored)
+
+
+def test_a_progress_hook_that_stops_the_prompt_leaves_a_cache_that_starts_over(six_layers, one_card):
+    """A cancelled request: the hook raises after the first chunk while later chunks are already in the first
+    stages; the cache forgets the prompt, and the next one reads as on one card."""
+    engine = Engine(six_layers["qwen3moe"], EngineConfig(device="cpu", prefill_chunk=16, gpus="cpu,cpu"))
+    engine.pipeline.threads = True
+
+    def cancel(progress):
+        raise KeyboardInterrupt
+
+    engine.on_prefill_progress = cancel
+    with pytest.raises(KeyboardInterrupt):
+        engine.prefill(PROMPT)
+    assert engine.cached_tokens == []
+    engine.on_prefill_progress = None
+    want_logits, _ = one_card["qwen3moe"]
+    got = engine.logits(PROMPT)
+    assert (got - want_logits).abs().max() <= BOUND * want_logits.abs().max()
