@@ -49,7 +49,11 @@ def _kv_resident_arg(p: argparse.ArgumentParser) -> None:
 
 def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram-budget", type=float, default=None, metavar="GIB",
-                   help="behave as if the GPU had this much memory (default: what is free)")
+                   help="behave as if the GPU (with --gpus: each card) had this much memory (default: what is free)")
+    p.add_argument("--gpus", default=None, metavar="LIST",
+                   help="split the layers over these cards, e.g. 0,1 (each caches its own layers' experts)")
+    p.add_argument("--layer-split", default="auto", metavar="auto|K1,K2",
+                   help="with --gpus: layers per card, or auto (by each card's memory after its dense weights)")
     p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
     p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
@@ -66,8 +70,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
-                   cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile, prefill_stream=args.prefill_stream,
-                   decode_graphs="auto" if args.graphs else "off")
+                   cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile,
+                   prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
+                   layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
     return options
@@ -183,7 +188,7 @@ def cmd_info(args) -> None:
     print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
         print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
-                            args.kv_dtype, args.kv_resident))
+                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split))
 
 
 def cmd_profile(args) -> None:

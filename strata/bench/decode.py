@@ -25,10 +25,10 @@ def bench_decode(args, placement: dict) -> None:
         next(tokens)
     decoder = engine.decoder
     spans_before = len(decoder.programs) if decoder is not None else 0
-    offloaded = isinstance(backend, CachedExperts)
+    cached = [b for b in getattr(backend, "backends", [backend]) if isinstance(b, CachedExperts)]  # a split: per card
+    offloaded = bool(cached)
     if offloaded:
-        cache, pool = backend.cache, backend.pool
-        before = (cache.stats.hits, cache.stats.misses, pool.stats.bytes, pool.stats.seconds, backend.pcie_bytes)
+        before = _counters(cached)
     sync(device)
     start = time.perf_counter()
     steps = []
@@ -56,9 +56,7 @@ def bench_decode(args, placement: dict) -> None:
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
-    hits, misses = cache.stats.hits - before[0], cache.stats.misses - before[1]
-    cpu_bytes, cpu_seconds = pool.stats.bytes - before[2], pool.stats.seconds - before[3]
-    pcie_bytes = backend.pcie_bytes - before[4]
+    hits, misses, cpu_bytes, cpu_seconds, pcie_bytes = (a - b for a, b in zip(_counters(cached), before))
     cpu_rate = copy_bandwidth(torch.device("cpu")) / 2
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
@@ -73,3 +71,10 @@ def bench_decode(args, placement: dict) -> None:
     }
     bound, floor = max(parts.items(), key=lambda kv: kv[1])
     print(f"floor      {floor * 1e3:.2f} ms/token ({bound}); decode is {seconds / n / floor:.1f}x the floor")
+
+
+def _counters(backends: list[CachedExperts]) -> tuple:
+    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes) summed over the cards' offloaded backends."""
+    pools = list({id(b.pool): b.pool for b in backends}.values())  # a split's cards share one pool
+    return (sum(b.cache.stats.hits for b in backends), sum(b.cache.stats.misses for b in backends),
+            sum(p.stats.bytes for p in pools), sum(p.stats.seconds for p in pools), sum(b.pcie_bytes for b in backends))

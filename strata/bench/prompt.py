@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -32,8 +33,20 @@ def parse_contexts(text: str) -> list[int]:
 
 
 def _streamer(engine: Engine):
-    backend = engine.model.experts
-    return backend.prompt if isinstance(backend, CachedExperts) else None
+    """The offloaded prompt streamer; a split's cards' streamers as one (their counters summed)."""
+    backends = getattr(engine.model.experts, "backends", [engine.model.experts])
+    streamers = [b.prompt for b in backends if isinstance(b, CachedExperts) and b.prompt is not None]
+    if len(streamers) < 2:
+        return streamers[0] if streamers else None
+    return SimpleNamespace(stats=_SummedStats([s.stats for s in streamers]))
+
+
+class _SummedStats:
+    def __init__(self, parts):
+        self.parts = parts
+
+    def __getattr__(self, name):
+        return sum(getattr(p, name) for p in self.parts)
 
 
 def time_prompt(engine: Engine, n_tokens: int, reps: int, seed: int) -> list[float]:

@@ -26,6 +26,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import KVCache
 from strata.engine.kv_paged import PagedInt8KV
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
+from strata.engine.split_cache import SplitKV
 from strata.kernels.attention.paged import PAGE
 
 
@@ -164,19 +165,33 @@ def _restore_qwen4exp(cache: Qwen4ExpCache, saved) -> None:
         restore(cache.mtp_kv, mtp)
 
 
+def _snapshot_split(cache: SplitKV, n: int):
+    """A layer split: each card's backend copied as its kind is."""
+    parts = [snapshot(backend, n) for backend in cache.backends]
+    return [state for state, _ in parts], sum(n_bytes for _, n_bytes in parts)
+
+
+def _restore_split(cache: SplitKV, states) -> None:
+    for backend, state in zip(cache.backends, states):
+        restore(backend, state)
+
+
 _KINDS: dict[type, tuple[Callable, Callable]] = {
     KVCache: (_snapshot_dense, _restore_dense),
     PagedInt8KV: (_snapshot_paged, _restore_paged),
     HybridCache: (_snapshot_hybrid, _restore_hybrid),
     Qwen4ExpCache: (_snapshot_qwen4exp, _restore_qwen4exp),
+    SplitKV: (_snapshot_split, _restore_split),
 }
 
 
 def supports(cache) -> bool:
-    """A cache of a kind this file can copy (a hybrid one also needs its KV part to be such a kind)."""
+    """A cache of a kind this file can copy (a hybrid one also needs its KV part, a split each card's, to be one)."""
     if type(cache) not in _KINDS:  # exact types: a subclass may hold state its base class's copy would miss
         return False
-    return type(cache.kv) in _KINDS if isinstance(cache, HybridCache) else True
+    if isinstance(cache, SplitKV):
+        return all(supports(backend) for backend in cache.backends)
+    return supports(cache.kv) if isinstance(cache, HybridCache) else True
 
 
 def snapshot(cache, n: int):

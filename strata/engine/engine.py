@@ -52,6 +52,8 @@ class EngineConfig:
     spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
     suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
     decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
+    gpus: str | None = None  # layers split over these cards ("0,1"; "cpu,cpu" in tests): engine/pipeline.py
+    layer_split: str = "auto"  # with gpus: "auto" (by each card's memory) or layer counts per card ("24,24")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -66,6 +68,12 @@ class EngineConfig:
         return _dtype(name, "dtype")
 
 
+def _first_card(gpus: str) -> torch.device:
+    from strata.engine.placement_split import parse_gpus
+
+    return parse_gpus(gpus)[0]
+
+
 def _dtype(name: str, what: str) -> torch.dtype:
     if name not in DTYPES:
         raise StrataError(f"{what} {name!r} is not one of {', '.join(DTYPES)}")
@@ -77,7 +85,7 @@ class Engine:
         self.config = config
         self.file = GGUFModelFile(path)
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata, source=str(self.file.path))
-        self.device = config.resolve_device()
+        self.device = config.resolve_device() if not config.gpus else _first_card(config.gpus)
         self.dtype = config.resolve_dtype(self.device)
         model_config = config_of(self.file)
         self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
@@ -90,13 +98,20 @@ class Engine:
             raise StrataError(f"qsa {config.qsa!r} is not one of {', '.join(QSA_KINDS)}")
         if not 0 <= config.pcie_frac <= 1:
             raise StrataError(f"pcie_frac must be in [0, 1], got {config.pcie_frac}")
-        self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
-                                   config.vram_budget, config.expert_cache, config.kv_resident)
-        # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
-        offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
-        self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
-        if offload:
-            self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
+        self.pipeline = None  # a layer split over several cards (engine/pipeline.py)
+        if config.gpus:
+            from strata.engine.pipeline import load_split
+
+            self.plan, self.model, self.pipeline = load_split(self.file, model_config, config, self.dtype, self.n_ctx,
+                                                              kv_bytes_per_value(kv_dtype))
+        else:
+            self.plan = plan_placement(self.file, model_config, self.device, self.n_ctx, kv_bytes_per_value(kv_dtype),
+                                       config.vram_budget, config.expert_cache, config.kv_resident)
+            # Experts that do not all fit stay on the host (memory-mapped) and go behind the cache.
+            offload = {} if self.plan.all_resident else {"expert_device": torch.device("cpu")}
+            self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
+            if offload:
+                self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
         self.kv = self.model.new_cache(self.n_ctx, ResidentKind(config.kv_resident) if config.kv_resident else kv_dtype)
         if config.qsa == "quest":
             backend = self._kv_backend()
@@ -112,7 +127,7 @@ class Engine:
             raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "
                               "densely from VRAM): use decode_graphs off")
         self.decoder = make_decoder(self.model, self.kv, self.device,  # None: step by step
-                                    "off" if own_selection else config.decode_graphs)
+                                    "off" if own_selection or self.pipeline else config.decode_graphs)
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
@@ -136,6 +151,8 @@ class Engine:
     @torch.inference_mode()
     def _free_device_bytes(self) -> int | None:
         """What a prompt chunk's activations may use: the device's free memory, within the VRAM budget if one was set."""
+        if self.pipeline is not None:
+            return self.plan.chunk_room()
         if self.device.type != "cuda":
             return None
         free = torch.cuda.mem_get_info(self.device)[0]
@@ -146,6 +163,10 @@ class Engine:
         return max(free, 0)
 
     def _forward(self, ids: list[int], start: int, all_logits: bool) -> torch.Tensor:
+        if self.pipeline is not None:
+            from strata.engine.pipeline import run_prompt
+
+            return run_prompt(self, ids, start, all_logits)
         outputs = []
         clock = ProgressClock(len(ids), self.on_prefill_progress if len(ids) > 1 else None)
         equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size

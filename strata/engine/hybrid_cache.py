@@ -20,16 +20,20 @@ class HybridCache:
 
     def __init__(self, recurrent_layers: tuple[bool, ...], n_kv_heads: int, head_dim: int,
                  conv_shape: tuple[int, int], state_shape: tuple[int, int, int], max_tokens: int,
-                 kv_dtype: str | torch.dtype, conv_dtype: torch.dtype, device: torch.device):
+                 kv_dtype: str | torch.dtype, conv_dtype: torch.dtype, device: torch.device,
+                 layer_devices: list[torch.device] | None = None, kv=None):
+        """A layer split across cards (engine/split_cache.py) gives each layer's device and the attention layers'
+        KV backend (`kv`, over their slots in order)."""
         self.recurrent_layers = tuple(recurrent_layers)
         self.conv_shape, self.state_shape = tuple(conv_shape), tuple(state_shape)
         attention = [i for i, recurrent in enumerate(self.recurrent_layers) if not recurrent]
         self.kv_slot = {layer: slot for slot, layer in enumerate(attention)}
-        self.kv = new_kv_cache(kv_dtype, len(attention), n_kv_heads, head_dim, max_tokens, device)
+        self.kv = kv or new_kv_cache(kv_dtype, len(attention), n_kv_heads, head_dim, max_tokens, device)
         recurrent = [i for i, r in enumerate(self.recurrent_layers) if r]
-        self.conv = {i: torch.zeros(self.conv_shape, dtype=conv_dtype, device=device) for i in recurrent}
+        on = layer_devices or [device] * len(self.recurrent_layers)
+        self.conv = {i: torch.zeros(self.conv_shape, dtype=conv_dtype, device=on[i]) for i in recurrent}
         # The state accumulates over the whole sequence: float32 whatever the activations are.
-        self.state = {i: torch.zeros(self.state_shape, dtype=torch.float32, device=device) for i in recurrent}
+        self.state = {i: torch.zeros(self.state_shape, dtype=torch.float32, device=on[i]) for i in recurrent}
         self.length = 0  # tokens the states have seen
         self.window_start = 0  # the last step's first position
         self.window_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (conv, state) after each row

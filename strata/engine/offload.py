@@ -41,10 +41,15 @@ def load_profile(path: str, stacks: dict[int, ExpertStack]) -> list[Key]:
     return keys
 
 
-def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, device: torch.device, config) -> CachedExperts:
+def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, device: torch.device, config,
+                      ranking: list[Key] | None = None) -> CachedExperts:
+    """`ranking`: the experts to fill the cache with, in order (a split's card: its layers' share of the profile);
+    by default the routing profile of config.expert_profile, else an even spread."""
     host = pinned(stacks) if device.type == "cuda" and config.pin_experts else stacks
     cache = ExpertCache(host, plan.n_slots, device)  # with 0 slots it still counts every routing as a miss
-    cache.fill(load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking())
+    if ranking is None:
+        ranking = load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking()
+    cache.fill(ranking)
     return CachedExperts(host, cache, CPUExpertPool(host, config.cpu_threads), device, config.pcie_frac,
                          prompt_streamer(host, cache, device, config.prefill_stream))
 

@@ -34,6 +34,7 @@ def config_of(model: GGUFModelFile) -> ModelConfig:
 
 
 def load_model(model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False, **placement):
-    """`placement` may name an `expert_device` for the routed experts (the host, when they are offloaded)."""
+    """`placement` may name an `expert_device` for the routed experts (the host, when they are offloaded), or a
+    `split` (engine/placement_split.LayerSplit) placing each layer on its card."""
     config = config_of(model)
     return model_class(config.arch)(config, model, device, dtype, progress=progress, **placement)

@@ -50,10 +50,12 @@ class FFNWeights:
 class WeightLoader:
     """Fetches tensors by llama.cpp name, checks their shapes, and places them on the device."""
 
-    def __init__(self, model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False):
+    def __init__(self, model: GGUFModelFile, device: torch.device, dtype: torch.dtype, progress: bool = False,
+                 split=None):
+        """`split`: a LayerSplit (engine/placement_split.py) placing each layer's tensors on its card."""
         from tqdm import tqdm
 
-        self.model, self.device, self.dtype = model, device, dtype
+        self.model, self.device, self.dtype, self.split = model, device, dtype, split
         total = sum(t.n_bytes for t in model.tensors.values())
         self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading", disable=None if progress else True, leave=False)
 
@@ -64,12 +66,15 @@ class WeightLoader:
         self.bar.update(info.n_bytes)
         return info
 
+    def device_of(self, name: str) -> torch.device:
+        return self.device if self.split is None else self.split.device_of_tensor(name)
+
     def quant(self, name: str, *shape: int, device: torch.device | None = None) -> QuantWeight:
-        return QuantWeight.from_info(self._info(name, shape), device or self.device)
+        return QuantWeight.from_info(self._info(name, shape), device or self.device_of(name))
 
     def dense(self, name: str, *shape: int) -> torch.Tensor:
         """A small tensor (norm, bias) dequantized once into the compute dtype."""
-        return QuantWeight.from_info(self._info(name, shape), self.device).dequantize(self.dtype)
+        return QuantWeight.from_info(self._info(name, shape), self.device_of(name)).dequantize(self.dtype)
 
     def optional_dense(self, name: str, *shape: int) -> torch.Tensor | None:
         return self.dense(name, *shape) if name in self.model.tensors else None
@@ -82,9 +87,10 @@ class DecoderLM:
     """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
-        self.config, self.device, self.dtype = config, device, dtype
-        c, load = config, WeightLoader(model, device, dtype, progress)
+                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
+                 split=None):
+        self.config, self.device, self.dtype, self.split = config, device, dtype, split
+        c, load = config, WeightLoader(model, device, dtype, progress, split)
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
         self.output_norm = load.dense("output_norm.weight", c.n_embd)
         self.output = self.embed if c.tied_embeddings else load.quant("output.weight", c.vocab_size, c.n_embd)
@@ -137,6 +143,10 @@ class DecoderLM:
     def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
         """The KV backend named by kv_dtype (engine/kv.py): "float16", "bfloat16", "float32", "int8"."""
         c = self.config
+        if self.split is not None:  # each card keeps its own layers' keys and values
+            from strata.engine.split_cache import split_kv
+
+            return split_kv(kv_dtype, list(range(c.n_layers)), self.split, c.n_kv_heads, c.head_dim, max_tokens)
         return new_kv_cache(kv_dtype, c.n_layers, c.n_kv_heads, c.head_dim, max_tokens, self.device)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models import config_of
 
@@ -62,16 +63,25 @@ def describe(path: str, n_ctx: int, kv_dtype: str = "float16") -> str:
 
 
 def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None, expert_cache,
-                  kv_dtype: str = "float16", kv_resident: int | None = None) -> str:
-    """Where each part of the model would live on `device` (see strata.engine.placement)."""
+                  kv_dtype: str = "float16", kv_resident: int | None = None, gpus: str | None = None,
+                  layer_split: str = "auto") -> str:
+    """Where each part of the model would live on `device`, or on each card of `gpus` (strata.engine.placement*)."""
     from strata.engine.engine import EngineConfig
     from strata.engine.kv import check_kind, kv_bytes_per_value
     from strata.engine.placement import plan_placement
 
     model = GGUFModelFile(path)
-    resolved = EngineConfig(device=device).resolve_device()
     config = config_of(model)
     per_value = kv_bytes_per_value(check_kind(kv_dtype, config.head_dim))
+    if gpus:
+        from strata.engine.placement_split import parse_gpus, parse_layer_split, plan_split
+
+        if kv_resident:
+            raise StrataError("--gpus does not run --kv-resident yet")
+        split = plan_split(model, config, parse_gpus(gpus), n_ctx, per_value, vram_budget,
+                           parse_layer_split(layer_split), expert_cache)
+        return f"placement plan ({kv_dtype} KV):\n" + "\n".join("  " + line for line in split.describe().splitlines())
+    resolved = EngineConfig(device=device).resolve_device()
     plan = plan_placement(model, config, resolved, n_ctx, per_value, vram_budget, expert_cache, kv_resident)
     resident = f", {kv_resident} cells per layer on the device" if kv_resident else ""
     return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in plan.describe().splitlines())

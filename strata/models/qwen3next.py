@@ -59,11 +59,12 @@ class Qwen3NextLM(DecoderLM):
     """Token ids in, logits out; GatedDeltaNet states and attention keys/values live in a HybridCache."""
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
-        self.config, self.device, self.dtype = config, device, dtype
+                 experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
+                 split=None):
+        self.config, self.device, self.dtype, self.split = config, device, dtype, split
         self.expert_device = expert_device  # where the routed experts are loaded (the host when offloaded)
         self.source = str(model.path)
-        c, load = config, WeightLoader(model, device, dtype, progress)
+        c, load = config, WeightLoader(model, device, dtype, progress, split)
         if not c.is_hybrid:
             raise StrataError(f"{model.path}: {c.arch} needs the ssm.* metadata fields (ssm.inner_size is missing)")
         if not c.is_moe:
@@ -178,13 +179,21 @@ class Qwen3NextLM(DecoderLM):
 
     def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> HybridCache:
         c = self.config
+        placed = {}
+        if self.split is not None:  # each card keeps its own layers' states, keys and values
+            from strata.engine.split_cache import split_kv
+
+            attention = [i for i, r in enumerate(self.recurrent) if not r]
+            placed = dict(layer_devices=[self.split.devices[self.split.stage_of(i)] for i in range(self.n_main)],
+                          kv=split_kv(kv_dtype, attention, self.split, c.n_kv_heads, c.head_dim, max_tokens))
         return HybridCache(self.recurrent, c.n_kv_heads, c.head_dim, self.gdn.conv_state_shape, self.gdn.state_shape,
-                           max_tokens, kv_dtype, self.dtype, self.device)
+                           max_tokens, kv_dtype, self.dtype, self.device, **placed)
 
     def new_mtp_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
         """Keys and values of the MTP blocks' attention (one slot per block), apart from the trunk's cache."""
         c = self.config
-        return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, self.device)
+        on = self.mtp[0].eh_proj.device if self.mtp else self.device  # beside the blocks (a split: the last card)
+        return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, on)
 
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
         return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin)
@@ -222,11 +231,12 @@ class Qwen3NextLM(DecoderLM):
         if not self.mtp:
             raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
         w, c = self.mtp[block], self.config
-        embedded = rms_norm(self.embed_tokens(ids), w.enorm, c.rms_eps)
-        x = linear(torch.cat((embedded, rms_norm(hidden.to(self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
+        on = w.eh_proj.device  # a layer split keeps the MTP blocks with the head, on the last card
+        embedded = rms_norm(self.embed_tokens(ids).to(on), w.enorm, c.rms_eps)
+        x = linear(torch.cat((embedded, rms_norm(hidden.to(on, self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
         ctx = ForwardContext(cache, start, ids.shape[0])
         cache.reserve(start + ids.shape[0])
-        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
+        cos, sin = (t.to(on) for t in self.rope.cos_sin(ctx.positions(self.device), self.dtype))
         x = x + self._gated_attention(w.attention, block, x, ctx, cos, sin)
         x = x + self._ffn(self.n_main + block, x, w.ffn)
         out = rms_norm(x, w.shared_head_norm if w.shared_head_norm is not None else self.output_norm, c.rms_eps)

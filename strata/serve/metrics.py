@@ -45,10 +45,13 @@ def gpu_memory_bytes(engine) -> dict | None:
 
 
 def expert_cache_hit_rate(engine) -> float:
-    """The GPU expert cache's hit rate since start; NaN where the experts are all resident (no cache)."""
-    cache = getattr(getattr(engine.model, "experts", None), "cache", None)
-    rate = getattr(getattr(cache, "stats", None), "hit_rate", None)
-    return float(rate) if isinstance(rate, (int, float)) else math.nan
+    """The GPU expert cache's hit rate since start (a layer split: over its cards' caches); NaN where the experts are
+    all resident (no cache)."""
+    experts = getattr(engine.model, "experts", None)
+    caches = [getattr(b, "cache", None) for b in getattr(experts, "backends", [experts])]
+    stats = [c.stats for c in caches if isinstance(getattr(getattr(c, "stats", None), "hits", None), int)]
+    lookups = sum(s.hits + s.misses for s in stats)
+    return sum(s.hits for s in stats) / lookups if lookups else math.nan
 
 
 def checkpoint_figures(engine) -> tuple[int, int]:

@@ -1,0 +1,88 @@
+"""A layer split on the GPU against one card: the same logits (bound stated per row) and the same greedy tokens.
+
+`--gpus 0,0` runs two pipeline stages on one card (each on its own stream, the residual copied between them through
+the transport): speed means nothing there, correctness does. Rows: each architecture x split, resident experts
+(bound 1e-4 of the largest logit: the same kernels on the same rows, so in practice 0), the pinned-host staging path
+(peer copies off), int8 paged KV, --spec verify windows (tokens equal), and experts offloaded behind each card's own cache (bound 2e-2: misses run on the CPU pool,
+hits on the GPU, so the sums differ in bf16 rounding; tokens are counted, not required equal).
+Usage: python multigpu_check.py MODEL_DIR [GPUS] (GPUS default 0,0). Prints PASS/FAIL per row; exit 1 on a FAIL.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.sampling import SamplingParams
+from strata.models.synthetic import make_model
+
+PROMPT = 300  # tokens; chunks of 64: five chunks in flight through the stages
+GEN = 32
+
+
+def run(path, **options):
+    engine = Engine(path, EngineConfig(device="cuda:0", prefill_chunk=64, decode_graphs="off", n_ctx=1024, checkpoints=0,
+                                       **options))  # no checkpoint reuse: every prompt is read the same way
+    ids = torch.randint(10, engine.model.config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(1))
+    logits = engine.logits(ids.tolist()).float()
+    engine.cached_tokens = []
+    tokens = list(engine.generate(ids.tolist()[:64], SamplingParams(temperature=0), GEN))
+    return engine, logits, tokens
+
+
+def compare(name, ref, got, bound, tokens_must_match=True) -> bool:
+    (ref_logits, ref_tokens), (logits, tokens) = ref, got
+    err = ((logits - ref_logits).abs().max() / ref_logits.abs().max()).item()
+    same = sum(a == b for a, b in zip(ref_tokens, tokens))
+    ok = err <= bound and (same == len(ref_tokens) or not tokens_must_match)
+    print(f"{'PASS' if ok else 'FAIL'} {name:48s} logits max rel err {err:.2e} (bound {bound:.0e}), "
+          f"greedy tokens equal {same}/{len(ref_tokens)}")
+    return ok
+
+
+def main() -> int:
+    root, gpus = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "0,0"
+    ok = True
+    for arch in ("qwen3moe", "qwen3next"):
+        path = make_model(f"{root}/split-{arch}.gguf", arch=arch, preset="small", quant="Q4_K")
+        _, *one = run(path)
+        for split in ("auto", "2,6", "7,1"):
+            engine, *got = run(path, gpus=gpus, layer_split=split)
+            stages = engine.plan.split.bounds
+            ok &= compare(f"{arch} --gpus {gpus} --layer-split {split} {stages}", one, got, 1e-4)
+        engine, *_ = run(path, gpus=gpus, layer_split="4,4")
+        engine.pipeline.transport.peer = [False] * len(engine.pipeline.transport.peer)  # through pinned host memory
+        ids = torch.randint(10, engine.model.config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(1))
+        staged = engine.logits(ids.tolist()).float()
+        engine.cached_tokens = []
+        staged_tokens = list(engine.generate(ids.tolist()[:64], SamplingParams(temperature=0), GEN))
+        ok &= compare(f"{arch} --gpus {gpus} 4,4 via pinned host staging", one, (staged, staged_tokens), 1e-4)
+        _, *one_int8 = run(path, kv_dtype="int8")  # the paged int8 KV, one backend per card
+        _, *got = run(path, gpus=gpus, layer_split="3,5", kv_dtype="int8")
+        ok &= compare(f"{arch} --gpus {gpus} 3,5 --kv-dtype int8", one_int8, got, 1e-4)
+        # Offloaded: 24 slots on one card against 12 + 12 on two stages (each its own cache and CPU pool).
+        _, *one_cached = run(path, expert_cache=24)
+        engine, *got = run(path, gpus=gpus, layer_split="4,4", expert_cache=24)
+        print("     " + "\n     ".join(engine.plan.describe().splitlines()))
+        ok &= compare(f"{arch} --gpus {gpus} 4,4 offloaded, 24 slots", one_cached, got, 2e-2, tokens_must_match=False)
+    # Speculative decoding: verify windows through the stages, the MTP block on the last card, against one card.
+    path = make_model(f"{root}/split-qwen3next-mtp.gguf", arch="qwen3next", preset="small", quant="Q4_K", nextn_layers=1)
+    runs = []
+    for options in (dict(), dict(gpus=gpus, layer_split="3,5")):
+        engine = Engine(path, EngineConfig(device="cuda:0", decode_graphs="off", checkpoints=0, spec=3, suffix_draft=2,
+                                           **options))
+        vocab = engine.model.config.vocab_size  # a repeated prompt: prompt lookup drafts too
+        prompt = torch.randint(10, vocab, (48,), generator=torch.Generator().manual_seed(2)).tolist() * 2
+        runs.append(list(engine.generate(prompt, SamplingParams(temperature=0), 48)))
+    same = sum(a == b for a, b in zip(*runs))
+    ok &= same == len(runs[0])
+    print(f"{'PASS' if same == len(runs[0]) else 'FAIL'} qwen3next --spec 3 --suffix-draft 2 --gpus {gpus} 3,5: greedy "
+          f"tokens equal to one card's {same}/{len(runs[0])} ({engine.spec.stats.tokens_per_window:.2f} per window)")
+    print("ALL PASS" if ok else "SOME FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
