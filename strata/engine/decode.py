@@ -86,11 +86,16 @@ class StepGraphs:
 class GraphDecoder:
     """Decode steps of `rows` tokens through static buffers. `capture`: CUDA graphs (True) or the CPU form (False).
     `exact_span`: attend over exactly the step's cells (the CPU form: byte-identical to the engine's eager step)
-    instead of the power-of-two span the graphs need."""
+    instead of the power-of-two span the graphs need. A verify window (engine/spec_windows.py) also asks for
+    `want_hidden` (the rows' final hidden states, `hidden` after a step) and `keep_row_states` (a hybrid cache's
+    recurrent states after every row, which the step leaves in the cache's `window_rows` for keep_rows); `pool`
+    shares one graph memory pool between the decoders of several row counts."""
 
-    def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None):
+    def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
+                 want_hidden: bool = False, keep_row_states: bool = False, pool=None):
         self.model, self.kv, self.device, self.rows = model, kv, torch.device(device), rows
-        self.capture = capture
+        self.capture, self.want_hidden, self.keep_row_states = capture, want_hidden, keep_row_states
+        self.hidden: torch.Tensor | None = None  # the last step's final hidden states [rows, ...] (want_hidden)
         self.exact_span = (not capture) if exact_span is None else exact_span
         if capture and self.exact_span:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
@@ -111,7 +116,7 @@ class GraphDecoder:
         pin = self.device.type == "cuda"
         self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
         self.uploaded = None  # CUDA event after the last upload from staging
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
         self.steps = 0
@@ -147,7 +152,12 @@ class GraphDecoder:
             self._execute(runner)
         self.model.experts.end_step()
         self.steps += 1
-        return runner.program.stash["logits"]
+        stash = runner.program.stash
+        if "rows" in stash:
+            # The captured step rewrites the rows' states into the same tensors each replay: hand them to keep_rows.
+            self.kv.window_rows.update(stash["rows"])
+        self.hidden = stash.get("hidden")
+        return stash["logits"]
 
     def _capture(self, span: int) -> None:
         try:
@@ -193,10 +203,14 @@ class GraphDecoder:
 
     def _program(self, span: int) -> Program:
         model, rows = self.model, self.rows
-        ctx = StaticContext(static_kv(self.kv, self.positions, span), start=0, n_tokens=rows,
-                            want_all_logits=rows > 1, position_tensor=self.positions)
+        view = static_kv(self.kv, self.positions, span)
+        ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
+                            keep_row_states=self.keep_row_states, position_tensor=self.positions)
         routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
         stash: dict = {"plan": None}
+        if self.keep_row_states and isinstance(view, HybridCache):
+            # The program's own record of the rows' states: filled once (at capture), rewritten by every replay.
+            stash["rows"] = view.window_rows = {}
         program = Program([], routed, stash)
         host = self.cached is not None and self.capture
         if self.cached is not None:
@@ -224,11 +238,16 @@ class GraphDecoder:
                 published.ids.copy_(ids.long(), non_blocking=True)
             stash["h"] = h
 
+        def finish() -> None:
+            stash["logits"] = model.logits(stash["h"], ctx)
+            if self.want_hidden:
+                stash["hidden"] = ctx.hidden
+
         def first_segment() -> None:
             stash["h"], stash["cos"], stash["sin"] = model.begin(self.tokens, ctx)
             layers(0, routed[0] if routed else model.n_main_layers)
             if not routed:
-                stash["logits"] = model.logits(stash["h"], ctx)
+                finish()
 
         program.segments.append(first_segment)
         for j, layer in enumerate(routed):
@@ -241,7 +260,7 @@ class GraphDecoder:
                 stash["h"] = stash["h"] + (ffn if shared is None else ffn + shared)
                 layers(layer + 1, after)
                 if after >= model.n_main_layers:
-                    stash["logits"] = model.logits(stash["h"], ctx)
+                    finish()
 
             program.segments.append(combine_segment)
         return program
