@@ -129,7 +129,8 @@ class SpecDecoder:
         self.mtp_cells = 0  # MTP cells 0..mtp_cells-1 hold keys computed from the trunk's own hidden states
         self.hidden: torch.Tensor | None = None  # the trunk's final hidden state per position (MTP drafts), made on use
         if self.has_mtp:
-            self.mtp_cache = model.new_mtp_cache(engine.n_ctx, engine.config.kv_dtype)
+            own = getattr(model, "mtp_cache", None)  # qwen4exp keeps its MTP block's keys in the sequence cache
+            self.mtp_cache = own(engine.kv) if own else model.new_mtp_cache(engine.n_ctx, engine.config.kv_dtype)
         # Windows through the static decode step (captured graphs on CUDA), as the engine's decode_graphs says.
         self.windows = make_windows(engine, window, self.has_mtp)
 
