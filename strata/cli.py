@@ -200,7 +200,12 @@ def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
     path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
-                      **({"nextn_layers": 1} if args.mtp else {}))
+                      **(_mtp_override(args.arch) if args.mtp else {}))
+
+
+def _mtp_override(arch: str) -> dict:
+    """--mtp as the synthetic makers spell it: qwen4exp's one MTP block, else trailing nextn blocks."""
+    return {"mtp": True} if arch == "qwen4exp" else {"nextn_layers": 1}
     print(f"wrote {path}")
 
 
@@ -302,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(qwen4exp: 2 shards, the second the n-gram table)")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")
+    p.add_argument("--mtp", action="store_true", help="qwen3next, qwen4exp: add an MTP block (blk.N.nextn.*) for --spec")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 
