@@ -30,12 +30,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _speculation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", type=int, default=1, metavar="T",
+    p.add_argument("--spec", type=_spec_window, default=1, metavar="T",
                    help="speculative decoding: verify windows of the last token + T-1 drafts (MTP block, else prompt "
-                        "lookup), T = 1 (off, default) .. 4; greedy output is unchanged")
+                        "lookup), T = 1 (off, default) .. 4, or auto (the engine's rule); greedy output is unchanged")
     p.add_argument("--spec-min-p", type=float, default=0.0, metavar="P", help="end an MTP draft below this probability")
     p.add_argument("--suffix-draft", type=int, default=0, metavar="N",
                    help="add up to N prompt-lookup drafts where the MTP draft stops")
+
+
+def _spec_window(text: str) -> int | str:
+    if text == "auto" or text.lstrip("-").isdigit():
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"a window of 1..4 tokens or auto, not {text!r}")
 
 
 def _speculation(args) -> dict:

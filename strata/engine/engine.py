@@ -47,7 +47,7 @@ class EngineConfig:
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
     checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
     checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
-    spec: int = 1  # verify window of speculative decoding: the last token + spec-1 drafts (1: off; engine/spec.py)
+    spec: int | str = 1  # verify window of speculation: the last token + spec-1 drafts (1: off; "auto": spec_auto.py)
     spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
     suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
     decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
@@ -116,13 +116,25 @@ class Engine:
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
-        self.spec = None  # speculative decoding (engine/spec.py), when config.spec > 1
-        if config.spec != 1 or config.spec_min_p or config.suffix_draft:
+        self.spec = None  # speculative decoding (engine/spec.py), when the window is > 1
+        window = self._spec_window(config.spec)
+        if window != 1 or config.spec_min_p or config.suffix_draft:
             from strata.engine.spec import SpecDecoder, check_options
 
-            check_options(config.spec, config.spec_min_p, config.suffix_draft)
-            if config.spec > 1:
-                self.spec = SpecDecoder(self, config.spec, config.spec_min_p, config.suffix_draft)
+            check_options(window, config.spec_min_p, config.suffix_draft)
+            if window > 1:
+                self.spec = SpecDecoder(self, window, config.spec_min_p, config.suffix_draft)
+
+    def _spec_window(self, spec: int | str) -> int:
+        """The verify window: the number asked for, or what `auto` picks for this model, device and placement."""
+        if spec == "auto":
+            from strata.engine.spec_auto import auto_spec
+
+            captured = self.decoder is not None and self.decoder.capture  # windows capture where plain decode does
+            return auto_spec(bool(getattr(self.model, "mtp", None)), captured, self.plan.all_resident)
+        if isinstance(spec, bool) or not isinstance(spec, int):
+            raise StrataError(f"spec must be a window of 1..4 tokens or 'auto', got {spec!r}")
+        return spec
 
     def _kv_backend(self):
         """The KV backend under the cache (a hybrid cache holds one for its attention layers)."""

@@ -10,6 +10,7 @@ from strata.engine.decode import GraphDecoder
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.spec import Draft
+from strata.errors import StrataError
 
 GREEDY = dict(temperature=0)
 
@@ -190,3 +191,18 @@ def wide_moe_int8(model_dir):
 
     return make_model(model_dir / "windows-qwen3moe-hd64.gguf", arch="qwen3moe", preset="tiny", quant="Q8_0",
                       head_dim=64, n_embd=128)
+
+
+def test_spec_auto_stays_off_unless_speculation_can_pay(tiny_moe, next_mtp):
+    """The rule: a window only with an MTP head, captured windows and every expert resident; and `auto` on the CPU
+    (no graphs) is plain decoding."""
+    from strata.engine.spec_auto import AUTO_WINDOW, auto_spec
+
+    assert auto_spec(True, True, True, best=3) == 3
+    for has_mtp, captured, resident in ((False, True, True), (True, False, True), (True, True, False)):
+        assert auto_spec(has_mtp, captured, resident, best=3) == 1
+    assert auto_spec(True, True, True) == AUTO_WINDOW
+    for model in (tiny_moe, next_mtp):
+        assert Engine(model, EngineConfig(device="cpu", spec="auto", decode_graphs="eager")).spec is None
+    with pytest.raises(StrataError, match="spec must be"):
+        Engine(tiny_moe, EngineConfig(device="cpu", spec="three"))
