@@ -88,14 +88,19 @@ class GraphDecoder:
     `exact_span`: attend over exactly the step's cells (the CPU form: byte-identical to the engine's eager step)
     instead of the power-of-two span the graphs need. A verify window (engine/spec_windows.py) also asks for
     `want_hidden` (the rows' final hidden states, `hidden` after a step) and `keep_row_states` (a hybrid cache's
-    recurrent states after every row, which the step leaves in the cache's `window_rows` for keep_rows); `pool`
+    recurrent states after every row, left in static buffers (`row_buffers`, made here unless given: layer ->
+    conv [>= rows, ...], state [>= rows, ...]) that the cache's `window_rows` then names for keep_rows); `pool`
     shares one graph memory pool between the decoders of several row counts."""
 
     def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
-                 want_hidden: bool = False, keep_row_states: bool = False, pool=None):
+                 want_hidden: bool = False, keep_row_states: bool = False, pool=None, row_buffers=None):
         self.model, self.kv, self.device, self.rows = model, kv, torch.device(device), rows
         self.capture, self.want_hidden, self.keep_row_states = capture, want_hidden, keep_row_states
         self.hidden: torch.Tensor | None = None  # the last step's final hidden states [rows, ...] (want_hidden)
+        self.row_buffers = None
+        if keep_row_states and isinstance(kv, HybridCache):
+            row_buffers = row_buffers or row_state_buffers(kv, rows)
+            self.row_buffers = {layer: (conv[:rows], state[:rows]) for layer, (conv, state) in row_buffers.items()}
         self.exact_span = (not capture) if exact_span is None else exact_span
         if capture and self.exact_span:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
@@ -208,9 +213,11 @@ class GraphDecoder:
                             keep_row_states=self.keep_row_states, position_tensor=self.positions)
         routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
         stash: dict = {"plan": None}
-        if self.keep_row_states and isinstance(view, HybridCache):
-            # The program's own record of the rows' states: filled once (at capture), rewritten by every replay.
+        if self.row_buffers is not None:
+            # The program's record of where the rows' states go: filled once (at capture), the buffers rewritten by
+            # every replay.
             stash["rows"] = view.window_rows = {}
+            view.row_buffers = self.row_buffers
         program = Program([], routed, stash)
         host = self.cached is not None and self.capture
         if self.cached is not None:
@@ -264,6 +271,12 @@ class GraphDecoder:
 
             program.segments.append(combine_segment)
         return program
+
+
+def row_state_buffers(cache: HybridCache, rows: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Static buffers for a verify window's per-row recurrent states: layer -> (conv [rows, ...], state [rows, ...])."""
+    return {layer: (cache.conv[layer].new_zeros((rows, *cache.conv[layer].shape)),
+                    cache.state[layer].new_zeros((rows, *cache.state[layer].shape))) for layer in cache.conv}
 
 
 def _experts_segment(model, backend: CachedExperts, layer: int, stash: dict) -> None:

@@ -7,8 +7,9 @@ window's union of misses (CPU work for tokens nobody reads); they would also cos
 price is one set of graphs per (rows, span), captured lazily into one shared memory pool.
 
 Each decoder asks its step for the rows' final hidden states (MTP drafting reads them) and for a hybrid cache's
-recurrent states after every row (`HybridCache.keep_rows` picks the accepted one); the captured step rewrites those
-tensors in place, so they are the window's static buffers. The CPU form (`capture=False`, exact span) runs the very
+recurrent states after every row (`HybridCache.keep_rows` picks the accepted one), which the step copies into
+static buffers shared by all row counts ([T, ...] per GatedDeltaNet layer: the A3B shape's 2 MiB states take
+T x 2 MiB a layer, once, not once per captured span). The CPU form (`capture=False`, exact span) runs the very
 same functions eagerly and gives the eager window's logits byte for byte.
 """
 
@@ -18,7 +19,8 @@ import sys
 
 import torch
 
-from strata.engine.decode import GraphDecoder, graphs_wanted
+from strata.engine.decode import GraphDecoder, graphs_wanted, row_state_buffers
+from strata.engine.hybrid_cache import HybridCache
 from strata.errors import StrataError
 
 
@@ -27,9 +29,11 @@ class VerifyWindows:
 
     def __init__(self, model, kv, device: torch.device, capture: bool, max_rows: int, want_hidden: bool):
         pool = torch.cuda.graph_pool_handle() if capture else None
+        # One set of row-state buffers for every row count: a window of k rows writes the first k.
+        buffers = row_state_buffers(kv, max_rows) if isinstance(kv, HybridCache) else None
         # All made up front: a model or cache without a static form says so here, once, not mid-generation.
         self.decoders = {rows: GraphDecoder(model, kv, device, capture, rows=rows, want_hidden=want_hidden,
-                                            keep_row_states=True, pool=pool)
+                                            keep_row_states=True, pool=pool, row_buffers=buffers)
                          for rows in range(1, max_rows + 1)}
 
     @property
