@@ -240,6 +240,11 @@ class Engine:
     def decode(self, token: int, position: int) -> torch.Tensor:
         """Logits [1, vocab] after `token` at `position`, the cache holding every earlier position: the captured
         step (engine/decode.py) when there is one, else a one-token forward."""
+        if self.spec is not None and self.spec.wants_hidden:
+            # MTP drafts read every position's hidden state: a one-row verify window keeps it (logprobs requests).
+            logits = self.spec.verify([token], position)
+            self.spec.keep(position, 1)
+            return logits
         if self.decoder is None:
             return self._forward([token], position, all_logits=False)
         logits = self.decoder.step([token], position)

@@ -206,3 +206,15 @@ def test_spec_auto_stays_off_unless_speculation_can_pay(tiny_moe, next_mtp):
         assert Engine(model, EngineConfig(device="cpu", spec="auto", decode_graphs="eager")).spec is None
     with pytest.raises(StrataError, match="spec must be"):
         Engine(tiny_moe, EngineConfig(device="cpu", spec="three"))
+
+
+def test_plain_decode_steps_keep_the_hidden_states_mtp_drafts_read(next_mtp):
+    """A request decoded step by step (logprobs) on a speculating engine: the hidden states at the decoded positions
+    are the trunk's (those the prompt path computes for the same tokens), so later drafts start from them."""
+    prompt = _tokens(8, seed=7)
+    llm = strata.LLM(next_mtp, device="cpu", kv_dtype="float32", spec=3, decode_graphs="eager")
+    out = llm.generate(prompt, max_tokens=6, logprobs=2, **GREEDY).token_ids
+    ids = prompt + out[:-1]
+    kept = llm.engine.spec.hidden[:len(ids)].clone()
+    llm.engine.logits(ids)
+    _assert_close(kept, llm.engine.spec.hidden[:len(ids)])
