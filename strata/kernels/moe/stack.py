@@ -56,9 +56,14 @@ class ExpertMatrix:
 
     def check_dot_length(self, k: int) -> None:
         spec = self.spec
-        if self.cols != k or k % 64 or k % spec.block_size:
+        if self.cols != k or not dot_length_fits(spec, k):
             raise StrataError(f"{spec.name} experts of {self.cols} inputs cannot take rows of {k} values (the kernels "
                               f"step 64 values at a time, whole {spec.block_size}-weight blocks)")
+
+
+def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
+    """Whether the kernels can take dot products of length k: they step 64 values at a time over whole blocks."""
+    return k % 64 == 0 and k % spec.block_size == 0
 
 
 def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool) -> tuple[int, int]:

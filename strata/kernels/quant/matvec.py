@@ -13,6 +13,7 @@ import torch
 
 from strata.kernels.moe.decode import SPECS, decode_spec
 from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, gemv_config, launch_down
+from strata.kernels.moe.stack import dot_length_fits
 from strata.quant import get_format
 
 MAX_ROWS = 4  # up to a verify window; past that, dequantize once and use the tensor cores (reads W once in all)
@@ -24,7 +25,9 @@ def matvec_applies(x: torch.Tensor, ggml_type: int) -> bool:
     """Whether `linear` takes the kernel: on the GPU, below float32 (the reference path stays exact), few rows,
     a format the decode kernels read."""
     rows = x.numel() // max(x.shape[-1], 1)
-    return x.is_cuda and x.dtype != torch.float32 and rows <= MAX_ROWS and get_format(ggml_type).name in SPECS
+    name = get_format(ggml_type).name
+    return (x.is_cuda and x.dtype != torch.float32 and rows <= MAX_ROWS and name in SPECS
+            and dot_length_fits(SPECS[name], x.shape[-1]))
 
 
 def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> torch.Tensor:

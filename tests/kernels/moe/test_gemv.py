@@ -176,3 +176,14 @@ def test_kernels_build_for_sm90_without_spills():
 
 if __name__ == "__main__":
     _build_sm90()
+
+
+def test_dot_lengths_the_kernels_cannot_step_send_small_models_to_the_reference():
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.stack import dot_length_fits
+
+    # The trained default model's experts have 32 hidden units: its down projection's dot is 32 long.
+    assert not dot_length_fits(SPECS["Q8_0"], 32)
+    assert dot_length_fits(SPECS["Q8_0"], 64)
+    assert not dot_length_fits(SPECS["Q4_K"], 64)  # 256-weight super-blocks
+    assert dot_length_fits(SPECS["Q4_K"], 768)
