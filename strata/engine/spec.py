@@ -12,7 +12,8 @@ so draft j+1 is accepted exactly when the sampler, given row j, agrees with it:
 The first rejected row's choice (or, when all drafts pass, the last row's) is one more token for free. The caches
 then keep the accepted rows only: attention KV is truncated, and GatedDeltaNet layers restore the state they had
 after the last accepted row (the window kept each row's, HybridCache.keep_rows), so the next step starts from
-exactly the state plain decoding would have.
+exactly the state plain decoding would have. Where the engine decodes through the static step (CUDA graphs), the
+windows do too (engine/spec_windows.py); qwen4exp's cache also rolls back its indexer keys and n-gram window.
 
 MTP drafting (models with `blk.{n}.nextn.*` tensors): MTP cell i pairs the trunk's final hidden state at position i
 with the token at i+1 and predicts the token at i+2; cells are computed once per position from the trunk's own
@@ -200,7 +201,8 @@ class SpecDecoder:
 
     def verify(self, window: list[int], start: int) -> torch.Tensor:
         """The trunk over `window` at positions start..: logits [rows, vocab] (through the static decode step when
-        the engine has one: valid until the next window); every row's recurrent state is kept until keep_rows. Keys of the cache's tokens before `start` must be those of the caller's history."""
+        the engine has one: valid until the next window); every row's recurrent state is kept until keep_rows.
+        Keys of the cache's tokens before `start` must be those of the caller's history."""
         engine = self.engine
         if self.windows is not None:
             logits, hidden = self.windows.run(window, start)
