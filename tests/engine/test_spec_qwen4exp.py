@@ -7,6 +7,7 @@ import torch
 
 import strata
 from strata.engine.engine import Engine, EngineConfig
+from strata.engine.sampling import SamplingParams
 from strata.engine.spec import Draft
 from strata.errors import StrataError
 
@@ -108,3 +109,19 @@ def test_rows_of_a_plain_step_cannot_be_dropped(q4):
     engine._forward([1, 2], 6, all_logits=False)  # two tokens, not a verify window
     with pytest.raises(StrataError, match="cannot be dropped"):
         engine.kv.keep_rows(1)
+
+
+def test_mtp_keys_after_rejected_drafts_are_the_trunks(q4):
+    """Drafts after drafts write MTP keys from the block's own output; once rejected, the next window's catch-up
+    rewrites those cells from the trunk's hidden states: after a run, the MTP layer's keys and values of every
+    current cell equal one pass of the block over the trunk's stacks (float32 rounding: 1e-5 of the largest)."""
+    prompt = _tokens(8, seed=5)
+    llm = strata.LLM(q4, device="cpu", kv_dtype="float32", spec=4)
+    out = list(llm.engine.generate(prompt, SamplingParams(temperature=0), 14))  # no stop token
+    spec = llm.engine.spec
+    cells, ids = spec.mtp_cells, prompt + out
+    assert cells > len(prompt) and sum(spec.stats.checked) > sum(spec.stats.accepted)
+    fresh = llm.engine.model.new_cache(64, "float32")
+    llm.engine.model.mtp_draft(spec.hidden[:cells], torch.tensor(ids[1:cells + 1]), fresh, 0)
+    for ours, ref in zip(llm.engine.kv.mtp_kv.read(0, cells, torch.float32), fresh.mtp_kv.read(0, cells, torch.float32)):
+        _assert_close(ours, ref)
