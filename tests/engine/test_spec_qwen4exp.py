@@ -123,5 +123,6 @@ def test_mtp_keys_after_rejected_drafts_are_the_trunks(q4):
     assert cells > len(prompt) and sum(spec.stats.checked) > sum(spec.stats.accepted)
     fresh = llm.engine.model.new_cache(64, "float32")
     llm.engine.model.mtp_draft(spec.hidden[:cells], torch.tensor(ids[1:cells + 1]), fresh, 0)
-    for ours, ref in zip(llm.engine.kv.mtp_kv.read(0, cells, torch.float32), fresh.mtp_kv.read(0, cells, torch.float32)):
-        _assert_close(ours, ref)
+    ours, ref = llm.engine.kv.mtp_kv.read(0, cells, torch.float32), fresh.mtp_kv.read(0, cells, torch.float32)
+    for x, y in zip(ours, ref):
+        _assert_close(x, y)
