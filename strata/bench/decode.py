@@ -19,23 +19,34 @@ def bench_decode(args, placement: dict) -> None:
     device, c = engine.device, engine.model.config
     backend = engine.model.experts
     prompt = torch.randint(0, c.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    tokens = engine.generate(prompt, SamplingParams(temperature=0), args.tokens + 1, stop_ids=frozenset())
-    next(tokens)  # the prompt, and the first token from it, are not decode
+    warm = 3  # the first decode steps compile kernels and capture the span's graph: not the steady rate
+    tokens = engine.generate(prompt, SamplingParams(temperature=0), args.tokens + 1 + warm, stop_ids=frozenset())
+    for _ in range(1 + warm):  # the prompt, and the first token from it, are not decode
+        next(tokens)
+    decoder = engine.decoder
+    spans_before = len(decoder.programs) if decoder is not None else 0
     offloaded = isinstance(backend, CachedExperts)
     if offloaded:
         cache, pool = backend.cache, backend.pool
         before = (cache.stats.hits, cache.stats.misses, pool.stats.bytes, pool.stats.seconds, backend.pcie_bytes)
     sync(device)
     start = time.perf_counter()
-    n = sum(1 for _ in tokens)
+    steps = []
+    for _ in tokens:  # each token is on the host already (the sampler read it), so the steps need no extra sync
+        steps.append(time.perf_counter())
     sync(device)
     seconds = time.perf_counter() - start
+    n = len(steps)
+    step_seconds = sorted(b - a for a, b in zip([start] + steps, steps))
+    median = step_seconds[len(step_seconds) // 2] if step_seconds else float("nan")
     print(f"model      {engine.file.path.name}, device {device}, {n} decode tokens after {len(prompt)} prompt tokens")
     print(engine.plan.describe())
-    decoder = engine.decoder
+    new_spans = (len(decoder.programs) - spans_before) if decoder is not None else 0
     graphs = "off (step by step)" if decoder is None else (
-        f"captured ({len(decoder.programs)} span(s))" if decoder.capture else "static steps, uncaptured")
-    print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token); CUDA graphs {graphs}")
+        f"captured ({len(decoder.programs)} span(s), {new_spans} captured while timed)" if decoder.capture
+        else "static steps, uncaptured")
+    print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token; median step {median * 1e3:.1f} ms "
+          f"= {1 / median:.2f} tok/s); CUDA graphs {graphs}")
     expert_each = engine.plan.expert_bytes_each
     dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
     gpu_floor = dense_read / (copy_bandwidth(device) / 2)

@@ -44,7 +44,8 @@ class TokenLogprob:
 
 @dataclass
 class Chunk:
-    """A piece of streamed output; the last one has `finish_reason` ("stop", "length" or "cancelled") and the stats.
+    """A piece of streamed output; the last one has `finish_reason` ("stop", "length" or "cancelled") and the final
+    stats (earlier ones carry the same object while it fills: prompt and cached tokens are known from the first).
     `logprobs` (when asked for) has one entry per id of `token_ids`; `stop_string` is the stop string that ended it."""
 
     text: str
@@ -161,7 +162,8 @@ def stream_completion(engine: Engine, prompt_ids: list[int], params: SamplingPar
             break
         keep = held_back(pending, stops)
         if len(pending) > keep:
-            yield Chunk(pending[: len(pending) - keep], pending_ids, logprobs=pending_lps if keep_lps else None)
+            yield Chunk(pending[: len(pending) - keep], pending_ids, logprobs=pending_lps if keep_lps else None,
+                        stats=stats)
             pending, pending_ids, pending_lps = pending[len(pending) - keep :], [], []
         if cancel is not None and cancel():
             finish = "cancelled"

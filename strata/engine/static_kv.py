@@ -55,12 +55,6 @@ class StaticView(KVBackend):
         raise StrataError("a static decode view cannot truncate; truncate the engine's cache")
 
 
-def _dense_only(selection) -> None:
-    # HybridCache passes the (None) selection through; a static view attends densely over its span only.
-    if selection is not None:
-        raise StrataError("a static decode view attends densely: a QSA selection is not supported in decode graphs")
-
-
 class StaticDenseKV(StaticView):
     """The dense fp16/bf16/fp32 cache (engine/kv.KVCache), whose storage must already hold `span` cells."""
 

@@ -8,7 +8,17 @@ import torch.nn.functional as F
 from strata.models.weights import QuantWeight, linear
 
 
+def _fused(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether the one-launch kernels (kernels/pointwise) take this: on CUDA, below float32 (the exact mode stays
+    torch's), every operand in x's dtype."""
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and all(t.dtype == x.dtype for t in others)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _fused(x, weight):
+        from strata.kernels.pointwise.rms_norm import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
     # Normalise in float32 whatever the activation dtype, as the reference implementations do.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -29,9 +39,22 @@ class Rope:
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
+        if _fused(x, cos, sin):
+            from strata.kernels.pointwise.rope import rope_triton
+
+            return rope_triton(x, cos, sin)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+    @staticmethod
+    def apply_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int) -> torch.Tensor:
+        """Rotate only the first n_rot dims of each head (cos/sin: [T, n_rot]); the rest pass through."""
+        if _fused(x, cos, sin):
+            from strata.kernels.pointwise.rope import rope_triton
+
+            return rope_triton(x, cos, sin, n_rot)
+        return torch.cat((Rope.apply(x[..., :n_rot], cos, sin), x[..., n_rot:]), dim=-1)
 
 
 def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:

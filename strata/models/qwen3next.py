@@ -199,8 +199,7 @@ class Qwen3NextLM(DecoderLM):
         k = rms_norm(linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim), w.k_norm, c.rms_eps)
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
         # RoPE on the leading `rot` dims of each head; the rest pass through.
-        q = torch.cat((Rope.apply(q[..., :rot], cos, sin), q[..., rot:]), dim=-1)
-        k = torch.cat((Rope.apply(k[..., :rot], cos, sin), k[..., rot:]), dim=-1)
+        q, k = Rope.apply_partial(q, cos, sin, rot), Rope.apply_partial(k, cos, sin, rot)
         out = ctx.kv.attend(slot, q, k, v, ctx.start)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)

@@ -99,8 +99,7 @@ def qsa_attention(w: QSAWeights, s: QSAShape, x: torch.Tensor, kv, layer: int, s
     q = rms_norm(q, w.q_norm, eps)
     k = rms_norm(linear(x, w.k).view(n_tokens, s.n_kv_heads, d), w.k_norm, eps)
     v = linear(x, w.v).view(n_tokens, s.n_kv_heads, d)
-    q = torch.cat((Rope.apply(q[..., : s.n_rot], cos, sin), q[..., s.n_rot :]), dim=-1)
-    k = torch.cat((Rope.apply(k[..., : s.n_rot], cos, sin), k[..., s.n_rot :]), dim=-1)
+    q, k = Rope.apply_partial(q, cos, sin, s.n_rot), Rope.apply_partial(k, cos, sin, s.n_rot)
     if selection is None:
         out = kv.attend(layer, q, k, v, start)
     else:

@@ -156,7 +156,7 @@ async def messages(request: Request):
     job = server.submit("messages", server.generation(ids, max_tokens, sampling, stops, None))
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
-        stream = _stream(server, job, message_id, len(ids), tools is not None, server.reasoning_splitter(prompt))
+        stream = _stream(server, job, message_id, tools is not None, server.reasoning_splitter(prompt))
         return EventSourceResponse(stream, ping=server.config.keepalive_seconds, sep="\n")
 
     text, last = [], None
@@ -182,13 +182,14 @@ def _event(name: str, data: dict) -> dict:
     return {"event": name, "data": json.dumps({"type": name, **data}, ensure_ascii=False)}
 
 
-async def _stream(server: Server, job: Job, message_id: str, prompt_tokens: int, parse_tools: bool,
-                  splitter: ReasoningSplitter | None):
-    yield _event("message_start", {"message": {
-        "id": message_id, "type": "message", "role": "assistant", "model": server.config.model_name, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}})
-    yield _event("ping", {})
+async def _stream(server: Server, job: Job, message_id: str, parse_tools: bool, splitter: ReasoningSplitter | None):
+    def message_start(stats) -> dict:
+        # Sent with the first token, once the engine knows how much of the prompt came from a checkpoint.
+        return _event("message_start", {"message": {
+            "id": message_id, "type": "message", "role": "assistant", "model": server.config.model_name,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**_usage(stats), "output_tokens": 0}}})
+
+    started = False
     parser = ToolCallParser() if parse_tools else None
     index, open_block, n_calls = 0, None, 0  # open_block: "thinking" or "text" while such a block is open
 
@@ -213,6 +214,10 @@ async def _stream(server: Server, job: Job, message_id: str, prompt_tokens: int,
 
     try:
         async for _, (_, chunk) in job_events(job):
+            if not started:
+                started = True
+                yield message_start(chunk.stats)
+                yield _event("ping", {})
             reasoning, answer = splitter.feed(chunk.text) if splitter else ("", chunk.text)
             if chunk.finish_reason and splitter:
                 tail = splitter.finish()

@@ -105,3 +105,17 @@ def test_errors_are_anthropic_shaped(client, server):
                                                              "messages": [{"role": "robot", "content": "x"}]})
     assert bad_role.status_code == 400 and "role" in bad_role.json()["error"]["message"]
     assert client.messages.create(model="tiny", max_tokens=2, messages=MESSAGES).usage.output_tokens >= 1
+
+
+def test_message_start_reports_the_prompt_tokens_read_and_those_from_the_cache(client):
+    def first_event():
+        with client.messages.create(model="tiny", max_tokens=2, messages=MESSAGES, extra_body=GREEDY,
+                                    system="Count.", stream=True) as events:
+            return next(iter(events))
+
+    first_event()  # the prompt is now in the live cache
+    start = first_event()
+    assert start.type == "message_start"
+    usage = start.message.usage
+    # All but the prompt's last token come from the cache; the two together are the whole prompt.
+    assert usage.cache_read_input_tokens >= 1 and usage.input_tokens == 1 and usage.output_tokens == 0

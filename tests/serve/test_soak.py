@@ -1,5 +1,5 @@
-"""A bounded soak: 120 mixed requests (ten of each kind) from 8 concurrent clients on loopback; every answer well
-formed, the server healthy and idle at the end."""
+"""A bounded soak: 200 mixed requests (16-17 of each of 12 kinds) from 8 concurrent clients on loopback; every
+answer well formed, the server healthy and idle at the end."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import openai
 
-N_REQUESTS, N_CLIENTS, N_KINDS = 120, 8, 12
+N_REQUESTS, N_CLIENTS, N_KINDS = 200, 8, 12
 PROMPTS = ["Hello", "Tell me a story.", "What is a river?", "Name three colours.", "Bonjour !"]
 
 

@@ -52,8 +52,10 @@ def gated_delta_rule_fla(q, k, v, g, beta, state=None, normalize_qk=True, scale=
 
 
 def gated_delta_rule(q, k, v, g, beta, state=None, normalize_qk=True, scale=None):
-    """(o [T, Hv, Dv], final state [Hv, Dk, Dv]): fla on CUDA when importable, else the torch references."""
-    if v.is_cuda and fla_kernels() is not None:
+    """(o [T, Hv, Dv], final state [Hv, Dk, Dv]): fla on CUDA when importable, else the torch references.
+    float32 activations keep the references: fla's float32 dots run in TF32 (relative error ~3e-3 on a whole
+    model), and float32 is the engine's exact mode."""
+    if v.is_cuda and v.dtype != torch.float32 and fla_kernels() is not None:
         return gated_delta_rule_fla(q, k, v, g, beta, state, normalize_qk, scale)
     form = gated_delta_rule_recurrent if v.shape[0] <= RECURRENT_MAX_TOKENS else gated_delta_rule_chunked
     return form(q, k, v, g, beta, state, normalize_qk, scale)

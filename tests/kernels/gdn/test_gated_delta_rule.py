@@ -108,3 +108,11 @@ def test_fla_matches_float64(n_tokens):
     cuda = [x.cuda() for x in (q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, state)]
     out, final = gated_delta_rule_fla(*cuda)
     assert _rel(out.cpu(), ref_out) < 2e-2 and _rel(final.cpu(), ref_state) < 2e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_on_cuda_keeps_the_exact_reference():
+    inputs = _inputs(200, n_k_heads=2, n_v_heads=4, dk=64, dv=64, seed=6)
+    out, final = gated_delta_rule(*[x.cuda() for x in inputs])
+    ref_out, ref_state = gated_delta_rule_f64(*inputs)
+    assert _rel(out.cpu().double(), ref_out) < 1e-5 and _rel(final.cpu().double(), ref_state) < 1e-5

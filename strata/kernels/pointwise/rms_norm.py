@@ -1,0 +1,32 @@
+"""RMSNorm in one launch: weight * (x * rsqrt(mean(x^2) + eps)), normalised in float32 and rounded to x's dtype
+before the weight multiplies it, as `models.layers.rms_norm` does in torch (seven kernels there)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)  # torch rounds before the weight multiplies
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] (bf16/fp16, any layout), weight [D] of x's dtype -> [..., D] in x's dtype, contiguous."""
+    n_cols = x.shape[-1]
+    rows = x.reshape(-1, n_cols).contiguous()
+    out = torch.empty_like(rows)
+    if rows.shape[0]:
+        block = triton.next_power_of_2(n_cols)
+        _rms_norm_kernel[(rows.shape[0],)](rows, weight.contiguous(), out, n_cols, eps, BLOCK=block,
+                                          num_warps=min(8, max(1, block // 256)))
+    return out.reshape(x.shape)

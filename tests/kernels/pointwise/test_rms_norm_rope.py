@@ -1,0 +1,74 @@
+"""The fused RMSNorm and RoPE kernels against the torch forms the CPU path runs, and RMSNorm against float64."""
+
+import pytest
+import torch
+
+from strata.kernels.pointwise.rms_norm import rms_norm_triton
+from strata.kernels.pointwise.rope import rope_triton
+from strata.models.layers import Rope, rms_norm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton's interpreter converts float32 to bf16/fp16 without round-to-nearest-even (compiled kernels do round):
+# on the CPU the kernels may sit one more step of the output dtype away from torch.
+STEPS = 1 if DEVICE == "cuda" else 2
+
+
+def _ulp(dtype):
+    return 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+
+
+def _torch_rms_norm(x, w, eps):
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (3, 200), (2, 4, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_matches_torch_and_float64(shape, dtype):
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(dtype).to(DEVICE)
+    got = rms_norm_triton(x, w, 1e-6)
+    want = _torch_rms_norm(x, w, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    # Only the float32 sum's order differs from torch's: at most one rounding step of the output dtype apart.
+    ulp = _ulp(dtype)
+    assert ((got.float() - want.float()).abs() <= STEPS * ulp * want.float().abs() + 1e-6).all()
+    xd = x.double()
+    exact = w.double() * xd / xd.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    assert ((got.double() - exact).abs().max() / exact.abs().max()).item() < (STEPS + 1) * ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope_is_torch_bit_for_bit_when_compiled(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 64, generator=gen).to(dtype).to(DEVICE)
+    cos, sin = Rope(64, 1e6, torch.device(DEVICE)).cos_sin(torch.tensor([0, 7, 4000], device=DEVICE), dtype)
+    half = 32
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    want = x * cos[:, None, :] + rotated * sin[:, None, :]
+    got = rope_triton(x, cos, sin)
+    if DEVICE == "cuda":
+        assert torch.equal(got, want)
+    else:
+        assert ((got.float() - want.float()).abs() <= 3 * _ulp(dtype) * want.float().abs().amax(-1, keepdim=True)).all()
+
+
+def test_partial_rope_passes_the_rest_through():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    cos, sin = Rope(64, 1e7, torch.device(DEVICE)).cos_sin(torch.tensor([1, 900], device=DEVICE), torch.bfloat16)
+    got = rope_triton(x, cos, sin, 64)
+    want = torch.cat((Rope.apply(x[..., :64].cpu(), cos.cpu(), sin.cpu()), x[..., 64:].cpu()), dim=-1)
+    assert torch.equal(got[..., 64:].cpu(), x[..., 64:].cpu())
+    err = (got[..., :64].float().cpu() - want[..., :64].float()).abs().max()
+    assert err == 0 if DEVICE == "cuda" else err <= 3 * _ulp(torch.bfloat16) * want.float().abs().max()
+
+
+def test_the_cpu_path_stays_torch():
+    x = torch.randn(2, 4, 64, dtype=torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, 1e-6), _torch_rms_norm(x, w, 1e-6))
+    cos, sin = Rope(32, 1e6, torch.device("cpu")).cos_sin(torch.tensor([3, 4]), torch.bfloat16)
+    rotated = Rope.apply_partial(x, cos, sin, 32)
+    assert torch.equal(rotated, torch.cat((Rope.apply(x[..., :32], cos, sin), x[..., 32:]), dim=-1))
