@@ -17,7 +17,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import KVBackend, KVCache
 from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
-from strata.kernels.attention.decode import decode_attn_triton
+from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
 from strata.kernels.attention.paged import PAGE
 from strata.kernels.attention.prompt import prompt_attention
@@ -67,6 +67,11 @@ class StaticDenseKV(StaticView):
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
         c.keys[layer].index_copy_(0, pos, k.to(c.dtype))
         c.values[layer].index_copy_(0, pos, v.to(c.dtype))
+        if q.is_cuda and q.dtype != torch.float32:
+            # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
+            # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
+            out = decode_attn_dense_triton(q, c.keys[layer], c.values[layer], pos + 1, self.span)
+            return out.to(q.dtype)
         # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
         keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
         values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)

@@ -74,8 +74,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     return out.transpose(0, 1)
 
 
+ROUTE_KERNEL_MAX_TOKENS = 64  # decode steps and verify windows; a prompt chunk keeps torch's top-k (one program a row)
+
+
 def route_topk(router_logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax routing: (weights [T, k] float32, expert ids [T, k])."""
+    if _fused(router_logits) and router_logits.shape[0] <= ROUTE_KERNEL_MAX_TOKENS:
+        from strata.kernels.pointwise.route_topk import route_topk_triton
+
+        return route_topk_triton(router_logits, k, normalize)
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, k, dim=-1)
     if normalize:

@@ -11,6 +11,9 @@ from strata.gguf.reader import TensorInfo
 
 # GGML type ids whose bytes are already plain floats: viewed, never converted ahead of use.
 FLOAT_VIEWS = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+# A small float matrix on the GPU (an F32 router) keeps its conversion to the activation dtype: converting it on
+# every call was a copy kernel per layer and token. Larger ones (a whole F16 model) are converted where used.
+KEEP_CONVERTED_BYTES = 16 << 20
 
 
 def bytes_as_tensor(data: np.ndarray) -> torch.Tensor:
@@ -25,6 +28,7 @@ class QuantWeight:
 
     def __init__(self, name: str, ggml_type: int, shape: tuple[int, ...], raw: torch.Tensor):
         self.name, self.ggml_type, self.shape, self.raw = name, ggml_type, tuple(shape), raw
+        self._converted: dict[torch.dtype, torch.Tensor] = {}
 
     @classmethod
     def from_info(cls, info: TensorInfo, device: torch.device | str = "cpu") -> "QuantWeight":
@@ -46,7 +50,13 @@ class QuantWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         float_type = FLOAT_VIEWS.get(self.ggml_type)
         if float_type is not None:
-            return self.raw.contiguous().view(float_type).reshape(self.shape).to(dtype)
+            kept = self._converted.get(dtype)
+            if kept is not None:
+                return kept
+            out = self.raw.contiguous().view(float_type).reshape(self.shape).to(dtype)
+            if self.raw.is_cuda and float_type != dtype and out.numel() * out.element_size() <= KEEP_CONVERTED_BYTES:
+                self._converted[dtype] = out
+            return out
         from strata.quant import dequantize
 
         return dequantize(self.raw, self.ggml_type, self.shape).to(dtype)

@@ -20,7 +20,9 @@ from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.models.synthetic import make_model  # noqa: E402
 
-BOUND = 2e-2  # bf16 activations: the graphs' attention span (masked cells) may round differently
+BOUND = 2e-2  # bf16 activations: the graphs' attention kernel and torch's SDPA round differently
+# ... or the graph step may sit further from the float32 truth than the step-by-step one by at most this factor:
+# each is checked against a float32 step-by-step run of the same tokens.
 models = Path(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 prompt = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -29,9 +31,10 @@ cases = [("qwen3moe", "Q4_K", {}), ("qwen3moe", "Q4_0", {"kv_dtype": "int8"}), (
 if len(sys.argv) > 3:
     cases = [case for case in cases if case[0] == sys.argv[3]]
 ok = True
-print("| model | options | steps | argmax agree | max rel err | free-run tokens equal | eager tok/s | graph tok/s |"
-      " graphs |")
-print("|---|---|---:|---:|---:|---|---:|---:|---|")
+WORSE = 1.5
+print("| model | options | steps | argmax agree | max rel err | vs float32: step-by-step / graphs | free-run tokens "
+      "equal | eager tok/s | graph tok/s | graphs |")
+print("|---|---|---:|---:|---:|---|---|---:|---:|---|")
 for arch, quant, options in cases:
     path = models / f"graphs-{arch}-small-{quant}.gguf"
     if not path.exists():
@@ -46,23 +49,29 @@ for arch, quant, options in cases:
         torch.cuda.synchronize()
         runs[mode] = (engine, tokens, (n - 1) / (time.perf_counter() - start))
     (eager_engine, eager_tokens, eager_rate), (graph_engine, graph_tokens, graph_rate) = runs["off"], runs["on"]
-    agree, worst = 0, 0.0
-    want = eager_engine.prefill(prompt)
-    got = graph_engine.prefill(prompt)
+    truth_engine = Engine(path, EngineConfig(device="cuda", n_ctx=1024, decode_graphs="off", dtype="float32"))
+    agree, worst, eager_off, graph_off = 0, 0.0, 0.0, 0.0
+    for engine in (eager_engine, graph_engine, truth_engine):
+        engine.prefill(prompt)
     for i, token in enumerate(eager_tokens[:-1]):
         position = len(prompt) + i
-        want = eager_engine.decode(token, position).float()
-        got = graph_engine.decode(token, position).float()
+        want = eager_engine.decode(token, position).float().clone()
+        got = graph_engine.decode(token, position).float().clone()  # a static buffer: copied before the next step
+        truth = truth_engine.decode(token, position).float()
+        scale = truth.abs().max()
         worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+        eager_off = max(eager_off, ((want - truth).abs().max() / scale).item())
+        graph_off = max(graph_off, ((got - truth).abs().max() / scale).item())
         agree += int(got.argmax() == want.argmax())
     decoder = graph_engine.decoder
     captured = decoder is not None and decoder.capture and bool(decoder.programs)
     steps = len(eager_tokens) - 1
-    good = agree == steps and worst <= BOUND and captured
+    good = agree == steps and (worst <= BOUND or graph_off <= WORSE * eager_off) and captured
     ok &= good
     free = graph_tokens == eager_tokens
     label = " ".join(f"{k}={v}" for k, v in options.items()) or "resident"
-    print(f"| {arch} {quant} | {label} | {steps} | {agree}/{steps} | {worst:.1e} | {'yes' if free else 'no'} | "
+    print(f"| {arch} {quant} | {label} | {steps} | {agree}/{steps} | {worst:.1e} | {eager_off:.1e} / {graph_off:.1e} | "
+          f"{'yes' if free else 'no'} | "
           f"{eager_rate:.1f} | {graph_rate:.1f} | {'captured' if captured else 'NOT captured'}"
           f"{'' if good else ' FAIL'} |", flush=True)
 print("ALL OK" if ok else "FAILURES")

@@ -37,7 +37,9 @@ for arch, mtp in (("qwen3moe", {}), ("qwen3next", {"nextn_layers": 1})):
         for graphs in (("on" if device == "cuda" else "eager"), "off"):
             plain = Engine(path, EngineConfig(device=device, dtype=dtype, n_ctx=512, decode_graphs=graphs))
             plain.prefill(prompt)
-            singles = torch.cat([plain.decode(t, len(prompt) + i).float().reshape(1, -1) for i, t in enumerate(window)])
+            # decode() returns a view of a static buffer, valid until the next step: keep a copy of each.
+            singles = torch.cat([plain.decode(t, len(prompt) + i).float().reshape(1, -1).clone()
+                                 for i, t in enumerate(window)])
             diff = ((rows - singles).abs().amax(-1) / singles.abs().amax(-1)).tolist()
             agree = (rows.argmax(-1) == singles.argmax(-1)).sum().item()
             print(f"| {arch} | {dtype} | graphs {graphs} | {' '.join(f'{d:.1e}' for d in diff)} | {agree}/4 |")

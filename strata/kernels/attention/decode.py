@@ -2,7 +2,8 @@
 
 Each program takes one (split of `split` cells, KV head, query): fp32 math as the fp32 prompt kernel (same chunks,
 same order), writing its running max `m`, sum `l` (base 2) and unnormalized accumulator. The merge scales each split
-by `exp2(m_s - max m)`. With one split the result is the fp32 prompt kernel's, bit for bit. int8 or fp16 pools.
+by `exp2(m_s - max m)`. With one split the result is the fp32 prompt kernel's, bit for bit. int8 or fp16 pools, or
+(DENSE) the dense cache's [cells, KV heads, D] tensors of any float dtype, cells 0..width-1 of each query.
 Reference: `prompt_ref.prompt_attn_ref` (the same attention, one query at a time).
 """
 
@@ -24,7 +25,7 @@ SPLIT = 128  # cells per program
 @triton.jit
 def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
                          cap, n_kv_heads, n_splits, scale_log2, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-                         CH: tl.constexpr, SPLIT: tl.constexpr, INT8: tl.constexpr):
+                         CH: tl.constexpr, SPLIT: tl.constexpr, INT8: tl.constexpr, DENSE: tl.constexpr = False):
     sp = tl.program_id(0)
     kvh = tl.program_id(1)
     qi = tl.program_id(2)
@@ -38,7 +39,12 @@ def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, D), tl.float32)
     for c0 in range(sp * SPLIT, end, CH):
-        rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+        if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
+            cells = c0 + tl.arange(0, CH)
+            valid = cells < end
+            rows = cells.to(tl.int64) * n_kv_heads + kvh
+        else:
+            rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
         k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
         v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
         if INT8:
@@ -88,6 +94,50 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
         page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales, acc, ml, ids.shape[1], pool.n_kv_heads,
         n_splits, scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=pool.int8,
         num_warps=8, num_stages=2)
+    _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
+                                           num_warps=4)
+    return out
+
+
+PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
+MAX_SPLITS = 256  # the merge holds every split's row of one head at once: long spans take longer splits
+
+
+def dense_split(span: int, n_kv_heads: int, n_queries: int) -> int:
+    """Cells per program for a dense decode launch: SPLIT, or fewer (a multiple of CHUNK) when span / SPLIT splits
+    times the KV heads and queries would leave most of the GPU idle (a 256-cell span with 4 KV heads: 8 programs)."""
+    per_program = span * n_kv_heads * n_queries // PROGRAMS
+    split = max(CHUNK, min(SPLIT, per_program // CHUNK * CHUNK))
+    return max(split, triton.cdiv(triton.cdiv(span, MAX_SPLITS), CHUNK) * CHUNK)
+
+
+def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: torch.Tensor,
+                             span: int, sm_scale: float | None = None, split: int | None = None) -> torch.Tensor:
+    """Split-K attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most
+    `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] fp32. A captured decode
+    step's attention: one launch (and the merge) in place of torch's masked attention over the whole span."""
+    n_q, n_heads, dim = q.shape
+    n_kv_heads = keys.shape[1]
+    if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
+        raise ValueError(f"queries {tuple(q.shape)} do not fit keys {tuple(keys.shape)} / values "
+                         f"{tuple(values.shape)} over a span of {span}")
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("the dense cache's keys and values must be contiguous")
+    group = n_heads // n_kv_heads
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    split = dense_split(span, n_kv_heads, n_q) if split is None else split
+    n_splits = triton.cdiv(max(span, 1), split)
+    if n_q == 0:
+        return out
+    acc = torch.empty(n_q, n_heads, n_splits, dim, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
+    width = width.to(torch.int32)
+    # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
+    _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
+        q.float().contiguous(), width, width, width, keys, values, keys, values, acc, ml, span, n_kv_heads,
+        n_splits, scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=False,
+        DENSE=True, num_warps=8, num_stages=2)
     _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
                                            num_warps=4)
     return out

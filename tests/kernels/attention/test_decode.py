@@ -23,3 +23,38 @@ def test_decode_equals_prompt_kernel(int8):
     err_fp32 = (fp32.double() - ref).abs().max().item()
     assert (split.double() - ref).abs().max().item() <= max(4 * err_fp32, 1e-6 * scale)
     assert (split - fp32).abs().max().item() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dense_cache_form_against_float64(dtype):
+    from strata.kernels.attention.decode import decode_attn_dense_triton
+
+    gen = torch.Generator().manual_seed(9)
+    cells, n_kv, dim, span = 300, 2, 64, 256
+    keys = torch.randn(cells, n_kv, dim, generator=gen).to(dtype)
+    values = torch.randn(cells, n_kv, dim, generator=gen).to(dtype)
+    q = torch.randn(3, 8, dim, generator=gen).to(dtype)
+    width = torch.tensor([1, 77, 256])  # each query row reads cells 0..width-1 (a verify window's rows differ)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    got = decode_attn_dense_triton(q.to(device), keys.to(device), values.to(device), width.to(device), span,
+                                   split=64).cpu().double()
+    group = 8 // n_kv
+    for i, w in enumerate(width.tolist()):
+        k = keys[:w].double().repeat_interleave(group, dim=1)  # [w, H, D]
+        v = values[:w].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[i].double(), k) / dim ** 0.5
+        want = torch.einsum("hs,shd->hd", scores.softmax(-1), v)
+        assert (got[i] - want).abs().max().item() <= 1e-5 * want.abs().max().item() + 1e-6
+    with pytest.raises(ValueError, match="span"):
+        decode_attn_dense_triton(q, keys, values, width, 512)
+
+
+def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
+    from strata.kernels.attention.decode import SPLIT, dense_split
+    from strata.kernels.attention.prompt_parts import CHUNK
+
+    assert dense_split(256, 4, 1) == CHUNK  # 8 programs at SPLIT: split down to whole chunks
+    assert dense_split(32768, 4, 1) == SPLIT  # long spans: SPLIT cells a program
+    for span in (256, 4096, 32768, 524288):
+        split = dense_split(span, 2, 4)
+        assert split % CHUNK == 0 and -(-span // split) <= 256  # the merge's width stays bounded

@@ -1,0 +1,50 @@
+"""Softmax routing in one launch: the softmax over a token's router logits, its k largest probabilities (ties to
+the lower expert id) and, if asked, their renormalisation, as `models.layers.route_topk` computes them in torch
+(a dtype copy, a softmax, a top-k of two kernels, a sum and a division there)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.constexpr, NORMALIZE: tl.constexpr,
+                       BLOCK: tl.constexpr, KB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK)
+    live = e < n_experts
+    x = tl.load(logits_ptr + row * n_experts + e, mask=live, other=float("-inf")).to(tl.float32)
+    top = tl.max(x, axis=0)
+    p = tl.exp(x - top)
+    p = p / tl.sum(p, axis=0)
+    p = tl.where(live, p, -1.0)
+    slots = tl.arange(0, KB)
+    chosen_p = tl.zeros((KB,), tl.float32)
+    chosen_id = tl.zeros((KB,), tl.int64)
+    for j in tl.static_range(K):  # k passes of "largest left, lowest id among equals"
+        best = tl.max(p, axis=0)
+        pick = tl.min(tl.where(p == best, e, BLOCK), axis=0)
+        chosen_p = tl.where(slots == j, best, chosen_p)
+        chosen_id = tl.where(slots == j, pick.to(tl.int64), chosen_id)
+        p = tl.where(e == pick, -1.0, p)
+    if NORMALIZE:
+        chosen_p = chosen_p / tl.sum(tl.where(slots < K, chosen_p, 0.0), axis=0)
+    tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
+    tl.store(ids_ptr + row * K + slots, chosen_id, mask=slots < K)
+
+
+def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] (any float dtype) -> (weights [T, k] float32, expert ids [T, k] int64)."""
+    n_tokens, n_experts = router_logits.shape
+    if not 1 <= k <= n_experts:
+        raise ValueError(f"top-{k} of {n_experts} experts")
+    logits = router_logits.contiguous()
+    weights = torch.empty(n_tokens, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(n_tokens, k, dtype=torch.int64, device=logits.device)
+    if n_tokens:
+        _route_topk_kernel[(n_tokens,)](logits, weights, ids, n_experts, K=k, NORMALIZE=normalize,
+                                        BLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
+                                        num_warps=4)
+    return weights, ids
