@@ -8,7 +8,7 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 (`ResidentExperts`: a dequantize and matmul per expert) in the same run. Then a CUDA graph of one call is captured
 and replayed with new ids in place, and must match eager calls bit for bit.
 
-    python -m strata.bench.moe_decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep]
+    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth
-from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, down_sum_triton, gate_up_swiglu_triton, gemv_config,
-                                     moe_gemv, moe_gemv_float64, relative_error)
+from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, byte_config, down_sum_triton, gate_up_swiglu_triton,
+                                     gemv_config, moe_gemv, moe_gemv_float64, relative_error)
 from strata.quant import get_format, random_blocks
 
 SHAPES = {  # name: (gate/up format, down format, embd, ff, experts, top-k)
@@ -144,7 +144,8 @@ def _sweep(name, experts, stack, calls, device, floor_bw, out) -> None:
         base = gemv_config(kind, m.spec, m.rows, m.cols, top_k, True)
         variants = [base, replace(base, warps=max(1, base.warps // 2)), replace(base, warps=min(16, base.warps * 2)),
                     replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
-                    replace(base, ns=max(1, base.ns // 2), warps=max(1, base.warps // 2))]
+                    replace(base, ns=max(1, base.ns // 2), warps=max(1, base.warps // 2)),
+                    byte_config(kind, m.spec, m.rows, m.cols, top_k, True)]  # the byte kernel (before the word ones)
         per_expert = 2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes
         n_bytes = sum(len(c[1].unique()) for c in calls) / len(calls) * per_expert
         for cfg in dict.fromkeys(variants):
@@ -156,6 +157,7 @@ def _sweep(name, experts, stack, calls, device, floor_bw, out) -> None:
             try:
                 us = _graph_us(fn, args, device)
                 print(f"  sweep {name:<14} {kind:<7} bn={cfg.bn:<3} ns={cfg.ns:<3} kc={cfg.kc} warps={cfg.warps:<2} "
+                      f"{'words' if cfg.wide else 'bytes'} "
                       f"{us:8.2f} us  {n_bytes / us / 1e3:6.0f} GB/s  {n_bytes / floor_bw * 1e6 / us:6.1%} of floor",
                       file=out, flush=True)
             except Exception as e:  # a configuration that does not build is a line, not the end of the sweep

@@ -104,9 +104,7 @@ class GraphDecoder:
         self.exact_span = (not capture) if exact_span is None else exact_span
         if capture and self.exact_span:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
-        check_static(kv)
-        if type(model).forward is not DecoderLM.forward:  # the segments below are DecoderLM.forward's loop
-            raise StrataError(f"{type(model).__name__} runs its own forward step, which has no static form yet")
+        self._check_model(model, kv)
         experts = model.experts
         self.cached = experts if isinstance(experts, CachedExperts) else None
         if self.cached is not None and self.cached.pcie_frac > 0:
@@ -125,6 +123,12 @@ class GraphDecoder:
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
         self.steps = 0
+
+    def _check_model(self, model, kv) -> None:
+        """A StrataError unless this class's program is the model's step over this cache."""
+        check_static(kv)
+        if type(model).forward is not DecoderLM.forward:  # the segments below are DecoderLM.forward's loop
+            raise StrataError(f"{type(model).__name__} runs its own forward step, which has no static form yet")
 
     # ---- host side
 
@@ -206,28 +210,33 @@ class GraphDecoder:
 
     # ---- the step's functions
 
-    def _program(self, span: int) -> Program:
-        model, rows = self.model, self.rows
-        view = static_kv(self.kv, self.positions, span)
-        ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
-                            keep_row_states=self.keep_row_states, position_tensor=self.positions)
-        routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
+    def _routing_buffers(self) -> dict:
+        """A program's static state for the doorbell (behind an expert cache): the slot table, the pool's part and
+        the routing published to the host (pinned when captured)."""
         stash: dict = {"plan": None}
-        if self.row_buffers is not None:
-            # The program's record of where the rows' states go: filled once (at capture), the buffers rewritten by
-            # every replay.
-            stash["rows"] = view.window_rows = {}
-            view.row_buffers = self.row_buffers
-        program = Program([], routed, stash)
-        host = self.cached is not None and self.capture
         if self.cached is not None:
-            c = model.config
+            c, rows, host = self.model.config, self.rows, self.capture
             stash["table"] = torch.full((max(c.n_experts, 1),), -1, dtype=torch.int32, device=self.device)
             stash["cpu"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, device=self.device)
             stash["published"] = Published(
                 torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host),
                 torch.zeros(rows, c.n_experts_used, dtype=torch.float32, pin_memory=host),
                 torch.zeros(rows, c.n_experts_used, dtype=torch.long, pin_memory=host))
+        return stash
+
+    def _program(self, span: int) -> Program:
+        model, rows = self.model, self.rows
+        view = static_kv(self.kv, self.positions, span)
+        ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
+                            keep_row_states=self.keep_row_states, position_tensor=self.positions)
+        routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
+        stash = self._routing_buffers()
+        if self.row_buffers is not None:
+            # The program's record of where the rows' states go: filled once (at capture), the buffers rewritten by
+            # every replay.
+            stash["rows"] = view.window_rows = {}
+            view.row_buffers = self.row_buffers
+        program = Program([], routed, stash)
 
         def layers(first: int, stop: int) -> None:
             """Mixers and FFNs of layers first..stop-1, then (stop < layers) the mixer and routing of `stop`."""
@@ -237,12 +246,7 @@ class GraphDecoder:
                 h = h + model._ffn(i, h)
             if stop < model.n_main_layers:
                 h = h + model.mixer(stop, h, ctx, cos, sin)
-                x, weights, ids = model.route(stop, h)
-                stash.update(x=x, weights=weights, ids=ids)
-                published = stash["published"]
-                published.x.copy_(x.float(), non_blocking=True)
-                published.weights.copy_(weights.float(), non_blocking=True)
-                published.ids.copy_(ids.long(), non_blocking=True)
+                publish(stash, *model.route(stop, h))
             stash["h"] = h
 
         def finish() -> None:
@@ -277,6 +281,15 @@ def row_state_buffers(cache: HybridCache, rows: int) -> dict[int, tuple[torch.Te
     """Static buffers for a verify window's per-row recurrent states: layer -> (conv [rows, ...], state [rows, ...])."""
     return {layer: (cache.conv[layer].new_zeros((rows, *cache.conv[layer].shape)),
                     cache.state[layer].new_zeros((rows, *cache.state[layer].shape))) for layer in cache.conv}
+
+
+def publish(stash: dict, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+    """End of a segment at a routed layer: keep (x, weights, ids) for the expert segment, copy them to the host."""
+    stash.update(x=x, weights=weights, ids=ids)
+    published = stash["published"]
+    published.x.copy_(x.float(), non_blocking=True)
+    published.weights.copy_(weights.float(), non_blocking=True)
+    published.ids.copy_(ids.long(), non_blocking=True)
 
 
 def _experts_segment(model, backend: CachedExperts, layer: int, stash: dict) -> None:
@@ -320,13 +333,24 @@ def graphs_wanted(option: str, device: torch.device) -> str:
     return "graphs"
 
 
+def decoder_class(model) -> type[GraphDecoder]:
+    """The static program of this model's step: DecoderLM's loop, or a model's own (qwen4exp)."""
+    from strata.models.qwen4exp import Qwen4ExpLM
+
+    if isinstance(model, Qwen4ExpLM):
+        from strata.engine.decode_qwen4exp import Qwen4ExpDecoder
+
+        return Qwen4ExpDecoder
+    return GraphDecoder
+
+
 def make_decoder(model, kv, device: torch.device, option: str) -> GraphDecoder | None:
     """The engine's decoder for one-token steps, or None (step by step) with one line saying why."""
     mode = graphs_wanted(option, device)
     if mode == "off":
         return None
     try:
-        return GraphDecoder(model, kv, device, capture=mode == "graphs")
+        return decoder_class(model)(model, kv, device, capture=mode == "graphs")
     except StrataError as exc:
         print(f"strata: decode graphs off: {exc}; decoding step by step", file=sys.stderr)
         return None

@@ -39,20 +39,13 @@ class IndexerKeys:
     def append(self, start: int, raw: torch.Tensor, k_norm: torch.Tensor) -> None:
         """Store raw keys [T, Dk] of cells start.., then pool every block they complete."""
         end = start + raw.shape[0]
-        if end > self.raw.shape[0]:
-            grown = torch.zeros(max(end, 2 * self.raw.shape[0], 256), self.key_dim, device=self.device)
-            grown[: self.n_cells] = self.raw[: self.n_cells]
-            self.raw = grown
+        self.reserve(end)
         self.raw[start:end] = raw.float()
         self.n_cells = end
-        if start == 0:
-            self.dead = dead_key(self.raw[0], k_norm, self.eps)
+        if start == 0:  # in place: a captured decode step reads this tensor
+            self.dead.copy_(dead_key(self.raw[0], k_norm, self.eps))
         n_blocks = end // BLOCK
         if n_blocks > self.n_pooled:
-            if n_blocks > self.pooled.shape[0]:
-                grown = torch.zeros(max(n_blocks, 2 * self.pooled.shape[0], 64), self.key_dim, device=self.device)
-                grown[: self.n_pooled] = self.pooled[: self.n_pooled]
-                self.pooled = grown
             cells = self.raw[BLOCK * self.n_pooled : BLOCK * n_blocks]
             self.pooled[self.n_pooled : n_blocks] = pool_block_keys(cells, k_norm, self.n_pooled, self.eps,
                                                                     self.n_rot, self.base)
@@ -62,6 +55,15 @@ class IndexerKeys:
         """Forget the cells from n_cells on (a verify window's rejected rows) and the blocks they completed."""
         self.n_cells = min(self.n_cells, n_cells)
         self.n_pooled = min(self.n_pooled, self.n_cells // BLOCK)
+
+    def reserve(self, n_cells: int) -> None:
+        """Storage for n_cells raw keys and the pooled keys of their blocks (the last one possibly unfinished: a
+        static decode step writes its block's pooled key every step), growing by doubling."""
+        if n_cells > self.raw.shape[0]:
+            self.raw = _grown(self.raw, self.n_cells, max(n_cells, 2 * self.raw.shape[0], 256))
+        n_blocks = -(-n_cells // BLOCK)
+        if n_blocks > self.pooled.shape[0]:
+            self.pooled = _grown(self.pooled, self.n_pooled, max(n_blocks, 2 * self.pooled.shape[0], 64))
 
     def keys(self) -> torch.Tensor:
         """Pooled keys [completed blocks, Dk]."""
@@ -73,8 +75,15 @@ class IndexerKeys:
         self.pooled = torch.zeros(max(pooled.shape[0], 64), self.key_dim, device=self.device)
         self.raw[: raw.shape[0]] = raw.to(self.device)
         self.pooled[: pooled.shape[0]] = pooled.to(self.device)
-        self.dead = dead.to(self.device).clone()
+        self.dead.copy_(dead)
         self.n_cells, self.n_pooled = raw.shape[0], pooled.shape[0]
+
+
+def _grown(rows: torch.Tensor, n_used: int, n_rows: int) -> torch.Tensor:
+    """A zeroed [n_rows, ...] copy of `rows` holding its first n_used rows."""
+    grown = torch.zeros(n_rows, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
+    grown[:n_used] = rows[:n_used]
+    return grown
 
 
 class Qwen4ExpCache(HybridCache):

@@ -5,7 +5,8 @@ replays for any position below the span.
 A view wraps the engine's cache (same storage, nothing copied) for one span; the graph runner (engine/decode.py)
 keeps the host-side bookkeeping (reserve, a hybrid cache's length) outside the captured step. With `span` equal to
 the step's end (what the CPU form uses) every view computes exactly what the cache's own `attend` does, byte for
-byte; a larger span adds only masked cells.
+byte; a larger span adds only masked cells. A step may pass a cell selection (ids [T, W], width [T] on the device,
+qwen4exp's indexer): the view then attends over those cells of its span instead of every cell up to the position.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.engine.hybrid_cache import HybridCache
-from strata.engine.kv import KVBackend, KVCache
+from strata.engine.kv import KVBackend, KVCache, attend_selected, check_selection
 from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton
@@ -61,13 +62,12 @@ class StaticDenseKV(StaticView):
     cache: KVCache
 
     def attend(self, layer, q, k, v, start, selection=None):
-        _dense_only(selection)
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
         c.keys[layer].index_copy_(0, pos, k.to(c.dtype))
         c.values[layer].index_copy_(0, pos, v.to(c.dtype))
-        if q.is_cuda and q.dtype != torch.float32:
+        if selection is None and q.is_cuda and q.dtype != torch.float32:
             # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
             out = decode_attn_dense_triton(q, c.keys[layer], c.values[layer], pos + 1, self.span)
@@ -75,6 +75,8 @@ class StaticDenseKV(StaticView):
         # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
         keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
         values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
+        if selection is not None:
+            return attend_selected(q, keys, values, *check_selection(selection, q.shape[0]))
         allowed = self.cells[None, :] <= pos[:, None]
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                              attn_mask=allowed, enable_gqa=True)
@@ -92,22 +94,18 @@ class StaticPagedKV(StaticView):
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
     def attend(self, layer, q, k, v, start, selection=None):
-        _dense_only(selection)
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
         pool, table = c.pools[layer], c.page_table
         kernels = q.is_cuda if c.kernels is None else c.kernels
         (append_kv_triton if kernels else append_kv_ref)(pool, table, self.positions, k, v)
-        width = (self.positions + 1).to(torch.int32)
+        ids, width = self.ids, (self.positions + 1).to(torch.int32)
+        if selection is not None:
+            ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
-            return decode_attn_triton(q.float(), pool, table, self.ids, width).to(q.dtype)
-        return prompt_attention(q.float(), pool, table, self.ids, width, reference=True).to(q.dtype)
-
-
-def _dense_only(selection) -> None:
-    if selection is not None:
-        raise StrataError("a static decode step attends densely (causal); it takes no cell selection")
+            return decode_attn_triton(q.float(), pool, table, ids, width).to(q.dtype)
+        return prompt_attention(q.float(), pool, table, ids, width, reference=True).to(q.dtype)
 
 
 def check_static(cache) -> None:

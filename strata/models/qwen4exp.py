@@ -16,6 +16,7 @@ With nextn_predict_layers = 1 the MTP block after the trunk is loaded, and `mtp_
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from strata.engine.context import ForwardContext
@@ -226,15 +227,20 @@ class Qwen4ExpLM(DecoderLM):
                              eps=c.rms_eps, ple_width=self.hc * c.n_embd, ple_history_rows=HISTORY_ROWS,
                              mtp_layers=int(self.mtp is not None))
 
+    def ngram_rows(self, tokens: np.ndarray, cache: Qwen4ExpCache) -> torch.Tensor:
+        """The n-gram table's rows (float32 [T, embd], on the host) of tokens [T] following the cache's last two;
+        the cache moves its token window past them."""
+        rows = self.ngram_hash.rows(tokens, cache.previous_tokens)
+        window = (*cache.previous_tokens, *(int(t) for t in tokens))
+        cache.previous_tokens = (window[-2], window[-1])
+        return self.ngram_table.gather(rows)
+
     def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache,
                      window: bool = False) -> torch.Tensor:
         tokens = ids.cpu().numpy()
         if window:  # a verify window: what keep_rows needs to put the token window and conv history back
             cache.mark_window([int(t) for t in tokens])
-        rows = self.ngram_hash.rows(tokens, cache.previous_tokens)
-        window = (*cache.previous_tokens, *(int(t) for t in tokens))
-        cache.previous_tokens = (window[-2], window[-1])
-        emb = self.ngram_table.gather(rows).to(self.device)
+        emb = self.ngram_rows(tokens, cache).to(self.device)
         residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
         cache.ple_history.copy_(history)
         return residual
@@ -311,8 +317,9 @@ class Qwen4ExpLM(DecoderLM):
         mixed, _ = hc_read(stack, self.mtp.hc_out, eps)
         return linear(mixed.to(self.dtype), self.output).float(), stack
 
-    def head(self, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        self.experts.end_step()
+    def logits(self, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Logits float32 of the final residual stack [T, hc, embd] (its last row unless ctx.want_all_logits); the
+        inherited `head` lets the experts adapt first."""
         if not ctx.want_all_logits:
             residual = residual[-1:]
         mixed, _ = hc_read(residual, self.hc_output, self.config.rms_eps)

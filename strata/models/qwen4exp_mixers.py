@@ -83,12 +83,18 @@ def qsa_selection(w: QSAWeights, s: QSAShape, x: torch.Tensor, start: int, posit
     keys.append(start, linear(x, w.indexer_k), w.indexer_k_norm)
     if start + x.shape[0] <= s.selection_cells:
         return None
+    return indexer_select(w, s, x, positions, keys.keys(), keys.dead, eps)
+
+
+def indexer_select(w: QSAWeights, s: QSAShape, x: torch.Tensor, positions: torch.Tensor, pooled: torch.Tensor,
+                   dead: torch.Tensor, eps: float):
+    """(ids, width) of the cells kept by the queries of x at `positions`, scoring the pooled keys `pooled`
+    [blocks, Dk] (those past a query's completed blocks count for nothing) and the tail's `dead` key."""
     q_idx = rms_norm(linear(x, w.indexer_q).float().view(x.shape[0], s.indexer_heads, s.indexer_dim),
                      w.indexer_q_norm.float(), eps)
     q_idx = rope_neox(q_idx, positions[:, None], s.n_rot, s.rope_base)
     n_kv = positions + 1
-    scores = block_scores(q_idx, keys.keys(), keys.dead, n_kv)
-    return select_cells(scores, n_kv, s.top_k)
+    return select_cells(block_scores(q_idx, pooled, dead, n_kv), n_kv, s.top_k)
 
 
 def qsa_attention(w: QSAWeights, s: QSAShape, x: torch.Tensor, kv, layer: int, start: int, cos: torch.Tensor,

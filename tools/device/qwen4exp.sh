@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: qwen4exp. (1) the tiny synthetic model on CUDA against the CPU (qwen4exp_check.py: float32
-# within 1e-4, bf16 argmax agreement, prompt path = token-by-token decode, greedy tokens); (2) `make-model --preset
+# within 1e-4, bf16 argmax agreement, prompt path = token-by-token decode, greedy tokens), then its decode through
+# captured graphs against step by step (tokens, logits, tok/s both ways; PARTS=tiny stops here, under 2 minutes
+# per part and 4 in all); (2) `make-model --preset
 # full` at the real shapes (about 40 GB written + a 28.8 GB table shard that is a hole), its write rate, and
 # `strata info` (expect "24,576 experts in 48 layers, 1,382,400 bytes each"); (3) `bench generate` on it (every
 # expert resident on the H200; logits must stay finite through 48 layers); then the files are deleted.
@@ -13,8 +15,11 @@ DIR=$(mktemp -d /tmp/qwen4exp.XXXX)
 trap 'rm -rf "$DIR"' EXIT
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git rev-parse --short HEAD; df -h /tmp | tail -1; } \
   | tee "$OUT/qwen4exp_env.txt"
-timeout 240 python3 tools/device/qwen4exp_check.py "$DIR" 2>&1 | tee "$OUT/qwen4exp_tiny_cuda.txt"
+timeout 120 python3 tools/device/qwen4exp_check.py "$DIR" parity 2>&1 | tee "$OUT/qwen4exp_tiny_cuda.txt"
 echo "tiny rc=${PIPESTATUS[0]}"
+timeout 120 python3 tools/device/qwen4exp_check.py "$DIR" graphs 2>&1 | tee "$OUT/qwen4exp_tiny_graphs.txt"
+echo "tiny graphs rc=${PIPESTATUS[0]}" | tee -a "$OUT/qwen4exp_tiny_graphs.txt"
+[ "${PARTS:-all}" = tiny ] && exit 0
 start=$(date +%s)
 timeout 900 python3 -m strata make-model --arch qwen4exp --preset full -o "$DIR/full.gguf" > "$OUT/qwen4exp_full_make.txt" 2>&1
 rc=$?; secs=$(( $(date +%s) - start ))

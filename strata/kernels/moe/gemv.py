@@ -14,6 +14,8 @@ with new ids.
 A program's tile is BN rows x NS consecutive blocks: decode32 decodes 32 weights of each of the BN*NS (row, block)
 pairs at once ("virtual rows"), reshaped to [BN, NS, 32] against the activations' [NS, 32] slice, so each step
 reads NS blocks of every row (NS*18 contiguous bytes of Q4_0) and the accumulators are only reduced at the end.
+Q4_0, Q8_0 and Q4_K take the word kernels of `wide_gemv.py` instead (same contracts, a thread per 16/32-bit word of
+codes; `GemvConfig.wide`); the byte-a-weight kernels here serve the other formats.
 
 Precision: the weights are decoded exactly (every GGUF weight is a float32, Q4_K's `d*sc*q - dmin*m` rounded once),
 x is read as given and H is kept in float32, so the only error is float32 summation: at most about
@@ -33,6 +35,8 @@ import triton.language as tl
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.wide_gemv import (UNIT, WORDS, launch_word_down, launch_word_gate_up, word_gemv_applies,
+                                           word_tile)
 from strata.quant import dequantize, get_format
 
 ERROR_BOUND = 1e-5  # max |kernel - float64| over max |float64|, for H and for the output
@@ -243,22 +247,40 @@ def _cover(n: int, target: int) -> int:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps."""
+    """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
+    `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow."""
 
     bn: int
     ns: int
     warps: int
     kc: int = 1
+    wide: bool = False
 
 
 def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
-    """The launch configuration of "gate_up" or "down" for n_out rows of n_in weights.
+    """The launch configuration of "gate_up", "down" or "matvec" (the dense matvec: the down kernel with one
+    "expert") for n_out rows of n_in weights.
+
+    Q4_0, Q8_0, Q4_K: the word kernels' tiles (`wide_gemv.word_tile`; the down kernel's units run over all chosen
+    experts at once). The other formats, byte kernels:
 
     On a GPU: a step reads about 512 (gate/up) or 256 (down) weights of each row, 8 (gate/up) or 2 (down) rows per
     program, KC = up to 8 experts at once (down), and warps so that each thread holds 16 decoded weights (4 for the
     256-weight formats, whose decode needs more registers): 60-180 registers, none spilled (sm_90 builds, tested).
-    Under the interpreter, whose cost is per operation: the widest tiles.
+    Under the interpreter, whose cost is per operation: the widest tiles. (The dense matvec takes gate_up's byte
+    tiles: with one "expert" the down kernel's own would leave most of a program idle.)
     """
+    if spec.name in WORDS:
+        n_units = n_in // UNIT[spec.name] * (top_k if kind == "down" else 1)
+        bn, nu, warps = word_tile(spec, n_out, n_units, on_gpu)
+        return GemvConfig(bn, nu, warps, 1, True)
+    return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
+
+
+def byte_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
+    """`gemv_config` for the byte kernels of this file (any format; the word formats when misaligned)."""
+    if kind == "matvec":
+        kind, top_k = "gate_up", 1
     n_blocks = n_in // spec.block_size
     if not on_gpu:
         ns = 1 << (n_blocks - 1).bit_length() if n_blocks <= 8 else 8
@@ -269,13 +291,21 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
     else:
         bn, ns, kc = 2, _cover(n_blocks, max(1, 256 // spec.block_size)), _cover(top_k, 8)
     per_thread = 16 if spec.block_size <= 64 else 4
-    return GemvConfig(bn, ns, max(1, min(8, kc * bn * ns // per_thread)), kc)
+    # At least 4 warps for the 256-weight formats: IQ2_XS's down tile on 2 warps puts 8 bytes on the stack once
+    # the launch's 16-byte alignments are known (sm_90 build, tests/kernels/moe/test_gemv.py).
+    fewest = 1 if spec.block_size <= 64 else 4
+    return GemvConfig(bn, ns, max(fewest, min(8, kc * bn * ns // per_thread)), kc)
 
 
 def _format_constants(m: ExpertOperand) -> dict:
     spec = m.spec
     return dict(K=m.cols, NB=m.cols // spec.block_size, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size,
                 SPLIT16=spec.split16, HAS_MIN=spec.has_min)
+
+
+def _takes_words(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
+    """Whether a launch of cfg takes the word kernels: asked for, and every operand aligned for their loads."""
+    return cfg.wide and all(word_gemv_applies(m.spec, m.raw.data_ptr(), m.stride, m.row_bytes) for m in operands)
 
 
 def _check_routing(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExperts) -> None:
@@ -294,7 +324,11 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     h = torch.empty(n_tokens, top_k, g.rows, dtype=torch.float32, device=x.device)
     cfg = config or gemv_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
     slots = experts.slot_of is not None
-    if h.numel():
+    if cfg.wide and not _takes_words(cfg, g, u):  # operands at odd offsets: the byte kernel's own tiles
+        cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
+    if h.numel() and _takes_words(cfg, g, u):
+        launch_word_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps)
+    elif h.numel():
         _gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, cfg.bn))](
             x.contiguous(), topk_ids.contiguous(), experts.slot_of if slots else topk_ids, g.raw, u.raw,
             code_tables(x.device), h, g.rows, g.stride, u.stride, g.row_bytes, TOP_K=top_k, **_format_constants(g),
@@ -312,11 +346,15 @@ def down_sum_triton(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 
 def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, d: ExpertOperand,
                 slot_of: torch.Tensor | None, out_dtype: torch.dtype, cfg: GemvConfig) -> torch.Tensor:
-    """`_down_kernel` over operand d: y [T, d.rows] (also the dense matvec of kernels/quant: one "expert")."""
+    """The down kernel over operand d: y [T, d.rows] (also the dense matvec of kernels/quant: one "expert")."""
     n_tokens, top_k = topk_ids.shape
     y = torch.empty(n_tokens, d.rows, dtype=out_dtype, device=h.device)
     slots = slot_of is not None
-    if y.numel():
+    if cfg.wide and not _takes_words(cfg, d):
+        cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
+    if y.numel() and _takes_words(cfg, d):
+        launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps)
+    elif y.numel():
         _down_kernel[(n_tokens, triton.cdiv(d.rows, cfg.bn))](
             h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw,
             code_tables(h.device), y, d.rows, d.stride, d.row_bytes, TOP_K=top_k, **_format_constants(d),

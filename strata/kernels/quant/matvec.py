@@ -3,11 +3,16 @@
 A decode step multiplies one token (a verify window: up to 4) by every dense matrix: attention projections, the
 shared expert, the head. Dequantizing a matrix to bf16 first writes and reads it again at 2 bytes a weight, in a dozen
 launches; reading the blocks once in a GEMV costs only their own bytes. The kernel is the routed experts' down kernel
-(`kernels/moe/gemv.py`, `_down_kernel`) with one "expert" of weight 1: its precision (weights decoded exactly, float32
-sums) and its float64 check carry over (ERROR_BOUND of max |y|).
+(`kernels/moe/gemv.py`, `launch_down`: the word kernel of `wide_gemv.py` for Q4_0/Q8_0/Q4_K, the byte kernel for the
+other formats) with one "expert" of weight 1: its precision (weights decoded exactly, float32 sums) and its float64
+check carry over (ERROR_BOUND of max |y|). x is read in its own dtype (bf16/fp16 are exact in
+float32), and the routing constants (expert 0, weight 1) are made once per device and row count, so a call is one
+launch and allocates only its output (under CUDA-graph capture as well).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -30,16 +35,21 @@ def matvec_applies(x: torch.Tensor, ggml_type: int) -> bool:
             and dot_length_fits(SPECS[name], x.shape[-1]))
 
 
-def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> torch.Tensor:
+@functools.cache
+def one_expert(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [n_rows, 1] of zeros, weights float32 [n_rows, 1] of ones) on device: never written."""
+    return (torch.zeros(n_rows, 1, dtype=torch.int32, device=device),
+            torch.ones(n_rows, 1, dtype=torch.float32, device=device))
+
+
+def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int],
+                 config=None) -> torch.Tensor:
     """x [..., n_in] times the [n_out, n_in] weight in GGUF blocks `raw` (uint8 [n_out, row_bytes]): [..., n_out]
-    in x's dtype."""
+    in x's dtype. `config` (a GemvConfig) overrides `gemv_config`'s tiles (the benchmark's comparisons)."""
     n_out, n_in = shape
     operand = ExpertOperand(raw.contiguous().reshape(-1), int(ggml_type), n_out, n_in, stride=0)
-    rows = x.reshape(-1, 1, n_in).float().contiguous()
-    ids = torch.zeros(rows.shape[0], 1, dtype=torch.int32, device=x.device)
-    ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=x.device)
-    # The gate/up kernel's tiles (8 rows x ~512 weights a step): with one "expert" the down kernel's own would
-    # leave most of a program idle.
-    config = gemv_config("gate_up", decode_spec(ggml_type), n_out, n_in, 1, x.is_cuda)
+    rows = x.reshape(-1, 1, n_in).contiguous()
+    ids, ones = one_expert(x.device, rows.shape[0])
+    config = config or gemv_config("matvec", decode_spec(ggml_type), n_out, n_in, 1, x.is_cuda)
     y = launch_down(rows, ids, ones, operand, None, x.dtype, config)
     return y.reshape(*x.shape[:-1], n_out)

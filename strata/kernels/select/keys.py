@@ -29,9 +29,16 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def pool_block_keys(raw: torch.Tensor, k_norm: torch.Tensor, first_block: int = 0, eps: float = 1e-6,
                     n_rot: int = 64, base: float = 1e7) -> torch.Tensor:
     """Pooled keys [n, Dk] (float32) of the completed blocks whose raw keys `raw` [4n, Dk] start at `first_block`."""
+    pos = (torch.arange(raw.shape[0] // BLOCK, device=raw.device) + first_block) * BLOCK
+    return pool_keys_at(raw, k_norm, pos, eps, n_rot, base)
+
+
+def pool_keys_at(raw: torch.Tensor, k_norm: torch.Tensor, first_cells: torch.Tensor, eps: float = 1e-6,
+                 n_rot: int = 64, base: float = 1e7) -> torch.Tensor:
+    """Pooled keys [n, Dk] (float32) of the blocks whose raw keys are `raw` [4n, Dk] and whose first cells are at
+    `first_cells` [n] (a device tensor: the static decode step pools its own block without the host)."""
     blocks = raw.to(torch.float64).unflatten(0, (-1, BLOCK)).mean(1)
-    pos = (torch.arange(blocks.shape[0], device=raw.device) + first_block) * BLOCK
-    return rope_neox(_rmsnorm(blocks, k_norm, eps), pos, n_rot, base).float()
+    return rope_neox(_rmsnorm(blocks, k_norm, eps), first_cells, n_rot, base).float()
 
 
 def dead_key(raw_cell0: torch.Tensor, k_norm: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

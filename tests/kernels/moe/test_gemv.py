@@ -54,6 +54,26 @@ def test_formats_against_float64_with_repeated_experts(device, pair):
     assert relative_error(moe_gemv_ref(x, ids, w, _cpu(DecodeExperts.of_stack(stack))), y64) <= ERROR_BOUND
 
 
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q4_K"])
+def test_word_formats_through_the_byte_kernels_too(device, fmt):
+    from strata.kernels.moe.gemv import byte_config
+
+    n_ff = 256 if fmt == "Q4_K" else 96  # 96 features: not a multiple of the tiles
+    stack = synthetic_stack(fmt, fmt, 6, 256, n_ff, seed=4, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(5)
+    ids, w = routing(2, 3, 6, gen, shared=1)
+    x = torch.randn(2, 256, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, _cpu(experts))
+    g, d = experts.gate, experts.down
+    configs = (byte_config("gate_up", g.spec, g.rows, g.cols, 3, False), byte_config("down", d.spec, d.rows, d.cols, 3,
+                                                                                      False))
+    assert not any(c.wide for c in configs)
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    assert relative_error(gate_up_swiglu_triton(x, ids, experts, configs[0]), h64) <= ERROR_BOUND
+    assert relative_error(moe_gemv_triton(x, ids, w, experts, torch.float32, configs), y64) <= ERROR_BOUND
+
+
 def test_every_top_k_from_1_to_8(device):
     stack = synthetic_stack("Q4_0", "Q4_0", 12, 64, 32, seed=5, device=device)
     experts = DecodeExperts.of_stack(stack)
@@ -63,8 +83,9 @@ def test_every_top_k_from_1_to_8(device):
         check(torch.randn(2, 64, generator=gen).to(device), ids.to(device), w.to(device), experts)
 
 
-def test_slots_through_a_device_table_and_missing_experts_add_nothing(device):
-    stack = synthetic_stack("Q2_0", "Q2_0", 16, 128, 64, seed=7, device=device)
+@pytest.mark.parametrize("fmt", ["Q2_0", "Q4_0"])  # a byte kernel and a word kernel (wide_gemv.py)
+def test_slots_through_a_device_table_and_missing_experts_add_nothing(device, fmt):
+    stack = synthetic_stack(fmt, fmt, 16, 128, 64, seed=7, device=device)
     gen = torch.Generator().manual_seed(2)
     order = torch.randperm(16, generator=gen)
     slots, table = slots_of(stack, order, 12)  # experts order[12:] are not resident
@@ -124,6 +145,45 @@ def test_mismatched_or_unsupported_formats_are_named():
 # ---- sm_90 builds: the benchmark shapes' launch configurations compile for Hopper and spill nothing
 
 BUILDS = [("Q4_0", 2048, 768, 8), ("Q4_K", 2048, 768, 8), ("Q2_0", 2560, 640, 10), ("IQ2_XS", 2560, 512, 10)]
+MATVEC_BUILDS = [("Q4_0", 2048, 4096), ("Q8_0", 4096, 2048), ("Q4_K", 2048, 151936)]  # (format, n_in, n_out)
+GATE_UP_SIG = {"x": "*bf16", "ids": "*i32", "slot_of": "*i32", "wg": "*u8", "wu": "*u8", "h": "*fp32",
+               "n_ff": "i32", "stride_g": "i32", "stride_u": "i32", "row_bytes": "i32"}
+DOWN_SIG = {"h": "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "wd": "*u8", "y": "*fp32",
+            "n_out": "i32", "stride_d": "i32", "row_bytes": "i32"}
+
+
+def _jobs():
+    """(label, kernel, signature, constants, config) of every build: the byte kernels on their own tiles (every
+    format: the word formats fall back to them at odd offsets) and the word kernels on `gemv_config`'s."""
+    from strata.kernels.moe import gemv, wide_gemv
+    from strata.kernels.moe.decode import SPECS
+
+    byte_down_sig = {**{k: v for k, v in DOWN_SIG.items() if k != "n_out"}, "tab": "*i8", "n_embd": "i32"}
+    byte_gate_up_sig = {**GATE_UP_SIG, "tab": "*i8"}
+    shapes = [(name, "gate_up", n_ff, n_embd, k) for name, n_embd, n_ff, k in BUILDS]
+    shapes += [(name, "down", n_embd, n_ff, k) for name, n_embd, n_ff, k in BUILDS]
+    shapes += [(name, "matvec", n_out, n_in, 1) for name, n_in, n_out in MATVEC_BUILDS]
+    for name, kind, n_out, n_in, top_k in shapes:
+        spec = SPECS[name]
+        x_type = "*bf16" if kind == "matvec" else "*fp32"
+        cfg = gemv.byte_config(kind, spec, n_out, n_in, top_k, True)
+        constants = dict(TOP_K=top_k, K=n_in, NB=n_in // spec.block_size, FMT=spec.fmt_id, QK=spec.block_size,
+                         TS=spec.type_size, SPLIT16=spec.split16, HAS_MIN=spec.has_min, SLOTS=True, BN=cfg.bn,
+                         NS=cfg.ns)
+        if kind == "gate_up":
+            yield f"bytes {kind}", gemv._gate_up_kernel, byte_gate_up_sig, constants, cfg
+        else:
+            yield f"bytes {kind}", gemv._down_kernel, {**byte_down_sig, "h": x_type}, {**constants, "KC": cfg.kc}, cfg
+        if name not in wide_gemv.WORDS:
+            continue
+        cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
+        constants = dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_in // wide_gemv.UNIT[name],
+                         UNIT_W=wide_gemv.UNIT[name], NT=wide_gemv.WORDS[name], SLOTS=True, BN=cfg.bn, NU=cfg.ns)
+        if kind == "gate_up":
+            signature = {("hid" if k == "h" else k): v for k, v in GATE_UP_SIG.items()}
+            yield f"words {kind}", wide_gemv._word_gate_up_kernel, signature, constants, cfg
+        else:
+            yield f"words {kind}", wide_gemv._word_down_kernel, {**DOWN_SIG, "h": x_type}, constants, cfg
 
 
 def _build_sm90() -> None:
@@ -131,34 +191,22 @@ def _build_sm90() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from strata.kernels.moe import gemv
-    from strata.kernels.moe.decode import SPECS
-
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    common = {"ids": "*i32", "slot_of": "*i32", "tab": "*i8"}
-    for name, n_embd, n_ff, top_k in BUILDS:
-        spec = SPECS[name]
-        for kind, kernel, n_out, n_in, signature in [
-            ("gate_up", gemv._gate_up_kernel, n_ff, n_embd,
-             {"x": "*bf16", **common, "wg": "*u8", "wu": "*u8", "h": "*fp32", "n_ff": "i32", "stride_g": "i32",
-              "stride_u": "i32", "row_bytes": "i32"}),
-            ("down", gemv._down_kernel, n_embd, n_ff,
-             {"h": "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "wd": "*u8", "tab": "*i8",
-              "y": "*fp32", "n_embd": "i32", "stride_d": "i32", "row_bytes": "i32"})]:
-            cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
-            constants = dict(TOP_K=top_k, K=n_in, NB=n_in // spec.block_size, FMT=spec.fmt_id, QK=spec.block_size,
-                             TS=spec.type_size, SPLIT16=spec.split16, HAS_MIN=spec.has_min, SLOTS=True,
-                             BN=cfg.bn, NS=cfg.ns, **({"KC": cfg.kc} if kind == "down" else {}))
-            source = ASTSource(kernel, {**signature, **{k: "constexpr" for k in constants}}, constants)
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(compiled.asm["cubin"])
-                f.flush()
-                usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
-                                       text=True).stdout
-            regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-            print(json.dumps({"format": name, "kernel": kind, "regs": int(regs), "stack": int(stack),
-                              "config": [cfg.bn, cfg.ns, cfg.kc, cfg.warps]}), flush=True)
+    for label, kernel, signature, constants, cfg in _jobs():
+        # As a launch specializes them: pointers 16-byte aligned, row bytes a multiple of 16 where they are.
+        row_bytes = constants["K"] // (constants.get("QK") or 32) * (constants.get("TS") or 18)
+        aligned = [n for n, t in signature.items() if t.startswith("*") or (n == "row_bytes" and row_bytes % 16 == 0)]
+        attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        source = ASTSource(kernel, {**signature, **{k: "constexpr" for k in constants}}, constants, attrs=attrs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
+                                   text=True).stdout
+        regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+        print(json.dumps({"kernel": label, "FMT": constants["FMT"], "K": constants["K"], "regs": int(regs),
+                          "stack": int(stack), "config": [cfg.bn, cfg.ns, cfg.kc, cfg.warps]}), flush=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile the kernels themselves")
@@ -170,7 +218,7 @@ def test_kernels_build_for_sm90_without_spills():
     run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(builds) == 2 * len(BUILDS)
+    assert len(builds) == len(list(_jobs())) == 2 * (len(BUILDS) + 2) + 2 * len(MATVEC_BUILDS)
     assert not [b for b in builds if b["stack"]], builds
 
 

@@ -54,3 +54,50 @@ def test_only_decode_steps_on_the_gpu_take_the_kernel():
         assert not matvec_applies(one, q6k)  # not a format the decode kernels read
         assert not matvec_applies(one.float(), q4k)  # float32 stays on the exact reference path
         assert not matvec_applies(torch.zeros(MAX_ROWS + 1, 256, dtype=torch.bfloat16, device="cuda"), q4k)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q4_K"])
+def test_word_and_byte_kernels_odd_outputs_and_bf16_rows(fmt):
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.gemv import byte_config, gemv_config
+
+    n_out, n_in = 37, 512  # 37 outputs: not a multiple of any tile
+    qtype = get_format(fmt).ggml_type
+    raw = _blocks(fmt, n_out, n_in, seed=7)
+    x = torch.randn(2, n_in, generator=torch.Generator().manual_seed(9))
+    want = x.double() @ dequantize(raw, qtype, (n_out, n_in)).double().T
+    words = gemv_config("matvec", SPECS[fmt], n_out, n_in, 1, False)
+    assert words.wide  # the default for these formats: the word kernel
+    for cfg in (words, byte_config("matvec", SPECS[fmt], n_out, n_in, 1, False)):
+        got = quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, (n_out, n_in), config=cfg).cpu()
+        err = float((got.double() - want).abs().max() / want.abs().max())
+        assert err <= ERROR_BOUND, f"{fmt} {cfg}: {err:.2e}"
+    # bf16 rows are read as they are (exact in float32): only the bf16 output's own rounding adds to the error.
+    got = quant_matvec(x.to(DEVICE, torch.bfloat16), raw.to(DEVICE), qtype, (n_out, n_in)).cpu()
+    want = x.to(torch.bfloat16).double() @ dequantize(raw, qtype, (n_out, n_in)).double().T
+    assert got.dtype == torch.bfloat16
+    assert float((got.double() - want).abs().max() / want.abs().max()) <= 2 ** -8
+
+
+def test_misaligned_weights_fall_back_to_the_byte_kernel():
+    qtype = get_format("Q4_0").ggml_type
+    raw = _blocks("Q4_0", 8, 64, seed=2)
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.wide_gemv import word_gemv_applies
+
+    odd = torch.zeros(raw.numel() + 1, dtype=torch.uint8, device=DEVICE)
+    odd[1:] = raw.reshape(-1).to(DEVICE)
+    shifted = odd[1:].reshape(8, -1)  # an odd data pointer: no 16-bit loads
+    assert not word_gemv_applies(SPECS["Q4_0"], shifted.data_ptr())
+    x = torch.randn(1, 64)
+    want = x.double() @ dequantize(raw, qtype, (8, 64)).double().T
+    got = quant_matvec(x.to(DEVICE), shifted, qtype, (8, 64)).cpu()
+    assert float((got.double() - want).abs().max() / want.abs().max()) <= ERROR_BOUND
+
+
+def test_routing_constants_are_made_once_per_device_and_row_count():
+    from strata.kernels.quant.matvec import one_expert
+
+    assert one_expert(torch.device(DEVICE), 3) is one_expert(torch.device(DEVICE), 3)
+    ids, ones = one_expert(torch.device(DEVICE), 2)
+    assert ids.shape == ones.shape == (2, 1) and not ids.any() and bool((ones == 1).all())
