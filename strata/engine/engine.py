@@ -130,7 +130,10 @@ class Engine:
         if spec == "auto":
             from strata.engine.spec_auto import auto_spec
 
-            captured = self.decoder is not None and self.decoder.capture  # windows capture where plain decode does
+            from strata.engine.decode import GraphDecoder
+
+            # Windows capture where plain decode does, through GraphDecoder's own program (qwen4exp's: eager windows).
+            captured = type(self.decoder) is GraphDecoder and self.decoder.capture
             return auto_spec(bool(getattr(self.model, "mtp", None)), captured, self.plan.all_resident)
         if isinstance(spec, bool) or not isinstance(spec, int):
             raise StrataError(f"spec must be a window of 1..4 tokens or 'auto', got {spec!r}")
