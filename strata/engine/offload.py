@@ -45,7 +45,7 @@ def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, devic
     host = pinned(stacks) if device.type == "cuda" and config.pin_experts else stacks
     cache = ExpertCache(host, plan.n_slots, device)  # with 0 slots it still counts every routing as a miss
     cache.fill(load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking())
-    return CachedExperts(host, cache, CPUExpertPool(host), device, config.pcie_frac,
+    return CachedExperts(host, cache, CPUExpertPool(host, config.cpu_threads), device, config.pcie_frac,
                          prompt_streamer(host, cache, device, config.prefill_stream))
 
 

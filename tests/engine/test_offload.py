@@ -100,10 +100,11 @@ class SlowPool(CPUExpertPool):
 
     def __init__(self, stacks, events):
         super().__init__(stacks)
-        self.events, self.device_done = events, threading.Event()
+        self.events, self.device_done, self.started = events, threading.Event(), threading.Event()
 
     def compute(self, *args):
         self.events.append("cpu start")
+        self.started.set()
         assert self.device_done.wait(timeout=30), "the device side never ran while the CPU worked"
         self.events.append("cpu done")
         return super().compute(*args)
@@ -117,6 +118,8 @@ def test_cpu_pool_overlaps_with_device_work(tiny_moe, tiny_llm):
     real = backend.cache.expert_weights
 
     def device_side(layer, slot):
+        if "device hit" not in events:  # the first waits (a while at most) for the submitted CPU task to start
+            backend.pool.started.wait(timeout=5)
         events.append("device hit")
         backend.pool.device_done.set()
         return real(layer, slot)

@@ -42,8 +42,9 @@ def quantize_rows(x: np.ndarray, group: int, interleave: int = 1) -> Activations
     return Activations(np.ascontiguousarray(q.reshape(rows, n)), step, sums)
 
 
-def input_error(x: np.ndarray, group: int) -> np.ndarray:
-    """The bound on |x - dx * q| for each input of float [R, n] as `quantize_rows` stores it, float64 [R, n]."""
+def input_error(x: np.ndarray, group: int, q_max: int = Q_MAX) -> np.ndarray:
+    """The bound on |x - dx * q| for each input of float [R, n] as `quantize_rows` stores it (q_max 32767), or as
+    `int8_act.quantize8` does (q_max 127), float64 [R, n]."""
     g = np.abs(np.asarray(x, dtype=np.float64)).reshape(x.shape[0], -1, group)
-    step = g.max(axis=-1, keepdims=True) / Q_MAX
+    step = g.max(axis=-1, keepdims=True) / q_max
     return np.broadcast_to(INPUT_ERROR * step, g.shape).reshape(x.shape)

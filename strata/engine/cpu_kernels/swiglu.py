@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit
 import torch.nn.functional as F
 
 from strata.engine.cpu_kernels.blocks import FORMATS
-from strata.engine.cpu_kernels.gemv import gate_up_pairs, gemv_pairs, quantize_for, supported
+from strata import switches
+from strata.engine.cpu_kernels.gemv import (Scratch, gate_up_pairs, gemv_pairs, quantize_for, quantize_simd, simd_gate_up_pairs,
+                                            simd_gemv_pairs, simd_groups, simd_supported, supported)
 from strata.errors import StrataError
 from strata.models.weights import QuantWeight
 from strata.quant import get_format
+
+
+_SCRATCH = Scratch()
 
 
 class HostExperts:
@@ -25,6 +31,13 @@ class HostExperts:
         self.types = tuple(int(m.ggml_type) for m in self.mats)
         self.fast_gate_up = supported(self.types[0]) and supported(self.types[1])
         self.fast_down = supported(self.types[2])
+        # The SIMD kernels take a layer whose three formats they all read and whose gate and up share activation
+        # groups (one quantized copy of x serves both): `simd` is their activation width, or None for the `blocks`
+        # kernels (STRATA_CPU_POOL_OLD, or a layer they do not take).
+        self.simd = None
+        if (not switches.get("STRATA_CPU_POOL_OLD") and all(simd_supported(t) for t in self.types)
+                and simd_groups(self.types[0]) == simd_groups(self.types[1])):
+            self.simd = "i8" if switches.get("STRATA_CPU_POOL_INT8") else "i16"
 
     def _torch_rows(self, which: int, x: np.ndarray, experts, pair_start, x_rows) -> np.ndarray:
         """The fallback for a format without a block kernel: dequantize each expert's matrix, multiply in float32."""
@@ -38,6 +51,11 @@ class HostExperts:
     def swiglu(self, x: np.ndarray, experts, pair_start, x_rows) -> np.ndarray:
         """float32 [P, embd]: expert(x[x_rows[p]]) for every pair p, grouped by expert as in `gemv_pairs`."""
         (w_gate, w_up, w_down), (t_gate, t_up, t_down) = self.views, self.types
+        if self.simd:  # codes of x, h and u in this thread's reused buffers; the result is new
+            act = quantize_simd(t_gate, x, self.simd, _SCRATCH)
+            h = simd_gate_up_pairs(t_gate, w_gate, t_up, w_up, act, experts, pair_start, x_rows, _SCRATCH)
+            return simd_gemv_pairs(t_down, w_down, quantize_simd(t_down, h, self.simd, _SCRATCH), experts, pair_start,
+                                   np.arange(len(x_rows)))
         if self.fast_gate_up:
             act_gate = quantize_for(t_gate, x)
             act_up = act_gate if FORMATS[t_gate][1:] == FORMATS[t_up][1:] else quantize_for(t_up, x)
@@ -71,5 +89,17 @@ def moe_experts(host: HostExperts, x: torch.Tensor, routes: dict, weights: torch
     if not experts:
         return out
     ids, pair_start, token, w = pairs_of(routes, weights, experts)
-    y = torch.from_numpy(host.swiglu(x.numpy(), ids, pair_start, token.numpy()))
-    return out.index_add_(0, token, y * w[:, None])
+    token = token.numpy()
+    y = host.swiglu(x.numpy(), ids, pair_start, token)
+    # Not torch's index_add_: from the pool's thread its OpenMP region waits on threads numba's kernels keep busy
+    # (68 ms a call measured on 2 cores); a plain loop adds the pairs in the same order.
+    add_weighted_rows(out.numpy(), token, y, w.numpy())
+    return out
+
+
+@njit(nogil=True, cache=True)
+def add_weighted_rows(out, rows, y, w):
+    """out[rows[p]] += y[p] * w[p] for every pair p, in order (float32)."""
+    for p in range(rows.shape[0]):
+        for j in range(y.shape[1]):
+            out[rows[p], j] += y[p, j] * w[p]

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call (session 3, last): the word GEMV kernels (gemv.sh's matvec and moe-decode benches, tests on
+# CUDA), the A3B-shape decode profile with them, offloaded decode at --vram-budget 12 (the new CPU pool), captured
+# decode against step by step and float32 (small qwen3moe and qwen3next), verify windows through graphs (spec.sh,
+# small), the layer split as two stages on one card (multigpu.sh), qwen4exp's captured decode (tiny). Parts in priority order, each capped; a part that would start past BUDGET
+# seconds is skipped and says so. Carry .whl; logs come back as one tarball.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
+L=/tmp/logs; mkdir -p $L
+source tools/device/wheels.sh || exit 1
+export PYTHONUNBUFFERED=1
+BUDGET=${BUDGET:-460}
+part() {  # name cap command...
+  local name=$1 cap=$2; shift 2
+  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time" | tee -a "$L/times.txt"; return; fi
+  local t0=$SECONDS
+  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
+}
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
+part gemv_matvec 70 python3 -m strata bench matvec
+part gemv_moe_decode 50 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep
+part gemv_tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant
+part make_a3b 90 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
+part profile_graphs 45 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
+part offload_decode 60 python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --tokens 24 \
+  --prompt-tokens 32 --vram-budget 12
+part graphs_check 60 python3 tools/device/decode_graphs_check.py $M 16
+part spec_small 50 env OUT=$L BIG=0 bash tools/device/spec.sh
+part multigpu 40 env OUT=$L bash tools/device/multigpu.sh
+part qwen4exp_tiny 40 env OUT=$L PARTS=tiny bash tools/device/qwen4exp.sh
+echo "total ${SECONDS}s"
+tar czf "$OUT/logs.tgz" -C $L .
+cat $L/times.txt
+for f in $L/*.log $L/*.txt; do echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | tail -n 8 | cut -c1-180; done
