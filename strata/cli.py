@@ -30,12 +30,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _speculation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", type=int, default=1, metavar="T",
+    p.add_argument("--spec", type=_spec_window, default=1, metavar="T",
                    help="speculative decoding: verify windows of the last token + T-1 drafts (MTP block, else prompt "
-                        "lookup), T = 1 (off, default) .. 4; greedy output is unchanged")
+                        "lookup), T = 1 (off, default) .. 4, or auto (the engine's rule); greedy output is unchanged")
     p.add_argument("--spec-min-p", type=float, default=0.0, metavar="P", help="end an MTP draft below this probability")
     p.add_argument("--suffix-draft", type=int, default=0, metavar="N",
                    help="add up to N prompt-lookup drafts where the MTP draft stops")
+
+
+def _spec_window(text: str) -> int | str:
+    if text == "auto" or text.lstrip("-").isdigit():
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"a window of 1..4 tokens or auto, not {text!r}")
 
 
 def _speculation(args) -> dict:
@@ -207,7 +213,12 @@ def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
     path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
-                      **({"nextn_layers": 1} if args.mtp else {}))
+                      **(_mtp_override(args.arch) if args.mtp else {}))
+
+
+def _mtp_override(arch: str) -> dict:
+    """--mtp as the synthetic makers spell it: qwen4exp's one MTP block, else trailing nextn blocks."""
+    return {"mtp": True} if arch == "qwen4exp" else {"nextn_layers": 1}
     print(f"wrote {path}")
 
 
@@ -309,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(qwen4exp: 2 shards, the second the n-gram table)")
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mtp", action="store_true", help="qwen3next: add an MTP block (blk.N.nextn.*) for --spec")
+    p.add_argument("--mtp", action="store_true", help="qwen3next, qwen4exp: add an MTP block (blk.N.nextn.*) for --spec")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 

@@ -62,3 +62,13 @@ def test_kernel_benches_are_wired():
         result = strata("bench", tool, "--help")
         assert result.returncode == 0 and option in result.stdout, result.stderr
     assert strata("run", "m.gguf", "-p", "x", "--bogus").returncode == 2
+
+
+def test_make_model_mtp_and_run_spec_on_qwen4exp(tmp_path):
+    """`--mtp` gives qwen4exp its MTP block, and `run --spec 3` decodes through verify windows."""
+    made = strata("make-model", "--arch", "qwen4exp", "--preset", "tiny", "--mtp", "-o", tmp_path / "q4.gguf")
+    assert made.returncode == 0, made.stderr
+    run = strata("run", tmp_path / "q4-00001-of-00002.gguf", "-p", "Hello", "-n", "6", "--temp", "0", "--spec", "3",
+                 "--device", "cpu")
+    assert run.returncode == 0, run.stderr
+    assert "[spec 3:" in run.stderr

@@ -64,6 +64,28 @@ def _window_ms(engine: Engine, prompt: list[int], rows: int, reps: int) -> float
     return min(times[1:]) * 1e3
 
 
+def _step_ms(engine: Engine, prompt: list[int], reps: int) -> float:
+    """Milliseconds of one plain decode step (Engine.decode: the captured graphs when the engine has them)."""
+    engine.spec = None
+    engine.cached_tokens = []
+    engine.prefill(prompt)
+    times = []
+    for rep in range(reps + 1):
+        sync(engine.device)
+        start = time.perf_counter()
+        engine.decode(prompt[rep], len(prompt) + rep)
+        sync(engine.device)
+        times.append(time.perf_counter() - start)
+    return min(times[1:]) * 1e3
+
+
+def _windows_kind(engine: Engine) -> str:
+    windows = engine.spec.windows if engine.spec is not None else None
+    if windows is None:
+        return "an eager forward per window"
+    return "captured CUDA graphs" if windows.capture else "the static decode step, uncaptured"
+
+
 def bench_spec(args, placement: dict) -> None:
     windows = sorted({int(w) for w in args.windows.split(",")} | {1})
     if not all(1 <= w <= MAX_WINDOW for w in windows):
@@ -79,8 +101,12 @@ def bench_spec(args, placement: dict) -> None:
           f"{f' + {args.suffix_draft} prompt lookup' if has_mtp and args.suffix_draft else ''}, "
           f"spec-min-p {args.spec_min_p}")
     print(f"prompt    {len(prompt)} tokens, {args.gen_tokens} greedy tokens per run, best of {args.reps}")
+    step_ms = _step_ms(engine, prompt, args.reps * 4)
     window_ms = {rows: _window_ms(engine, prompt, rows, args.reps * 4) for rows in range(1, max(windows) + 1)}
-    print("verify window: " + ", ".join(f"{r} rows {ms:.2f} ms ({ms / window_ms[1]:.2f}x)"
+    plain = "captured CUDA graphs" if engine.decoder is not None and engine.decoder.capture else \
+        "the static step, uncaptured" if engine.decoder is not None else "an eager forward"
+    print(f"decode step {step_ms:.2f} ms ({plain}); verify windows through {_windows_kind(engine)}")
+    print("verify window: " + ", ".join(f"{r} rows {ms:.2f} ms ({ms / step_ms:.2f}x a decode step)"
                                         for r, ms in window_ms.items()))
     results, baseline = {}, None
     for window in windows:

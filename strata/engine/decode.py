@@ -86,11 +86,21 @@ class StepGraphs:
 class GraphDecoder:
     """Decode steps of `rows` tokens through static buffers. `capture`: CUDA graphs (True) or the CPU form (False).
     `exact_span`: attend over exactly the step's cells (the CPU form: byte-identical to the engine's eager step)
-    instead of the power-of-two span the graphs need."""
+    instead of the power-of-two span the graphs need. A verify window (engine/spec_windows.py) also asks for
+    `want_hidden` (the rows' final hidden states, `hidden` after a step) and `keep_row_states` (a hybrid cache's
+    recurrent states after every row, left in static buffers (`row_buffers`, made here unless given: layer ->
+    conv [>= rows, ...], state [>= rows, ...]) that the cache's `window_rows` then names for keep_rows); `pool`
+    shares one graph memory pool between the decoders of several row counts."""
 
-    def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None):
+    def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
+                 want_hidden: bool = False, keep_row_states: bool = False, pool=None, row_buffers=None):
         self.model, self.kv, self.device, self.rows = model, kv, torch.device(device), rows
-        self.capture = capture
+        self.capture, self.want_hidden, self.keep_row_states = capture, want_hidden, keep_row_states
+        self.hidden: torch.Tensor | None = None  # the last step's final hidden states [rows, ...] (want_hidden)
+        self.row_buffers = None
+        if keep_row_states and isinstance(kv, HybridCache):
+            row_buffers = row_buffers or row_state_buffers(kv, rows)
+            self.row_buffers = {layer: (conv[:rows], state[:rows]) for layer, (conv, state) in row_buffers.items()}
         self.exact_span = (not capture) if exact_span is None else exact_span
         if capture and self.exact_span:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
@@ -109,7 +119,7 @@ class GraphDecoder:
         pin = self.device.type == "cuda"
         self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
         self.uploaded = None  # CUDA event after the last upload from staging
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
         self.steps = 0
@@ -151,7 +161,12 @@ class GraphDecoder:
             self._execute(runner)
         self.model.experts.end_step()
         self.steps += 1
-        return runner.program.stash["logits"]
+        stash = runner.program.stash
+        if "rows" in stash:
+            # The captured step rewrites the rows' states into the same tensors each replay: hand them to keep_rows.
+            self.kv.window_rows.update(stash["rows"])
+        self.hidden = stash.get("hidden")
+        return stash["logits"]
 
     def _capture(self, span: int) -> None:
         try:
@@ -211,10 +226,16 @@ class GraphDecoder:
 
     def _program(self, span: int) -> Program:
         model, rows = self.model, self.rows
-        ctx = StaticContext(static_kv(self.kv, self.positions, span), start=0, n_tokens=rows,
-                            want_all_logits=rows > 1, position_tensor=self.positions)
+        view = static_kv(self.kv, self.positions, span)
+        ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
+                            keep_row_states=self.keep_row_states, position_tensor=self.positions)
         routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []
         stash = self._routing_buffers()
+        if self.row_buffers is not None:
+            # The program's record of where the rows' states go: filled once (at capture), the buffers rewritten by
+            # every replay.
+            stash["rows"] = view.window_rows = {}
+            view.row_buffers = self.row_buffers
         program = Program([], routed, stash)
 
         def layers(first: int, stop: int) -> None:
@@ -228,11 +249,16 @@ class GraphDecoder:
                 publish(stash, *model.route(stop, h))
             stash["h"] = h
 
+        def finish() -> None:
+            stash["logits"] = model.logits(stash["h"], ctx)
+            if self.want_hidden:
+                stash["hidden"] = ctx.hidden
+
         def first_segment() -> None:
             stash["h"], stash["cos"], stash["sin"] = model.begin(self.tokens, ctx)
             layers(0, routed[0] if routed else model.n_main_layers)
             if not routed:
-                stash["logits"] = model.logits(stash["h"], ctx)
+                finish()
 
         program.segments.append(first_segment)
         for j, layer in enumerate(routed):
@@ -245,10 +271,16 @@ class GraphDecoder:
                 stash["h"] = stash["h"] + (ffn if shared is None else ffn + shared)
                 layers(layer + 1, after)
                 if after >= model.n_main_layers:
-                    stash["logits"] = model.logits(stash["h"], ctx)
+                    finish()
 
             program.segments.append(combine_segment)
         return program
+
+
+def row_state_buffers(cache: HybridCache, rows: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Static buffers for a verify window's per-row recurrent states: layer -> (conv [rows, ...], state [rows, ...])."""
+    return {layer: (cache.conv[layer].new_zeros((rows, *cache.conv[layer].shape)),
+                    cache.state[layer].new_zeros((rows, *cache.state[layer].shape))) for layer in cache.conv}
 
 
 def publish(stash: dict, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:

@@ -48,7 +48,7 @@ class EngineConfig:
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
     checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
     checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
-    spec: int = 1  # verify window of speculative decoding: the last token + spec-1 drafts (1: off; engine/spec.py)
+    spec: int | str = 1  # verify window of speculation: the last token + spec-1 drafts (1: off; "auto": spec_auto.py)
     spec_min_p: float = 0.0  # an MTP draft whose probability falls below this ends the draft
     suffix_draft: int = 0  # prompt-lookup drafts (up to this many) where the MTP draft stops
     decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
@@ -126,19 +126,35 @@ class Engine:
         if own_selection and config.decode_graphs == "on":
             raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "
                               "densely from VRAM): use decode_graphs off")
-        self.decoder = make_decoder(self.model, self.kv, self.device,  # None: step by step
-                                    "off" if own_selection or self.pipeline else config.decode_graphs)
+        # verify windows follow it too; a layer split decodes step by step
+        self.graphs_option = "off" if own_selection or self.pipeline else config.decode_graphs
+        self.decoder = make_decoder(self.model, self.kv, self.device, self.graphs_option)  # None: step by step
         self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
                                         self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
-        self.spec = None  # speculative decoding (engine/spec.py), when config.spec > 1
-        if config.spec != 1 or config.spec_min_p or config.suffix_draft:
+        self.spec = None  # speculative decoding (engine/spec.py), when the window is > 1
+        window = self._spec_window(config.spec)
+        if window != 1 or config.spec_min_p or config.suffix_draft:
             from strata.engine.spec import SpecDecoder, check_options
 
-            check_options(config.spec, config.spec_min_p, config.suffix_draft)
-            if config.spec > 1:
-                self.spec = SpecDecoder(self, config.spec, config.spec_min_p, config.suffix_draft)
+            check_options(window, config.spec_min_p, config.suffix_draft)
+            if window > 1:
+                self.spec = SpecDecoder(self, window, config.spec_min_p, config.suffix_draft)
+
+    def _spec_window(self, spec: int | str) -> int:
+        """The verify window: the number asked for, or what `auto` picks for this model, device and placement."""
+        if spec == "auto":
+            from strata.engine.spec_auto import auto_spec
+
+            from strata.engine.decode import GraphDecoder
+
+            # Windows capture where plain decode does, through GraphDecoder's own program (qwen4exp's: eager windows).
+            captured = type(self.decoder) is GraphDecoder and self.decoder.capture
+            return auto_spec(bool(getattr(self.model, "mtp", None)), captured, self.plan.all_resident)
+        if isinstance(spec, bool) or not isinstance(spec, int):
+            raise StrataError(f"spec must be a window of 1..4 tokens or 'auto', got {spec!r}")
+        return spec
 
     def _kv_backend(self):
         """The KV backend under the cache (a hybrid cache holds one for its attention layers)."""
@@ -250,6 +266,11 @@ class Engine:
     def decode(self, token: int, position: int) -> torch.Tensor:
         """Logits [1, vocab] after `token` at `position`, the cache holding every earlier position: the captured
         step (engine/decode.py) when there is one, else a one-token forward."""
+        if self.spec is not None and self.spec.wants_hidden:
+            # MTP drafts read every position's hidden state: a one-row verify window keeps it (logprobs requests).
+            logits = self.spec.verify([token], position)
+            self.spec.keep(position, 1)
+            return logits
         if self.decoder is None:
             return self._forward([token], position, all_logits=False)
         logits = self.decoder.step([token], position)

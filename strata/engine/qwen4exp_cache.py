@@ -15,6 +15,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import new_kv_cache
 from strata.errors import StrataError
 from strata.kernels.select.keys import BLOCK, dead_key, pool_block_keys
+from strata.models.ngram_embedding import HISTORY_ROWS
 
 
 class IndexerKeys:
@@ -49,6 +50,11 @@ class IndexerKeys:
             self.pooled[self.n_pooled : n_blocks] = pool_block_keys(cells, k_norm, self.n_pooled, self.eps,
                                                                     self.n_rot, self.base)
             self.n_pooled = n_blocks
+
+    def truncate(self, n_cells: int) -> None:
+        """Forget the cells from n_cells on (a verify window's rejected rows) and the blocks they completed."""
+        self.n_cells = min(self.n_cells, n_cells)
+        self.n_pooled = min(self.n_pooled, self.n_cells // BLOCK)
 
     def reserve(self, n_cells: int) -> None:
         """Storage for n_cells raw keys and the pooled keys of their blocks (the last one possibly unfinished: a
@@ -94,6 +100,8 @@ class Qwen4ExpCache(HybridCache):
                         for layer in self.kv_slot}
         self.ple_history = torch.zeros(ple_history_rows, ple_width, device=device)
         self.previous_tokens = (-1, -1)  # (2 back, 1 back) of the next token; -1 where none
+        # A verify window's n-gram inputs: (conv history and previous_tokens before it, its tokens); None otherwise.
+        self.window_ngram: tuple[torch.Tensor, tuple[int, int], list[int]] | None = None
 
     @property
     def n_bytes(self) -> int:
@@ -105,6 +113,35 @@ class Qwen4ExpCache(HybridCache):
         if tuple(self.ple_history.shape) != tuple(history_shape):
             raise StrataError(f"{source}: the cache's n-gram conv history has shape {list(self.ple_history.shape)}, "
                               f"the model needs {list(history_shape)}")
+
+    def begin(self, start: int, n_tokens: int) -> None:
+        super().begin(start, n_tokens)
+        self.window_ngram = None
+
+    def mark_window(self, tokens: list[int]) -> None:
+        """The n-gram block is about to read a verify window's tokens: keep what keep_rows restores from."""
+        if len(tokens) > HISTORY_ROWS:
+            raise StrataError(f"a verify window of {len(tokens)} rows is longer than the n-gram history "
+                              f"({HISTORY_ROWS} rows) it rolls back through")
+        self.window_ngram = (self.ple_history.clone(), self.previous_tokens, list(tokens))
+
+    def keep_rows(self, n_rows: int) -> None:
+        """After a verify window: keep its first n_rows tokens, as if only they had been decoded (GatedDeltaNet
+        states and attention KV by HybridCache; then indexer keys, the n-gram token window and conv history)."""
+        rows = self.length - self.window_start
+        if 1 <= n_rows < rows and self.window_ngram is None:
+            raise StrataError("the last step kept no n-gram history (not a verify window): its rows cannot be dropped")
+        super().keep_rows(n_rows)
+        for keys in self.indexer.values():
+            keys.truncate(self.length)
+        if self.window_ngram is not None and n_rows < rows:
+            before, previous, tokens = self.window_ngram
+            # The history after the window is the last HISTORY_ROWS of [before, its rows]: its rows are the tail.
+            added = self.ple_history[HISTORY_ROWS - rows:]
+            self.ple_history.copy_(torch.cat((before, added))[n_rows:n_rows + HISTORY_ROWS])
+            seen = (*previous, *tokens[:n_rows])
+            self.previous_tokens = (seen[-2], seen[-1])
+        self.window_ngram = None
 
     def saved_state(self, n: int) -> dict[str, torch.Tensor]:
         """What a checkpoint of the first n tokens keeps beyond the hybrid cache's KV and states (views)."""

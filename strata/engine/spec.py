@@ -12,7 +12,8 @@ so draft j+1 is accepted exactly when the sampler, given row j, agrees with it:
 The first rejected row's choice (or, when all drafts pass, the last row's) is one more token for free. The caches
 then keep the accepted rows only: attention KV is truncated, and GatedDeltaNet layers restore the state they had
 after the last accepted row (the window kept each row's, HybridCache.keep_rows), so the next step starts from
-exactly the state plain decoding would have.
+exactly the state plain decoding would have. Where the engine decodes through the static step (CUDA graphs), the
+windows do too (engine/spec_windows.py); qwen4exp's cache also rolls back its indexer keys and n-gram window.
 
 MTP drafting (models with `blk.{n}.nextn.*` tensors): MTP cell i pairs the trunk's final hidden state at position i
 with the token at i+1 and predicts the token at i+2; cells are computed once per position from the trunk's own
@@ -30,6 +31,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.sampling import Sampler, SamplingParams
+from strata.engine.spec_windows import make_windows
 from strata.errors import StrataError
 
 if TYPE_CHECKING:
@@ -126,10 +128,12 @@ class SpecDecoder:
         self.suffix_draft = suffix_draft if suffix_draft or self.has_mtp else window - 1
         self.stats = SpecStats(window)
         self.mtp_cells = 0  # MTP cells 0..mtp_cells-1 hold keys computed from the trunk's own hidden states
+        self.hidden: torch.Tensor | None = None  # the trunk's final hidden state per position (MTP drafts), made on use
         if self.has_mtp:
-            n = engine.n_ctx
-            self.mtp_cache = model.new_mtp_cache(n, engine.config.kv_dtype)
-            self.hidden = torch.zeros((n, model.config.n_embd), dtype=engine.dtype, device=engine.device)
+            own = getattr(model, "mtp_cache", None)  # qwen4exp keeps its MTP block's keys in the sequence cache
+            self.mtp_cache = own(engine.kv) if own else model.new_mtp_cache(engine.n_ctx, engine.config.kv_dtype)
+        # Windows through the static decode step (captured graphs on CUDA), as the engine's decode_graphs says.
+        self.windows = make_windows(engine, window, self.has_mtp)
 
     @property
     def wants_hidden(self) -> bool:
@@ -138,8 +142,13 @@ class SpecDecoder:
     def saw_hidden(self, start: int, hidden: torch.Tensor) -> None:
         """The trunk computed positions start.. (a prompt chunk): keep their hidden states; MTP cells from start-1 on
         paired a hidden state with a token that may since have changed."""
-        self.hidden[start:start + hidden.shape[0]] = hidden
+        self._keep_hidden(start, hidden)
         self.mtp_cells = min(self.mtp_cells, max(start - 1, 0))
+
+    def _keep_hidden(self, start: int, hidden: torch.Tensor) -> None:
+        if self.hidden is None:  # its shape is the model's: [embd], or qwen4exp's residual stack [hc, embd]
+            self.hidden = hidden.new_zeros((self.engine.n_ctx, *hidden.shape[1:]))
+        self.hidden[start:start + hidden.shape[0]] = hidden
 
     # ---------------------------------------------------------------------------------------------- drafting
 
@@ -191,14 +200,19 @@ class SpecDecoder:
     # ---------------------------------------------------------------------------------------------- checking
 
     def verify(self, window: list[int], start: int) -> torch.Tensor:
-        """The trunk over `window` at positions start..: logits [rows, vocab]; every row's recurrent state is kept
-        until keep_rows. Keys of the cache's tokens before `start` must be those of the caller's history."""
+        """The trunk over `window` at positions start..: logits [rows, vocab] (through the static decode step when
+        the engine has one: valid until the next window); every row's recurrent state is kept until keep_rows.
+        Keys of the cache's tokens before `start` must be those of the caller's history."""
         engine = self.engine
-        ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
-                             keep_row_states=True)
-        logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
+        if self.windows is not None:
+            logits, hidden = self.windows.run(window, start)
+        else:
+            ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
+                                 keep_row_states=True)
+            logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
+            hidden = ctx.hidden
         if self.has_mtp:
-            self.hidden[start:start + len(window)] = ctx.hidden
+            self._keep_hidden(start, hidden)
         engine.cached_tokens = engine.cached_tokens[:start] + list(window)
         return logits
 
@@ -281,7 +295,7 @@ class SpecDecoder:
         while pos < prefix + n:
             start = pos - 1
             window = ids[start:min(start + self.window, prefix + n - 1)]
-            rows = self.verify(window, start)
+            rows = self.verify(window, start).clone()  # the windows' logits live in static buffers
             self.keep(start, len(window))
             for r in range(len(window)):
                 yield start + 1 + r, rows[r]

@@ -130,7 +130,11 @@ def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:
 
 class StaticHybrid(HybridCache):
     """A hybrid cache's GatedDeltaNet states (updated in place, so they capture) beside a static view of its
-    attention layers' KV. It shares the cache's state tensors; `begin` is the runner's, outside the step."""
+    attention layers' KV. It shares the cache's state tensors; `begin` is the runner's, outside the step.
+    `row_buffers` (layer -> conv [rows, ...], state [rows, ...]): where a verify window leaves each row's states,
+    fixed tensors the captured step writes on every replay."""
+
+    row_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def __init__(self, cache: HybridCache, kv_view: StaticView):  # noqa: the parent's __init__ allocates; we share
         self.__dict__.update(cache.__dict__)
@@ -138,3 +142,11 @@ class StaticHybrid(HybridCache):
 
     def begin(self, start: int, n_tokens: int) -> None:
         """The runner has already called the real cache's begin (length, reserve) on the host."""
+
+    def keep_row_states(self, layer: int, conv_rows: torch.Tensor, state_rows: torch.Tensor) -> None:
+        if self.row_buffers is not None:
+            conv, state = self.row_buffers[layer]
+            conv.copy_(conv_rows)
+            state.copy_(state_rows)
+            conv_rows, state_rows = conv, state
+        super().keep_row_states(layer, conv_rows, state_rows)

@@ -82,6 +82,17 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
     return F.silu(out), window[window.shape[0] - (kernel - 1):]
 
 
+def delta_rule_rows(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule one token at a time, as plain decoding runs it, keeping the state after each:
+    (outputs [T, ...], states [T, heads, k_dim, v_dim]) for a verify window to roll back to any row."""
+    outs, states = [], []
+    for t in range(q.shape[0]):
+        o, state = gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], state)
+        outs.append(o)
+        states.append(state)
+    return torch.cat(outs), torch.stack(states)
+
+
 def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: torch.Tensor,
                    state: torch.Tensor, eps: float,
                    row_states: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -96,16 +107,7 @@ def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: 
     g = w.decay_rate * F.softplus(linear(x, w.a).float() + w.dt_bias.float())
     q, k = q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim)
     v = v.reshape(n_tokens, s.n_v_heads, s.v_dim)
-    if row_states:
-        # One token at a time, as plain decoding runs them, keeping the state after each.
-        outs, states = [], []
-        for t in range(n_tokens):
-            o, state = gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], state)
-            outs.append(o)
-            states.append(state)
-        out, state = torch.cat(outs), torch.stack(states)
-    else:
-        out, state = gated_delta_rule(q, k, v, g, beta, state)
+    out, state = (delta_rule_rows if row_states else gated_delta_rule)(q, k, v, g, beta, state)
     z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
     out = (rms_norm(out, w.out_norm, eps).float() * F.silu(z.float())).to(h.dtype)
     return linear(out.reshape(n_tokens, -1), w.out), conv_state, state

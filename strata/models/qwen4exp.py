@@ -235,15 +235,23 @@ class Qwen4ExpLM(DecoderLM):
         cache.previous_tokens = (window[-2], window[-1])
         return self.ngram_table.gather(rows)
 
-    def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache) -> torch.Tensor:
-        emb = self.ngram_rows(ids.cpu().numpy(), cache).to(self.device)
+    def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache,
+                     window: bool = False) -> torch.Tensor:
+        tokens = ids.cpu().numpy()
+        if window:  # a verify window: what keep_rows needs to put the token window and conv history back
+            cache.mark_window([int(t) for t in tokens])
+        emb = self.ngram_rows(tokens, cache).to(self.device)
         residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
         cache.ple_history.copy_(history)
         return residual
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
-        return self.head(self.forward_residual(ids, ctx), ctx)
+        """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits);
+        with ctx.want_hidden, ctx.hidden is the final residual stack [T, hc, embd] (what the MTP block reads)."""
+        residual = self.forward_residual(ids, ctx)
+        if ctx.want_hidden:
+            ctx.hidden = residual
+        return self.head(residual, ctx)
 
     def forward_residual(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> the final residual stack [T, hc, embd] (float32), before the head."""
@@ -260,13 +268,17 @@ class Qwen4ExpLM(DecoderLM):
         residual = self.embed_tokens(ids).float()[:, None, :].repeat(1, self.hc, 1)
         for i in range(self.n_main):
             if i == self.ple_layer:
-                residual = self._ngram_block(ids, residual, cache)
+                residual = self._ngram_block(ids, residual, cache, ctx.keep_row_states)
             mixed, inject = hc_read(residual, self.hc_attn[i], c.rms_eps)
             x = mixed.to(self.dtype)
             if self.recurrent[i]:
-                y, conv, state = qwen4exp_gdn(self.mixers[i], self.gdn, x, cache.conv[i], cache.state[i], c.rms_eps)
-                cache.conv[i].copy_(conv)
-                cache.state[i].copy_(state)
+                y, conv, state = qwen4exp_gdn(self.mixers[i], self.gdn, x, cache.conv[i], cache.state[i], c.rms_eps,
+                                              ctx.keep_row_states)
+                if ctx.keep_row_states:
+                    cache.keep_row_states(i, conv, state)
+                else:
+                    cache.conv[i].copy_(conv)
+                    cache.state[i].copy_(state)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)
@@ -281,6 +293,15 @@ class Qwen4ExpLM(DecoderLM):
         """MTP over cells start..start+T-1: cell i pairs the trunk's final stack R_i (`residual` [T, hc, embd]) with
         the token at i+1 (`next_ids` [T]); returns (logits float32 [T, vocab] for the tokens at i+2, the block's
         stack [T, hc, embd], the input of a next draft step). Keys and values go to the cache's MTP layer."""
+        return self.mtp_forward(residual, next_ids, cache.mtp_kv, start)
+
+    def mtp_cache(self, cache: Qwen4ExpCache):
+        """Where speculative decoding keeps the MTP block's keys: the sequence cache's own MTP layer."""
+        return cache.mtp_kv
+
+    def mtp_forward(self, residual: torch.Tensor, next_ids: torch.Tensor, kv,
+                    start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """mtp_draft with the MTP layer's KV backend given (engine/spec.py's interface, as Qwen3-Next's)."""
         if self.mtp is None:
             raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
         layer, eps = self.n_main, self.config.rms_eps
@@ -288,9 +309,8 @@ class Qwen4ExpLM(DecoderLM):
         cos, sin = self.rope.cos_sin(positions, self.dtype)
         stack = mtp_input(self.mtp, residual, self.embed_tokens(next_ids), eps)
         mixed, inject = hc_read(stack, self.hc_attn[layer], eps)
-        cache.mtp_kv.reserve(start + residual.shape[0])
-        y = qsa_attention(self.mixers[layer], self.qsa, mixed.to(self.dtype), cache.mtp_kv, 0, start, cos, sin, None,
-                          eps)
+        kv.reserve(start + residual.shape[0])
+        y = qsa_attention(self.mixers[layer], self.qsa, mixed.to(self.dtype), kv, 0, start, cos, sin, None, eps)
         stack = hc_write(stack, y, inject)
         mixed, inject = hc_read(stack, self.hc_ffn[layer], eps)
         stack = hc_write(stack, self._feed_forward(layer, mixed.to(self.dtype)), inject)

@@ -1,0 +1,24 @@
+"""`--spec auto`: the verify window speculation gets when the user leaves the choice to the engine.
+
+A window of T rows yields 1 + a1 + a1 a2 + ... tokens (a_j: acceptance at draft position j) for the cost of c_T
+decode steps (`strata bench spec` prints both); it pays when the first outgrows the second. What decides it:
+
+- the drafts: an MTP head drafts free text; prompt lookup alone pays only on text that repeats itself (opt-in,
+  --suffix-draft), so without an MTP head: 1;
+- the window's cost: on CUDA plain decode replays captured graphs, and an eager window loses to them on launch
+  overhead alone; so windows must run through graphs too (decode_graphs on, a model with a static step);
+- experts offloaded: a window's misses are the union over its rows, so the CPU pool's share grows with T while
+  one-row decode's does not; until the --vram-budget rows of tools/device/spec.sh show a window paying: 1.
+
+Where all three hold, AUTO_WINDOW is the window the device numbers found fastest (docs/BENCHMARKS.md). It stays 1
+until they are in: `auto` changes nothing yet, and the engine's default stays --spec 1.
+"""
+
+from __future__ import annotations
+
+AUTO_WINDOW = 1  # set from tools/device/spec.sh's tables: the best --spec, MTP head, captured, all resident
+
+
+def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int = AUTO_WINDOW) -> int:
+    """The --spec that `auto` picks: `best` where speculation can pay (see above), else 1 (off)."""
+    return best if has_mtp and captured_windows and all_resident else 1
