@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 L=/tmp/logs; mkdir -p $L
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-460}
+BUDGET=${BUDGET:-450}
 part() {  # name cap command...
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
@@ -26,9 +26,9 @@ part profile_graphs 45 python3 tools/device/profile_decode.py $M/a3b.gguf --grap
 part offload_decode 60 python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --tokens 24 \
   --prompt-tokens 32 --vram-budget 12
 part graphs_check 60 python3 tools/device/decode_graphs_check.py $M 16
-part spec_small 50 env OUT=$L BIG=0 bash tools/device/spec.sh
-part multigpu 40 env OUT=$L bash tools/device/multigpu.sh
-part qwen4exp_tiny 40 env OUT=$L PARTS=tiny bash tools/device/qwen4exp.sh
+part spec_windows 60 python3 tools/device/spec_windows_check.py $M 16
+part multigpu 60 python3 tools/device/multigpu_check.py $M 0,0
+part qwen4exp_graphs 60 python3 tools/device/qwen4exp_check.py $M graphs
 echo "total ${SECONDS}s"
 tar czf "$OUT/logs.tgz" -C $L .
 cat $L/times.txt
