@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 L=/tmp/logs; mkdir -p $L
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-450}
+BUDGET=${BUDGET:-430}
 part() {  # name cap command...
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
@@ -18,17 +18,18 @@ part() {  # name cap command...
   timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
 }
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
-part gemv_matvec 70 python3 -m strata bench matvec
-part gemv_moe_decode 50 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep
-part gemv_tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant
-part make_a3b 90 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
-part profile_graphs 45 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
-part offload_decode 60 python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --tokens 24 \
+part gemv_matvec 60 python3 -m strata bench matvec
+part gemv_moe_decode 45 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep
+part gemv_tests 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant
+part make_a3b 85 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
+part profile_graphs 40 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
+GPUS=$([ "$(nvidia-smi -L | wc -l)" -gt 1 ] && echo 0,1 || echo 0,0)  # two cards when lent, else two stages on one
+part multigpu 60 python3 tools/device/multigpu_check.py $M $GPUS
+part offload_decode 50 python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --tokens 24 \
   --prompt-tokens 32 --vram-budget 12
-part graphs_check 60 python3 tools/device/decode_graphs_check.py $M 16
-part spec_windows 60 python3 tools/device/spec_windows_check.py $M 16
-part multigpu 60 python3 tools/device/multigpu_check.py $M 0,0
-part qwen4exp_graphs 60 python3 tools/device/qwen4exp_check.py $M graphs
+part graphs_check 50 python3 tools/device/decode_graphs_check.py $M 16
+part spec_windows 50 python3 tools/device/spec_windows_check.py $M 16
+part qwen4exp_graphs 40 python3 tools/device/qwen4exp_check.py $M graphs
 echo "total ${SECONDS}s"
 tar czf "$OUT/logs.tgz" -C $L .
 cat $L/times.txt
