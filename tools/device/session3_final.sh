@@ -5,19 +5,8 @@
 # small), the layer split as two stages on one card (multigpu.sh), qwen4exp's captured decode (tiny). Parts in priority order, each capped; a part that would start past BUDGET
 # seconds is skipped and says so. Carry .whl; logs come back as one tarball.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
-L=/tmp/logs; mkdir -p $L
-source tools/device/wheels.sh || exit 1
-export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-430}
-part() {  # name cap command...
-  local name=$1 cap=$2; shift 2
-  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-  if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time" | tee -a "$L/times.txt"; return; fi
-  local t0=$SECONDS
-  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
-}
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
+source tools/device/parts.sh || exit 1
 part gemv_matvec 60 python3 -m strata bench matvec
 part gemv_moe_decode 45 python3 -m strata bench moe-decode --shapes a3b-q4_0,a3b-q4_k --sweep
 part gemv_tests 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py tests/kernels/quant

@@ -4,19 +4,8 @@
 # small models, the tiny qwen4exp on CUDA against the CPU, and the qwen3next rows of the captured-decode check.
 # Each part is capped; a part that would start past BUDGET seconds is skipped and says so. Carry .whl; logs in $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
-L=/tmp/logs; mkdir -p $L  # many logs: one tarball comes back (a call returns at most 8 files)
-source tools/device/wheels.sh || exit 1
-export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
-part() {  # name cap command...
-  local name=$1 cap=$2; shift 2
-  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-  if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time"; return; fi
-  local t0=$SECONDS
-  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s"
-}
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git rev-parse --short HEAD; } | tee "$L/gpu.txt"
+source tools/device/parts.sh || exit 1
 part make_a3b 150 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf
 part profile_graphs 100 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
 part profile_eager 70 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs off --steps 4

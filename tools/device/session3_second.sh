@@ -4,19 +4,8 @@
 # in float32 on CUDA (fla kept out of float32), the fused RMSNorm/RoPE and GDN tests on CUDA, and the A3B-shape decode
 # profile again (fused norm/rope). Parts capped; logs come back as one tarball. Carry .whl.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
-L=/tmp/logs; mkdir -p $L
-source tools/device/wheels.sh || exit 1
-export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-540}
-part() {  # name cap command...
-  local name=$1 cap=$2; shift 2
-  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-  if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time"; return; fi
-  local t0=$SECONDS
-  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
-}
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
+source tools/device/parts.sh || exit 1
 part tests_cuda 80 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise tests/kernels/gdn/test_gated_delta_rule.py
 part spec_window 110 python3 tools/device/spec_window_check.py $M
 D=strata/data/default-model/strata-default-qwen3next-q8_0.gguf
