@@ -54,7 +54,9 @@ class QuantWeight:
             if kept is not None:
                 return kept
             out = self.raw.contiguous().view(float_type).reshape(self.shape).to(dtype)
-            if self.raw.is_cuda and float_type != dtype and out.numel() * out.element_size() <= KEEP_CONVERTED_BYTES:
+            small = out.numel() * out.element_size() <= KEEP_CONVERTED_BYTES
+            # Not while a CUDA graph records: its conversion would only run when that graph replays.
+            if self.raw.is_cuda and float_type != dtype and small and not torch.cuda.is_current_stream_capturing():
                 self._converted[dtype] = out
             return out
         from strata.quant import dequantize
