@@ -12,8 +12,6 @@ launch and allocates only its output (under CUDA-graph capture as well).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from strata.kernels.moe.decode import SPECS, decode_spec
@@ -35,11 +33,21 @@ def matvec_applies(x: torch.Tensor, ggml_type: int) -> bool:
             and dot_length_fits(SPECS[name], x.shape[-1]))
 
 
-@functools.cache
+_ONE_EXPERT: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def one_expert(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids int32 [n_rows, 1] of zeros, weights float32 [n_rows, 1] of ones) on device: never written."""
-    return (torch.zeros(n_rows, 1, dtype=torch.int32, device=device),
+    key = (torch.device(device), n_rows)
+    kept = _ONE_EXPERT.get(key)
+    if kept is not None:
+        return kept
+    made = (torch.zeros(n_rows, 1, dtype=torch.int32, device=device),
             torch.ones(n_rows, 1, dtype=torch.float32, device=device))
+    # Not kept while a CUDA graph records: their fills would only run when that graph replays.
+    if not (made[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        _ONE_EXPERT[key] = made
+    return made
 
 
 def quant_matvec(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int],
