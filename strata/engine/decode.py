@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from strata.engine.context import ForwardContext
-from strata.engine.experts import CachedExperts, kernel_path
+from strata.engine.experts import CachedExperts, ResidentExperts, kernel_path
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
@@ -114,6 +114,12 @@ class GraphDecoder:
             probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
             if any(kernel_path(s, probe) != "decode" for s in self.cached.host_stacks.values()):
                 raise StrataError("the cached experts' formats (or float32 activations) have no decode kernel")
+        if isinstance(experts, ResidentExperts) and capture:
+            # The reference loop (shapes or formats the kernels do not take) reads routing on the host: no capture.
+            probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
+            if any(kernel_path(s, probe) is None for s in experts.stacks.values()):
+                raise StrataError("the experts take the reference loop (no GPU kernel for their shape or format), "
+                                  "which cannot be captured")
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
