@@ -35,8 +35,8 @@ import triton.language as tl
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.wide_gemv import (UNIT, WORDS, launch_word_down, launch_word_gate_up, word_gemv_applies,
-                                           word_tile)
+from strata.kernels.moe.wide_gemv import (UNIT, WORDS, cover, launch_word_down, launch_word_gate_up,
+                                           word_gemv_applies, word_tile)
 from strata.quant import dequantize, get_format
 
 ERROR_BOUND = 1e-5  # max |kernel - float64| over max |float64|, for H and for the output
@@ -235,16 +235,6 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
 # ---------------------------------------------------------------------------------------------------- launches
 
 
-def _cover(n: int, target: int) -> int:
-    """The largest power of two <= target (and <= n rounded up) whose multiples pad n by at most a quarter."""
-    p = 1
-    while p * 2 <= target and p < n:
-        p *= 2
-    while p > 1 and -(-n // p) * p - n > n // 4:
-        p //= 2
-    return p
-
-
 @dataclass(frozen=True)
 class GemvConfig:
     """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
@@ -287,9 +277,9 @@ def byte_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         kc = min(8, 1 << (top_k - 1).bit_length()) if kind == "down" else 1
         return GemvConfig(min(256, 1 << (n_out - 1).bit_length()), ns, 4, kc)
     if kind == "gate_up":
-        bn, ns, kc = 8, _cover(n_blocks, max(1, 512 // spec.block_size)), 1
+        bn, ns, kc = 8, cover(n_blocks, max(1, 512 // spec.block_size)), 1
     else:
-        bn, ns, kc = 2, _cover(n_blocks, max(1, 256 // spec.block_size)), _cover(top_k, 8)
+        bn, ns, kc = 2, cover(n_blocks, max(1, 256 // spec.block_size)), cover(top_k, 8)
     per_thread = 16 if spec.block_size <= 64 else 4
     # At least 4 warps for the 256-weight formats: IQ2_XS's down tile on 2 warps puts 8 bytes on the stack once
     # the launch's 16-byte alignments are known (sm_90 build, tests/kernels/moe/test_gemv.py).

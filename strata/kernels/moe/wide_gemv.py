@@ -194,7 +194,7 @@ def _word_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_u,
     tl.store(hid + pair.to(tl.int64) * n_ff + rows, g / (1.0 + tl.exp(-g)) * u, mask=live_rows)
 
 
-def _cover(n: int, target: int) -> int:
+def cover(n: int, target: int) -> int:
     """The largest power of two <= target (and <= n rounded up) whose multiples pad n by at most a quarter."""
     p = 1
     while p * 2 <= target and p < n:
@@ -211,7 +211,7 @@ def word_tile(spec: DecodeSpec, n_out: int, n_units: int, on_gpu: bool) -> tuple
     serve 4 rows); under the interpreter, whose cost is per operation, the widest tiles."""
     if not on_gpu:
         return min(128, 1 << (n_out - 1).bit_length()), min(64, 1 << (n_units - 1).bit_length()), 4
-    nu = _cover(n_units, 512 // WORDS[spec.name])
+    nu = cover(n_units, 512 // WORDS[spec.name])
     return (8 if n_out >= 4096 else 4), nu, max(1, min(16, nu * WORDS[spec.name] // 32))
 
 
