@@ -36,6 +36,21 @@ class Timer:
         return (time.perf_counter() - t0) * 1e3 / reps
 
 
+def graph_us(fn, calls: list, device) -> float:
+    """Microseconds per call of fn(*args) over a CUDA graph replaying every call in `calls` (on the CPU: the first
+    call, timed once)."""
+    if torch.device(device).type != "cuda":
+        return Timer(device)(lambda: fn(*calls[0]), 1) * 1e3
+    fn(*calls[0])
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in calls:
+            fn(*args)
+    ms = min(Timer(device)(graph.replay, 5) for _ in range(3))
+    return ms * 1e3 / len(calls)
+
+
 def copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
     """Bytes/s of a large device-to-device copy, counting read + write (a quarter the size on the CPU)."""
     device = torch.device(device)

@@ -18,27 +18,13 @@ import numpy as np
 import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
-from strata.bench.ceilings import Timer, copy_bandwidth
+from strata.bench.ceilings import copy_bandwidth, graph_us
 from strata.kernels.moe.decode import SPECS
 from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, byte_config, gemv_config, launch_down, relative_error
 from strata.kernels.quant.matvec import one_expert
 from strata.quant import dequantize, get_format, random_blocks
 
 L2_SPAN = 256 << 20  # bytes of distinct weights per graph replay: several times H200's 50 MB L2
-
-
-def _graph_us(fn, n_calls: int, device) -> float:
-    """Microseconds per call of fn(i), i < n_calls, replayed from one CUDA graph (once, eagerly, off the GPU)."""
-    if torch.device(device).type != "cuda":
-        return Timer(device)(lambda: fn(0), 1) * 1e3
-    fn(0)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(n_calls):
-            fn(i)
-    ms = min(Timer(device)(graph.replay, 5) for _ in range(3))
-    return ms * 1e3 / n_calls
 
 
 def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> bool:
@@ -63,7 +49,7 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> 
 
         err = relative_error(call(0), want)
         ok &= err <= ERROR_BOUND
-        us = _graph_us(call, 4 * copies, device)
+        us = graph_us(call, [(i,) for i in range(4 * copies)], device)
         floor_us = n_bytes / floor_bw * 1e6
         print(f"{n_in}x{n_out:<7} {fmt:<5} {'words' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
-from strata.bench.ceilings import Timer, copy_bandwidth
+from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
 from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, byte_config, down_sum_triton, gate_up_swiglu_triton,
                                      gemv_config, moe_gemv, moe_gemv_float64, relative_error)
 from strata.quant import get_format, random_blocks
@@ -76,18 +76,6 @@ def slots_of(stack, order: torch.Tensor, n_slots: int):
     return slots, table
 
 
-def _graph_us(fn, calls: list, device) -> float:
-    """Microseconds per call of fn(*args) over a CUDA graph replaying every call in `calls`."""
-    fn(*calls[0])
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in calls:
-            fn(*args)
-    ms = min(Timer(device)(graph.replay, 5) for _ in range(3))
-    return ms * 1e3 / len(calls)
-
-
 def _read_bytes(stack, ids: torch.Tensor) -> int:
     return ids.unique().numel() * stack.expert_bytes
 
@@ -113,13 +101,13 @@ def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: bool, 
     err_h, err_y = relative_error(h, h64), relative_error(y, y64)
     ok = err_h <= ERROR_BOUND and err_y <= ERROR_BOUND
 
-    us = _graph_us(moe_gemv, calls, device)
+    us = graph_us(moe_gemv, calls, device)
     # The same kernels reading slots (every expert resident, in a shuffled order) through the slot table.
     slots, table = slots_of(stack, torch.randperm(n_experts, generator=gen), n_experts)
     cached = DecodeExperts.of_slots(slots, table, stack)
     y_slots = moe_gemv(x[0], ids[0], weights[0], cached, torch.float32)
     ok &= torch.equal(y_slots, y)
-    us_slots = _graph_us(moe_gemv, [(a, b, c, cached, d) for a, b, c, _, d in calls], device)
+    us_slots = graph_us(moe_gemv, [(a, b, c, cached, d) for a, b, c, _, d in calls], device)
     # The torch path the kernels replace: a dequantize and matmuls per chosen expert, on the host's schedule.
     resident = ResidentExperts({0: stack})
     x32 = x[0].float()
@@ -155,7 +143,7 @@ def _sweep(name, experts, stack, calls, device, floor_bw, out) -> None:
                 fn = lambda hh, i, w, c=cfg: down_sum_triton(hh, i, w, experts, torch.float32, c)  # noqa: E731
                 args = [(hh, c[1], c[2]) for hh, c in zip(h, calls)]
             try:
-                us = _graph_us(fn, args, device)
+                us = graph_us(fn, args, device)
                 print(f"  sweep {name:<14} {kind:<7} bn={cfg.bn:<3} ns={cfg.ns:<3} kc={cfg.kc} warps={cfg.warps:<2} "
                       f"{'words' if cfg.wide else 'bytes'} "
                       f"{us:8.2f} us  {n_bytes / us / 1e3:6.0f} GB/s  {n_bytes / floor_bw * 1e6 / us:6.1%} of floor",
