@@ -109,17 +109,14 @@ class GraphDecoder:
         self.cached = experts if isinstance(experts, CachedExperts) else None
         if self.cached is not None and self.cached.pcie_frac > 0:
             raise StrataError("decode graphs do not run PCIe-streamed misses yet (pcie_frac > 0)")
-        if self.cached is not None and capture:
-            # A captured expert segment reads the hits through the slot table: the GEMV kernels must take them.
+        if capture and isinstance(experts, (CachedExperts, ResidentExperts)):
+            stacks = experts.host_stacks if self.cached is not None else experts.stacks
+            # Captured experts run the GEMV kernels (a cached segment reads its hits through the slot table); the
+            # reference loop, for shapes or formats they do not take, reads routing on the host and cannot be.
             probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
-            if any(kernel_path(s, probe) != "decode" for s in self.cached.host_stacks.values()):
-                raise StrataError("the cached experts' formats (or float32 activations) have no decode kernel")
-        if isinstance(experts, ResidentExperts) and capture:
-            # The reference loop (shapes or formats the kernels do not take) reads routing on the host: no capture.
-            probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
-            if any(kernel_path(s, probe) is None for s in experts.stacks.values()):
-                raise StrataError("the experts take the reference loop (no GPU kernel for their shape or format), "
-                                  "which cannot be captured")
+            if any(kernel_path(s, probe) != "decode" for s in stacks.values()):
+                raise StrataError("the experts' shapes or formats (or float32 activations) have no decode kernel; "
+                                  "their reference loop cannot be captured")
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
