@@ -75,28 +75,37 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S:
     tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0))
 
 
-def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
-                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT) -> torch.Tensor:
-    """Split-K attention of a few queries [n_q, H, D] over their selected cells: [n_q, H, D] fp32."""
-    n_q, n_heads, dim, group = check_inputs(q, pool, ids, width)
-    if split % CHUNK:
-        raise ValueError(f"split {split} is not a multiple of {CHUNK}")
+def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
+                     pointers: tuple, int8: bool, dense: bool) -> torch.Tensor:
+    """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,
+    v scales), then the merge: [n_q, H, D] fp32."""
+    n_q, n_heads, dim = q.shape
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
-    n_splits = triton.cdiv(max(ids.shape[1], 1), split)
+    n_splits = triton.cdiv(max(cells, 1), split)
     if n_q == 0:
         return out
     acc = torch.empty(n_q, n_heads, n_splits, dim, dtype=torch.float32, device=q.device)
     ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
-    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
-    _decode_split_kernel[(n_splits, pool.n_kv_heads, n_q)](
-        q.float().contiguous(), ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
-        page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales, acc, ml, ids.shape[1], pool.n_kv_heads,
-        n_splits, scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=pool.int8,
-        num_warps=8, num_stages=2)
+    group = n_heads // n_kv_heads
+    _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
+        q.float().contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
+        BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2)
     _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
                                            num_warps=4)
     return out
+
+
+def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
+                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT) -> torch.Tensor:
+    """Split-K attention of a few queries [n_q, H, D] over their selected cells: [n_q, H, D] fp32."""
+    check_inputs(q, pool, ids, width)
+    if split % CHUNK:
+        raise ValueError(f"split {split} is not a multiple of {CHUNK}")
+    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
+    pointers = (ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
+                page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales)
+    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split, sm_scale, pointers, pool.int8, dense=False)
 
 
 PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
@@ -123,24 +132,11 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
                          f"{tuple(values.shape)} over a span of {span}")
     if not (keys.is_contiguous() and values.is_contiguous()):
         raise ValueError("the dense cache's keys and values must be contiguous")
-    group = n_heads // n_kv_heads
-    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
-    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
     split = dense_split(span, n_kv_heads, n_q) if split is None else split
-    n_splits = triton.cdiv(max(span, 1), split)
-    if n_q == 0:
-        return out
-    acc = torch.empty(n_q, n_heads, n_splits, dim, dtype=torch.float32, device=q.device)
-    ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
     width = width.to(torch.int32)
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
-    _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
-        q.float().contiguous(), width, width, width, keys, values, keys, values, acc, ml, span, n_kv_heads,
-        n_splits, scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=False,
-        DENSE=True, num_warps=8, num_stages=2)
-    _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
-                                           num_warps=4)
-    return out
+    pointers = (width, width, width, keys, values, keys, values)
+    return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True)
 
 
 def decode_attention(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
