@@ -12,6 +12,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.spec import Draft, SpecDecoder, prompt_lookup
 from strata.errors import StrataError
+from tests.engine.cache_compare import assert_close, assert_same_hybrid_state
 
 GREEDY = dict(temperature=0)
 
@@ -151,18 +152,9 @@ def test_state_after_a_rejected_draft_equals_plain_decoding(next_mtp):
     a, b = spec.kv, plain.kv
     assert isinstance(a, HybridCache) and a.length == b.length == len(prompt) + 2
     assert spec.cached_tokens == plain.cached_tokens
-    for layer in a.conv:
-        _assert_close(a.conv[layer], b.conv[layer])
-        _assert_close(a.state[layer], b.state[layer])
-    for layer in a.kv_slot:
-        for x, y in zip(a.read(layer, a.length, torch.float32), b.read(layer, b.length, torch.float32)):
-            _assert_close(x, y)
+    assert_same_hybrid_state(a, b)
     # and the next step from there reads the same logits
-    _assert_close(spec.prefill(prompt + tokens[:3]), plain.prefill(prompt + tokens[:3]))
-
-
-def _assert_close(ours: torch.Tensor, ref: torch.Tensor, bound: float = 1e-5) -> None:
-    assert (ours - ref).abs().max() <= bound * ref.abs().max()
+    assert_close(spec.prefill(prompt + tokens[:3]), plain.prefill(prompt + tokens[:3]))
 
 
 # ------------------------------------------------------------------------------------------------ sampling

@@ -10,6 +10,7 @@ from strata.engine.engine import Engine, EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.engine.spec import Draft
 from strata.errors import StrataError
+from tests.engine.cache_compare import assert_close, assert_same_hybrid_state
 
 GREEDY = dict(temperature=0)
 
@@ -82,25 +83,17 @@ def test_state_after_a_rejected_draft_equals_plain_decoding(q4, keep):
         plain.decode(tokens[n], len(prompt) + n)
     a, b = spec.kv, plain.kv
     assert a.length == b.length == len(prompt) + keep and spec.cached_tokens == plain.cached_tokens
-    for layer in a.conv:
-        _assert_close(a.conv[layer], b.conv[layer])
-        _assert_close(a.state[layer], b.state[layer])
+    assert_same_hybrid_state(a, b)
     for layer in a.kv_slot:
-        for x, y in zip(a.read(layer, a.length, torch.float32), b.read(layer, b.length, torch.float32)):
-            _assert_close(x, y)
         ka, kb = a.indexer[layer], b.indexer[layer]
         assert (ka.n_cells, ka.n_pooled) == (kb.n_cells, kb.n_pooled) == (a.length, a.length // 4)
-        _assert_close(ka.raw[:ka.n_cells], kb.raw[:kb.n_cells])
-        _assert_close(ka.keys(), kb.keys())
+        assert_close(ka.raw[:ka.n_cells], kb.raw[:kb.n_cells])
+        assert_close(ka.keys(), kb.keys())
     assert a.previous_tokens == b.previous_tokens
-    _assert_close(a.ple_history, b.ple_history)
+    assert_close(a.ple_history, b.ple_history)
     # and the next step reads the same logits (QSA selects from the restored indexer keys)
     position = len(prompt) + keep
-    _assert_close(spec.decode(7, position), plain.decode(7, position))
-
-
-def _assert_close(ours: torch.Tensor, ref: torch.Tensor, bound: float = 1e-5) -> None:
-    assert (ours - ref).abs().max() <= bound * ref.abs().max()
+    assert_close(spec.decode(7, position), plain.decode(7, position))
 
 
 def test_rows_of_a_plain_step_cannot_be_dropped(q4):
@@ -125,4 +118,4 @@ def test_mtp_keys_after_rejected_drafts_are_the_trunks(q4):
     llm.engine.model.mtp_draft(spec.hidden[:cells], torch.tensor(ids[1:cells + 1]), fresh, 0)
     ours, ref = llm.engine.kv.mtp_kv.read(0, cells, torch.float32), fresh.mtp_kv.read(0, cells, torch.float32)
     for x, y in zip(ours, ref):
-        _assert_close(x, y)
+        assert_close(x, y)

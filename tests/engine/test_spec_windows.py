@@ -11,6 +11,7 @@ from strata.engine.engine import Engine, EngineConfig
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.spec import Draft
 from strata.errors import StrataError
+from tests.engine.cache_compare import assert_close, assert_same_hybrid_state
 
 GREEDY = dict(temperature=0)
 
@@ -117,17 +118,8 @@ def test_state_after_a_rejected_draft_equals_plain_decoding(next_mtp):
         plain.prefill(prompt + tokens[:n])
     a, b = spec.kv, plain.kv
     assert a.length == b.length == len(prompt) + 2 and spec.cached_tokens == plain.cached_tokens
-    for layer in a.conv:
-        _assert_close(a.conv[layer], b.conv[layer])
-        _assert_close(a.state[layer], b.state[layer])
-    for layer in a.kv_slot:
-        for x, y in zip(a.read(layer, a.length, torch.float32), b.read(layer, b.length, torch.float32)):
-            _assert_close(x, y)
-    _assert_close(spec.prefill(prompt + tokens[:3]), plain.prefill(prompt + tokens[:3]))
-
-
-def _assert_close(ours: torch.Tensor, ref: torch.Tensor, bound: float = 1e-5) -> None:
-    assert (ours - ref).abs().max() <= bound * ref.abs().max()
+    assert_same_hybrid_state(a, b)
+    assert_close(spec.prefill(prompt + tokens[:3]), plain.prefill(prompt + tokens[:3]))
 
 
 def test_the_graphs_span_gives_the_same_greedy_tokens(next_mtp):
@@ -217,4 +209,4 @@ def test_plain_decode_steps_keep_the_hidden_states_mtp_drafts_read(next_mtp):
     ids = prompt + out[:-1]
     kept = llm.engine.spec.hidden[:len(ids)].clone()
     llm.engine.logits(ids)
-    _assert_close(kept, llm.engine.spec.hidden[:len(ids)])
+    assert_close(kept, llm.engine.spec.hidden[:len(ids)])
