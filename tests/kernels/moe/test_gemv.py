@@ -177,8 +177,10 @@ def _jobs():
         if name not in wide_gemv.WORDS:
             continue
         cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
-        constants = dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_in // wide_gemv.UNIT[name],
-                         UNIT_W=wide_gemv.UNIT[name], NT=wide_gemv.WORDS[name], SLOTS=True, BN=cfg.bn, NU=cfg.ns)
+        n_units = n_in // wide_gemv.UNIT[name]
+        per = wide_gemv.units_per_slice(n_units * (top_k if kind == "down" else 1), cfg.ns, cfg.split)
+        constants = dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_units, UNIT_W=wide_gemv.UNIT[name],
+                         NT=wide_gemv.WORDS[name], SLOTS=True, BN=cfg.bn, NU=cfg.ns, SPLIT=cfg.split, PER=per)
         if kind == "gate_up":
             signature = {("hid" if k == "h" else k): v for k, v in GATE_UP_SIG.items()}
             yield f"words {kind}", wide_gemv._word_gate_up_kernel, signature, constants, cfg
@@ -218,7 +220,7 @@ def test_kernels_build_for_sm90_without_spills():
     run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(builds) == len(list(_jobs())) == 2 * (len(BUILDS) + 2) + 2 * len(MATVEC_BUILDS)
+    assert len(builds) == len(list(_jobs())) == 2 * (len(BUILDS) + 3) + 2 * len(MATVEC_BUILDS)
     assert not [b for b in builds if b["stack"]], builds
 
 
