@@ -92,3 +92,28 @@ def _to_cpu(stack):
     from strata.engine.experts import ExpertStack
 
     return ExpertStack(*(p.to("cpu") for p in (stack.gate, stack.up, stack.down)))
+
+
+def test_moe_decode_sweep_times_and_checks_each_config(device, monkeypatch):
+    import io
+
+    from strata.bench import moe_decode
+    from strata.kernels.moe.gemv import byte_config
+
+    stack = synthetic_stack("Q2_0", "Q2_0", 6, 128, 64, seed=27, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(28)
+    calls = []
+    for _ in range(2):
+        ids, w = routing(1, 2, 6, gen)
+        calls.append((torch.randn(1, 128, generator=gen).to(device), ids.to(device), w.to(device), experts,
+                      torch.float32))
+    want = moe_gemv_float64(calls[0][0].cpu(), calls[0][1].cpu(), calls[0][2].cpu(), _cpu_experts(_to_cpu(stack)))
+    # Interpreter-sized tiles in place of the GPU's (whose many small programs the interpreter runs slowly).
+    monkeypatch.setattr(moe_decode, "sweep_configs", lambda kind, spec, n_out, n_in, top_k: [
+        GemvConfig(bn=128, ns=2, warps=4, wide=True, split=2), byte_config(kind, spec, n_out, n_in, top_k, False)])
+    out = io.StringIO()
+    assert moe_decode._sweep("tiny", experts, calls, device, 1e9, out, want), out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4 and all("1.00x default" in lines[i] for i in (0, 2)) and "FAIL" not in out.getvalue()
+    assert "split=2" in lines[0] and "bytes" in lines[1]
