@@ -27,88 +27,60 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.moe.decode import DecodeSpec
+from strata.kernels.moe.decode import DecodeSpec, code_tables
+from strata.kernels.moe.grid_words import GRID_FORMATS, grid_unit_dot
+from strata.kernels.moe.word_loads import codes, pairs, quads
 
-WORDS = {"Q2_0": 8, "Q4_0": 8, "Q8_0": 16, "Q4_K": 8}  # words (threads) per unit
-UNIT = {"Q2_0": 64, "Q4_0": 32, "Q8_0": 32, "Q4_K": 64}  # weights per unit
-
-_MAGIC = tl.constexpr(0x4B000000)
-_TWO23 = tl.constexpr(8388608.0)
-
+WORDS = {"Q2_0": 8, "Q4_0": 8, "Q8_0": 16, "Q4_K": 8, **{name: 4 for name in GRID_FORMATS}}  # words (threads) a unit
+UNIT = {"Q2_0": 64, "Q4_0": 32, "Q8_0": 32, "Q4_K": 64, **{name: 32 for name in GRID_FORMATS}}  # weights a unit
 
 def word_gemv_applies(spec: DecodeSpec, *byte_offsets: int) -> bool:
     """A format this kernel reads, with every block start aligned for its words (2 bytes; Q4_K: 4)."""
-    align = 4 if spec.name == "Q4_K" else 2  # Q2_0 / Q4_0 / Q8_0: 2-byte blocks
+    align = 4 if spec.name == "Q4_K" else 2  # the others' blocks are only 2-byte aligned
     return spec.name in WORDS and all(offset % align == 0 for offset in byte_offsets)
 
 
 @triton.jit
-def _codes(word, shift: tl.constexpr, mask: tl.constexpr, offset: tl.constexpr):
-    """((word >> shift) & mask) - offset as exact float32 (code | 2^23's bits, minus 2^23 + offset)."""
-    return (((word >> shift) & mask) | _MAGIC).to(tl.float32, bitcast=True) - (_TWO23 + offset)
-
-
-@triton.jit
-def _pairs(x_at, t, um):
-    """The activations at x_at[u] + 2t and the next ones, float32 [NU, NT] each, from one load of adjacent pairs
-    split in registers. The load is [NT, NU, 2] and transposed after: Triton then gives it the words' lanes (t
-    fastest, then units), so no layout conversion goes through shared memory."""
-    at = x_at[None, :, None] + 2 * t[:, None, None] + tl.arange(0, 2)[None, None, :]
-    pair = tl.load(at, mask=um[None, :, None], other=0.0).to(tl.float32)
-    lo, hi = tl.split(pair)
-    return tl.trans(lo), tl.trans(hi)
-
-
-@triton.jit
-def _quads(x_at, t, um):
-    """The activations x_at[u] + 4t + k, k = 0..3, float32 [NU, NT] each, from one load (as `_pairs`)."""
-    at = x_at[None, :, None] + 4 * t[:, None, None] + tl.arange(0, 4)[None, None, :]
-    quad = tl.load(at, mask=um[None, :, None], other=0.0).to(tl.float32)
-    even, odd = tl.split(tl.reshape(quad, (quad.shape[0], quad.shape[1], 2, 2)))  # k = 0, 2 and k = 1, 3
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return tl.trans(x0), tl.trans(x1), tl.trans(x2), tl.trans(x3)
-
-
-@triton.jit
-def _unit_dot(FMT: tl.constexpr, w, row_base, blk, x_at, t, um, bm):
+def _unit_dot(FMT: tl.constexpr, w, row_base, blk, x_at, t, um, bm, tab):
     """The scaled partial dots [NU, BN, NT] of NU units against their activations: unit u is unit blk[u] of the
     rows starting at bytes row_base[u, :] of w, its activations start at pointer x_at[u]; um [NU]: units in range,
     bm [NU, BN]: units to read. (Units first: Triton then spreads lanes over units and words and wraps the rows
-    inside each thread, so a thread's activations serve all BN rows.)"""
+    inside each thread, so a thread's activations serve all BN rows.) tab: `decode.code_tables` (the i-quants)."""
     m = bm[:, :, None]
-    if FMT == 0:  # Q2_0: halfword t of a block holds weights 8t..8t+7, two bits each, weight = d * (code - 1)
+    if FMT == 6 or FMT == 8 or FMT == 9:  # IQ2_XS, IQ3_XXS, IQ3_S
+        return grid_unit_dot(FMT, w, row_base, blk, x_at, t, um, bm, tab)
+    elif FMT == 0:  # Q2_0: halfword t of a block holds weights 8t..8t+7, two bits each, weight = d * (code - 1)
         h16 = w.to(tl.pointer_type(tl.uint16))
         first = row_base // 2 + (blk * 9)[:, None]
         word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=m, other=0).to(tl.uint32)
         d = tl.load(h16 + first, mask=bm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        x0, x1, x2, x3 = _quads(x_at, 2 * t, um)  # the activations of weights 8t..8t+3
-        s = _codes(word, 0, 3, 1.0) * x0[:, None, :] + _codes(word, 2, 3, 1.0) * x1[:, None, :]
-        s += _codes(word, 4, 3, 1.0) * x2[:, None, :] + _codes(word, 6, 3, 1.0) * x3[:, None, :]
-        x0, x1, x2, x3 = _quads(x_at + 4, 2 * t, um)  # and of 8t+4..8t+7
-        s += _codes(word, 8, 3, 1.0) * x0[:, None, :] + _codes(word, 10, 3, 1.0) * x1[:, None, :]
-        s += _codes(word, 12, 3, 1.0) * x2[:, None, :] + _codes(word, 14, 3, 1.0) * x3[:, None, :]
+        x0, x1, x2, x3 = quads(x_at, 2 * t, um)  # the activations of weights 8t..8t+3
+        s = codes(word, 0, 3, 1.0) * x0[:, None, :] + codes(word, 2, 3, 1.0) * x1[:, None, :]
+        s += codes(word, 4, 3, 1.0) * x2[:, None, :] + codes(word, 6, 3, 1.0) * x3[:, None, :]
+        x0, x1, x2, x3 = quads(x_at + 4, 2 * t, um)  # and of 8t+4..8t+7
+        s += codes(word, 8, 3, 1.0) * x0[:, None, :] + codes(word, 10, 3, 1.0) * x1[:, None, :]
+        s += codes(word, 12, 3, 1.0) * x2[:, None, :] + codes(word, 14, 3, 1.0) * x3[:, None, :]
         return s * d[:, :, None]
     elif FMT == 1:  # Q4_0: halfword t of a block holds weights 2t, 2t+1 (low nibbles) and 2t+16, 2t+17 (high)
         h16 = w.to(tl.pointer_type(tl.uint16))
         first = row_base // 2 + (blk * 9)[:, None]  # [NU, BN]: the halfword of each block's d
         word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=m, other=0).to(tl.uint32)
         d = tl.load(h16 + first, mask=bm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        x0, x1 = _pairs(x_at, t, um)  # the activations of weights 2t, 2t + 1
-        x16, x17 = _pairs(x_at + 16, t, um)
-        s = _codes(word, 0, 15, 8.0) * x0[:, None, :]
-        s += _codes(word, 8, 15, 8.0) * x1[:, None, :]
-        s += _codes(word, 4, 15, 8.0) * x16[:, None, :]
-        s += _codes(word, 12, 15, 8.0) * x17[:, None, :]
+        x0, x1 = pairs(x_at, t, um)  # the activations of weights 2t, 2t + 1
+        x16, x17 = pairs(x_at + 16, t, um)
+        s = codes(word, 0, 15, 8.0) * x0[:, None, :]
+        s += codes(word, 8, 15, 8.0) * x1[:, None, :]
+        s += codes(word, 4, 15, 8.0) * x16[:, None, :]
+        s += codes(word, 12, 15, 8.0) * x17[:, None, :]
         return s * d[:, :, None]
     elif FMT == 2:  # Q8_0: halfword t holds int8 codes 2t, 2t+1 (read as q + 128: the byte's top bit flipped)
         h16 = w.to(tl.pointer_type(tl.uint16))
         first = row_base // 2 + (blk * 17)[:, None]
         word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=m, other=0).to(tl.uint32) ^ 0x8080
         d = tl.load(h16 + first, mask=bm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        x0, x1 = _pairs(x_at, t, um)
-        s = _codes(word, 0, 255, 128.0) * x0[:, None, :]
-        s += _codes(word, 8, 255, 128.0) * x1[:, None, :]
+        x0, x1 = pairs(x_at, t, um)
+        s = codes(word, 0, 255, 128.0) * x0[:, None, :]
+        s += codes(word, 8, 255, 128.0) * x1[:, None, :]
         return s * d[:, :, None]
     else:  # Q4_K: unit = slice pair blk % 4 of super-block blk // 4; word t holds weights 4t..4t+3 of both halves
         pair = blk % 4
@@ -116,13 +88,13 @@ def _unit_dot(FMT: tl.constexpr, w, row_base, blk, x_at, t, um, bm):
         w32 = w.to(tl.pointer_type(tl.uint32))
         at = (block + (16 + 32 * pair)[:, None]) // 4
         word = tl.load(w32 + at[:, :, None] + t[None, None, :], mask=m, other=0).to(tl.uint32)
-        x0, x1, x2, x3 = _quads(x_at, t, um)  # weights 4t..4t+3 of the low half
-        dot_lo = _codes(word, 0, 15, 0.0) * x0[:, None, :] + _codes(word, 8, 15, 0.0) * x1[:, None, :]
-        dot_lo += _codes(word, 16, 15, 0.0) * x2[:, None, :] + _codes(word, 24, 15, 0.0) * x3[:, None, :]
+        x0, x1, x2, x3 = quads(x_at, t, um)  # weights 4t..4t+3 of the low half
+        dot_lo = codes(word, 0, 15, 0.0) * x0[:, None, :] + codes(word, 8, 15, 0.0) * x1[:, None, :]
+        dot_lo += codes(word, 16, 15, 0.0) * x2[:, None, :] + codes(word, 24, 15, 0.0) * x3[:, None, :]
         sum_lo = (x0 + x1) + (x2 + x3)
-        x0, x1, x2, x3 = _quads(x_at + 32, t, um)  # and of the high half
-        dot_hi = _codes(word, 4, 15, 0.0) * x0[:, None, :] + _codes(word, 12, 15, 0.0) * x1[:, None, :]
-        dot_hi += _codes(word, 20, 15, 0.0) * x2[:, None, :] + _codes(word, 28, 15, 0.0) * x3[:, None, :]
+        x0, x1, x2, x3 = quads(x_at + 32, t, um)  # and of the high half
+        dot_hi = codes(word, 4, 15, 0.0) * x0[:, None, :] + codes(word, 12, 15, 0.0) * x1[:, None, :]
+        dot_hi += codes(word, 20, 15, 0.0) * x2[:, None, :] + codes(word, 28, 15, 0.0) * x3[:, None, :]
         sum_hi = (x0 + x1) + (x2 + x3)
         scales = w + block + 2 * pair[:, None]  # sub-block 2*pair's 6-bit scale/min bytes (and the next one's)
         a0 = tl.load(scales + 4, mask=bm, other=0).to(tl.int32)
@@ -167,7 +139,7 @@ def _slice_of(SPLIT: tl.constexpr, PER: tl.constexpr, TOTAL: tl.constexpr):
 
 
 @triton.jit
-def _word_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_bytes,
+def _word_down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_out, stride_d, row_bytes,
                       TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
                       UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
                       NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr):
@@ -187,14 +159,14 @@ def _word_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_bytes
         row_base = tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d + rows.to(tl.int64)[None, :] * row_bytes
         x_at = h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W
         bm = (index >= 0)[:, None] & live_rows[None, :]
-        acc += _unit_dot(FMT, wd, row_base, blk, x_at, t, um, bm) * weight[:, None, None]
+        acc += _unit_dot(FMT, wd, row_base, blk, x_at, t, um, bm, tab) * weight[:, None, None]
     out = tl.sum(tl.sum(acc, axis=2), axis=0)
     at = (tl.program_id(2) * tl.num_programs(0) + token).to(tl.int64) * n_out + rows
     tl.store(y + at, out, mask=live_rows)
 
 
 @triton.jit
-def _word_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_u, row_bytes,
+def _word_gate_up_kernel(x, ids, slot_of, wg, wu, tab, hid, n_ff, stride_g, stride_u, row_bytes,
                          TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
                          UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
                          NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr):
@@ -219,8 +191,8 @@ def _word_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_u,
         rows_at = rows.to(tl.int64)[None, :] * row_bytes
         x_at = x + token.to(tl.int64) * K + blk * UNIT_W
         bm = (index >= 0)[:, None] & live_rows[None, :]
-        acc_g += _unit_dot(FMT, wg, expert * stride_g + rows_at, blk, x_at, t, um, bm)
-        acc_u += _unit_dot(FMT, wu, expert * stride_u + rows_at, blk, x_at, t, um, bm)
+        acc_g += _unit_dot(FMT, wg, expert * stride_g + rows_at, blk, x_at, t, um, bm, tab)
+        acc_u += _unit_dot(FMT, wu, expert * stride_u + rows_at, blk, x_at, t, um, bm, tab)
     g = tl.sum(tl.sum(acc_g, axis=2), axis=0)
     u = tl.sum(tl.sum(acc_u, axis=2), axis=0)
     if SPLIT == 1:
@@ -294,6 +266,12 @@ def _sum_slices(part: torch.Tensor, out: torch.Tensor, split: int, swiglu: bool)
     _split_sum_kernel[(triton.cdiv(n, block),)](part, out, n, SPLIT=split, SWIGLU=swiglu, BLOCK=block, num_warps=4)
 
 
+def _tables(spec: DecodeSpec, raw: torch.Tensor) -> torch.Tensor:
+    """The i-quants' packed grids (in `code_tables`, as the byte kernels' grids); the others read none, so they get
+    their own weights as a stand-in pointer and never depend on a table's first copy (not capturable)."""
+    return code_tables(raw.device) if spec.name in GRID_FORMATS else raw
+
+
 def launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, nu: int, warps: int,
                      split: int = 1):
     """`_word_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract."""
@@ -302,7 +280,8 @@ def launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec,
     n_units = d.cols // UNIT[spec.name]
     out = y if split == 1 else torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
     _word_down_kernel[(n_tokens, triton.cdiv(d.rows, bn), split)](
-        h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.rows,
+        h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw,
+        _tables(spec, d.raw), out, d.rows,
         d.stride, d.row_bytes, TOP_K=top_k, K=d.cols, FMT=spec.fmt_id, N_UNITS=n_units, UNIT_W=UNIT[spec.name],
         NT=WORDS[spec.name], SLOTS=slots, BN=bn, NU=nu, SPLIT=split, PER=units_per_slice(top_k * n_units, nu, split),
         num_warps=warps)
@@ -319,7 +298,8 @@ def launch_word_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: i
     n_units = g.cols // UNIT[spec.name]
     out = hid if split == 1 else torch.empty(split, 2, *hid.shape, dtype=torch.float32, device=hid.device)
     _word_gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, bn), split)](
-        x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, out, g.rows, g.stride,
+        x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw,
+        _tables(spec, g.raw), out, g.rows, g.stride,
         u.stride, g.row_bytes, TOP_K=top_k, K=g.cols, FMT=spec.fmt_id, N_UNITS=n_units, UNIT_W=UNIT[spec.name],
         NT=WORDS[spec.name], SLOTS=slots, BN=bn, NU=nu, SPLIT=split, PER=units_per_slice(n_units, nu, split),
         num_warps=warps)

@@ -117,3 +117,21 @@ def test_moe_decode_sweep_times_and_checks_each_config(device, monkeypatch):
     lines = out.getvalue().splitlines()
     assert len(lines) == 4 and all("1.00x default" in lines[i] for i in (0, 2)) and "FAIL" not in out.getvalue()
     assert "split=2" in lines[0] and "bytes" in lines[1]
+
+
+@pytest.mark.parametrize("fmt", ["IQ2_XS", "IQ3_XXS", "IQ3_S"])
+def test_lattice_iquant_words_match_float64(device, fmt):
+    # qwen4exp's pairing: i-quant gate/up (2560 = 10 super-blocks), Q2_0 down (640 is no multiple of 256).
+    stack = synthetic_stack(fmt, "Q2_0", 6, 512, 64, seed=29, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(30)
+    ids, w = routing(2, 3, 6, gen, shared=1)
+    x = torch.randn(2, 512, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, _cpu_experts(_to_cpu(stack)))
+    cfg = gemv_config("gate_up", experts.gate.spec, 64, 512, 3, False)
+    assert cfg.wide and _takes_words(cfg, experts.gate, experts.up)
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    split = GemvConfig(bn=64, ns=4, warps=4, wide=True, split=2)  # 16 sub-blocks: two slices of two steps
+    h = gate_up_swiglu_triton(x, ids, experts, split)  # (the default tiles: test_gemv.py's IQ2_XS / Q2_0 pair)
+    assert relative_error(h, h64) <= ERROR_BOUND
+    assert relative_error(down_sum_triton(h, ids, w, experts), y64) <= ERROR_BOUND
