@@ -9,6 +9,7 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 and replayed with new ids in place, and must match eager calls bit for bit.
 
     strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep]
+(also qwen4exp-iq2_xs, -iq3_xxs, -iq3_s: i-quant gate/up, Q2_0 down)
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ SHAPES = {  # name: (gate/up format, down format, embd, ff, experts, top-k)
     "a3b-q4_0": ("Q4_0", "Q4_0", 2048, 768, 128, 8),
     "a3b-q4_k": ("Q4_K", "Q4_K", 2048, 768, 128, 8),
     "qwen4exp-q2_0": ("Q2_0", "Q2_0", 2560, 640, 512, 10),
+    # qwen4exp's i-quant packs: gate/up in an i-quant, down (640 inputs: no whole 256-weight blocks) in Q2_0
+    "qwen4exp-iq2_xs": ("IQ2_XS", "Q2_0", 2560, 640, 512, 10),
+    "qwen4exp-iq3_xxs": ("IQ3_XXS", "Q2_0", 2560, 640, 512, 10),
+    "qwen4exp-iq3_s": ("IQ3_S", "Q2_0", 2560, 640, 512, 10),
 }
+DEFAULT_SHAPES = "a3b-q4_0,a3b-q4_k,qwen4exp-q2_0"
 ROUTINGS = 32  # calls per graph replay, each with its own routing
 
 
@@ -183,7 +189,7 @@ def graph_replay_check(device, out) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench moe-decode", description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default="1", help="comma-separated T values (1..8)")
     p.add_argument("--sweep", action="store_true",
                    help="time each kernel under launch configurations beside the default (bench/gemv_sweep.py)")

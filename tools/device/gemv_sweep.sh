@@ -2,11 +2,12 @@
 # One device call for the decode GEMV tiles (issue 4): the CUDA tests of the GEMV files (compiled kernels against
 # float64), then `bench moe-decode --sweep` on A3B Q4_0 / Q4_K and qwen4exp Q2_0 (each kernel under
 # bench/gemv_sweep.py's configs, every line: us, GB/s, % of the HBM floor, x default), the dense `bench matvec
-# --sweep` (A3B's 2048x4096 / 4096x2048 in Q4_0, Q8_0, Q4_K; qwen4exp's Q2_0 shapes; a Q4_K head). Parts capped by
+# --sweep` (A3B's 2048x4096 / 4096x2048 in Q4_0, Q8_0, Q4_K; qwen4exp's Q2_0 shapes; a Q4_K head), and last the
+# i-quant gate/up shapes of qwen4exp (IQ2_XS, IQ3_XXS, IQ3_S words against their byte kernels). Parts capped by
 # tools/device/parts.sh, under 7 minutes in all; run from the repo root with .whl carried; logs come back as one
 # tarball plus the sweep logs; the output's tail ends with each kernel's default and fastest config.
 set -uo pipefail
-BUDGET=${BUDGET:-400}
+BUDGET=${BUDGET:-405}
 source tools/device/parts.sh || exit 1
 part gemv_tests_cuda 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_word_gemv.py \
   tests/kernels/moe/test_gemv.py tests/kernels/quant/test_matvec.py tests/kernels/quant/test_bench_matvec.py \
@@ -16,7 +17,10 @@ part matvec_sweep 80 python3 -m strata bench matvec --sweep --shapes 2048x4096,4
 part matvec_sweep_q2_0 35 python3 -m strata bench matvec --sweep --shapes 2560x640,640x2560,2560x10240 \
   --formats Q2_0
 part matvec_sweep_head 25 python3 -m strata bench matvec --sweep --shapes 2048x151936 --formats Q4_K
+part moe_decode_iq_sweep 60 python3 -m strata bench moe-decode --sweep \
+  --shapes qwen4exp-iq2_xs,qwen4exp-iq3_xxs,qwen4exp-iq3_s
 echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
 cp $L/moe_decode_sweep.log $L/matvec_sweep.log "$OUT/" 2>/dev/null
 tar czf "$OUT/gemv_sweep_logs.tgz" -C $L .
 cat $L/times.txt
