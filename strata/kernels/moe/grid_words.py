@@ -47,6 +47,15 @@ def word_table_bytes() -> np.ndarray:
 
 
 @triton.jit
+def _gather(base, index, mask):
+    """base[index] for index [NU, BN, NT], loaded as [NT, NU, BN]: a gather has no contiguous axis, and Triton's
+    tie-break then spreads lanes over its first axis; with the words first that is the word loads' own layout (words
+    fastest, then units), so no conversion goes through shared memory."""
+    got = tl.load(base + tl.permute(index, (2, 0, 1)), mask=tl.permute(mask, (2, 0, 1)), other=0)
+    return tl.permute(got, (1, 2, 0))
+
+
+@triton.jit
 def _value(entry, shift: tl.constexpr, signs, bit: tl.constexpr):
     """The byte of a grid entry at `shift` as an exact float, negated where bit `bit` of the sign byte is set."""
     flip = ((signs >> bit) & 1) << 31
@@ -72,40 +81,38 @@ def grid_unit_dot(FMT: tl.constexpr, w, row_base, blk, x_at, t, um, bm, codes_ta
     dots [NU, BN, NT]."""
     tab = (codes_tab + WORD_TABLES_AT).to(tl.pointer_type(tl.int32))
     m = bm[:, :, None]
-    sub = (blk % 8)[:, None]
+    sub = (blk % 8)[:, None, None]
     h16 = w.to(tl.pointer_type(tl.uint16))
+    # Every field is read per word ([NU, BN, NT], the NT words of a unit-row reading one address), through
+    # `_gather` where the address does not run with the word: all loads then share the word loads' layout (words
+    # fastest, then units), so none is converted through shared memory.
     if FMT == 6:
-        block = row_base + ((blk // 8) * 74)[:, None]  # [NU, BN]: the byte of each super-block
+        block = row_base[:, :, None] + ((blk // 8) * 74)[:, None, None] + 0 * t[None, None, :]
     elif FMT == 8:
-        block = row_base + ((blk // 8) * 98)[:, None]
+        block = row_base[:, :, None] + ((blk // 8) * 98)[:, None, None] + 0 * t[None, None, :]
     else:
-        block = row_base + ((blk // 8) * 110)[:, None]
-    d = tl.load(h16 + block // 2, mask=bm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        block = row_base[:, :, None] + ((blk // 8) * 110)[:, None, None] + 0 * t[None, None, :]
+    d = _gather(h16, block // 2, m).to(tl.float16, bitcast=True).to(tl.float32)
+    word = tl.load(h16 + block // 2 + 1 + 4 * sub + t[None, None, :], mask=m, other=0).to(tl.int32)
     if FMT == 6:  # IQ2_XS: word = 9-bit grid index | 7-bit sign index << 9; a 4-bit scale per two words
-        word = tl.load(h16 + (block // 2 + 1 + 4 * sub)[:, :, None] + t[None, None, :], mask=m, other=0).to(tl.int32)
-        entry = tl.load(tab.to(tl.pointer_type(tl.uint64)) + _IQ2_XS // 2 + (word & 511), mask=m, other=0)
-        signs = tl.load(tab + _SIGN_BYTES + (word >> 9), mask=m, other=0)
+        entry = _gather(tab.to(tl.pointer_type(tl.uint64)) + _IQ2_XS // 2, word & 511, m)
+        signs = _gather(tab + _SIGN_BYTES, word >> 9, m)
         s = _dot8(entry.to(tl.uint32).to(tl.int32, bitcast=True),
                   (entry >> 32).to(tl.uint32).to(tl.int32, bitcast=True), signs, x_at, t, um)
-        scales = tl.load(w + block + 66 + sub, mask=bm, other=0).to(tl.int32)
-        nibble = tl.where(t[None, None, :] < 2, (scales & 15)[:, :, None], (scales >> 4)[:, :, None])
-        return s * (d[:, :, None] * (0.5 + nibble.to(tl.float32)) * 0.25)
+        nibble = (_gather(w, block + 66 + sub, m).to(tl.int32) >> (4 * (t[None, None, :] // 2))) & 15
+        return s * (d * (0.5 + nibble.to(tl.float32)) * 0.25)
     elif FMT == 8:  # IQ3_XXS: word = two grid bytes; per sub-block a uint32 of 4 x 7-bit sign indices and a scale
-        word = tl.load(h16 + (block // 2 + 1 + 4 * sub)[:, :, None] + t[None, None, :], mask=m, other=0).to(tl.int32)
-        aux_at = h16 + block // 2 + 33 + 2 * sub  # the uint32 at byte 66 + 4 sub, read as two halfwords
-        aux = (tl.load(aux_at, mask=bm, other=0).to(tl.int32)
-               | (tl.load(aux_at + 1, mask=bm, other=0).to(tl.int32) << 16))
-        signs = tl.load(tab + _SIGN_BYTES + ((aux[:, :, None] >> (7 * t[None, None, :])) & 127), mask=m, other=0)
-        lo = tl.load(tab + _IQ3_XXS + (word & 255), mask=m, other=0)
-        hi = tl.load(tab + _IQ3_XXS + (word >> 8), mask=m, other=0)
+        aux_at = block // 2 + 33 + 2 * sub  # the uint32 at byte 66 + 4 sub, read as two halfwords
+        aux = _gather(h16, aux_at, m).to(tl.int32) | (_gather(h16, aux_at + 1, m).to(tl.int32) << 16)
+        signs = _gather(tab + _SIGN_BYTES, (aux >> (7 * t[None, None, :])) & 127, m)
+        lo = _gather(tab + _IQ3_XXS, word & 255, m)
+        hi = _gather(tab + _IQ3_XXS, word >> 8, m)
         scale = d * (0.5 + ((aux >> 28) & 15).to(tl.float32)) * 0.5
-        return _dot8(lo, hi, signs, x_at, t, um) * scale[:, :, None]
+        return _dot8(lo, hi, signs, x_at, t, um) * scale
     else:  # IQ3_S: word = two low index bytes, their 9th bits in qh byte `sub`; a sign byte per word
-        word = tl.load(h16 + (block // 2 + 1 + 4 * sub)[:, :, None] + t[None, None, :], mask=m, other=0).to(tl.int32)
-        qh = tl.load(w + block + 66 + sub, mask=bm, other=0).to(tl.int32)[:, :, None] >> (2 * t[None, None, :])
-        lo = tl.load(tab + _IQ3_S + ((word & 255) | ((qh & 1) << 8)), mask=m, other=0)
-        hi = tl.load(tab + _IQ3_S + ((word >> 8) | ((qh & 2) << 7)), mask=m, other=0)
-        signs = tl.load(w + (block + 74 + 4 * sub)[:, :, None] + t[None, None, :], mask=m, other=0).to(tl.int32)
-        nibble = (tl.load(w + block + 106 + sub // 2, mask=bm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
-        scale = d * (1 + 2 * nibble).to(tl.float32)
-        return _dot8(lo, hi, signs, x_at, t, um) * scale[:, :, None]
+        qh = _gather(w, block + 66 + sub, m).to(tl.int32) >> (2 * t[None, None, :])
+        lo = _gather(tab + _IQ3_S, (word & 255) | ((qh & 1) << 8), m)
+        hi = _gather(tab + _IQ3_S, (word >> 8) | ((qh & 2) << 7), m)
+        signs = tl.load(w + block + 74 + 4 * sub + t[None, None, :], mask=m, other=0).to(tl.int32)
+        nibble = (_gather(w, block + 106 + sub // 2, m).to(tl.int32) >> (4 * (sub % 2))) & 15
+        return _dot8(lo, hi, signs, x_at, t, um) * (d * (1 + 2 * nibble).to(tl.float32))
