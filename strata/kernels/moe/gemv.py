@@ -14,8 +14,9 @@ with new ids.
 A program's tile is BN rows x NS consecutive blocks: decode32 decodes 32 weights of each of the BN*NS (row, block)
 pairs at once ("virtual rows"), reshaped to [BN, NS, 32] against the activations' [NS, 32] slice, so each step
 reads NS blocks of every row (NS*18 contiguous bytes of Q4_0) and the accumulators are only reduced at the end.
-Q2_0, Q4_0, Q8_0 and Q4_K take the word kernels of `wide_gemv.py` instead (same contracts, a thread per 16/32-bit
-word of codes; `GemvConfig.wide`); the byte-a-weight kernels here serve the other formats.
+Q2_0, Q4_0, Q8_0, Q4_K and the lattice i-quants IQ2_XS / IQ3_XXS / IQ3_S take the word kernels of `wide_gemv.py`
+instead (same contracts, a thread per 16/32-bit word of codes; `GemvConfig.wide`); the byte-a-weight kernels here
+serve the other formats (and the word formats at odd offsets).
 
 Precision: the weights are decoded exactly (every GGUF weight is a float32, Q4_K's `d*sc*q - dmin*m` rounded once),
 x is read as given and H is kept in float32, so the only error is float32 summation: at most about
@@ -253,8 +254,8 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
     """The launch configuration of "gate_up", "down" or "matvec" (the dense matvec: the down kernel with one
     "expert") for n_out rows of n_in weights.
 
-    Q2_0, Q4_0, Q8_0, Q4_K: the word kernels' tiles (`wide_gemv.word_tile`; the down kernel's units run over all
-    chosen experts at once). The other formats, byte kernels:
+    Q2_0, Q4_0, Q8_0, Q4_K, IQ2_XS, IQ3_XXS, IQ3_S: the word kernels' tiles (`wide_gemv.word_tile`; the down
+    kernel's units run over all chosen experts at once). The other formats, byte kernels:
 
     On a GPU: a step reads about 512 (gate/up) or 256 (down) weights of each row, 8 (gate/up) or 2 (down) rows per
     program, KC = up to 8 experts at once (down), and warps so that each thread holds 16 decoded weights (4 for the
