@@ -21,6 +21,7 @@ import triton.language as tl
 
 from strata.errors import StrataError
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.grid_words import WORD_TABLES_AT, word_table_bytes
 from strata.quant import dequantize, get_format
 from strata.quant.tables import grid_values, iq4_nl_levels, sign_patterns
 
@@ -70,12 +71,13 @@ _IQ3_XXS, _IQ3_S, _IQ4_NL = tl.constexpr(15360), tl.constexpr(16384), tl.constex
 
 @functools.cache
 def code_tables(device: torch.device) -> torch.Tensor:
-    """int8 [18448]: sign patterns [128, 8], the IQ2/IQ3 grids, then IQ4_NL's 16 levels, at the offsets above."""
+    """int8 [26128]: sign patterns [128, 8], the IQ2/IQ3 grids, then IQ4_NL's 16 levels, at the offsets above;
+    then the word kernels' packed grids (`grid_words.word_table_bytes`)."""
     parts = [sign_patterns(), *(grid_values(g) for g in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")),
              iq4_nl_levels()]
     flat = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int8)
-    assert flat.size == _IQ4_NL.value + 16
-    return torch.from_numpy(flat).to(device)
+    assert flat.size == _IQ4_NL.value + 16 == WORD_TABLES_AT.value
+    return torch.from_numpy(np.concatenate([flat, word_table_bytes()])).to(device)
 
 
 @triton.jit
