@@ -1,0 +1,75 @@
+"""Blocked prompt kernels: the merge of a block's selections, the tunables, and every blocking within the parity
+bounds on neighbouring queries that share most of their cells."""
+
+import pytest
+import torch
+
+from strata.bench.prompt_attn import make_selections, within_bounds
+from strata.errors import StrataError
+from strata.kernels.attention.prompt import VARIANTS
+from strata.kernels.attention.prompt_blocks import PromptConfig, shared_cells
+from strata.kernels.attention.prompt_ref import prompt_attn_ref
+from tests.kernels import DEVICE
+from tests.kernels.attention.common import queries, random_pool
+
+
+def merged_by_sets(ids, width, n):
+    """The merge written plainly: per block, the sorted union and each cell's bit per selecting query."""
+    out = []
+    for b0 in range(0, len(width), n):
+        chosen = [set(ids[i, : int(width[i])].tolist()) for i in range(b0, min(b0 + n, len(width)))]
+        cells = sorted(set().union(*chosen))
+        out.append((cells, [sum(1 << j for j, s in enumerate(chosen) if c in s) for c in cells]))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_merge_equals_the_union_of_sets(n):
+    g = torch.Generator().manual_seed(n)
+    n_q, cap = 37, 20
+    ids = torch.full((n_q, cap), -1, dtype=torch.int32)
+    width = torch.randint(0, cap + 1, (n_q,), generator=g).int()
+    width[5] = 0
+    for i in range(n_q):  # small range: many shared cells
+        ids[i, : width[i]] = torch.randperm(30, generator=g)[: width[i]].sort().values.int()
+    cells, members, count = shared_cells(ids, width, n)
+    want = merged_by_sets(ids, width, n)
+    assert cells.shape == members.shape == (len(want), n * cap) and count.tolist() == [len(c) for c, _ in want]
+    for b, (c, bits) in enumerate(want):
+        assert cells[b, : len(c)].tolist() == c and members[b, : len(c)].tolist() == bits
+
+
+def test_config_parse_and_resolve():
+    assert PromptConfig.parse("q5h6c32w4s3") == PromptConfig(5, 6, 32, 4, 3)
+    assert PromptConfig.parse("q2s1") == PromptConfig(queries=2, stages=1)
+    config = PromptConfig.parse("q5h8").resolve(12)
+    assert config.heads == 6 and config.rows() == 32  # the largest divisor of 12 not above 8; 30 rows padded
+    assert PromptConfig(queries=1).resolve(12).rows() == 16 and PromptConfig().resolve(3).heads == 3
+    for bad in ("x5", "q5h", ""):
+        with pytest.raises(StrataError, match="q5h6c32w4s3"):
+            PromptConfig.parse(bad)
+    for bad in ("q17", "q0", "c8", "c48", "w3", "s0"):
+        with pytest.raises(StrataError, match="prompt-attention config"):
+            PromptConfig.parse(bad).resolve(12)
+
+
+CONFIGS = ["q1h3c32w4s3", "q4h1c32w4s3", "q5h3c32w2s1"]  # few programs: the interpreter is slow
+
+
+def test_every_blocking_within_parity_bounds():
+    # neighbouring queries as the parity tool makes them: identity selections below the cap, then sparse ones
+    # sharing a recent window and most older cells; 13 queries, so the last block is partial
+    n_cells, cap, n_q = 41, 35, 13  # queries at 28 .. 40
+    pool, table = random_pool(n_cells, 2, 128, seed=3)
+    ids, width = (t.to(DEVICE) for t in make_selections(n_cells, n_q, cap, 8, seed=3))
+    q = queries(n_q, 6, 128, seed=3)
+    ref = prompt_attn_ref(q, pool, table, ids, width).cpu()
+    fp32 = VARIANTS["fp32"](q, pool, table, ids, width).cpu()
+    scale, fp32_scale = ref.abs().max().item(), fp32.abs().max().item()
+    err_fp32 = (fp32.double() - ref).abs().max().item()
+    assert (width < cap).any() and (width == cap).any()
+    for name in ("v2", "imma"):
+        for text in CONFIGS:
+            out = VARIANTS[name](q, pool, table, ids, width, config=PromptConfig.parse(text)).cpu()
+            err, vs_fp32 = (out.double() - ref).abs().max().item(), (out - fp32).abs().max().item()
+            assert within_bounds(err, vs_fp32, err_fp32, scale, fp32_scale), (name, text, err / scale)
