@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from strata import switches
 from strata.errors import StrataError
 from strata.kernels.attention.prompt_parts import LOG2E, check_inputs, chunk_rows
 
@@ -43,13 +44,21 @@ class PromptConfig:
         return f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
 
     @classmethod
-    def parse(cls, text: str) -> "PromptConfig":
-        """`q5h6c32w4s3` (any part may be left out: the default's value stands)."""
+    def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
+        """`q5h6c32w4s3`; a part left out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3")
         given = {k: int(v) for k, v in zip(("queries", "heads", "chunk", "warps", "stages"), m.groups()) if v}
-        return replace(cls(), **given)
+        return replace(base or cls(), **given)
+
+    @classmethod
+    def chosen(cls, config: "PromptConfig | None", default: "PromptConfig") -> "PromptConfig":
+        """The config a launch runs: the caller's, else `STRATA_PA_CONFIG` over the variant's default, else it."""
+        if config is not None:
+            return config
+        text = switches.get("STRATA_PA_CONFIG")
+        return cls.parse(text, default) if text else default
 
     def resolve(self, group: int) -> "PromptConfig":
         """This config for a KV group of `group` query heads; a clear error for one that cannot run."""

@@ -98,5 +98,5 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
                      width: torch.Tensor, sm_scale: float | None = None,
                      config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
-    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config or DEFAULT,
-                          NG=q.shape[-1] // 64)
+    config = PromptConfig.chosen(config, DEFAULT)
+    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)

@@ -68,12 +68,13 @@ def prompt_attn_v2(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids
                    width: torch.Tensor, sm_scale: float | None = None,
                    config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention v2 (int8 pool, pipelined): [n_q, H, D] fp32."""
-    return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config or DEFAULT,
-                          NG=q.shape[-1] // 64)
+    config = PromptConfig.chosen(config, DEFAULT)
+    return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)
 
 
 def prompt_attn_v2t(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                     width: torch.Tensor, sm_scale: float | None = None,
                     config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention v2t (int8 pool, register staged, no async copies): [n_q, H, D] fp32."""
-    return prompt_attn_v2(q, pool, page_table, ids, width, sm_scale, replace(config or DEFAULT, stages=1))
+    config = replace(PromptConfig.chosen(config, DEFAULT), stages=1)
+    return prompt_attn_v2(q, pool, page_table, ids, width, sm_scale, config)

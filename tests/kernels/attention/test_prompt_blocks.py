@@ -62,14 +62,27 @@ def test_every_blocking_within_parity_bounds():
     n_cells, cap, n_q = 41, 35, 13  # queries at 28 .. 40
     pool, table = random_pool(n_cells, 2, 128, seed=3)
     ids, width = (t.to(DEVICE) for t in make_selections(n_cells, n_q, cap, 8, seed=3))
+    width[6] = 0  # a query with nothing selected, in a block with others: zeros
     q = queries(n_q, 6, 128, seed=3)
     ref = prompt_attn_ref(q, pool, table, ids, width).cpu()
     fp32 = VARIANTS["fp32"](q, pool, table, ids, width).cpu()
     scale, fp32_scale = ref.abs().max().item(), fp32.abs().max().item()
     err_fp32 = (fp32.double() - ref).abs().max().item()
-    assert (width < cap).any() and (width == cap).any()
+    assert (width < cap).any() and (width == cap).any() and not ref[6].any()
     for name in ("v2", "imma"):
         for text in CONFIGS:
             out = VARIANTS[name](q, pool, table, ids, width, config=PromptConfig.parse(text)).cpu()
             err, vs_fp32 = (out.double() - ref).abs().max().item(), (out - fp32).abs().max().item()
             assert within_bounds(err, vs_fp32, err_fp32, scale, fp32_scale), (name, text, err / scale)
+
+
+def test_config_switch_sets_the_default_blocking():
+    from strata import switches
+    from strata.kernels.attention.prompt_v2 import DEFAULT
+
+    assert PromptConfig.chosen(None, DEFAULT) == DEFAULT  # unset
+    with switches.override(STRATA_PA_CONFIG="q2w8"):
+        assert PromptConfig.chosen(None, DEFAULT) == PromptConfig(2, DEFAULT.heads, DEFAULT.chunk, 8, DEFAULT.stages)
+        assert PromptConfig.chosen(PromptConfig(3), DEFAULT) == PromptConfig(3)  # the caller's wins
+    with switches.override(STRATA_PA_CONFIG="fast"), pytest.raises(StrataError, match="q5h6c32w4s3"):
+        PromptConfig.chosen(None, DEFAULT)
