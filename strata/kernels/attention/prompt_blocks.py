@@ -75,9 +75,10 @@ class PromptConfig:
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
-    """The cells of each block of `queries` consecutive queries, merged: (cells [blocks, L] int32 ascending and
-    distinct, members [blocks, L] int32 with bit j set where the block's query j selects the cell, count [blocks]
-    int32), L = queries x cap. Deterministic (one sort of int32 keys `cell * 16 + j`, integer sums)."""
+    """The cells of each block of `queries` consecutive queries, merged: (cells [blocks, L + 1] int32, the first
+    `count` ascending and distinct; members [blocks, L + 1] int32 with bit j set where the block's query j selects the
+    cell; count [blocks] int32), L = queries x cap. Deterministic (one sort of int32 keys `cell * 16 + j`, integer
+    sums)."""
     n_q, cap = ids.shape
     blocks = triton.cdiv(n_q, queries)
     valid = torch.arange(cap, device=ids.device)[None] < width[:, None]
@@ -88,14 +89,14 @@ def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
     cell, slot = key >> 4, key & 15
     used = cell < UNUSED
     first = used & torch.cat([torch.ones_like(used[:, :1]), cell[:, 1:] != cell[:, :-1]], 1)
-    place = first.cumsum(1) - 1  # the merged index of each entry's cell (int64, as scatter wants)
     length = queries * cap
-    spill = torch.full_like(place, length)  # unused entries land in one extra column, dropped below
+    # each entry's merged index (int64, as scatter wants); unused entries go to one extra column the kernel never reads
+    index = torch.where(used, first.cumsum(1) - 1, length)
     merged = torch.zeros(blocks, length + 1, dtype=torch.int32, device=ids.device)
-    merged.scatter_(1, torch.where(first, place, spill), cell)
+    merged.scatter_(1, index, cell)  # the entries of one cell write the same value
     members = torch.zeros(blocks, length + 1, dtype=torch.int32, device=ids.device)
-    members.scatter_add_(1, torch.where(used, place, spill), torch.where(used, 1 << slot, 0).to(torch.int32))
-    return merged[:, :length].contiguous(), members[:, :length].contiguous(), first.sum(1).to(torch.int32)
+    members.scatter_add_(1, index, (1 << slot).to(torch.int32))
+    return merged, members, first.sum(1).to(torch.int32)
 
 
 @triton.jit

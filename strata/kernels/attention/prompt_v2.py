@@ -26,7 +26,8 @@ from strata.kernels.attention.prompt_blocks import PromptConfig, block_chunk, bl
 from strata.kernels.attention.prompt_parts import softmax_step_masked
 from strata.kernels.attention.prompt_v1 import pv_hilo, q_exponent, split_hilo
 
-DEFAULT = PromptConfig(queries=5, heads=6, chunk=32, warps=4, stages=3)
+# 30 of 32 rows used; 8 warps keep q's parts and the [groups, 32, 64] accumulator in registers (4 would spill)
+DEFAULT = PromptConfig(queries=5, heads=6, chunk=32, warps=8, stages=3)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ def test_merge_equals_the_union_of_sets(n):
         ids[i, : width[i]] = torch.randperm(30, generator=g)[: width[i]].sort().values.int()
     cells, members, count = shared_cells(ids, width, n)
     want = merged_by_sets(ids, width, n)
-    assert cells.shape == members.shape == (len(want), n * cap) and count.tolist() == [len(c) for c, _ in want]
+    assert cells.shape == members.shape == (len(want), n * cap + 1) and count.tolist() == [len(c) for c, _ in want]
     for b, (c, bits) in enumerate(want):
         assert cells[b, : len(c)].tolist() == c and members[b, : len(c)].tolist() == bits
 
