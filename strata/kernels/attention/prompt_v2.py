@@ -32,11 +32,11 @@ DEFAULT = PromptConfig(queries=5, heads=6, chunk=32, warps=8, stages=3)
 
 @triton.jit
 def _prompt_v2_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr,
-                      vs_ptr, n_q, row_len, n_kv_heads, scale_log2,
+                      vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                       G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
                       NG: tl.constexpr):
     D: tl.constexpr = NG * 64
-    blk, kvh, slot, head, ok = block_rows(n_q, n_kv_heads, G, HP, BQ, BM)
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     g = tl.arange(0, NG)[:, None, None]
     d = tl.arange(0, 64)[None, None, :]
     hd = head[None, :, None]

@@ -86,3 +86,15 @@ def test_config_switch_sets_the_default_blocking():
         assert PromptConfig.chosen(PromptConfig(3), DEFAULT) == PromptConfig(3)  # the caller's wins
     with switches.override(STRATA_PA_CONFIG="fast"), pytest.raises(StrataError, match="q5h6c32w4s3"):
         PromptConfig.chosen(None, DEFAULT)
+
+
+def test_launches_in_slices_of_blocks_give_the_same_bytes(monkeypatch):
+    from strata.kernels.attention import prompt_blocks
+
+    pool, table = random_pool(41, 2, 64, seed=4)
+    ids, width = (t.to(DEVICE) for t in make_selections(41, 7, 35, 8, seed=4))
+    q = queries(7, 4, 64, seed=4)
+    config = PromptConfig.parse("q2h2c32w4s1")
+    whole = VARIANTS["v2"](q, pool, table, ids, width, config=config)
+    monkeypatch.setattr(prompt_blocks, "MAX_GRID_Y", 3)  # 4 blocks: launches of 3 and 1
+    assert torch.equal(VARIANTS["v2"](q, pool, table, ids, width, config=config), whole)
