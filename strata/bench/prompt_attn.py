@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -179,7 +179,7 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
         ok &= good
         digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()[:12]
         print(f"  {'PASS' if good else 'FAIL'} {n:<9} {ms[n]:9.3f} ms  {floor_ms / ms[n]:6.1%} of floor  "
-              f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}")
+              f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}{blocking(n)}")
     if args.sdpa:
         import torch.nn.functional as F
 
@@ -194,6 +194,18 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
         except Exception as e:  # noqa: BLE001  (information only)
             print(f"  info sdpa-bf16 failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return ok
+
+
+def blocking(variant: str) -> str:
+    """The tunables a blocked variant runs with (its default, or STRATA_PA_CONFIG's), for the table."""
+    from strata.kernels.attention import prompt_imma, prompt_v2
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+
+    default = {"v2": prompt_v2.DEFAULT, "v2t": prompt_v2.DEFAULT, "imma": prompt_imma.DEFAULT}.get(variant)
+    if default is None:
+        return ""
+    config = PromptConfig.chosen(None, default)
+    return f"  {config.label if variant != 'v2t' else replace(config, stages=1).label}"
 
 
 def parser() -> argparse.ArgumentParser:

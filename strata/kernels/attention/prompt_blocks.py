@@ -134,6 +134,8 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     launch `kernel` over (KV heads x head parts, query blocks); `meta` carries the variant's own constexprs."""
     n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
     config = config.resolve(group)
+    if n_q < config.queries:  # a lone query's merged cells are its own: skip the merge
+        config = replace(config, queries=max(1, n_q))
     scale = dim ** -0.5 if sm_scale is None else sm_scale
     out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
     if n_q == 0:
