@@ -26,6 +26,7 @@ from strata.kernels.attention.prompt_parts import LOG2E, check_inputs, chunk_row
 
 MAX_QUERIES = 16  # the merge packs the query's slot in a block into 4 bits of its int32 sort key
 MAX_GRID_Y = 65535
+MERGE_ENTRIES = 1 << 22  # selected ids merged at a time (about 40 bytes of temporaries each)
 UNUSED = (1 << 27) - 1  # above any cell (contexts stop at 2^19): marks the merge's unused entries
 
 
@@ -78,26 +79,38 @@ class PromptConfig:
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
     """The cells of each block of `queries` consecutive queries, merged: (cells [blocks, L + 1] int32, the first
     `count` ascending and distinct; members [blocks, L + 1] int32 with bit j set where the block's query j selects the
-    cell; count [blocks] int32), L = queries x cap. Deterministic (one sort of int32 keys `cell * 16 + j`, integer
-    sums)."""
+    cell; count [blocks] int32), L = queries x cap. Deterministic (a sort of int32 keys `cell * 16 + j`, integer
+    sums); MERGE_ENTRIES ids at a time, which bounds the temporaries."""
     n_q, cap = ids.shape
-    blocks = triton.cdiv(n_q, queries)
+    blocks, length = triton.cdiv(n_q, queries), queries * cap
+    merged = torch.zeros(blocks, length + 1, dtype=torch.int32, device=ids.device)
+    members = torch.zeros_like(merged)
+    count = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    step = max(1, MERGE_ENTRIES // length)
+    for b0 in range(0, blocks, step):
+        b1 = min(blocks, b0 + step)
+        rows = slice(b0 * queries, b1 * queries)
+        count[b0:b1] = _merge_into(ids[rows], width[rows], queries, merged[b0:b1], members[b0:b1])
+    return merged, members, count
+
+
+def _merge_into(ids, width, queries: int, merged: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """`shared_cells` for whole blocks (the last may be short), into `merged` and `members` (zeros); returns count."""
+    n_q, cap = ids.shape
+    blocks, length = merged.shape[0], queries * cap
     valid = torch.arange(cap, device=ids.device)[None] < width[:, None]
     cells = torch.full((blocks * queries, cap), UNUSED, dtype=torch.int32, device=ids.device)
-    cells[:n_q] = torch.where(valid, ids.to(torch.int32), UNUSED)
+    cells[:n_q] = torch.where(valid, ids, UNUSED)
     slot = (torch.arange(blocks * queries, device=ids.device, dtype=torch.int32) % queries)[:, None]
-    key = (cells * 16 + slot).view(blocks, queries * cap).sort(dim=1).values
+    key = (cells * 16 + slot).view(blocks, length).sort(dim=1).values
     cell, slot = key >> 4, key & 15
     used = cell < UNUSED
     first = used & torch.cat([torch.ones_like(used[:, :1]), cell[:, 1:] != cell[:, :-1]], 1)
-    length = queries * cap
     # each entry's merged index (int64, as scatter wants); unused entries go to one extra column the kernel never reads
     index = torch.where(used, first.cumsum(1) - 1, length)
-    merged = torch.zeros(blocks, length + 1, dtype=torch.int32, device=ids.device)
     merged.scatter_(1, index, cell)  # the entries of one cell write the same value
-    members = torch.zeros(blocks, length + 1, dtype=torch.int32, device=ids.device)
     members.scatter_add_(1, index, (1 << slot).to(torch.int32))
-    return merged, members, first.sum(1).to(torch.int32)
+    return first.sum(1)
 
 
 @triton.jit
