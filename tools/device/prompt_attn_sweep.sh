@@ -2,14 +2,15 @@
 # On the GPU machine (H200, Triton 3.6), from the repo root; issue 5, the prompt-attention tunables. Three capped parts:
 # tests/kernels/attention on CUDA (every variant and blocking against float64 and the fp32 kernel, the imma split
 # proof), then `bench prompt-attn --sweep` (v2 and imma over the built-in config list at the five default shapes,
-# each beside its default, ranked at the end), then the plain parity table with the defaults if time is left.
+# each beside its default, ranked at the end; lines print as measured), then the parity table (fp32, v2, imma, SDPA)
+# with the defaults in the time left.
 # Under 7 minutes (BUDGET 400 s); carry .whl. Logs come back as one tarball, the sweep also as sweep.txt.
 set -uo pipefail
 BUDGET=${BUDGET:-400}
 source tools/device/parts.sh || exit 1
 part attention_tests 120 python3 -m pytest -q -p no:cacheprovider --durations=8 tests/kernels/attention
-part sweep 230 python3 -m strata.bench.prompt_attn --sweep --variants v2 imma --no-sdpa
-part parity 100 python3 -m strata.bench.prompt_attn
+part sweep 250 python3 -m strata.bench.prompt_attn --sweep --variants v2 imma --no-sdpa
+part parity 100 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 cp $L/sweep.log "$OUT/sweep.txt"
 tar czf "$OUT/logs.tgz" -C $L .
