@@ -4,7 +4,8 @@
 # proof), then `bench prompt-attn --sweep` (v2 and imma over the built-in config list at the five default shapes,
 # each beside its default, ranked at the end; lines print as measured), then the parity table (fp32, v2, imma, SDPA)
 # with the defaults in the time left.
-# Under 7 minutes (BUDGET 400 s); carry .whl. Logs come back as one tarball, the sweep also as sweep.txt.
+# Under 7 minutes (BUDGET 400 s); carry .whl (and .devcache). Logs come back as one tarball, the sweep also as
+# sweep.txt, compiled kernels as cache.tgz.
 set -uo pipefail
 BUDGET=${BUDGET:-400}
 source tools/device/parts.sh || exit 1
@@ -12,6 +13,7 @@ part attention_tests 120 python3 -m pytest -q -p no:cacheprovider --durations=8 
 part sweep 250 python3 -m strata.bench.prompt_attn --sweep --variants v2 imma --no-sdpa
 part parity 100 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
 cp $L/sweep.log "$OUT/sweep.txt"
 tar czf "$OUT/logs.tgz" -C $L .
 cat $L/times.txt
