@@ -33,14 +33,31 @@ def _kernels():
 
 
 def _merge_lines(data, queries: list[int], timer: Timer, reps: int) -> None:
+    """Per queries-per-program value: the merge's time (torch's sort; the Triton passes of STRATA_PA_MERGE_KERNEL, and
+    whether they give the same cells) and how much longer a merged list is than one selection."""
+    from strata.kernels.attention.merge_cells import merge_cells_triton
     from strata.kernels.attention.prompt_blocks import shared_cells
 
     width = data.width.float().mean().item()
     for n in queries:
-        _, _, count = shared_cells(data.ids, data.width, n)
+        cells, members, count = shared_cells(data.ids, data.width, n)
         ms = timer(lambda n=n: shared_cells(data.ids, data.width, n), reps)
-        print(f"  merge q{n:<3} {ms:8.3f} ms  merged cells per block {count.float().mean().item():8.1f} "
+        try:
+            same = _same_merge((cells, members, count), merge_cells_triton(data.ids, data.width, n))
+            kernel = f"kernel {timer(lambda n=n: merge_cells_triton(data.ids, data.width, n), reps):.3f} ms " \
+                     f"({'same cells' if same else 'DIFFERENT cells'})"
+        except Exception as e:  # noqa: BLE001  (information only)
+            kernel = f"kernel failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+        print(f"  merge q{n:<3} torch {ms:.3f} ms, {kernel}; merged cells per block {count.float().mean().item():.1f} "
               f"({count.float().mean().item() / width:.2f}x one selection)")
+
+
+def _same_merge(a, b) -> bool:
+    """Equal counts, and equal cells and bits up to each block's count."""
+    if not torch.equal(a[2], b[2]):
+        return False
+    used = torch.arange(a[0].shape[1], device=a[0].device)[None] < a[2][:, None]
+    return torch.equal(a[0][used], b[0][used]) and torch.equal(a[1][used], b[1][used])
 
 
 def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[int, int]]) -> int:

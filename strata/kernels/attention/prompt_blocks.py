@@ -156,6 +156,10 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     ids, width = ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous()
     if config.queries == 1:
         cells, members, count = ids, ids, width  # members unused
+    elif q.is_cuda and switches.get("STRATA_PA_MERGE_KERNEL"):
+        from strata.kernels.attention.merge_cells import merge_cells_triton
+
+        cells, members, count = merge_cells_triton(ids, width, config.queries)
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
     parts, blocks = pool.n_kv_heads * (group // config.heads), count.shape[0]

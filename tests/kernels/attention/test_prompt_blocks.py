@@ -23,23 +23,40 @@ def merged_by_sets(ids, width, n):
     return out
 
 
+def random_selections(seed: int, n_q: int = 37, cap: int = 20):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((n_q, cap), -1, dtype=torch.int32)
+    width = torch.randint(0, cap + 1, (n_q,), generator=g).int()
+    width[5] = 0
+    for i in range(n_q):  # cells from a small range: many shared
+        ids[i, : width[i]] = torch.randperm(30, generator=g)[: width[i]].sort().values.int()
+    return ids, width
+
+
 @pytest.mark.parametrize("n", [1, 3, 16])
 def test_merge_equals_the_union_of_sets(n, monkeypatch):
     from strata.kernels.attention import prompt_blocks
 
     monkeypatch.setattr(prompt_blocks, "MERGE_ENTRIES", 100)  # several pieces, the last one short
-    g = torch.Generator().manual_seed(n)
-    n_q, cap = 37, 20
-    ids = torch.full((n_q, cap), -1, dtype=torch.int32)
-    width = torch.randint(0, cap + 1, (n_q,), generator=g).int()
-    width[5] = 0
-    for i in range(n_q):  # small range: many shared cells
-        ids[i, : width[i]] = torch.randperm(30, generator=g)[: width[i]].sort().values.int()
+    ids, width = random_selections(n)
+    cap = ids.shape[1]
     cells, members, count = shared_cells(ids, width, n)
     want = merged_by_sets(ids, width, n)
     assert cells.shape == members.shape == (len(want), n * cap + 1) and count.tolist() == [len(c) for c, _ in want]
     for b, (c, bits) in enumerate(want):
         assert cells[b, : len(c)].tolist() == c and members[b, : len(c)].tolist() == bits
+
+
+@pytest.mark.parametrize("n", [3, 16])
+def test_merge_kernel_equals_the_sort(n):
+    from strata.kernels.attention.merge_cells import merge_cells_triton
+
+    ids, width = random_selections(n + 1)
+    want, got = shared_cells(ids, width, n), merge_cells_triton(ids.to(DEVICE), width.to(DEVICE), n)
+    assert torch.equal(got[2].cpu(), want[2])
+    for b, c in enumerate(want[2].tolist()):
+        assert torch.equal(got[0][b, :c].cpu(), want[0][b, :c]) and torch.equal(got[1][b, :c].cpu(), want[1][b, :c])
+        assert not got[0][b, c:].any() and not got[1][b, c:].any()
 
 
 def test_config_parse_and_resolve():
