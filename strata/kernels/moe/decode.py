@@ -195,6 +195,26 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
 
 
 @triton.jit
+def q2_0_words(blocks, nm):
+    """The Q2_0 blocks at byte pointers blocks [BN], read as little-endian uint16 words (blocks are 18 bytes: only
+    2-byte aligned): scale d float32 [BN] and the code words of each 32-weight half, int32 [BN, 4] twice."""
+    at = blocks.to(tl.pointer_type(tl.uint16))
+    d = tl.load(at, mask=nm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    i = tl.arange(0, 4)[None, :]
+    words0 = tl.load(at[:, None] + 1 + i, mask=nm[:, None], other=0).to(tl.int32)
+    words1 = tl.load(at[:, None] + 5 + i, mask=nm[:, None], other=0).to(tl.int32)
+    return d, words0, words1
+
+
+@triton.jit
+def q2_0_codes(words, BN: tl.constexpr):
+    """int32 [BN, 4] code words -> int8 codes - 1 [BN, 32]: weight 8i + j sits in bits 2j of word i."""
+    shifts = 2 * tl.arange(0, 8)[None, None, :]
+    codes = (words[:, :, None] >> shifts) & 3
+    return (tl.reshape(codes, (BN, 32)) - 1).to(tl.int8)
+
+
+@triton.jit
 def _dequantize_kernel(w, tab, out, n_rows, row_bytes, K: tl.constexpr,
                        FMT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr, BN: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
