@@ -107,6 +107,47 @@ def _signed(codes, tab, sign_index, j):
 
 
 @triton.jit
+def _parity_signs(index):
+    """A 7-bit sign index -> its 8 sign bits (the 8th makes the count of minus signs even), as the table holds."""
+    p = index ^ (index >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return index | ((p & 1) << 7)
+
+
+@triton.jit
+def _signed_byte(lo, hi, signs, j):
+    """Code j (0..7) of a group of 8: byte j of the grid words lo (bytes 0-3) and hi (4-7), negated by sign bit j."""
+    byte = ((lo if j < 4 else hi) >> (8 * (j % 4))) & 255
+    return tl.where(((signs >> j) & 1) != 0, -byte, byte)
+
+
+@triton.jit
+def _grid_codes(lo, hi, signs, BN: tl.constexpr):
+    """Four groups of 8 codes from grid words and sign bits, each [BN, 4] int32 -> int32 codes [BN, 32]. The grid
+    rows come as words (one load per 4 or 8 codes, not one per code) and the groups expand by joins (see
+    q2_0_codes for the order)."""
+    even = tl.join(tl.join(_signed_byte(lo, hi, signs, 0), _signed_byte(lo, hi, signs, 4)),
+                   tl.join(_signed_byte(lo, hi, signs, 2), _signed_byte(lo, hi, signs, 6)))
+    odd = tl.join(tl.join(_signed_byte(lo, hi, signs, 1), _signed_byte(lo, hi, signs, 5)),
+                  tl.join(_signed_byte(lo, hi, signs, 3), _signed_byte(lo, hi, signs, 7)))
+    return tl.reshape(tl.join(even, odd), (BN, 32))
+
+
+@triton.jit
+def _grid8(tab, offset: tl.constexpr, index):
+    """Rows of an 8-byte grid at `index` [BN, 4] as two int32 words (bytes 0-3, 4-7)."""
+    row = tl.load(tab.to(tl.pointer_type(tl.int64)) + offset // 8 + index)
+    return (row & 0xFFFFFFFF).to(tl.int32), (row >> 32).to(tl.int32)
+
+
+@triton.jit
+def _grid4(tab, offset: tl.constexpr, index):
+    """Rows of a 4-byte grid at `index` as int32 words."""
+    return tl.load(tab.to(tl.pointer_type(tl.int32)) + offset // 4 + index)
+
+
+@triton.jit
 def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
     """Weights [sub*32, sub*32 + 32) of the blocks at byte offsets blk [BN] of w.
 
@@ -114,6 +155,7 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
     written out rather than put in a helper: under the interpreter every helper call costs more than the load.)
     """
     j = tl.arange(0, 32)[None, :]
+    BN: tl.constexpr = blk.shape[0]
     block = w + blk  # [BN] pointers to the blocks: per-row fields
     rows = block[:, None]  # [BN, 1]: per-weight fields
     m = nm[:, None]
@@ -143,25 +185,24 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         aux = _u32(block + 2 + 8 * sub + 4, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.25
         s_hi = s_lo
-        index = tl.load(rows + 2 + 8 * sub + j // 8, mask=m, other=0).to(tl.int32)
-        grid = tl.load(tab + _IQ2_XXS + index * 8 + j % 8).to(tl.int32)
-        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+        g = tl.arange(0, 4)[None, :]
+        index = tl.load(rows + 2 + 8 * sub + g, mask=m, other=0).to(tl.int32)
+        lo, hi = _grid8(tab, _IQ2_XXS, index)
+        q = _grid_codes(lo, hi, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 6:  # IQ2_XS: uint16 words (9-bit grid index, 7-bit sign index), a 4-bit scale per 16
-        word_at = rows + 2 + 2 * (4 * sub + j // 8)
-        word = (tl.load(word_at, mask=m, other=0).to(tl.int32)
-                | (tl.load(word_at + 1, mask=m, other=0).to(tl.int32) << 8))
-        grid = tl.load(tab + _IQ2_XS + (word & 511) * 8 + j % 8).to(tl.int32)
-        q = _signed(grid, tab, word >> 9, j)
+        g = tl.arange(0, 4)[None, :]
+        word = tl.load((rows + 2 + 8 * sub).to(tl.pointer_type(tl.uint16)) + g, mask=m, other=0).to(tl.int32)
+        lo, hi = _grid8(tab, _IQ2_XS, word & 511)
+        q = _grid_codes(lo, hi, _parity_signs(word >> 9), BN)
         scales = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
     elif FMT == 7:  # IQ2_S: 10-bit grid index (8 low bits + 2 in qh), explicit sign bits, a 4-bit scale per 16
-        group = 4 * sub + j // 8
-        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
-        index = tl.load(rows + 2 + group, mask=m, other=0).to(tl.int32) | (((qh >> (2 * (j // 8))) & 3) << 8)
-        grid = tl.load(tab + _IQ2_S + index * 8 + j % 8).to(tl.int32)
-        negative = (tl.load(rows + 34 + group, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
-        q = tl.where(negative != 0, -grid, grid)
+        g = tl.arange(0, 4)[None, :]
+        qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
+        index = tl.load(rows + 2 + 4 * sub + g, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 3) << 8)
+        lo, hi = _grid8(tab, _IQ2_S, index)
+        q = _grid_codes(lo, hi, tl.load(rows + 34 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scales = tl.load(block + 74 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
@@ -169,15 +210,18 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         aux = _u32(block + 66 + 4 * sub, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5
         s_hi = s_lo
-        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32)
-        grid = tl.load(tab + _IQ3_XXS + index * 4 + j % 4).to(tl.int32)
-        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+        g = tl.arange(0, 4)[None, :]
+        first = rows + 2 + 8 * sub + 2 * g  # grid bytes 2g and 2g + 1: the two halves of group g
+        lo = _grid4(tab, _IQ3_XXS, tl.load(first, mask=m, other=0).to(tl.int32))
+        hi = _grid4(tab, _IQ3_XXS, tl.load(first + 1, mask=m, other=0).to(tl.int32))
+        q = _grid_codes(lo, hi, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 9:  # IQ3_S: 9-bit grid index (8 low bits + 1 in qh), explicit sign bits, a 4-bit scale per 32
-        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
-        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32) | (((qh >> (j // 4)) & 1) << 8)
-        grid = tl.load(tab + _IQ3_S + index * 4 + j % 4).to(tl.int32)
-        negative = (tl.load(rows + 74 + 4 * sub + j // 8, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
-        q = tl.where(negative != 0, -grid, grid)
+        g = tl.arange(0, 4)[None, :]
+        qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
+        first = rows + 2 + 8 * sub + 2 * g
+        lo = _grid4(tab, _IQ3_S, tl.load(first, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 1) << 8))
+        hi = _grid4(tab, _IQ3_S, tl.load(first + 1, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g + 1)) & 1) << 8))
+        q = _grid_codes(lo, hi, tl.load(rows + 74 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scale = (tl.load(block + 106 + sub // 2, mask=nm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
         s_lo = d * (1 + 2 * scale).to(tl.float32)
         s_hi = s_lo

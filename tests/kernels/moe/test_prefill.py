@@ -108,10 +108,9 @@ def test_cpu_dispatch_runs_the_references_and_takes_engine_stacks():
         assert errors(y, next(iter(ref.values())))[0] < 1e-5
 
 
-@pytest.mark.parametrize("pair", ["Q2_0 / Q2_0", "IQ4_XS / IQ4_NL"])
-def test_launch_shapes_give_the_same_bytes(device, pair):
+def test_launch_shapes_give_the_same_bytes(device):
     """BN, warps and stages change which program computes an output, never the order of its arithmetic."""
-    layer = make_layer(pair, 64, n_experts=16, n_embd=256, n_ff=64, top_k=4, seed=5, device=device)
+    layer = make_layer("Q2_0 / Q2_0", 24, n_experts=10, n_embd=128, n_ff=64, top_k=3, seed=5, device=device)
     args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts)
     for path in ("mmq", "fused"):
         default = moe_prefill_triton(*args, path)
