@@ -15,7 +15,7 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import code_tables, decode32
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import expert_rows
 from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
 
@@ -72,7 +72,7 @@ def grouped_mm_fp16_triton(a, grouping, weight, gather, out=None, tiles=None):
         _grouped_fp16_kernel[grid](
             a, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw, code_tables(a.device), out,
             weight.rows, weight.expert_stride, weight.row_bytes, K=k, GATHER=gather, FMT=spec.fmt_id,
-            QK=spec.block_size, TS=spec.type_size, BM=TILE_ROWS, BN=t.bn, num_warps=t.warps, num_stages=t.stages)
+            QK=spec.block_size, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps, num_stages=t.stages)
     return out
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 from strata.errors import StrataError
 from strata.kernels.moe.decode import code_tables, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import expert_rows, load_step, q2_0_step, weights_step
 from strata.kernels.moe.quantize32 import GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups
 from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
@@ -105,7 +105,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
             code_tables(device), hq, hs, hsum, n_ff, gate.expert_stride, gate.row_bytes,
             K=k, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=t.bn, num_warps=t.warps,
+            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps,
             num_stages=t.stages)
     return hq, hs, hsum
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import code_tables, decode32, q2_0_codes, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.quantize32 import dequantize_rows_int8
 from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
 
@@ -162,7 +162,7 @@ def grouped_mm_int8_triton(codes, scales, sums, grouping, weight, gather, shared
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw,
             code_tables(codes.device), out, weight.rows, weight.expert_stride, weight.row_bytes,
             K=k, GATHER=gather, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=TILE_ROWS, BN=t.bn, num_warps=t.warps,
+            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps,
             num_stages=t.stages)
     return out
 

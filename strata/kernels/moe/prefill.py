@@ -99,7 +99,8 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         raise StrataError(f"unknown prompt expert path {path!r} (known: {', '.join(PATHS)})")
     experts = PromptExperts.of(stack)
     op = _ops(triton)
-    group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel())
+    group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel(),
+                        tiles.rows if tiles else grouping.TILE_ROWS)
     if slot_of is not None and triton:
         # Grouped by expert id as usual; each tile then reads its expert's weights at the expert's slot.
         tile = group.tile_expert

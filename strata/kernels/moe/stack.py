@@ -70,25 +70,30 @@ def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
 
 @dataclass(frozen=True)
 class Tiles:
-    """The launch shape of one expert kernel: outputs per program (BN), warps, and Triton's pipeline stages."""
+    """The launch shape of the expert kernels: outputs per program (BN), warps, Triton's pipeline stages, and the
+    grouped rows per tile (BM; the grouping pads each expert's rows to a multiple of it)."""
 
     bn: int
     warps: int
     stages: int
+    rows: int = 64
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
-        """"BNxWARPSxSTAGES", e.g. "128x8x2"."""
+        """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"."""
         try:
-            bn, warps, stages = (int(v) for v in text.lower().split("x"))
+            values = [int(v) for v in text.lower().split("x")]
+            rows, (bn, warps, stages) = (64, values) if len(values) == 3 else (values[0], values[1:])
         except ValueError:
-            raise StrataError(f"tile config {text!r}: expected BNxWARPSxSTAGES, e.g. 128x8x2") from None
-        if bn < 16 or bn & (bn - 1) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
-            raise StrataError(f"tile config {text!r}: BN a power of two >= 16, warps 4, 8 or 16, stages 1 to 5")
-        return cls(bn, warps, stages)
+            raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES, e.g. 128x8x2") from None
+        if bn < 16 or bn & (bn - 1) or rows not in (64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
+            raise StrataError(f"tile config {text!r}: BM 64 or 128, BN a power of two >= 16, warps 4, 8 or 16, "
+                              "stages 1 to 5")
+        return cls(bn, warps, stages, rows)
 
     def __str__(self) -> str:
-        return f"{self.bn}x{self.warps}x{self.stages}"
+        return f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
+            f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
 
 
 def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Tiles | None = None) -> Tiles:

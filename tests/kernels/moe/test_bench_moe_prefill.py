@@ -3,6 +3,7 @@ import torch
 
 from strata.bench.moe_prefill import main, make_layer, parse_args
 from strata.errors import StrataError
+from strata.kernels.moe.stack import Tiles
 
 
 def test_parity_tool_runs_and_passes_at_a_tiny_shape(capsys):
@@ -46,3 +47,4 @@ def test_sweep_shapes_are_checked():
     with pytest.raises(StrataError, match="power of two"):
         parse_args(["--sweep", "96x8x2"])
     assert [str(t) for t in parse_args(["--sweep"]).sweep][:2] == ["64x8x2", "64x8x3"]
+    assert parse_args(["--sweep", "128x64x8x2"]).sweep[0] == Tiles(64, 8, 2, rows=128)

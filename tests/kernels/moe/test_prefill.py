@@ -109,9 +109,10 @@ def test_cpu_dispatch_runs_the_references_and_takes_engine_stacks():
 
 
 def test_launch_shapes_give_the_same_bytes(device):
-    """BN, warps and stages change which program computes an output, never the order of its arithmetic."""
+    """Rows per tile, BN, warps and stages change which program computes an output, never its arithmetic."""
     layer = make_layer("Q2_0 / Q2_0", 24, n_experts=10, n_embd=128, n_ff=64, top_k=3, seed=5, device=device)
     args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts)
     for path in ("mmq", "fused"):
         default = moe_prefill_triton(*args, path)
         assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(32, 4, 2))), path
+        assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(64, 8, 2, rows=128))), path
