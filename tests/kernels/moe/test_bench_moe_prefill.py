@@ -32,13 +32,13 @@ def test_default_arguments_are_the_full_layer():
 
 
 def test_sweep_times_each_shape_beside_the_default(capsys):
-    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "32", "--experts", "16", "--embd", "64", "--ff", "64",
-                 "--reps", "1", "--device", "cpu", "--sweep", "64x8x2,128x4x1"])
+    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "16", "--experts", "16", "--embd", "64", "--ff", "64",
+                 "--reps", "1", "--device", "cpu", "--paths", "mmq,fused", "--sweep", "64x8x2,128x64x4x1"])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line.split() for line in out.splitlines() if " | " in line]
-    assert [r[0] for r in rows] == ["dense", "mmq", "fused"] and all(r[1] == "default" for r in rows)
-    assert all("64x8x2" in r and "128x4x1" in r for r in rows) and "DIFFERENT" not in out
+    assert [r[0] for r in rows] == ["mmq", "fused"] and all(r[1] == "default" for r in rows)
+    assert all("64x8x2" in r and "128x64x4x1" in r for r in rows) and "DIFFERENT" not in out
 
 
 def test_sweep_shapes_are_checked():
