@@ -116,35 +116,27 @@ def _parity_signs(index):
 
 
 @triton.jit
-def _signed_byte(lo, hi, signs, j):
-    """Code j (0..7) of a group of 8: byte j of the grid words lo (bytes 0-3) and hi (4-7), negated by sign bit j."""
-    byte = ((lo if j < 4 else hi) >> (8 * (j % 4))) & 255
-    return tl.where(((signs >> j) & 1) != 0, -byte, byte)
-
-
-@triton.jit
-def _grid_codes(lo, hi, signs, BN: tl.constexpr):
-    """Four groups of 8 codes from grid words and sign bits, each [BN, 4] int32 -> int32 codes [BN, 32]. The grid
-    rows come as words (one load per 4 or 8 codes, not one per code) and the groups expand by joins (see
-    q2_0_codes for the order)."""
-    even = tl.join(tl.join(_signed_byte(lo, hi, signs, 0), _signed_byte(lo, hi, signs, 4)),
-                   tl.join(_signed_byte(lo, hi, signs, 2), _signed_byte(lo, hi, signs, 6)))
-    odd = tl.join(tl.join(_signed_byte(lo, hi, signs, 1), _signed_byte(lo, hi, signs, 5)),
-                  tl.join(_signed_byte(lo, hi, signs, 3), _signed_byte(lo, hi, signs, 7)))
-    return tl.reshape(tl.join(even, odd), (BN, 32))
+def _grid_codes(rows, signs, BN: tl.constexpr):
+    """Four groups of 8 codes: grid rows as int64 words [BN, 4] (byte j = code j) and their sign bits [BN, 4] ->
+    int32 codes [BN, 32]. The grid rows come as words: one load per 4 or 8 codes, not one per code."""
+    j = tl.arange(0, 8)[None, None, :]
+    byte = ((rows[:, :, None] >> (8 * j)) & 255).to(tl.int32)
+    negative = ((signs[:, :, None] >> j) & 1) != 0
+    return tl.reshape(tl.where(negative, -byte, byte), (BN, 32))
 
 
 @triton.jit
 def _grid8(tab, offset: tl.constexpr, index):
-    """Rows of an 8-byte grid at `index` [BN, 4] as two int32 words (bytes 0-3, 4-7)."""
-    row = tl.load(tab.to(tl.pointer_type(tl.int64)) + offset // 8 + index)
-    return (row & 0xFFFFFFFF).to(tl.int32), (row >> 32).to(tl.int32)
+    """Rows of an 8-byte grid at `index` as int64 words."""
+    return tl.load(tab.to(tl.pointer_type(tl.int64)) + offset // 8 + index)
 
 
 @triton.jit
-def _grid4(tab, offset: tl.constexpr, index):
-    """Rows of a 4-byte grid at `index` as int32 words."""
-    return tl.load(tab.to(tl.pointer_type(tl.int32)) + offset // 4 + index)
+def _grid4x2(tab, offset: tl.constexpr, index_lo, index_hi):
+    """Two rows of a 4-byte grid as one int64 word: the row at index_lo in bytes 0-3, index_hi in bytes 4-7."""
+    at = tab.to(tl.pointer_type(tl.int32)) + offset // 4
+    lo = tl.load(at + index_lo).to(tl.int64) & 0xFFFFFFFF
+    return lo | (tl.load(at + index_hi).to(tl.int64) << 32)
 
 
 @triton.jit
@@ -187,13 +179,11 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         s_hi = s_lo
         g = tl.arange(0, 4)[None, :]
         index = tl.load(rows + 2 + 8 * sub + g, mask=m, other=0).to(tl.int32)
-        lo, hi = _grid8(tab, _IQ2_XXS, index)
-        q = _grid_codes(lo, hi, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
+        q = _grid_codes(_grid8(tab, _IQ2_XXS, index), _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 6:  # IQ2_XS: uint16 words (9-bit grid index, 7-bit sign index), a 4-bit scale per 16
         g = tl.arange(0, 4)[None, :]
         word = tl.load((rows + 2 + 8 * sub).to(tl.pointer_type(tl.uint16)) + g, mask=m, other=0).to(tl.int32)
-        lo, hi = _grid8(tab, _IQ2_XS, word & 511)
-        q = _grid_codes(lo, hi, _parity_signs(word >> 9), BN)
+        q = _grid_codes(_grid8(tab, _IQ2_XS, word & 511), _parity_signs(word >> 9), BN)
         scales = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
@@ -201,8 +191,7 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         g = tl.arange(0, 4)[None, :]
         qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
         index = tl.load(rows + 2 + 4 * sub + g, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 3) << 8)
-        lo, hi = _grid8(tab, _IQ2_S, index)
-        q = _grid_codes(lo, hi, tl.load(rows + 34 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
+        q = _grid_codes(_grid8(tab, _IQ2_S, index), tl.load(rows + 34 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scales = tl.load(block + 74 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
@@ -212,16 +201,16 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         s_hi = s_lo
         g = tl.arange(0, 4)[None, :]
         first = rows + 2 + 8 * sub + 2 * g  # grid bytes 2g and 2g + 1: the two halves of group g
-        lo = _grid4(tab, _IQ3_XXS, tl.load(first, mask=m, other=0).to(tl.int32))
-        hi = _grid4(tab, _IQ3_XXS, tl.load(first + 1, mask=m, other=0).to(tl.int32))
-        q = _grid_codes(lo, hi, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
+        grid = _grid4x2(tab, _IQ3_XXS, tl.load(first, mask=m, other=0).to(tl.int32),
+                        tl.load(first + 1, mask=m, other=0).to(tl.int32))
+        q = _grid_codes(grid, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 9:  # IQ3_S: 9-bit grid index (8 low bits + 1 in qh), explicit sign bits, a 4-bit scale per 32
         g = tl.arange(0, 4)[None, :]
         qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
         first = rows + 2 + 8 * sub + 2 * g
-        lo = _grid4(tab, _IQ3_S, tl.load(first, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 1) << 8))
-        hi = _grid4(tab, _IQ3_S, tl.load(first + 1, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g + 1)) & 1) << 8))
-        q = _grid_codes(lo, hi, tl.load(rows + 74 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
+        grid = _grid4x2(tab, _IQ3_S, tl.load(first, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 1) << 8),
+                        tl.load(first + 1, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g + 1)) & 1) << 8))
+        q = _grid_codes(grid, tl.load(rows + 74 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scale = (tl.load(block + 106 + sub // 2, mask=nm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
         s_lo = d * (1 + 2 * scale).to(tl.float32)
         s_hi = s_lo
