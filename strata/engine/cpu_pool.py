@@ -7,10 +7,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
+import numpy as np
 import torch
 
 from strata.engine.cpu_kernels import HostExperts, moe_experts
-from strata.engine.experts import ExpertStack
+from strata.engine.cpu_kernels.layer_call import LayerBuffers
+from strata.engine.experts import ExpertStack, routed_tokens
 from strata.errors import StrataError
 
 
@@ -42,33 +44,66 @@ class PoolStats:
 
 
 class CPUExpertPool:
-    """One worker thread hands each layer's missed experts to the SIMD kernels of `strata.engine.cpu_kernels` in
-    one call; `threads` numba threads split chunks of output rows over all of them, with the GIL released.
+    """One worker thread computes each layer's missed experts in one native call (`cpu_kernels.layer_call`: pairs,
+    activation codes, gate/up + SwiGLU, down and the weighted sum, with buffers kept from call to call); `threads`
+    numba threads split chunks of output rows over every expert of the call, so one expert still takes them all.
 
-    The weights are read in their GGUF bytes (Q8_0, Q4_0, Q4_K, Q6_K, Q2_0; other formats are dequantized with
-    torch), the activations as int16 per group: within ~2e-5 of float64 on a typical output.
+    The weights are read in their GGUF bytes (Q8_0, Q4_0, Q4_K, Q6_K, Q2_0; other formats, or STRATA_CPU_POOL_OLD,
+    take `moe_experts`'s other paths), the activations as int16 per group: within ~2e-5 of float64 on a typical output.
     """
 
     def __init__(self, stacks: dict[int, ExpertStack], threads: int = 0):
         self.stacks = stacks
         self.host = {layer: HostExperts(s.gate, s.up, s.down) for layer, s in stacks.items()}
         self.threads = pool_threads(threads)
+        self.buffers: dict[tuple, LayerBuffers] = {}  # by shape: touched by the worker thread only
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts", initializer=worker_setup,
                                            initargs=(self.threads,))
         self.executor.submit(int).result()  # the worker and numba's threads start now, not in the first step
         self.stats = PoolStats()
 
-    def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int]) -> torch.Tensor:
+    def _buffers(self, host: HostExperts) -> LayerBuffers:
+        gate, _, down = host.mats
+        key = (host.types, gate.shape[-1], gate.shape[1], host.simd)
+        if key not in self.buffers:
+            self.buffers[key] = LayerBuffers(host.types, gate.shape[-1], gate.shape[1], host.simd)
+        return self.buffers[key]
+
+    def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
+                ids: torch.Tensor | None = None) -> torch.Tensor:
         start = time.perf_counter()
-        out = moe_experts(self.host[layer], x, routes, weights, experts)
+        host = self.host[layer]
+        if host.simd:
+            out = self.layer_call(host, x, routes, weights, experts, ids)
+        else:
+            out = moe_experts(host, x, routed_tokens(ids) if routes is None else routes, weights, experts)
         self.stats.experts += len(experts)
         self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         self.stats.seconds += time.perf_counter() - start
         return out
 
-    def submit(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int]) -> Future:
-        """x, routes and weights already on the host; the result is float32 [T, embd] on the host."""
-        return self.executor.submit(self.compute, layer, x, routes, weights, experts)
+    def layer_call(self, host: HostExperts, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
+                   ids: torch.Tensor | None) -> torch.Tensor:
+        """The SIMD layers: numpy views of the (host) inputs, then one native call. Without `ids`, the routes are
+        written back into an ids array (-1 elsewhere) that gives the same pairs."""
+        x_np = np.ascontiguousarray(x.numpy(), dtype=np.float32) if x.dtype == torch.float32 else x.float().numpy()
+        w_np = np.ascontiguousarray(weights.float().numpy())
+        if ids is None:
+            ids_np = np.full(w_np.shape, -1, np.int64)
+            for e in experts:
+                token, slot = routes[e]
+                ids_np[token.numpy(), slot.numpy()] = e
+        else:
+            ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
+        out = np.empty(x_np.shape, np.float32)
+        self._buffers(host).run(host.views, x_np, ids_np, w_np, np.asarray(experts, np.int64), out)
+        return torch.from_numpy(out)
+
+    def submit(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
+               ids: torch.Tensor | None = None) -> Future:
+        """x, weights and the routing, as routes {expert: (token rows, top-k slot)} or as ids [T, k] (routes None),
+        already on the host; the result is float32 [T, embd] on the host."""
+        return self.executor.submit(self.compute, layer, x, routes, weights, experts, ids)
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
