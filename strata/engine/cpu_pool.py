@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numba
@@ -13,6 +13,7 @@ import torch
 from strata.engine.cpu_kernels import HostExperts, moe_experts
 from strata.engine.cpu_kernels.layer_call import LayerBuffers
 from strata.engine.experts import ExpertStack, routed_tokens
+from strata.engine.pool_worker import SpinningWorker
 from strata.errors import StrataError
 
 
@@ -30,6 +31,11 @@ def worker_setup(threads: int, chunksize: int = 0) -> None:
     numba's static split of the work items over the threads; n > 0 hands them out n at a time (dynamic)."""
     numba.set_num_threads(threads)
     numba.set_parallel_chunksize(chunksize)
+
+
+# Between two calls the pool's threads stay awake this long (microseconds): past the ~0.1-1 ms between the layers
+# of one decode step that miss experts, short of the time between tokens of an idle server.
+DEFAULT_SPIN_US = 1000.0
 
 
 @dataclass
@@ -52,14 +58,16 @@ class CPUExpertPool:
     take `moe_experts`'s other paths), the activations as int16 per group: within ~2e-5 of float64 on a typical output.
     """
 
-    def __init__(self, stacks: dict[int, ExpertStack], threads: int = 0):
+    def __init__(self, stacks: dict[int, ExpertStack], threads: int = 0, spin_us: float = DEFAULT_SPIN_US):
         self.stacks = stacks
         self.host = {layer: HostExperts(s.gate, s.up, s.down) for layer, s in stacks.items()}
         self.threads = pool_threads(threads)
+        if spin_us < 0:
+            raise StrataError(f"cpu_spin_us must be >= 0 (0: the pool's threads sleep between calls), got {spin_us}")
+        self.spin_us = spin_us
         self.buffers: dict[tuple, LayerBuffers] = {}  # by shape: touched by the worker thread only
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts", initializer=worker_setup,
-                                           initargs=(self.threads,))
-        self.executor.submit(int).result()  # the worker and numba's threads start now, not in the first step
+        # The worker and numba's threads start now, not in the first step; between calls they spin for spin_us.
+        self.worker = SpinningWorker(self.threads, spin_us, lambda: worker_setup(self.threads))
         self.stats = PoolStats()
 
     def _buffers(self, host: HostExperts) -> LayerBuffers:
@@ -103,7 +111,7 @@ class CPUExpertPool:
                ids: torch.Tensor | None = None) -> Future:
         """x, weights and the routing, as routes {expert: (token rows, top-k slot)} or as ids [T, k] (routes None),
         already on the host; the result is float32 [T, embd] on the host."""
-        return self.executor.submit(self.compute, layer, x, routes, weights, experts, ids)
+        return self.worker.submit(self.compute, layer, x, routes, weights, experts, ids)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True)
+        self.worker.shutdown()
