@@ -55,6 +55,11 @@ def parser() -> argparse.ArgumentParser:
                         "beside the bytes' floor, with the fixed cost split out (hand-off, prep, dispatch, regions)")
     p.add_argument("--calls-threads", default="",
                    help="with --calls: thread counts to compare, comma-separated (e.g. 1,2; default: --threads)")
+    p.add_argument("--calls-spin", default="",
+                   help="with --calls: the pool's spin after a call, microseconds, comma-separated (e.g. 0,300,1000)")
+    p.add_argument("--calls-gap-us", type=float, default=300.0,
+                   help="with --calls: busy waiting before each call, as a decode step's GPU work between layers "
+                        "(default 300)")
     p.add_argument("--torch-reps", type=int, default=0, help="timed calls of the torch path (default 0: not run)")
     return p
 

@@ -24,7 +24,7 @@ import torch
 from numba import njit, prange
 
 from strata.engine.cpu_kernels.layer_call import layer_experts
-from strata.engine.cpu_pool import CPUExpertPool, worker_setup
+from strata.engine.cpu_pool import DEFAULT_SPIN_US, CPUExpertPool, worker_setup
 
 CALL_EXPERTS = (1, 3, 10)
 TOP_K = 8
@@ -39,9 +39,14 @@ def _empty_region(flags):
         flags[i] = i
 
 
-def _median_us(fn, n: int) -> float:
+def _median_us(fn, n: int, gap_us: float = 0.0) -> float:
+    """Median time of fn(i), i = 0..n-1; `gap_us` of busy waiting before each (untimed): the decode thread's
+    GPU work between two layers that miss experts, during which the pool's threads spin or fall asleep."""
     times = []
     for i in range(n):
+        resume = time.perf_counter() + gap_us * 1e-6
+        while time.perf_counter() < resume:
+            pass
         start = time.perf_counter()
         fn(i)
         times.append(time.perf_counter() - start)
@@ -60,7 +65,8 @@ def _on_worker(pool: CPUExpertPool, fn):
     return pool.worker.submit(fn).result()
 
 
-def call_rows(pool: CPUExpertPool, stack, max_calls: int, reps: int, read_gbs: float, rng) -> list[str]:
+def call_rows(pool: CPUExpertPool, stack, max_calls: int, reps: int, read_gbs: float, rng,
+              gap_us: float = 0.0) -> list[str]:
     """Table rows for one pool (its format, its threads): calls of 1, 3, 10 experts, each cycling over at most
     `max_calls` different sets of experts (every expert of the stack once, where it allows)."""
     embd = stack.gate.shape[-1]
@@ -81,7 +87,7 @@ def call_rows(pool: CPUExpertPool, stack, max_calls: int, reps: int, read_gbs: f
 
         for i in range(len(sets)):  # compiles (or loads numba's cache), warms the buffers
             call(i)
-        whole = _median_us(call, n)
+        whole = _median_us(call, n, gap_us)
         native = prep = dispatch = float("nan")
         if host.simd:
             buffers = pool._buffers(host)
@@ -104,7 +110,7 @@ def call_rows(pool: CPUExpertPool, stack, max_calls: int, reps: int, read_gbs: f
             dispatch = _on_worker(pool, lambda: _median_us(no_experts, n))
             prep = max(_on_worker(pool, lambda: _median_us(compute, n)) - native, 0.0)
         floor = bytes_ / (read_gbs * 1e3)
-        rows.append(f"| {'/'.join(stack_types(stack))} | {pool.threads} | {k} | {bytes_ / 1e6:.2f} | {floor:.0f} | "
+        rows.append(f"| {'/'.join(stack_types(stack))} | {pool.threads} | {pool.spin_us:.0f} | {k} | {bytes_ / 1e6:.2f} | {floor:.0f} | "
                     f"{whole:.0f} | {whole / floor:.1f}x | {bytes_ / whole / 1e3:.2f} | {handoff:.0f} | {prep:.0f} | "
                     f"{dispatch:.0f} | {regions:.0f} | {native:.0f} |")
     return rows
@@ -122,13 +128,15 @@ def calls_table(args, make_stack, read_rate) -> int:
 
     threads_list = [pool_threads(int(t)) for t in args.calls_threads.split(",")] if args.calls_threads else \
         [pool_threads(args.threads)]
+    spins = [float(s) for s in args.calls_spin.split(",")] if args.calls_spin else [DEFAULT_SPIN_US]
     only = {f.strip().upper() for f in args.formats.split(",") if f.strip()}
     embd, ff = 2048, 768
     print(f"CPU pool calls, A3B shape {embd}x{ff}, one token, top-{TOP_K}; weights cycle over {args.footprint_mb} MB; "
-          "microseconds (medians); floor = expert bytes / the read rate with the same threads")
-    print("| gate/up/down | threads | experts | MB | floor us | call us | of floor | GB/s | hand-off us | prep us | "
+          f"{args.calls_gap_us:.0f} us of busy waiting before each call; microseconds (medians); floor = expert bytes "
+          "/ the read rate with the same threads")
+    print("| gate/up/down | threads | spin us | experts | MB | floor us | call us | of floor | GB/s | hand-off us | prep us | "
           "dispatch us | 2 regions us | native us |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rng = np.random.default_rng(0)
     for types in CALL_FORMATS:
         if only and types[0] not in only:
@@ -140,11 +148,13 @@ def calls_table(args, make_stack, read_rate) -> int:
         for threads in threads_list:
             worker_setup(threads)
             read = read_rate([m.raw.numpy() for m in (stack.gate, stack.up, stack.down)], 3) / 1e9
-            pool = CPUExpertPool({0: stack}, threads)
-            try:
-                slow = not pool.host[0].simd  # the torch fallback: a few calls, one pass
-                for row in call_rows(pool, stack, 4 if slow else 10**9, 1 if slow else args.reps, read, rng):
-                    print(row, flush=True)
-            finally:
-                pool.close()
+            for spin in spins:
+                pool = CPUExpertPool({0: stack}, threads, spin)
+                try:
+                    slow = not pool.host[0].simd  # the torch fallback: a few calls, one pass
+                    for row in call_rows(pool, stack, 4 if slow else 10**9, 1 if slow else args.reps, read, rng,
+                                         args.calls_gap_us):
+                        print(row, flush=True)
+                finally:
+                    pool.close()
     return 0

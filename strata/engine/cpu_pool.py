@@ -78,20 +78,21 @@ class CPUExpertPool:
         return self.buffers[key]
 
     def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
-                ids: torch.Tensor | None = None) -> torch.Tensor:
+                ids: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         start = time.perf_counter()
         host = self.host[layer]
         if host.simd:
-            out = self.layer_call(host, x, routes, weights, experts, ids)
+            out = self.layer_call(host, x, routes, weights, experts, ids, out)
         else:
-            out = moe_experts(host, x, routed_tokens(ids) if routes is None else routes, weights, experts)
+            result = moe_experts(host, x, routed_tokens(ids) if routes is None else routes, weights, experts)
+            out = result if out is None else out.copy_(result)
         self.stats.experts += len(experts)
         self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         self.stats.seconds += time.perf_counter() - start
         return out
 
     def layer_call(self, host: HostExperts, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
-                   ids: torch.Tensor | None) -> torch.Tensor:
+                   ids: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The SIMD layers: numpy views of the (host) inputs, then one native call. Without `ids`, the routes are
         written back into an ids array (-1 elsewhere) that gives the same pairs."""
         x_np = np.ascontiguousarray(x.numpy(), dtype=np.float32) if x.dtype == torch.float32 else x.float().numpy()
@@ -103,15 +104,17 @@ class CPUExpertPool:
                 ids_np[token.numpy(), slot.numpy()] = e
         else:
             ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
-        out = np.empty(x_np.shape, np.float32)
-        self._buffers(host).run(host.views, x_np, ids_np, w_np, np.asarray(experts, np.int64), out)
-        return torch.from_numpy(out)
+        if out is None:
+            out = torch.empty(x_np.shape, dtype=torch.float32)
+        self._buffers(host).run(host.views, x_np, ids_np, w_np, np.asarray(experts, np.int64), out.numpy())
+        return out
 
     def submit(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
-               ids: torch.Tensor | None = None) -> Future:
+               ids: torch.Tensor | None = None, out: torch.Tensor | None = None) -> Future:
         """x, weights and the routing, as routes {expert: (token rows, top-k slot)} or as ids [T, k] (routes None),
-        already on the host; the result is float32 [T, embd] on the host."""
-        return self.worker.submit(self.compute, layer, x, routes, weights, experts, ids)
+        already on the host; the result is float32 [T, embd] on the host: in `out` when given (a contiguous float32
+        host tensor, e.g. pinned for an asynchronous upload), else a new tensor."""
+        return self.worker.submit(self.compute, layer, x, routes, weights, experts, ids, out)
 
     def close(self) -> None:
         self.worker.shutdown()

@@ -199,7 +199,8 @@ class GraphDecoder:
             published = program.stash["published"]
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the doorbell: the routing is on the host
-            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids)
+            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids,
+                                                 program.stash["cpu_host"])
             program.stash["table"].copy_(plan.table, non_blocking=True)
             program.stash["plan"] = plan
             runner.run(2 * j + 1)  # cached experts + shared expert, while the pool computes the misses
@@ -207,8 +208,9 @@ class GraphDecoder:
             if future is None:
                 cpu.zero_()
             else:
-                result = future.result()
-                cpu.copy_(result.to(cpu.dtype), non_blocking=False)
+                # The pool wrote into the pinned cpu_host: an upload queued behind the expert graph, no host wait; the
+                # next layer's doorbell (a stream sync) comes before the pool writes cpu_host again.
+                cpu.copy_(future.result(), non_blocking=True)
             runner.run(2 * j + 2)  # adds the pool's part, on to the next routing (or the logits)
 
     # ---- the step's functions
@@ -221,6 +223,7 @@ class GraphDecoder:
             c, rows, host = self.model.config, self.rows, self.capture
             stash["table"] = torch.full((max(c.n_experts, 1),), -1, dtype=torch.int32, device=self.device)
             stash["cpu"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, device=self.device)
+            stash["cpu_host"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host)
             stash["published"] = Published(
                 torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host),
                 torch.zeros(rows, c.n_experts_used, dtype=torch.float32, pin_memory=host),

@@ -217,12 +217,14 @@ class CachedExperts(ExpertBackend):
 
     # ---- the same work in the pieces a captured decode step (engine/decode.py) runs between its graphs
 
-    def plan_step(self, layer, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+    def plan_step(self, layer, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  out: torch.Tensor | None = None):
         """Host side of a routed layer, from its published (host) x, weights and ids: look the experts up, hand
-        the misses to the CPU pool. Returns (the pool's future or None, the StepPlan of the device's share)."""
+        the misses to the CPU pool (its result into `out`, when given). Returns (the pool's future or None, the
+        StepPlan of the device's share)."""
         experts = np.unique(ids.numpy()).tolist()  # sorted, as routed_tokens; no torch ops on this per-layer path
         hits, misses = self.cache.lookup(layer, experts)
-        future = self.pool.submit(layer, x, None, weights, misses, ids=ids) if misses else None
+        future = self.pool.submit(layer, x, None, weights, misses, ids=ids, out=out) if misses else None
         return future, StepPlan(ids, hits, hits_table(self.host_stacks[layer].n_experts, hits))
 
     def hits_part(self, layer, x, weights, ids, plan: "StepPlan | None", table: torch.Tensor) -> torch.Tensor:
