@@ -40,6 +40,7 @@ DEFAULT_SPIN_US = 1000.0
 
 @dataclass
 class PoolStats:
+    calls: int = 0
     experts: int = 0
     bytes: int = 0  # expert weight bytes read
     seconds: float = 0.0
@@ -86,6 +87,7 @@ class CPUExpertPool:
         else:
             result = moe_experts(host, x, routed_tokens(ids) if routes is None else routes, weights, experts)
             out = result if out is None else out.copy_(result)
+        self.stats.calls += 1
         self.stats.experts += len(experts)
         self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         self.stats.seconds += time.perf_counter() - start
