@@ -29,6 +29,7 @@ def bench_decode(args, placement: dict) -> None:
     offloaded = bool(cached)
     if offloaded:
         before = _counters(cached)
+    host_before = dict(decoder.host_seconds) if decoder is not None else {}
     sync(device)
     start = time.perf_counter()
     steps = []
@@ -65,6 +66,10 @@ def bench_decode(args, placement: dict) -> None:
           f"(host memory reads at {cpu_rate / 1e9:.1f} GB/s); {cpu_calls / n:.1f} calls, "
           f"{cpu_seconds / n * 1e3:.2f} ms a token in the pool")
     print(f"PCIe       {pcie_bytes / n / 1e6:.1f} MB/token (pinned copies at {pcie_rate / 1e9:.1f} GB/s)")
+    if decoder is not None and decoder.host_seconds:  # the routed layers' doorbell loop, where a token's time goes
+        parts = ", ".join(f"{name} {(spent - host_before.get(name, 0.0)) / n * 1e3:.2f}"
+                          for name, spent in decoder.host_seconds.items())
+        print(f"host loop  ms a token: {parts} (doorbell wait: the GPU's segment up to a routing)")
     parts = {
         "CPU-side miss bytes / host bandwidth": cpu_bytes / n / cpu_rate,
         "PCIe-side miss bytes / pinned copy rate": pcie_bytes / n / pcie_rate if pcie_bytes else 0.0,
