@@ -5,7 +5,7 @@
 #    them, beside the bytes' floor, with the fixed cost split out (hand-off, prep, dispatch, regions, native), on 1
 #    and 15 threads, the pool's threads sleeping (spin 0) or spinning 1000 us between calls, 300 us apart;
 # 3. `bench decode` on the Qwen3-30B-A3B shape (Q4_0) at --vram-budget 12, spin 1000 (the default) and spin 0:
-#    tok/s, hit rate, CPU pool MB/token and GB/s, and the floor.
+#    tok/s, hit rate, CPU pool MB/token, GB/s and ms a token, the doorbell loop's host time by part, the floor.
 # Carry .whl; every part capped (tools/device/parts.sh), under 5 minutes; logs come back as one tarball.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
@@ -25,5 +25,5 @@ tar czf "$OUT/logs.tgz" -C $L .
 cat $L/times.txt
 echo "=== pool calls"; grep -E "^\||threads|floor" $L/pool_calls.log | cut -c1-200
 for f in $L/pool_tests.log $L/decode_spin*.log; do
-  echo "=== $f"; grep -E "passed|failed|error|decode |experts |CPU pool|floor" "$f" | cut -c1-200
+  echo "=== $f"; grep -E "passed|failed|error|decode |experts |CPU pool|host loop|floor" "$f" | cut -c1-200
 done
