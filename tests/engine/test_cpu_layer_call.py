@@ -91,3 +91,45 @@ def test_spinning_worker_runs_jobs_in_order_and_passes_errors_on(spin_us):
     finally:
         worker.shutdown()
     assert worker.taken == worker.posted[0] == 23
+
+
+def _adapt_reference(cache) -> list:
+    """The (expert, slot) admits of the tuple-per-expert adapt that the numpy one replaced, on the cache's state."""
+    missing = sorted(((c, (layer, e)) for layer, counts in cache.counts.items() for e, c in enumerate(counts.tolist())
+                      if c > 0 and (layer, e) not in cache.slot_of), reverse=True)
+    free = cache.free_slots()
+    residents = sorted((cache.counts[k[0]][k[1]].item(), s) for s, k in enumerate(cache.owner)
+                       if k is not None and k not in cache.in_use)
+    admits = []
+    for count, key in missing[: cache.adapt_swaps]:
+        if free:
+            slot = free.pop()
+        elif residents and residents[0][0] < count:
+            slot = residents.pop(0)[1]
+        else:
+            break
+        admits.append((key, slot))
+    return admits
+
+
+@pytest.mark.parametrize("n_slots,swaps", [(40, 96), (60, 7), (75, 96)])
+def test_cache_adapt_admits_what_the_tuple_version_did(n_slots, swaps):
+    from strata.engine.expert_cache import ExpertCache
+
+    rng = np.random.default_rng(n_slots)
+    one = _stack(("Q4_0",) * 3, rng, n_experts=16, embd=32, ff=32)
+    cache = ExpertCache({layer: one for layer in (0, 2, 3, 7, 9)}, n_slots, torch.device("cpu"), adapt_every=10**9,
+                        adapt_swaps=swaps)
+    cache.fill(cache.even_ranking()[: n_slots - 5])  # five slots left empty
+    for step in range(6):
+        for layer in (0, 2, 3, 7, 9):
+            cache.lookup(layer, sorted(rng.choice(16, 4, replace=False).tolist()))
+        if step < 5:
+            cache.end_step()  # decayed counts: ties and near-ties between layers and experts
+    for layer, counts in cache.counts.items():
+        counts[rng.choice(16, 3)] = 1.0  # exact ties, broken by layer then expert
+    want = _adapt_reference(cache)
+    got = []
+    cache.admit = lambda key, slot: got.append((key, slot))
+    assert cache.adapt() == len(want) > 5  # the free slots, then evictions
+    assert got == want
