@@ -17,6 +17,8 @@ from concurrent.futures import Future
 import numpy as np
 from numba import njit, prange
 
+from strata.engine.cpu_kernels.gemv import _ONE_AT_A_TIME
+
 
 @njit(parallel=True, nogil=True, cache=True)
 def _touch(flags):
@@ -57,11 +59,12 @@ class SpinningWorker:
         """Regions that take about `spin_us` on this team (timed now, after a warm-up)."""
         if self.spin_us <= 0:
             return 0
-        spin_until_posted(self.posted, self.taken, self.flags, 50)
         n = 400
-        start = time.perf_counter()
-        spin_until_posted(self.posted, self.taken, self.flags, n)
-        per_round = max((time.perf_counter() - start) / n, 1e-7)
+        with _ONE_AT_A_TIME:
+            spin_until_posted(self.posted, self.taken, self.flags, 50)
+            start = time.perf_counter()
+            spin_until_posted(self.posted, self.taken, self.flags, n)
+            per_round = max((time.perf_counter() - start) / n, 1e-7)
         return max(1, int(self.spin_us * 1e-6 / per_round))
 
     def _run(self, setup) -> None:
@@ -80,8 +83,11 @@ class SpinningWorker:
                 except BaseException as exc:  # the caller sees it from future.result()
                     future.set_exception(exc)
             del future, job
-            if self.rounds:
-                spin_until_posted(self.posted, self.taken, self.flags, self.rounds)
+            if self.rounds and _ONE_AT_A_TIME.acquire(blocking=False):  # another pool's kernels run: no spin
+                try:
+                    spin_until_posted(self.posted, self.taken, self.flags, self.rounds)
+                finally:
+                    _ONE_AT_A_TIME.release()
 
     def _post(self, job) -> None:
         with self._lock:  # one writer of `posted` at a time; the job is queued before the spin can end

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from strata.engine.cpu_kernels.blocks import FP16
+from strata.engine.cpu_kernels.gemv import _ONE_AT_A_TIME
 from strata.engine.cpu_kernels.simd_ir import LAYOUT
 from strata.engine.cpu_kernels.simd_pool import CHUNK, FORMATS8, Q_MAX, _rows, quantize_codes
 
@@ -119,7 +120,8 @@ class LayerBuffers:
         """out [T, embd] = the experts' weighted sum for x float32 [T, embd], ids int64 / weights float32 [T, k]."""
         self.ensure(x.shape[0], ids.size, experts.shape[0])
         (fg, fu, fd), (wg, wu, wd) = self.codes, views
-        layer_experts(fg, wg, fu, wu, fd, wd, self.q_max, self.group, self.interleave, self.group_h,
-                      self.interleave_h, x, ids, weights, experts, FP16, self.pair_start, self.pair_token,
-                      self.pair_weight, self.qx, self.sx, self.tx, self.h, self.u, self.qh, self.sh, self.th, self.y,
-                      out)
+        with _ONE_AT_A_TIME:  # numba's workqueue layer aborts on parallel calls from two threads (two pools)
+            layer_experts(fg, wg, fu, wu, fd, wd, self.q_max, self.group, self.interleave, self.group_h,
+                          self.interleave_h, x, ids, weights, experts, FP16, self.pair_start, self.pair_token,
+                          self.pair_weight, self.qx, self.sx, self.tx, self.h, self.u, self.qh, self.sh, self.th,
+                          self.y, out)
