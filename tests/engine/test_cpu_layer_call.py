@@ -133,3 +133,14 @@ def test_cache_adapt_admits_what_the_tuple_version_did(n_slots, swaps):
     cache.admit = lambda key, slot: got.append((key, slot))
     assert cache.adapt() == len(want) > 5  # the free slots, then evictions
     assert got == want
+
+
+def test_bench_calls_prints_a_row_per_call_size(capsys):
+    from strata.bench.cpu_experts import main
+
+    assert main(["--calls", "--formats", "Q4_0", "--footprint-mb", "1", "--reps", "1", "--calls-spin", "0,100",
+                 "--calls-gap-us", "0"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Q4_0")]
+    assert [row.split("|")[3:5] for row in rows] == [[" 0 ", " 1 "], [" 0 ", " 3 "], [" 0 ", " 10 "],
+                                                      [" 100 ", " 1 "], [" 100 ", " 3 "], [" 100 ", " 10 "]]
+    assert all("nan" not in row for row in rows)  # every part of the fixed cost was timed
