@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from strata.engine.cpu_kernels import HostExperts, moe_experts
+from strata.engine.cpu_kernels.done_flag import wait_flag
 from strata.engine.cpu_kernels.layer_call import LayerBuffers
 from strata.engine.experts import ExpertStack, routed_tokens
 from strata.engine.pool_worker import SpinningWorker
@@ -36,6 +38,7 @@ def worker_setup(threads: int, chunksize: int = 0) -> None:
 # Between two calls the pool's threads stay awake this long (microseconds): past the ~0.1-1 ms between the layers
 # of one decode step that miss experts, short of the time between tokens of an idle server.
 DEFAULT_SPIN_US = 1000.0
+WAIT_SPINS = 1 << 20  # pause-paced reads of the done flag (~10-100 ms) before `result` blocks on the future instead
 
 
 @dataclass
@@ -70,6 +73,8 @@ class CPUExpertPool:
         # The worker and numba's threads start now, not in the first step; between calls they spin for spin_us.
         self.worker = SpinningWorker(self.threads, spin_us, lambda: worker_setup(self.threads))
         self.stats = PoolStats()
+        self.done = np.zeros(1, np.int64)  # the number of the last SIMD call whose output is complete
+        self._numbers = itertools.count(1)
 
     def _buffers(self, host: HostExperts) -> LayerBuffers:
         gate, _, down = host.mats
@@ -79,22 +84,22 @@ class CPUExpertPool:
         return self.buffers[key]
 
     def compute(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
-                ids: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                ids: torch.Tensor | None = None, out: torch.Tensor | None = None, number: int = 0) -> torch.Tensor:
         start = time.perf_counter()
         host = self.host[layer]
+        self.stats.calls += 1  # counted before the result is out (a `result` waiter may read them at once)
+        self.stats.experts += len(experts)
+        self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         if host.simd:
-            out = self.layer_call(host, x, routes, weights, experts, ids, out)
+            out = self.layer_call(host, x, routes, weights, experts, ids, out, number)
         else:
             result = moe_experts(host, x, routed_tokens(ids) if routes is None else routes, weights, experts)
             out = result if out is None else out.copy_(result)
-        self.stats.calls += 1
-        self.stats.experts += len(experts)
-        self.stats.bytes += len(experts) * self.stacks[layer].expert_bytes
         self.stats.seconds += time.perf_counter() - start
         return out
 
     def layer_call(self, host: HostExperts, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
-                   ids: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+                   ids: torch.Tensor | None, out: torch.Tensor | None = None, number: int = 0) -> torch.Tensor:
         """The SIMD layers: numpy views of the (host) inputs, then one native call. Without `ids`, the routes are
         written back into an ids array (-1 elsewhere) that gives the same pairs."""
         x_np = np.ascontiguousarray(x.numpy(), dtype=np.float32) if x.dtype == torch.float32 else x.float().numpy()
@@ -108,7 +113,8 @@ class CPUExpertPool:
             ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
         if out is None:
             out = torch.empty(x_np.shape, dtype=torch.float32)
-        self._buffers(host).run(host.views, x_np, ids_np, w_np, np.asarray(experts, np.int64), out.numpy())
+        self._buffers(host).run(host.views, x_np, ids_np, w_np, np.asarray(experts, np.int64), out.numpy(),
+                                self.done if number else None, number)
         return out
 
     def submit(self, layer: int, x: torch.Tensor, routes: dict, weights: torch.Tensor, experts: list[int],
@@ -116,7 +122,18 @@ class CPUExpertPool:
         """x, weights and the routing, as routes {expert: (token rows, top-k slot)} or as ids [T, k] (routes None),
         already on the host; the result is float32 [T, embd] on the host: in `out` when given (a contiguous float32
         host tensor, e.g. pinned for an asynchronous upload), else a new tensor."""
-        return self.worker.submit(self.compute, layer, x, routes, weights, experts, ids, out)
+        number = next(self._numbers) if out is not None and self.host[layer].simd else 0
+        future = self.worker.submit(self.compute, layer, x, routes, weights, experts, ids, out, number)
+        future.strata_call = (number, out)
+        return future
+
+    def result(self, future: Future) -> torch.Tensor:
+        """`future.result()`, sooner: for a SIMD call into a given `out`, spin (GIL released) until the native call
+        has stored its number in the done flag, not waiting for the worker's wake-up of this thread."""
+        number, out = getattr(future, "strata_call", (0, None))
+        if number and wait_flag(self.done.ctypes.data, number, WAIT_SPINS):
+            return out
+        return future.result()
 
     def close(self) -> None:
         self.worker.shutdown()

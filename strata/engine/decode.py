@@ -221,7 +221,7 @@ class GraphDecoder:
             else:
                 # The pool wrote into the pinned cpu_host: an upload queued behind the expert graph, no host wait; the
                 # next layer's doorbell (a stream sync) comes before the pool writes cpu_host again.
-                cpu.copy_(future.result(), non_blocking=True)
+                cpu.copy_(self.cached.pool.result(future), non_blocking=True)
                 stash["cpu_dirty"] = True
             t4 = clock()
             runner.run(2 * j + 2)  # adds the pool's part, on to the next routing (or the logits)

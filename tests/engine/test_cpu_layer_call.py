@@ -58,6 +58,10 @@ def test_pool_takes_routes_or_ids_and_an_output_buffer_with_the_same_bytes():
         by_ids = pool.submit(0, x, None, weights, experts, ids=ids).result()
         buffer = torch.full((3, 512), float("nan"))
         into = pool.submit(0, x, None, weights, experts, ids=ids, out=buffer).result()
+        spun = torch.full((3, 512), float("nan"))
+        waited = pool.result(pool.submit(0, x, None, weights, experts, ids=ids, out=spun))  # on the done flag
+        assert waited is spun and pool.done[0] == 2  # the second call with an output buffer (numbered 1, 2)
+        assert pool.result(pool.submit(0, x, routes, weights, experts)).numpy().tobytes() == want.numpy().tobytes()
         with switches.override(STRATA_CPU_POOL_OLD=True):  # a layer the SIMD path does not take: routes from ids
             old_pool = CPUExpertPool({0: stack}, spin_us=0)
         old = old_pool.submit(0, x, None, weights, experts, ids=ids, out=torch.empty(3, 512)).result()
@@ -65,12 +69,12 @@ def test_pool_takes_routes_or_ids_and_an_output_buffer_with_the_same_bytes():
     finally:
         pool.close()
     assert into is buffer
-    for got in (by_routes, by_ids, into):
+    for got in (by_routes, by_ids, into, waited):
         assert got.numpy().tobytes() == want.numpy().tobytes()
     with switches.override(STRATA_CPU_POOL_OLD=True):
         old_want = moe_experts(HostExperts(stack.gate, stack.up, stack.down), x, routes, weights, experts)
     assert old.numpy().tobytes() == old_want.numpy().tobytes()
-    assert pool.stats.experts == 3 * len(experts)
+    assert pool.stats.experts == 5 * len(experts) and pool.stats.calls == 5
     with pytest.raises(StrataError, match="cpu_spin_us"):
         CPUExpertPool({0: stack}, spin_us=-1)
 

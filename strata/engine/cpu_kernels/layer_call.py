@@ -37,12 +37,13 @@ def routed_pairs(ids, weights, experts, pair_start, pair_token, pair_weight):
 
 @njit(parallel=True, nogil=True, cache=True)
 def layer_experts(fmt_g, w_g, fmt_u, w_u, fmt_d, w_d, q_max, group, interleave, group_h, interleave_h, x, ids, weights,
-                  experts, tab, pair_start, pair_token, pair_weight, qx, sx, tx, h, u, qh, sh, th, y, out):
+                  experts, tab, pair_start, pair_token, pair_weight, qx, sx, tx, h, u, qh, sh, th, y, out, done, seq):
     """out float32 [T, embd] (zeroed here) = sum over pairs of weight * expert(x[token]); buffers sized by the
-    caller (`LayerBuffers`): qx/sx/tx >= T rows, h/u/qh/sh/th/y >= T * k rows."""
+    caller (`LayerBuffers`): qx/sx/tx >= T rows, h/u/qh/sh/th/y >= T * k rows. Last, done[0] = seq (`done_flag`)."""
     n_pairs = routed_pairs(ids, weights, experts, pair_start, pair_token, pair_weight)
     out[:] = 0
     if n_pairs == 0:
+        done[0] = seq
         return
     wide = qx.itemsize == 2
     quantize_codes(x, group, interleave, q_max, qx, sx, tx)
@@ -82,6 +83,7 @@ def layer_experts(fmt_g, w_g, fmt_u, w_u, fmt_d, w_d, q_max, group, interleave, 
         r = pair_token[p]
         for i in range(n_embd):
             out[r, i] += y[p, i] * pair_weight[p]
+    done[0] = seq  # after every store to out (the stores may alias, so the compiler keeps their order)
 
 
 class LayerBuffers:
@@ -95,6 +97,7 @@ class LayerBuffers:
         self.embd, self.ff, self.act = embd, ff, act
         self.q_max, self.code_type = Q_MAX[act], np.int16 if act == "i16" else np.int8
         self.rows = self.pairs = self.experts = 0
+        self.no_flag = np.zeros(1, np.int64)  # the flag of a call nobody waits on
 
     def ensure(self, rows: int, pairs: int, experts: int) -> None:
         if rows > self.rows:
@@ -116,12 +119,13 @@ class LayerBuffers:
             self.pair_start = np.empty(self.experts, np.int64)
 
     def run(self, views, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: np.ndarray,
-            out: np.ndarray) -> None:
-        """out [T, embd] = the experts' weighted sum for x float32 [T, embd], ids int64 / weights float32 [T, k]."""
+            out: np.ndarray, done: np.ndarray | None = None, seq: int = 0) -> None:
+        """out [T, embd] = the experts' weighted sum for x float32 [T, embd], ids int64 / weights float32 [T, k];
+        then done[0] = seq (int64 [1], when given)."""
         self.ensure(x.shape[0], ids.size, experts.shape[0])
         (fg, fu, fd), (wg, wu, wd) = self.codes, views
         with _ONE_AT_A_TIME:  # numba's workqueue layer aborts on parallel calls from two threads (two pools)
             layer_experts(fg, wg, fu, wu, fd, wd, self.q_max, self.group, self.interleave, self.group_h,
                           self.interleave_h, x, ids, weights, experts, FP16, self.pair_start, self.pair_token,
                           self.pair_weight, self.qx, self.sx, self.tx, self.h, self.u, self.qh, self.sh, self.th,
-                          self.y, out)
+                          self.y, out, self.no_flag if done is None else done, seq)
