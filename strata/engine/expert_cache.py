@@ -50,6 +50,14 @@ class ExpertCache:
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
         self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
+        self.device_table = None  # `--misses direct`: the slot map on the device (engine/direct_misses.py)
+
+    def track_on_device(self) -> None:
+        """Keep a device table of what is cached (and count routing on the device) for `--misses direct`."""
+        from strata.engine.direct_misses import DeviceTable
+
+        if self.device_table is None:
+            self.device_table = DeviceTable(self)
 
     # ---- what is where
 
@@ -96,6 +104,8 @@ class ExpertCache:
         old = self.owner[slot]
         if old is not None:
             del self.slot_of[old]
+            if self.device_table is not None:
+                self.device_table.evicted(old)
         stack = self.stacks[layer]
         parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
         n = sum(p.numel() for p in parts)
@@ -114,6 +124,8 @@ class ExpertCache:
             self.landing[slot] = event
         self.owner[slot] = key
         self.slot_of[key] = slot
+        if self.device_table is not None:
+            self.device_table.admitted(key, slot)
         self.stats.bytes_moved += n
 
     def fill(self, ranking: list[Key]) -> None:
@@ -141,6 +153,8 @@ class ExpertCache:
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
+                if self.device_table is not None:
+                    self.device_table.evicted(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
             self.lent[slot] = old
         return taken
@@ -163,6 +177,13 @@ class ExpertCache:
     def end_step(self) -> None:
         """Decay counts; every `adapt_every` steps swap hot missing experts in for cold residents."""
         self.steps += 1
+        if self.device_table is not None:  # the steps counted on the device: read them at each adapt
+            self.device_table.steps += 1
+            if self.steps % self.adapt_every == 0:
+                self.device_table.collect(self.decay)
+                self.adapt()
+            self.in_use.clear()
+            return
         if self.steps % self.adapt_every == 0:
             self.adapt()
         for counts in self.counts.values():

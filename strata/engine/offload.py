@@ -52,7 +52,7 @@ def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, devic
     cache.fill(ranking)
     pool = CPUExpertPool(host, config.cpu_threads, config.cpu_spin_us)
     return CachedExperts(host, cache, pool, device, config.pcie_frac,
-                         prompt_streamer(host, cache, device, config.prefill_stream))
+                         prompt_streamer(host, cache, device, config.prefill_stream), config.misses)
 
 
 STREAM_MODES = ("auto", "on", "off")
