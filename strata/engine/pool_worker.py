@@ -52,8 +52,11 @@ class SpinningWorker:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(setup,), name=name, daemon=True)
+        self._failed: BaseException | None = None
         self._thread.start()
         self._ready.wait()
+        if self._failed is not None:  # setup or calibration raised on the worker: say so here, not hang
+            raise self._failed
 
     def _calibrate(self) -> int:
         """Regions that take about `spin_us` on this team (timed now, after a warm-up)."""
@@ -68,9 +71,14 @@ class SpinningWorker:
         return max(1, int(self.spin_us * 1e-6 / per_round))
 
     def _run(self, setup) -> None:
-        setup()
-        self.rounds = self._calibrate()
-        self._ready.set()
+        try:
+            setup()
+            self.rounds = self._calibrate()
+        except BaseException as exc:
+            self._failed = exc
+            return
+        finally:
+            self._ready.set()
         while True:
             job = self.jobs.get()
             self.taken += 1

@@ -148,3 +148,11 @@ def test_bench_calls_prints_a_row_per_call_size(capsys):
     assert [row.split("|")[3:5] for row in rows] == [[" 0 ", " 1 "], [" 0 ", " 3 "], [" 0 ", " 10 "],
                                                       [" 100 ", " 1 "], [" 100 ", " 3 "], [" 100 ", " 10 "]]
     assert all("nan" not in row for row in rows)  # every part of the fixed cost was timed
+
+
+def test_a_worker_whose_setup_fails_raises_instead_of_hanging():
+    def setup():
+        raise StrataError("no threads here")
+
+    with pytest.raises(StrataError, match="no threads here"):
+        SpinningWorker(1, 0, setup)
