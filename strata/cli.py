@@ -69,6 +69,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
     p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
                    help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
+    p.add_argument("--prefill-borrow", default="auto", choices=("auto", "on", "off"),
+                   help="streamed prompt chunks keep their expert work buffers in borrowed cache slots (auto: where "
+                        "that makes chunks larger; refilled after the prompt)")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
@@ -77,7 +80,7 @@ def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
                    cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile,
-                   prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
+                   prefill_stream=args.prefill_stream, prefill_borrow=args.prefill_borrow, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
