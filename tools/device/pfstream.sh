@@ -7,17 +7,24 @@
 #    (Q4_0) at --vram-budget 12, --ctx 4096,32768, with --prefill-borrow auto and off: tok/s, chunk sizes, borrowed
 #    slots, PCIe floor. Run from the repo root with .whl carried; logs come back as one tarball; about 6 minutes.
 set -uo pipefail
-BUDGET=${BUDGET:-350}
+BUDGET=${BUDGET:-355}
 source tools/device/parts.sh || exit 1
 CTX=${CTX:-4096,32768}
 part arena_tests 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_work_arena.py
 part check_stream 80 python3 tools/device/check_prefill_stream.py
 [ -f $M/a3b.gguf ] || part make_a3b 150 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b \
   --quant Q4_0 -o $M/a3b.gguf
-part plan_12g 30 python3 -m strata info $M/a3b.gguf --plan --device cuda --vram-budget 12 --ctx 32768
+for kv in float16 int8; do
+  part plan_12g_$kv 30 python3 -m strata info $M/a3b.gguf --plan --device cuda --vram-budget 12 --ctx 32768 --kv-dtype $kv
+done
 for borrow in auto off; do
-  part bench_borrow_$borrow 100 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX \
+  part bench_fp16_borrow_$borrow 100 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX \
     --vram-budget 12 --prefill-borrow $borrow
+done
+# int8 paged KV has no [chunk, context] mask: there borrowing matters most (if time is left).
+for borrow in auto off; do
+  part bench_int8_borrow_$borrow 60 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx 32768 \
+    --kv-dtype int8 --vram-budget 12 --prefill-borrow $borrow
 done
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 tar czf "$OUT/pfstream_logs.tgz" -C $L .
