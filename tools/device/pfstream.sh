@@ -27,6 +27,7 @@ for borrow in auto off; do
     --kv-dtype int8 --vram-budget 12 --prefill-borrow $borrow
 done
 echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
 tar czf "$OUT/pfstream_logs.tgz" -C $L .
 cat $L/times.txt
 for f in $L/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | tail -n 16 | cut -c1-220; done
