@@ -166,7 +166,7 @@ class Engine:
     def _prompt_streamer(self):
         """The offloaded experts' prompt streamer (engine/prefill_stream.py), None where nothing streams (a split's
         cards keep their own and size no work buffers in slots)."""
-        return getattr(self.model.experts, "prompt", None) if self.pipeline is None else None
+        return getattr(getattr(self.model, "experts", None), "prompt", None) if self.pipeline is None else None
 
     def _kv_backend(self):
         """The KV backend under the cache (a hybrid cache holds one for its attention layers)."""

@@ -84,28 +84,34 @@ def test_borrowed_work_buffers_are_slot_views_and_change_no_byte(deep_moe, promp
 def test_first_layer_of_each_chunk_is_fetched_ahead(deep_moe):
     llm = _llm(deep_moe, expert_cache=SLOTS, prefill_stream="on")
     streamer = llm.engine.model.experts.prompt
-    first = min(streamer.host_stacks)
-    seen = []  # per first-layer run: (experts the last chunk routed there and the cache lacks, held in the ring)
-    run = streamer.run
+    first, last = min(streamer.host_stacks), max(streamer.host_stacks)
+    log = []
 
-    def traced(layer, x, weights, ids):
-        if layer == first:
-            wanted = {e for e in streamer.last_routed.get(first, []) if (first, e) not in streamer.cache.slot_of}
-            ring = streamer.ring
-            seen.append((wanted, {e for (lay, e) in ring.where if lay == first} if ring else set()))
-        return run(layer, x, weights, ids)
+    def fetched_ahead() -> bool:
+        """Every first-layer expert the last chunk routed to and the cache lacks is in the ring already."""
+        wanted = {e for e in streamer.last_routed.get(first, []) if (first, e) not in streamer.cache.slot_of}
+        held = {e for (layer, e) in streamer.ring.where if layer == first} if streamer.ring else set()
+        return wanted <= held and bool(wanted)
 
-    streamer.run = traced
+    def traced(name, fn, layer_of):
+        def call(*args):
+            log.append((name, layer_of(args), fetched_ahead()))
+            return fn(*args)
+        return call
+
+    streamer.begin_chunk = traced("begin", streamer.begin_chunk, lambda args: None)
+    streamer.run = traced("run", streamer.run, lambda args: args[0])
+    streamer._prefetch = traced("prefetch", streamer._prefetch, lambda args: args[0])
     ids = llm.tokenize(TEXT)[:16]  # four chunks
     llm.logits(ids)
-    copies = streamer.queue.bytes
-    n_chunks = len(seen)
-    assert n_chunks == -(-len(ids) // 4) and seen[0][0] == set()  # the first prompt: no routing seen before
-    assert all(wanted <= held for wanted, held in seen[1:]) and any(wanted for wanted, _ in seen[1:])
-    assert streamer.next_chunk_tokens == 0 and streamer.queue.bytes == copies  # the last chunk fetches nothing after
-    llm.logits(ids)  # a second prompt: its first chunk fetches by the first prompt's last chunk's routing
-    wanted, held = seen[n_chunks]
-    assert wanted and wanted <= held
+    begins = [i for i, entry in enumerate(log) if entry[0] == "begin"]
+    assert len(begins) == 4
+    for i in begins[1:]:  # chunks 1..3 begin with their first layer fetched during the last chunk's last layer
+        assert log[i - 2][:2] == ("run", last) and log[i - 1][:2] == ("prefetch", first) and log[i][2], log[i - 2: i + 1]
+    assert log[-1][:2] == ("run", last)  # the last chunk fetches nothing after its last layer
+    log.clear()
+    llm.logits(ids)  # a second prompt: its first chunk fetches by the first prompt's last routing, when it begins
+    assert log[0][0] == "begin" and log[1][:2] == ("prefetch", first) and log[2][:2] == ("run", first) and log[2][2]
 
 
 def test_chunk_rule_stays_within_the_budget(tiny_moe):
@@ -145,3 +151,27 @@ def test_too_small_a_budget_or_a_bad_mode_is_one_clear_line(tiny_moe):
     with pytest.raises(StrataError, match="--prefill-borrow must be one of"):
         chunk_plan("auto", config, True, 10**9, borrow="always")
     assert BORROW_MODES == ("auto", "on", "off")
+
+
+def test_borrow_run_lends_the_least_routed_adjacent_slots(tiny_moe):
+    from strata.engine.expert_cache import ExpertCache
+    from strata.models import load_model
+
+    model = load_model(GGUFModelFile(tiny_moe), torch.device("cpu"), torch.float32)
+    cache = ExpertCache(model.expert_stacks, 12, torch.device("cpu"))
+    cache.fill(cache.even_ranking())
+    for layer in cache.counts:
+        cache.counts[layer][:] = 50.0
+    cheap = [cache.owner[s] for s in (6, 7, 8)]
+    for layer, e in cheap:
+        cache.counts[layer][e] = 1.0
+    before = list(cache.owner)
+    assert cache.borrow_run(3) == [6, 7, 8] and all(cache.owner[s] is None for s in (6, 7, 8))
+    assert set(cache.lent) == {6, 7, 8} and not {k for k in cheap} & set(cache.slot_of)
+    cache.in_use.add(before[2])  # an expert in use is never lent: left are 0-1, 3-5 and 9-11
+    with pytest.raises(StrataError, match="cannot lend 4 adjacent slots"):
+        cache.borrow_run(4)
+    assert cache.borrow_run(3) == [3, 4, 5] and cache.borrow_run(2) == [0, 1] and cache.borrow_run(2) == [9, 10]
+    cache.in_use.clear()
+    cache.refill()
+    assert cache.owner == before and not cache.lent
