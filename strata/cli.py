@@ -197,7 +197,7 @@ def cmd_info(args) -> None:
     print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
         print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
-                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split))
+                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split, args.prefill_borrow))
 
 
 def cmd_profile(args) -> None:

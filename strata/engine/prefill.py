@@ -187,5 +187,6 @@ def describe_chunks(plan, config: ModelConfig, mask_context: int, spec: int | st
                  f"({chunk.work_slots * plan.expert_bytes_each / 2**30:.2f} GiB, of {lendable} lendable beside the "
                  f"{ring}-slot streaming ring; {chunk.free_tokens} tokens without borrowing)")
     elif ring:
-        line += f"; no slots borrowed (they would not make chunks larger; {lendable} lendable)"
+        line += "; no slots borrowed" + (" (--prefill-borrow off)" if borrow == "off" else
+                                        f" (they would not make chunks larger; {lendable} lendable)")
     return line

@@ -175,3 +175,24 @@ def test_borrow_run_lends_the_least_routed_adjacent_slots(tiny_moe):
     cache.in_use.clear()
     cache.refill()
     assert cache.owner == before and not cache.lent
+
+
+def test_info_plan_states_the_chunk_and_its_borrowed_slots(tiny_moe):
+    from strata.engine.placement import PlacementPlan
+    from strata.engine.prefill import describe_chunks
+
+    config = config_of(GGUFModelFile(tiny_moe))
+    each = 6528
+    room = 4 * 10**6  # what the budget leaves after dense weights, KV and 400 expert slots
+
+    def plan(n_slots, n_experts=1000):
+        budget = 10**6 + 2 * 10**6 + n_slots * each + room
+        return PlacementPlan("cuda", budget, 10**6, 2 * 10**6, 0, n_experts * each, each, n_experts, n_slots,
+                             n_experts * each)
+
+    line = describe_chunks(plan(400), config, 0)
+    chunk = chunk_plan("auto", config, True, room, 0, each, (400 - 16) // 2)
+    assert chunk.work_slots > 0
+    assert f"prompt chunks up to {chunk.tokens} tokens" in line and f"in {chunk.work_slots} borrowed cache slots" in line
+    assert "borrowed" not in describe_chunks(plan(1000, 1000), config, 0)  # all resident: nothing to lend
+    assert "no slots borrowed (--prefill-borrow off)" in describe_chunks(plan(400), config, 0, borrow="off")
