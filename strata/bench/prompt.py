@@ -95,7 +95,7 @@ def bench_prompt(args, placement: dict) -> None:
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     print(f"ceilings   int8 {int8_rate / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
-    time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles kernels, lends the ring
+    time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
     for n_tokens in contexts:
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))

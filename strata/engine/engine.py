@@ -203,22 +203,26 @@ class Engine:
         self.cached_tokens = self.cached_tokens[:start]
         streamer = self._prompt_streamer()
         chunks = prompt_chunks(len(ids), self.prefill_chunk, equal)
-        for i, (begin, end) in enumerate(chunks):
-            if streamer is not None:  # lends the ring and fetches the first layer's experts ahead of the embedding
-                following = chunks[i + 1][1] - chunks[i + 1][0] if i + 1 < len(chunks) else 0
-                streamer.begin_chunk(end - begin, following, self.model.config.n_experts_used)
-            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
-                                 want_hidden=self.spec is not None and self.spec.wants_hidden)
-            try:
-                outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
-            except BaseException:
-                self.cached_tokens = []
-                self.kv.truncate(0)
-                raise
-            self.cached_tokens += ids[begin:end]
-            if ctx.want_hidden:
-                self.spec.saw_hidden(start + begin, ctx.hidden)
-            clock.chunk_done(end)
+        try:
+            for i, (begin, end) in enumerate(chunks):
+                if streamer is not None:  # lends the ring; fetches the first layer's experts before the embedding
+                    following = chunks[i + 1][1] - chunks[i + 1][0] if i + 1 < len(chunks) else 0
+                    streamer.begin_chunk(end - begin, following, self.model.config.n_experts_used)
+                ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
+                                     want_hidden=self.spec is not None and self.spec.wants_hidden)
+                try:
+                    outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+                except BaseException:
+                    self.cached_tokens = []
+                    self.kv.truncate(0)
+                    raise
+                self.cached_tokens += ids[begin:end]
+                if ctx.want_hidden:
+                    self.spec.saw_hidden(start + begin, ctx.hidden)
+                clock.chunk_done(end)
+        finally:
+            if streamer is not None:  # lent slots back, refilled with their experts, before any decode step
+                streamer.return_slots()
         return torch.cat(outputs) if all_logits else outputs[-1]
 
     def reuse(self, ids: list[int]) -> Reuse:

@@ -19,8 +19,8 @@ chunk the streamer saw, which is an earlier prompt's; without one, every missing
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
 rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
-PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) at the first step that is
-not a prompt chunk, or on `return_slots`.
+PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) when the engine's prompt
+ends (`return_slots`), or at the first step that is not a prompt chunk.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class PromptStreamer:
             if self.work_slots:  # first: a run of adjacent slots is harder to find than any slots
                 run = self.cache.borrow_run(self.work_slots)
                 self.arena = WorkArena(self.cache.slots[run[0] : run[-1] + 1].view(-1))
+                self.queue.drain()  # an admit into the run still in flight lands before kernels write buffers there
             lent = self.cache.borrow(self.ring_slots)
             self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
         return self.ring

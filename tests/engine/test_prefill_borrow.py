@@ -42,10 +42,14 @@ def _llm(path, **options):
 
 
 def test_borrowed_work_buffers_are_slot_views_and_change_no_byte(deep_moe, prompt_kernels, monkeypatch):
-    taken = []
+    taken = []  # (arena, buffer, the lent run's first slot and size) of every work buffer handed out
     empty = WorkArena.empty
-    monkeypatch.setattr(WorkArena, "empty", lambda self, shape, dtype: taken.append(empty(self, shape, dtype))
-                        or taken[-1])
+
+    def recording_empty(self, shape, dtype):
+        taken.append((self, empty(self, shape, dtype), sorted(set(cache.lent) - set(streamer.ring.indices))))
+        return taken[-1][1]
+
+    monkeypatch.setattr(WorkArena, "empty", recording_empty)
     resident = _llm(deep_moe)
     ids = resident.tokenize(TEXT)[:12]  # three chunks
     expected = resident.logits(ids)
@@ -64,17 +68,16 @@ def test_borrowed_work_buffers_are_slot_views_and_change_no_byte(deep_moe, promp
     got = llm.logits(ids)
     assert got.numpy().tobytes() == expected.numpy().tobytes()
 
-    arena = streamer.arena
-    run = sorted(set(cache.lent) - set(streamer.ring.indices))
-    assert len(run) == n_work and run == list(range(run[0], run[0] + n_work))  # adjacent slots
-    first, last = cache.slots[run[0]].data_ptr(), cache.slots[run[-1]].data_ptr() + cache.slot_bytes
-    assert taken and arena.overflow_bytes == 0
-    assert 0 < arena.high_water <= expert_work_bytes(llm.config, 4) <= n_work * cache.slot_bytes
-    for tensor in taken:  # every work buffer of every chunk: a view into the borrowed run
+    assert taken
+    for arena, tensor, run in taken:  # every work buffer of every chunk: a view into the run of lent slots
+        assert len(run) == n_work and run == list(range(run[0], run[0] + n_work))  # adjacent slots
+        first, last = cache.slots[run[0]].data_ptr(), cache.slots[run[-1]].data_ptr() + cache.slot_bytes
         assert first <= tensor.data_ptr() and tensor.data_ptr() + tensor.numel() * tensor.element_size() <= last
+        assert arena.overflow_bytes == 0 and 0 < arena.high_water <= expert_work_bytes(llm.config, 4)
+    assert expert_work_bytes(llm.config, 4) <= n_work * cache.slot_bytes
 
-    streamer.return_slots()
-    assert cache.owner == before and not cache.lent and streamer.arena is None
+    # The prompt is over: the slots are back, holding what they held before (the engine refilled them).
+    assert cache.owner == before and not cache.lent and streamer.arena is None and streamer.ring is None
     for slot, (layer, e) in ((s, k) for s, k in enumerate(cache.owner) if k is not None):
         stack = cache.stacks[layer]
         host = torch.cat([stack.gate.raw[e].reshape(-1), stack.up.raw[e].reshape(-1), stack.down.raw[e].reshape(-1)])

@@ -28,16 +28,18 @@ for slots, borrow in ((64, "off"), (160, "off"), (200, "on")):
     cache, streamer = llm.engine.model.experts.cache, llm.engine.model.experts.prompt
     cache.adapt_every = 10**9  # no adapting: the slots must come back as they were
     owners = list(cache.owner)
+    arenas = []  # the engine gives the slots back when the prompt ends: keep the arena to look at
+    give_back = streamer.return_slots
+    streamer.return_slots = lambda: (arenas.append(streamer.arena), give_back())
     streamed = llm.logits(ids)
     stats = streamer.stats
     same = torch.equal(streamed, resident)
     ok &= same and stats.bytes_streamed > 0
     if borrow == "on":
-        arena, n_work = streamer.arena, llm.engine.chunk_plan.work_slots
+        arena, n_work = next((a for a in arenas if a is not None), None), llm.engine.chunk_plan.work_slots
         high, over = (arena.high_water, arena.overflow_bytes) if arena is not None else (0, -1)
         used = high > 0 or DEVICE != "cuda"  # the CPU's reference loop takes no work buffers
         inside = arena is not None and over == 0 and used and high <= n_work * cache.slot_bytes
-        streamer.return_slots()
         back = cache.owner == owners and not cache.lent
         ok &= inside and back
         print(f"  work buffers in {n_work} borrowed slots: high water {high / 2**20:.1f} MiB, overflow {over} B: "
