@@ -103,18 +103,17 @@ def chunk_plan(spec: int | str, config: ModelConfig, on_gpu: bool, free_bytes: i
     if borrow not in BORROW_MODES:
         raise StrataError(f"--prefill-borrow must be one of {', '.join(BORROW_MODES)}, got {borrow!r}")
     cap_tokens = _cap(spec)
-    if borrow == "off" or not lendable_slots or not slot_bytes:
+    nothing_to_size = cap_tokens is None or not on_gpu or free_bytes is None  # an explicit size, or the CPU's
+    if borrow == "off" or not lendable_slots or not slot_bytes or (borrow == "auto" and nothing_to_size):
         tokens = chunk_size(spec, config, on_gpu, free_bytes, mask_context)
         return ChunkPlan(tokens, 0, tokens)
-    if borrow == "on" or cap_tokens is None or not on_gpu or free_bytes is None:
+    if borrow == "on":
         tokens = chunk_size(spec, config, on_gpu, free_bytes, mask_context)
         need = -(-expert_work_bytes(config, tokens) // slot_bytes)
-        if need <= lendable_slots:
-            return ChunkPlan(tokens, need, tokens)
-        if borrow == "on":
+        if need > lendable_slots:
             raise StrataError(f"--prefill-borrow on: a chunk of {tokens} tokens needs {need} expert-cache slots for "
                               f"its work buffers, the cache can lend {lendable_slots} (lower --prefill)")
-        return ChunkPlan(tokens, 0, tokens)
+        return ChunkPlan(tokens, need, tokens)
     per_token = activation_bytes_per_token(config) + MASK_BYTES_PER_CELL * mask_context
     alone = free_bytes // 2 // per_token
     if alone >= cap_tokens:

@@ -10,7 +10,7 @@ import torch
 import strata
 from strata.engine import experts as experts_module
 from strata.engine import prefill_stream
-from strata.engine.prefill import (BORROW_MODES, activation_bytes_per_token, chunk_plan, chunk_size,
+from strata.engine.prefill import (BORROW_MODES, ChunkPlan, activation_bytes_per_token, chunk_plan, chunk_size,
                                    expert_work_bytes)
 from strata.errors import StrataError
 from strata.gguf import GGUFModelFile
@@ -139,8 +139,10 @@ def test_chunk_rule_stays_within_the_budget(tiny_moe):
     assert chunk_plan("auto", config, True, 10**6, 0, slot, 10_000).work_slots > 0
     # Resident (nothing to lend), the CPU, an explicit size: today's sizes, nothing borrowed
     assert chunk_plan("auto", config, True, 10**6, 0, 0, 0) == chunk_plan("auto", config, True, 10**6, 0, slot, 0)
-    assert chunk_plan("auto:64", config, False, None, 0, slot, 10_000, "auto").tokens == 64
-    assert chunk_plan(300, config, True, 10**6, 0, slot, 10_000, "auto").tokens == 300
+    assert chunk_plan("auto:64", config, False, None, 0, slot, 10_000, "auto") == ChunkPlan(64, 0, 64)
+    assert chunk_plan(300, config, True, 10**6, 0, slot, 10_000, "auto") == ChunkPlan(300, 0, 300)
+    on = chunk_plan(300, config, True, 10**6, 0, slot, 10_000, "on")  # "on": borrow for the chunk as it is
+    assert on.tokens == 300 and on.work_slots == -(-expert_work_bytes(config, 300) // slot)
 
 
 def test_too_small_a_budget_or_a_bad_mode_is_one_clear_line(tiny_moe):
