@@ -10,15 +10,17 @@ set -uo pipefail
 BUDGET=${BUDGET:-355}
 source tools/device/parts.sh || exit 1
 CTX=${CTX:-4096,32768}
-part arena_tests 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_work_arena.py
+# The full-size model is written on the CPU while the GPU checks run.
+[ -f $M/a3b.gguf ] || (part make_a3b 170 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b \
+  --quant Q4_0 -o $M/a3b.gguf) &
+part arena_tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_work_arena.py
 part check_stream 80 python3 tools/device/check_prefill_stream.py
-[ -f $M/a3b.gguf ] || part make_a3b 150 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b \
-  --quant Q4_0 -o $M/a3b.gguf
+wait
 for kv in float16 int8; do
-  part plan_12g_$kv 30 python3 -m strata info $M/a3b.gguf --plan --device cuda --vram-budget 12 --ctx 32768 --kv-dtype $kv
+  part plan_12g_$kv 20 python3 -m strata info $M/a3b.gguf --plan --device cuda --vram-budget 12 --ctx 32768 --kv-dtype $kv
 done
 for borrow in auto off; do
-  part bench_fp16_borrow_$borrow 100 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX \
+  part bench_fp16_borrow_$borrow 110 python3 -m strata bench prompt $M/a3b.gguf --device cuda --ctx $CTX \
     --vram-budget 12 --prefill-borrow $borrow
 done
 # int8 paged KV has no [chunk, context] mask: there borrowing matters most (if time is left).
