@@ -62,9 +62,10 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
                    help="with --gpus: layers per card, or auto (by each card's memory after its dense weights)")
     p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
     p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
-    p.add_argument("--misses", default="cpu", choices=("cpu", "direct"),
+    p.add_argument("--misses", default="auto", choices=("auto", "cpu", "direct"),
                    help="decode: compute the experts the cache lacks on the CPU pool, or (direct) let the GPU read "
-                        "them from pinned host RAM over PCIe, with no host round trip per layer")
+                        "them from pinned host RAM over PCIe, with no host round trip per layer (auto: direct on a "
+                        "GPU with pinned experts)")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
                    help="threads of the CPU pool that computes missed experts (default 0: every core but one)")
     p.add_argument("--cpu-spin-us", type=float, default=1000.0, metavar="US",
