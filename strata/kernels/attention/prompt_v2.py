@@ -26,8 +26,8 @@ from strata.kernels.attention.prompt_blocks import PromptConfig, block_chunk, bl
 from strata.kernels.attention.prompt_parts import softmax_step_masked
 from strata.kernels.attention.prompt_v1 import pv_hilo, q_exponent, split_hilo
 
-# 30 of 32 rows used; 8 warps keep q's parts and the [groups, 32, 64] accumulator in registers (4 would spill)
-DEFAULT = PromptConfig(queries=5, heads=6, chunk=32, warps=8, stages=3)
+# the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
 
 
 @triton.jit
