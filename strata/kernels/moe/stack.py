@@ -96,13 +96,17 @@ class Tiles:
             f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
 
 
+# Q2_0's launch shapes from `bench moe-prefill --sweep` on the H200 (16,384 tokens, one layer): the int8 matmul at
+# 64 outputs x 4 warps x 2 stages (the quantized path 19.3 -> 16.6 ms), the fused gate/up at 64 x 8 x 3 (fused
+# 20.1 -> 18.5 ms, its down through the matmul's shape), the dense fp16 path at 128 x 8 x 3 (37.7 -> 24.0 ms).
+MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "gate_up": Tiles(64, 8, 3), "dense": Tiles(128, 8, 3)}
+
+
 def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Tiles | None = None) -> Tiles:
     """The launch shape of the expert kernels ("mm", "gate_up", "dense"); `tiles` overrides it (sweeps, tests).
 
-    On a GPU, Q2_0 (decoded from code words, weights of the next step loaded ahead): 128 outputs per program for
-    the int8 matmul, to spread each 64-row tile's activation loads and barriers over twice the columns of before
-    (about 2,100 instead of 3,500 warp instructions per 64x64x64 step in the sm_90 build), 64 for the fused gate/up
-    kernel, whose two accumulators spill at 128; 2 stages so that Triton copies the activation codes one step ahead.
+    On a GPU, Q2_0 (decoded from code words, weights of the next step loaded ahead): the shapes the H200 sweep
+    measured fastest (MEASURED_Q2_0; the fused gate/up kernel's two accumulators spill at 128 outputs).
     The other formats keep their first shape: 64 columns (32 for the fused gate/up kernel, whose two accumulators
     would otherwise spill), 8 warps, Triton's default 3 stages (checked by tests/kernels/moe/test_sm90_build.py).
     Under the interpreter: wide programs, since its cost is per operation.
@@ -111,6 +115,6 @@ def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Ti
         return tiles
     if not on_gpu:
         return Tiles(min(256, max(32, 1 << (n_out - 1).bit_length())), 4, 1)
-    if spec.scale_per_64 and kind != "dense":
-        return Tiles(64 if kind == "gate_up" else 128, 8, 2)
-    return Tiles(32 if kind == "gate_up" and not spec.scale_per_64 else 64, 8, 3)
+    if spec.scale_per_64:  # Q2_0: the H200 sweep at 16,384 tokens (BENCHMARKS, session 4's middle call)
+        return MEASURED_Q2_0[kind]
+    return Tiles(32 if kind == "gate_up" else 64, 8, 3)
