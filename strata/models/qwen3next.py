@@ -195,14 +195,15 @@ class Qwen3NextLM(DecoderLM):
         on = self.mtp[0].eh_proj.device if self.mtp else self.device  # beside the blocks (a split: the last card)
         return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, on)
 
-    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
-        return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin)
+    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+                   x: torch.Tensor | None = None) -> torch.Tensor:
+        return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin, x)
 
     def _gated_attention(self, w: GatedAttentionWeights, slot: int, h: torch.Tensor, ctx: ForwardContext,
-                         cos, sin) -> torch.Tensor:
+                         cos, sin, x: torch.Tensor | None = None) -> torch.Tensor:
         c = self.config
         n_tokens, rot = h.shape[0], cos.shape[-1]
-        x = rms_norm(h, w.norm, c.rms_eps)
+        x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, gate = linear(x, w.q).view(n_tokens, c.n_heads, 2 * c.head_dim).split(c.head_dim, dim=-1)
         q = rms_norm(q, w.q_norm, c.rms_eps)
         k = rms_norm(linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim), w.k_norm, c.rms_eps)
@@ -213,9 +214,10 @@ class Qwen3NextLM(DecoderLM):
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 
-    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, row_states: bool = False) -> torch.Tensor:
+    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, row_states: bool = False,
+                        x: torch.Tensor | None = None) -> torch.Tensor:
         out, conv, state = gated_deltanet(self.mixers[i], self.gdn, h, cache.conv[i], cache.state[i],
-                                          self.config.rms_eps, row_states)
+                                          self.config.rms_eps, row_states, x)
         if row_states:
             cache.keep_row_states(i, conv, state)
         else:
@@ -257,7 +259,11 @@ class Qwen3NextLM(DecoderLM):
         cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
         return h, cos, sin
 
-    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+              x: torch.Tensor | None = None) -> torch.Tensor:
         if self.recurrent[i]:
-            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states)
-        return self._attention(i, h, ctx, cos, sin)
+            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states, x)
+        return self._attention(i, h, ctx, cos, sin, x)
+
+    def mixer_norm(self, i: int) -> torch.Tensor:
+        return self.mixers[i].norm
