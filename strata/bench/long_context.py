@@ -24,7 +24,8 @@ ARMS = {  # name: engine options over kv_dtype=int8
 
 
 def run_arm(model: str, options: dict, prompt: list[int], forced: list[int] | None, gen: int):
-    """(prompt seconds, decode seconds per token, logits [gen + 1, vocab] on the CPU, tokens, engine)."""
+    """(prompt seconds, decode seconds per token after the first, logits [gen + 1, vocab] on the CPU, tokens,
+    engine)."""
     engine = Engine(model, EngineConfig(**options))
     device = engine.device
     sync(device)
@@ -33,14 +34,18 @@ def run_arm(model: str, options: dict, prompt: list[int], forced: list[int] | No
     sync(device)
     prompt_s = time.perf_counter() - start
     history, tokens = list(prompt), []
-    start = time.perf_counter()
+    start = None
     for i in range(gen):
+        if i == 1:  # the first step compiles the decode kernels: not the steady rate
+            sync(device)
+            start = time.perf_counter()
         token = int(logits[-1].argmax()) if forced is None else forced[i]
         tokens.append(token)
         history.append(token)
         logits.append(engine.prefill(history)[-1].float().cpu())  # the cached prefix is reused: one new token
     sync(device)
-    return prompt_s, (time.perf_counter() - start) / max(gen, 1), torch.stack(logits), tokens, engine
+    decode_s = (time.perf_counter() - start) / (gen - 1) if start is not None else float("nan")
+    return prompt_s, decode_s, torch.stack(logits), tokens, engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown arm(s) {', '.join(unknown)}")
     prefill = int(args.prefill) if args.prefill.isdigit() else args.prefill
     prompt = torch.randint(0, 256, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded, int8 KV, "
+          f"budget {args.budget}, resident {args.resident} cells/layer; agreement against {arms[0]}")
+    print("| arm | prompt tok/s | decode tok/s | argmax agreement | max rel logit error | equal bytes to | "
+          "device KV MiB | evictions |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
     results, forced = {}, None
-    for arm in arms:
+    for arm in arms:  # each row printed when its arm ends, so a capped run still reports the arms it finished
         options = dict(device=args.device, kv_dtype="int8", n_ctx=args.prompt_tokens + args.gen_tokens + 8,
                        prefill_chunk=prefill, qsa_budget=args.budget, **ARMS[arm])
         if "kv_resident" in options:
@@ -69,25 +79,20 @@ def main(argv: list[str] | None = None) -> int:
         prompt_s, decode_s, logits, tokens, engine = run_arm(args.model, options, prompt, forced, args.gen_tokens)
         forced = forced or tokens
         kv = engine.kv.kv if hasattr(engine.kv, "recurrent_layers") else engine.kv
-        results[arm] = (prompt_s, decode_s, logits, getattr(kv, "evictions", None), engine.plan.kv_bytes)
+        evictions, kv_bytes = getattr(kv, "evictions", None), engine.plan.kv_bytes
         del engine, kv
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    first = arms[0]
-    ref = results[first][2]
-    print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded, int8 KV, "
-          f"budget {args.budget}, resident {args.resident} cells/layer; agreement against {first}")
-    print("| arm | prompt tok/s | decode tok/s | argmax agreement | max rel logit error | equal bytes to | "
-          "device KV MiB | evictions |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|")
-    for arm, (prompt_s, decode_s, logits, evictions, kv_bytes) in results.items():
+        results[arm] = logits
+        ref = results[arms[0]]
         agree = (logits.argmax(-1) == ref.argmax(-1)).float().mean()
         rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max()
-        same = [other for other in results if other != arm and torch.equal(results[other][2], logits)]
+        same = [other for other in results if other != arm and torch.equal(results[other], logits)]
         print(f"| {arm} | {args.prompt_tokens / prompt_s:.1f} | {1 / decode_s:.2f} | {agree:.1%} | {rel:.2e} | "
-              f"{', '.join(same) or '-'} | {kv_bytes / 2**20:.1f} | {evictions if evictions is not None else '-'} |")
-    if "quest" in results and "quest+resident" in results and not torch.equal(results["quest"][2],
-                                                                              results["quest+resident"][2]):
+              f"{', '.join(same) or '-'} | {kv_bytes / 2**20:.1f} | {evictions if evictions is not None else '-'} |",
+              flush=True)
+    if "quest" in results and "quest+resident" in results and not torch.equal(results["quest"],
+                                                                              results["quest+resident"]):
         print("FAIL: quest+resident logits differ from quest's (they must be equal byte for byte)")
         return 1
     return 0

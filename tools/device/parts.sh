@@ -5,11 +5,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 L=/tmp/logs; mkdir -p $L
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
+# A part cut by its cap first gets SIGUSR1, which makes Python print every thread's stack into its log (where it
+# was stuck), then SIGKILL 5 s later.
+printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' > /tmp/site/sitecustomize.py
+# Compiled Triton kernels and numba code kept between device calls: a fresh machine compiles every kernel again
+# (seconds each, minutes for fla's autotuning). The batch tars .devcache into $OUT; the next call carries it back.
+mkdir -p .devcache && [ -f .devcache/cache.tgz ] && tar xzf .devcache/cache.tgz -C .devcache && rm .devcache/cache.tgz
+export TRITON_CACHE_DIR=$PWD/.devcache/triton NUMBA_CACHE_DIR=$PWD/.devcache/numba
+save_cache() { tar czf "$OUT/cache.tgz" -C .devcache triton numba 2>/dev/null; ls -la "$OUT/cache.tgz"; }
 part() {  # name cap command...
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
   if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time" | tee -a "$L/times.txt"; return; fi
   local t0=$SECONDS
-  timeout "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
+  timeout -s USR1 -k 5 "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
 }
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
