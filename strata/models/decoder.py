@@ -16,7 +16,7 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, add_gated_shared, add_rms_norm, rms_norm, route_topk, swiglu
+from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
 from strata.models.weights import QuantWeight, linear
 
 
@@ -161,8 +161,9 @@ class DecoderLM:
         k = linear(x, w.k, w.k_bias).view(-1, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v, w.v_bias).view(-1, c.n_kv_heads, c.head_dim)
         if w.q_norm is not None:
-            q, k = rms_norm(q, w.q_norm, c.rms_eps), rms_norm(k, w.k_norm, c.rms_eps)
-        q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+            q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
+        else:
+            q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
         out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 

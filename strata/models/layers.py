@@ -83,6 +83,20 @@ class Rope:
         return torch.cat((Rope.apply(x[..., :n_rot], cos, sin), x[..., n_rot:]), dim=-1)
 
 
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of the queries and keys [T, heads, D], then RoPE on their first cos.shape[-1] dims."""
+    if _fused(q, k, q_weight, k_weight, cos, sin):
+        from strata.kernels.pointwise.qk_norm_rope import qk_norm_rope_triton
+
+        return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
+    q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    n_rot = cos.shape[-1]
+    if n_rot == q.shape[-1]:
+        return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+    return Rope.apply_partial(q, cos, sin, n_rot), Rope.apply_partial(k, cos, sin, n_rot)
+
+
 def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 

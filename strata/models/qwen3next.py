@@ -23,7 +23,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
-from strata.models.layers import Rope, rms_norm
+from strata.models.layers import Rope, qk_norm_rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
@@ -202,14 +202,13 @@ class Qwen3NextLM(DecoderLM):
     def _gated_attention(self, w: GatedAttentionWeights, slot: int, h: torch.Tensor, ctx: ForwardContext,
                          cos, sin, x: torch.Tensor | None = None) -> torch.Tensor:
         c = self.config
-        n_tokens, rot = h.shape[0], cos.shape[-1]
+        n_tokens = h.shape[0]
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, gate = linear(x, w.q).view(n_tokens, c.n_heads, 2 * c.head_dim).split(c.head_dim, dim=-1)
-        q = rms_norm(q, w.q_norm, c.rms_eps)
-        k = rms_norm(linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim), w.k_norm, c.rms_eps)
+        k = linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
-        # RoPE on the leading `rot` dims of each head; the rest pass through.
-        q, k = Rope.apply_partial(q, cos, sin, rot), Rope.apply_partial(k, cos, sin, rot)
+        # Per-head norms, then RoPE on the leading cos.shape[-1] dims of each head; the rest pass through.
+        q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
         out = ctx.kv.attend(slot, q, k, v, ctx.start)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)

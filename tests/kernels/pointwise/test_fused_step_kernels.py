@@ -121,3 +121,32 @@ def test_decode_attention_reads_and_writes_the_activation_dtype(dtype):
     # Compiled, the merge rounds to nearest as torch's .to does; the interpreter truncates: one step apart at most.
     bound = 0 if DEVICE == "cuda" else _ulp(dtype) * fp32.abs()
     assert ((rounded.float() - fp32.to(dtype).float()).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("dim,n_rot", [(64, 64), (64, 32)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qk_norm_rope_is_the_two_kernels_it_replaces(dim, n_rot, dtype):
+    """Against torch (rms_norm then RoPE) and against float64; the query read in place from a [T, H, 2D] row."""
+    from strata.kernels.pointwise.qk_norm_rope import qk_norm_rope_triton
+    from strata.models.layers import Rope, qk_norm_rope
+
+    q = _rand((3, 4, 2 * dim), 16, dtype, 3).split(dim, dim=-1)[0]
+    k = _rand((3, 2, dim), 17, dtype, 3)
+    qw = (1 + 0.1 * _rand((dim,), 18, torch.float32)).to(dtype)
+    kw = (1 + 0.1 * _rand((dim,), 19, torch.float32)).to(dtype)
+    cos, sin = Rope(n_rot, 1e6, torch.device(DEVICE)).cos_sin(torch.tensor([0, 9, 3000], device=DEVICE), dtype)
+    got_q, got_k = qk_norm_rope_triton(q, k, qw, kw, 1e-6, cos, sin)
+    want_q, want_k = qk_norm_rope(q.cpu(), k.cpu(), qw.cpu(), kw.cpu(), 1e-6, cos.cpu(), sin.cpu())  # torch
+    ulp = _ulp(dtype)
+    for got, want, x, w in ((got_q, want_q, q, qw), (got_k, want_k, k, kw)):
+        assert got.shape == want.shape and got.is_contiguous()
+        # The norm may round one step apart (its sum's order), and RoPE's products and sum after it.
+        bound = (STEPS + 2) * ulp * want.float().abs().amax(-1, True)
+        assert ((got.float().cpu() - want.float()).abs() <= bound).all()
+        xd = x.double().cpu()
+        normed = w.double().cpu() * xd / xd.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+        c, s = cos.double().cpu()[:, None, :], sin.double().cpu()[:, None, :]
+        half = n_rot // 2
+        turned = torch.cat((-normed[..., half:n_rot], normed[..., :half]), dim=-1)
+        exact = torch.cat((normed[..., :n_rot] * c + turned * s, normed[..., n_rot:]), dim=-1)
+        assert ((got.double().cpu() - exact).abs().max() / exact.abs().max()).item() < (STEPS + 3) * ulp
