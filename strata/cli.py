@@ -62,11 +62,14 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
                    help="with --gpus: layers per card, or auto (by each card's memory after its dense weights)")
     p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
     p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
-    p.add_argument("--misses", default="cpu", choices=("cpu", "direct"),
+    p.add_argument("--misses", default="auto", choices=("auto", "cpu", "direct"),
                    help="decode: compute the experts the cache lacks on the CPU pool, or (direct) let the GPU read "
-                        "them from pinned host RAM over PCIe, with no host round trip per layer")
+                        "them from pinned host RAM over PCIe, with no host round trip per layer (auto: direct on a "
+                        "GPU with pinned experts)")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
                    help="threads of the CPU pool that computes missed experts (default 0: every core but one)")
+    p.add_argument("--cpu-spin-us", type=float, default=1000.0, metavar="US",
+                   help="the CPU pool's threads stay awake this long after a call (default 1000; 0: sleep at once)")
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
@@ -79,7 +82,8 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac, misses=args.misses,
-                   cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile,
+                   cpu_threads=args.cpu_threads, cpu_spin_us=args.cpu_spin_us, pin_experts=args.pin_experts,
+                   expert_profile=args.expert_profile,
                    prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
