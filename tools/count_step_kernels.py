@@ -3,9 +3,10 @@ run under torch.profiler, leaf aten ops listed by count and name per token. On a
 (views and allocations excluded: they launch nothing), so the list shows what is left to fuse. Only the graphs'
 segments count: the host's uploads and, behind an expert cache, its lookups and the CPU pool do not.
 
-`--fused` also takes the one-launch pointwise kernels (models/layers.py `_fused`: RMSNorm, RoPE, routing, the
-residual add + norm, the KV write, the shared-expert combine) on the CPU, run by Triton's interpreter and counted as
-one launch each, as the GPU runs them; the GEMV, expert and attention kernels keep their torch references here.
+`--fused` also takes the one-launch pointwise kernels (models/layers.py `_fused`: RMSNorm, q/k norm + RoPE, routing,
+the residual add + norm, the KV write, the shared-expert gate) and the dense decode attention on the CPU, run by
+Triton's interpreter and counted as one launch each, as the GPU runs them. The GEMV, expert GEMV and delta-rule
+calls keep their torch references here and count once a call (STAND_INS).
 
 Usage: python tools/count_step_kernels.py MODEL.gguf [--fused] [--steps N] [--dtype bfloat16] [--kv-dtype float16]
 """

@@ -37,7 +37,7 @@ def _greedy(path, fused: bool, **options):
         layers.FUSED_ON_CPU = False
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors take Triton kernels only interpreted")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors take Triton only interpreted")
 def test_fused_static_step_agrees_with_step_by_step(tiny_next_bf16):
     """qwen3next runs every fused kernel qwen3moe does, and the shared expert's gate (one model: bf16 on the CPU is
     slow)."""
