@@ -75,6 +75,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
     p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
                    help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
+    p.add_argument("--prefill-borrow", default="auto", choices=("auto", "on", "off"),
+                   help="streamed prompt chunks keep their expert work buffers in borrowed cache slots (auto: where "
+                        "that makes chunks larger; refilled after the prompt)")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
@@ -84,7 +87,8 @@ def _placement(args) -> dict:
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac, misses=args.misses,
                    cpu_threads=args.cpu_threads, cpu_spin_us=args.cpu_spin_us, pin_experts=args.pin_experts,
                    expert_profile=args.expert_profile,
-                   prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
+                   prefill_stream=args.prefill_stream, prefill_borrow=args.prefill_borrow,
+                   decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
@@ -201,7 +205,7 @@ def cmd_info(args) -> None:
     print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
         print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
-                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split))
+                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split, args.prefill_borrow))
 
 
 def cmd_profile(args) -> None:
