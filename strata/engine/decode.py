@@ -34,6 +34,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
+from strata.models.layers import add_rms_norm, rms_norm
 
 
 @dataclass
@@ -264,24 +265,27 @@ class GraphDecoder:
             view.row_buffers = self.row_buffers
         program = Program([], routed, stash)
 
+        eps = model.config.rms_eps
+
         def layers(first: int, stop: int) -> None:
-            """Mixers and FFNs of layers first..stop-1, then (stop < layers) the mixer and routing of `stop`."""
-            h, cos, sin = stash["h"], stash["cos"], stash["sin"]
+            """Mixers and FFNs of layers first..stop-1, then (stop < layers) the mixer and routing of `stop`. The
+            residual `h` travels with `normed`, its norm by the next block's weight (each add fused with it)."""
+            h, normed, cos, sin = stash["h"], stash["normed"], stash["cos"], stash["sin"]
             for i in range(first, min(stop, model.n_main_layers)):
-                h = h + model.mixer(i, h, ctx, cos, sin)
-                h = h + model._ffn(i, h)
+                h, normed = model.layer(i, h, normed, ctx, cos, sin)
             if stop < model.n_main_layers:
-                h = h + model.mixer(stop, h, ctx, cos, sin)
-                publish(stash, *model.route(stop, h))
-            stash["h"] = h
+                h, normed = add_rms_norm(h, model.mixer(stop, h, ctx, cos, sin, normed), model.ffn[stop].norm, eps)
+                publish(stash, *model.route(stop, h, x=normed))
+            stash["h"], stash["normed"] = h, normed
 
         def finish() -> None:
-            stash["logits"] = model.logits(stash["h"], ctx)
+            stash["logits"] = model.logits(stash["h"], ctx, stash["normed"])
             if self.want_hidden:
                 stash["hidden"] = ctx.hidden
 
         def first_segment() -> None:
             stash["h"], stash["cos"], stash["sin"] = model.begin(self.tokens, ctx)
+            stash["normed"] = rms_norm(stash["h"], model.mixer_norm(0), eps)
             layers(0, routed[0] if routed else model.n_main_layers)
             if not routed:
                 finish()
@@ -292,9 +296,9 @@ class GraphDecoder:
             after = routed[j + 1] if j + 1 < len(routed) else model.n_main_layers
 
             def combine_segment(layer=layer, after=after) -> None:
-                part, shared = stash["part"], stash["shared"]
-                ffn = part + stash["cpu"].to(part.dtype)
-                stash["h"] = stash["h"] + (ffn if shared is None else ffn + shared)
+                part = stash["part"]
+                ffn = model.with_shared(layer, part + stash["cpu"].to(part.dtype), stash["shared"], stash["x"])
+                stash["h"], stash["normed"] = add_rms_norm(stash["h"], ffn, model.norm_after(layer), eps)
                 layers(layer + 1, after)
                 if after >= model.n_main_layers:
                     finish()
@@ -322,7 +326,7 @@ def _experts_segment(model, backend: CachedExperts, layer: int, stash: dict) -> 
     """The device's share of a routed layer: its cached experts (through the slot table) and the shared expert."""
     x, weights, ids = stash["x"], stash["weights"], stash["ids"]
     stash["part"] = backend.hits_part(layer, x, weights, ids, stash["plan"], stash["table"])
-    stash["shared"] = model.shared_expert(layer, x)
+    stash["shared"] = model.shared_swiglu(layer, x)
 
 
 def _storage_signature(cache) -> tuple:

@@ -156,9 +156,10 @@ class Qwen4ExpDecoder(GraphDecoder):
             after = routed[j + 1] if j + 1 < len(routed) else n_layers
 
             def combine_segment(layer=layer, after=after) -> None:
-                part, shared = stash["part"], stash["shared"]
+                part = stash["part"]
                 ffn = part + stash["cpu"].to(part.dtype)  # as the eager finish: cached + pool, then + shared
-                stash["h"] = hc_write(stash["h"], ffn if shared is None else ffn + shared, stash["inject"])
+                ffn = model.with_shared(layer, ffn, stash["shared"], stash["x"])
+                stash["h"] = hc_write(stash["h"], ffn, stash["inject"])
                 layers(layer + 1, after)
 
             program.segments.append(combine_segment)

@@ -22,6 +22,8 @@ from strata.kernels.attention.decode import decode_attn_dense_triton, decode_att
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
 from strata.kernels.attention.paged import PAGE
 from strata.kernels.attention.prompt import prompt_attention
+from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
+from strata.models.layers import _fused
 
 MIN_SPAN = 256  # spans are powers of two from here up to the context: a handful of graphs per sequence
 
@@ -44,6 +46,20 @@ class StaticView(KVBackend):
         self.cache, self.positions, self.span = cache, positions, span
         self.max_tokens = cache.max_tokens
         self.cells = torch.arange(span, device=positions.device)
+        # The positions as the kernels read them (int32) and each row's width (pos + 1): made once a step by the
+        # first layer that attends, not converted again in every layer.
+        self.positions32 = torch.zeros(positions.shape, dtype=torch.int32, device=positions.device)
+        self.width = torch.zeros(positions.shape, dtype=torch.int32, device=positions.device)
+        self._first_layer: int | None = None
+
+    def step_positions(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions int32 [T], widths int32 [T]) of this step; the program's first attending layer refreshes them."""
+        if self._first_layer is None:
+            self._first_layer = layer
+        if layer == self._first_layer:
+            self.positions32.copy_(self.positions)
+            torch.add(self.positions, 1, out=self.width)
+        return self.positions32, self.width
 
     @property
     def n_bytes(self) -> int:
@@ -65,13 +81,15 @@ class StaticDenseKV(StaticView):
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
             raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
-        c.keys[layer].index_copy_(0, pos, k.to(c.dtype))
-        c.values[layer].index_copy_(0, pos, v.to(c.dtype))
-        if selection is None and q.is_cuda and q.dtype != torch.float32:
+        pos32, width = self.step_positions(layer)
+        if _fused(k, v) and k.shape[0]:
+            store_kv_triton(c.keys[layer], c.values[layer], pos32, k, v)  # one launch for both casts and stores
+        else:
+            store_kv_ref(c.keys[layer], c.values[layer], pos, k, v)
+        if selection is None and _fused(q):
             # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
-            out = decode_attn_dense_triton(q, c.keys[layer], c.values[layer], pos + 1, self.span)
-            return out.to(q.dtype)
+            return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype)
         # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
         keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
         values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
@@ -99,12 +117,13 @@ class StaticPagedKV(StaticView):
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
         pool, table = c.pools[layer], c.page_table
         kernels = q.is_cuda if c.kernels is None else c.kernels
-        (append_kv_triton if kernels else append_kv_ref)(pool, table, self.positions, k, v)
-        ids, width = self.ids, (self.positions + 1).to(torch.int32)
+        pos32, width = self.step_positions(layer)
+        (append_kv_triton if kernels else append_kv_ref)(pool, table, pos32 if kernels else self.positions, k, v)
+        ids = self.ids
         if selection is not None:
             ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
-            return decode_attn_triton(q.float(), pool, table, ids, width).to(q.dtype)
+            return decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype)
         return prompt_attention(q.float(), pool, table, ids, width, reference=True).to(q.dtype)
 
 

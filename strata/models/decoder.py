@@ -16,7 +16,7 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, rms_norm, route_topk, swiglu
+from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
 from strata.models.weights import QuantWeight, linear
 
 
@@ -153,54 +153,64 @@ class DecoderLM:
         # Dequantize only the rows asked for, not the whole vocabulary.
         return self.embed[ids].dequantize(self.dtype)
 
-    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+                   x: torch.Tensor | None = None) -> torch.Tensor:
         w, c = self.attention[i], self.config
-        x = rms_norm(h, w.norm, c.rms_eps)
+        x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q = linear(x, w.q, w.q_bias).view(-1, c.n_heads, c.head_dim)
         k = linear(x, w.k, w.k_bias).view(-1, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v, w.v_bias).view(-1, c.n_kv_heads, c.head_dim)
         if w.q_norm is not None:
-            q, k = rms_norm(q, w.q_norm, c.rms_eps), rms_norm(k, w.k_norm, c.rms_eps)
-        q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+            q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
+        else:
+            q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
         out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def is_moe(self, i: int) -> bool:
         return self.ffn[i].router is not None
 
-    def route(self, i: int, h: torch.Tensor,
-              w: FFNWeights | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def route(self, i: int, h: torch.Tensor, w: FFNWeights | None = None,
+              x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An MoE layer's input and routing: (normed x [T, embd], weights [T, k] float32, expert ids [T, k]); `w`
-        gives other weights for the same expert layer index (an MTP block)."""
+        gives other weights for the same expert layer index (an MTP block); `x`, h already normed."""
         w, c = w or self.ffn[i], self.config
-        x = rms_norm(h, w.norm, c.rms_eps)
+        x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
         return x, weights, ids
 
-    def shared_expert(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor | None:
+    def shared_swiglu(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor | None:
+        """The shared expert's output before its sigmoid gate (`with_shared` applies it), or None."""
         w = w or self.ffn[i]
-        if w.shared_gate is None:
-            return None
-        shared = swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
-        if w.shared_router is not None:
-            shared = shared * torch.sigmoid(x @ w.shared_router)[:, None]
-        return shared
+        return None if w.shared_gate is None else swiglu(x, w.shared_gate, w.shared_up, w.shared_down)
 
-    def _ffn(self, i: int, h: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
-        """Layer i's FFN (or MoE); `w` gives other weights for the same expert layer index (an MTP block)."""
+    def with_shared(self, i: int, routed: torch.Tensor, shared: torch.Tensor | None, x: torch.Tensor,
+                    w: FFNWeights | None = None) -> torch.Tensor:
+        """The routed experts' sum joined by the (gated) shared expert's output of `shared_swiglu`."""
         w = w or self.ffn[i]
-        return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps), w)
+        if shared is None:
+            return routed
+        if w.shared_router is None:
+            return routed + shared
+        return add_gated_shared(routed, shared, x, w.shared_router)
+
+    def _ffn(self, i: int, h: torch.Tensor, w: FFNWeights | None = None, x: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer i's FFN (or MoE); `w` gives other weights for the same expert layer index (an MTP block); `x`, h
+        already normed by the FFN's norm."""
+        w = w or self.ffn[i]
+        return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps) if x is None else x, w)
 
     def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
         """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
         w, c = w or self.ffn[i], self.config
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
-        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
+        # int32 ids where the routing kernel runs: what the expert kernels read, without a conversion launch.
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
-        shared = self.shared_expert(i, x, w)
-        return pending.finish() if shared is None else pending.finish() + shared
+        shared = self.shared_swiglu(i, x, w)
+        return self.with_shared(i, pending.finish(), shared, x, w)
 
     @property
     def n_main_layers(self) -> int:
@@ -213,27 +223,48 @@ class DecoderLM:
         cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
         return self.embed_tokens(ids), cos, sin
 
-    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
-        """Layer i's token mixer (attention here), to be added to the residual h."""
-        return self._attention(i, h, ctx, cos, sin)
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+              x: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer i's token mixer (attention here), to be added to the residual h; `x`, h already normed by
+        `mixer_norm(i)` (the residual add before it fused with the norm)."""
+        return self._attention(i, h, ctx, cos, sin, x)
+
+    def mixer_norm(self, i: int) -> torch.Tensor:
+        return self.attention[i].norm
+
+    def norm_after(self, i: int) -> torch.Tensor:
+        """The norm weight that reads the residual after layer i: the next mixer's, or the output norm."""
+        return self.mixer_norm(i + 1) if i + 1 < self.n_main_layers else self.output_norm
+
+    def layer(self, i: int, h: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, cos,
+              sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i from the residual h and its normed form x: (the new residual, its norm by `norm_after(i)`).
+        Each residual add runs with the norm that reads it (one launch on the GPU)."""
+        eps = self.config.rms_eps
+        h, x = add_rms_norm(h, self.mixer(i, h, ctx, cos, sin, x), self.ffn[i].norm, eps)
+        return add_rms_norm(h, self._ffn(i, h, x=x), self.norm_after(i), eps)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
         h, cos, sin = self.begin(ids, ctx)
+        x = rms_norm(h, self.mixer_norm(0), self.config.rms_eps)
         for i in range(self.n_main_layers):
-            h = h + self.mixer(i, h, ctx, cos, sin)
-            h = h + self._ffn(i, h)
-        return self.head(h, ctx)
+            h, x = self.layer(i, h, x, ctx, cos, sin)
+        return self.head(h, ctx, x)
 
-    def head(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def head(self, h: torch.Tensor, ctx: ForwardContext, normed: torch.Tensor | None = None) -> torch.Tensor:
         """End of a step: experts adapt, then logits of the last token (or of all, if the context asks)."""
         self.experts.end_step()
-        return self.logits(h, ctx)
+        return self.logits(h, ctx) if normed is None else self.logits(h, ctx, normed)
 
-    def logits(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if ctx.want_hidden:  # speculative decoding drafts from the final normed hidden states
-            ctx.hidden = rms_norm(h, self.output_norm, self.config.rms_eps)
-            return linear(ctx.hidden if ctx.want_all_logits else ctx.hidden[-1:], self.output).float()
+    def logits(self, h: torch.Tensor, ctx: ForwardContext, normed: torch.Tensor | None = None) -> torch.Tensor:
+        """`normed`: h already through the output norm (`layer` did it with the last residual add)."""
+        if ctx.want_hidden or normed is not None:
+            # Speculative decoding drafts from the final normed hidden states.
+            normed = rms_norm(h, self.output_norm, self.config.rms_eps) if normed is None else normed
+            if ctx.want_hidden:
+                ctx.hidden = normed
+            return linear(normed if ctx.want_all_logits else normed[-1:], self.output).float()
         if not ctx.want_all_logits:
             h = h[-1:]
         return linear(rms_norm(h, self.output_norm, self.config.rms_eps), self.output).float()

@@ -95,11 +95,13 @@ def delta_rule_rows(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor
 
 def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: torch.Tensor,
                    state: torch.Tensor, eps: float,
-                   row_states: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   row_states: bool = False,
+                   x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One GatedDeltaNet layer over h [T, embd] -> (mixer output [T, embd], new conv state, new recurrent state).
-    With row_states (a verify window) the states come per row, [T, ...]: the window keeps them to roll back."""
+    With row_states (a verify window) the states come per row, [T, ...]: the window keeps them to roll back.
+    `x`: h already through the layer's input norm."""
     s, n_tokens = shape, h.shape[0]
-    x = rms_norm(h, w.norm, eps)
+    x = rms_norm(h, w.norm, eps) if x is None else x
     mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state, row_states)
     key_dim = s.n_k_heads * s.k_dim
     q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)

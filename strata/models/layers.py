@@ -8,10 +8,15 @@ import torch.nn.functional as F
 from strata.models.weights import QuantWeight, linear
 
 
+# tools/count_step_kernels.py --fused: CPU tensors take the kernels too (Triton's interpreter), to count launches.
+FUSED_ON_CPU = False
+
+
 def _fused(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether the one-launch kernels (kernels/pointwise) take this: on CUDA, below float32 (the exact mode stays
     torch's), every operand in x's dtype."""
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and all(t.dtype == x.dtype for t in others)
+    return ((x.is_cuda or FUSED_ON_CPU) and x.dtype in (torch.bfloat16, torch.float16)
+            and all(t.dtype == x.dtype for t in others))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,6 +28,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the norm of the next block: (h + delta, rms_norm(h + delta))."""
+    if _fused(h, delta, weight):
+        from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
+
+        return add_rms_norm_triton(h, delta, weight, eps)
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
+                     gate_weight: torch.Tensor) -> torch.Tensor:
+    """routed + shared * sigmoid(x @ gate_weight): the sigmoid-gated shared expert joining the routed experts' sum."""
+    if _fused(x, routed, shared, gate_weight) and x.dim() == 2:
+        from strata.kernels.pointwise.shared_gate import shared_gate_triton
+
+        return shared_gate_triton(routed, shared, x, gate_weight)
+    return routed + shared * torch.sigmoid(x @ gate_weight)[:, None]
 
 
 class Rope:
@@ -57,6 +83,20 @@ class Rope:
         return torch.cat((Rope.apply(x[..., :n_rot], cos, sin), x[..., n_rot:]), dim=-1)
 
 
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of the queries and keys [T, heads, D], then RoPE on their first cos.shape[-1] dims."""
+    if _fused(q, k, q_weight, k_weight, cos, sin):
+        from strata.kernels.pointwise.qk_norm_rope import qk_norm_rope_triton
+
+        return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
+    q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    n_rot = cos.shape[-1]
+    if n_rot == q.shape[-1]:
+        return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+    return Rope.apply_partial(q, cos, sin, n_rot), Rope.apply_partial(k, cos, sin, n_rot)
+
+
 def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
@@ -77,12 +117,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
 ROUTE_KERNEL_MAX_TOKENS = 64  # decode steps and verify windows; a prompt chunk keeps torch's top-k (one program a row)
 
 
-def route_topk(router_logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax routing: (weights [T, k] float32, expert ids [T, k])."""
+def route_topk(router_logits: torch.Tensor, k: int, normalize: bool,
+               kernel_ids: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax routing: (weights [T, k] float32, expert ids [T, k]: int64, or `kernel_ids` where the kernel runs,
+    int32 sparing the expert kernels a conversion launch)."""
     if _fused(router_logits) and router_logits.shape[0] <= ROUTE_KERNEL_MAX_TOKENS:
         from strata.kernels.pointwise.route_topk import route_topk_triton
 
-        return route_topk_triton(router_logits, k, normalize)
+        return route_topk_triton(router_logits, k, normalize, kernel_ids)
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, k, dim=-1)
     if normalize:

@@ -23,7 +23,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
-from strata.models.layers import Rope, rms_norm
+from strata.models.layers import Rope, qk_norm_rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
@@ -195,27 +195,28 @@ class Qwen3NextLM(DecoderLM):
         on = self.mtp[0].eh_proj.device if self.mtp else self.device  # beside the blocks (a split: the last card)
         return new_kv_cache(kv_dtype, max(1, len(self.mtp)), c.n_kv_heads, c.head_dim, max_tokens, on)
 
-    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
-        return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin)
+    def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+                   x: torch.Tensor | None = None) -> torch.Tensor:
+        return self._gated_attention(self.mixers[i], i, h, ctx, cos, sin, x)
 
     def _gated_attention(self, w: GatedAttentionWeights, slot: int, h: torch.Tensor, ctx: ForwardContext,
-                         cos, sin) -> torch.Tensor:
+                         cos, sin, x: torch.Tensor | None = None) -> torch.Tensor:
         c = self.config
-        n_tokens, rot = h.shape[0], cos.shape[-1]
-        x = rms_norm(h, w.norm, c.rms_eps)
+        n_tokens = h.shape[0]
+        x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, gate = linear(x, w.q).view(n_tokens, c.n_heads, 2 * c.head_dim).split(c.head_dim, dim=-1)
-        q = rms_norm(q, w.q_norm, c.rms_eps)
-        k = rms_norm(linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim), w.k_norm, c.rms_eps)
+        k = linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
-        # RoPE on the leading `rot` dims of each head; the rest pass through.
-        q, k = Rope.apply_partial(q, cos, sin, rot), Rope.apply_partial(k, cos, sin, rot)
+        # Per-head norms, then RoPE on the leading cos.shape[-1] dims of each head; the rest pass through.
+        q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
         out = ctx.kv.attend(slot, q, k, v, ctx.start)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 
-    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, row_states: bool = False) -> torch.Tensor:
+    def _gated_deltanet(self, i: int, h: torch.Tensor, cache: HybridCache, row_states: bool = False,
+                        x: torch.Tensor | None = None) -> torch.Tensor:
         out, conv, state = gated_deltanet(self.mixers[i], self.gdn, h, cache.conv[i], cache.state[i],
-                                          self.config.rms_eps, row_states)
+                                          self.config.rms_eps, row_states, x)
         if row_states:
             cache.keep_row_states(i, conv, state)
         else:
@@ -257,7 +258,11 @@ class Qwen3NextLM(DecoderLM):
         cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
         return h, cos, sin
 
-    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin) -> torch.Tensor:
+    def mixer(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+              x: torch.Tensor | None = None) -> torch.Tensor:
         if self.recurrent[i]:
-            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states)
-        return self._attention(i, h, ctx, cos, sin)
+            return self._gated_deltanet(i, h, ctx.kv, ctx.keep_row_states, x)
+        return self._attention(i, h, ctx, cos, sin, x)
+
+    def mixer_norm(self, i: int) -> torch.Tensor:
+        return self.mixers[i].norm

@@ -1,6 +1,6 @@
 """On the GPU: where a decode token's GPU time goes. torch.profiler over a few greedy decode steps through
 `Engine.decode` (the captured CUDA-graph step when graphs are on: CUPTI still reports each kernel inside a replay),
-kernels sorted by device time, then the same steps' host time.
+kernels per token and the most launched ones, kernels sorted by device time, then the same steps' host time.
 
 Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
 """
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--graphs", default="on", choices=("on", "off"))
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--top", type=int, default=40, help="kernels listed by launches per token")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx,
                                              decode_graphs=args.graphs))
@@ -53,8 +54,13 @@ def main() -> None:
             step()
         torch.cuda.synchronize()
     table = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in table if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_us = sum(e.self_device_time_total for e in kernels)
     print(f"GPU kernel time {device_us / args.steps / 1000:.2f} ms per token")
+    print(f"kernels per token {sum(e.count for e in kernels) / args.steps:.0f}")
+    print(f"{'per token':>9} {'us each':>8}  kernel (by launches)")
+    for e in sorted(kernels, key=lambda e: -e.count)[: args.top]:
+        print(f"{e.count / args.steps:9.1f} {e.self_device_time_total / max(e.count, 1):8.2f}  {e.key[:110]}")
     print(table.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
     print(table.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 

@@ -32,7 +32,7 @@ def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     r = tl.arange(0, BM)
     d = tl.arange(0, D)
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
-    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=r[:, None] < G, other=0.0)
+    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=r[:, None] < G, other=0.0).to(tl.float32)
     end = tl.minimum(tl.load(width_ptr + qi), (sp + 1) * SPLIT)
     ids_row = ids_ptr + qi.to(tl.int64) * cap
     m = tl.full((BM,), float("-inf"), tl.float32)
@@ -72,16 +72,17 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S:
     w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - tl.where(top == float("-inf"), 0.0, top)))
     total = tl.sum(w * l, axis=0)
     acc = tl.sum(tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=live[:, None], other=0.0) * w[:, None], 0)
-    tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0))
+    tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0).to(out_ptr.dtype.element_ty))
 
 
 def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
-                     pointers: tuple, int8: bool, dense: bool) -> torch.Tensor:
+                     pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,
-    v scales), then the merge: [n_q, H, D] fp32."""
+    v scales), then the merge: [n_q, H, D] of out_dtype (the fp32 result rounded once; q is read in its own dtype,
+    exact in fp32, so neither side needs a conversion launch)."""
     n_q, n_heads, dim = q.shape
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
-    out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
     n_splits = triton.cdiv(max(cells, 1), split)
     if n_q == 0:
         return out
@@ -89,7 +90,7 @@ def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, s
     ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
     group = n_heads // n_kv_heads
     _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
-        q.float().contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
+        q.contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
         BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2)
     _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
                                            num_warps=4)
@@ -97,15 +98,18 @@ def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, s
 
 
 def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
-                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT) -> torch.Tensor:
-    """Split-K attention of a few queries [n_q, H, D] over their selected cells: [n_q, H, D] fp32."""
+                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT,
+                       out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Split-K attention of a few queries [n_q, H, D] (any float dtype) over their selected cells: [n_q, H, D] of
+    out_dtype (fp32 math either way)."""
     check_inputs(q, pool, ids, width)
     if split % CHUNK:
         raise ValueError(f"split {split} is not a multiple of {CHUNK}")
     scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
     pointers = (ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
                 page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales)
-    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split, sm_scale, pointers, pool.int8, dense=False)
+    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split, sm_scale, pointers, pool.int8, dense=False,
+                            out_dtype=out_dtype)
 
 
 PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
@@ -121,10 +125,11 @@ def dense_split(span: int, n_kv_heads: int, n_queries: int) -> int:
 
 
 def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: torch.Tensor,
-                             span: int, sm_scale: float | None = None, split: int | None = None) -> torch.Tensor:
+                             span: int, sm_scale: float | None = None, split: int | None = None,
+                             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Split-K attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most
-    `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] fp32. A captured decode
-    step's attention: one launch (and the merge) in place of torch's masked attention over the whole span."""
+    `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured
+    decode step's attention: one launch (and the merge) in place of torch's masked attention over the whole span."""
     n_q, n_heads, dim = q.shape
     n_kv_heads = keys.shape[1]
     if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
@@ -136,7 +141,8 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     width = width.to(torch.int32)
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
     pointers = (width, width, width, keys, values, keys, values)
-    return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True)
+    return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
+                            out_dtype=out_dtype)
 
 
 def decode_attention(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,

@@ -9,11 +9,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_row_stride, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)  # torch rounds before the weight multiplies
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -23,10 +23,12 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] (bf16/fp16, any layout), weight [D] of x's dtype -> [..., D] in x's dtype, contiguous."""
     n_cols = x.shape[-1]
-    rows = x.reshape(-1, n_cols).contiguous()
-    out = torch.empty_like(rows)
+    rows = x.reshape(-1, n_cols)  # a view where the rows are evenly spaced (a head split off a wider row)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(n_cols)
-        _rms_norm_kernel[(rows.shape[0],)](rows, weight.contiguous(), out, n_cols, eps, BLOCK=block,
-                                          num_warps=min(8, max(1, block // 256)))
+        _rms_norm_kernel[(rows.shape[0],)](rows, weight.contiguous(), out, n_cols, rows.stride(0), eps,
+                                          BLOCK=block, num_warps=min(8, max(1, block // 256)))
     return out.reshape(x.shape)

@@ -32,17 +32,19 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.conste
     if NORMALIZE:
         chosen_p = chosen_p / tl.sum(tl.where(slots < K, chosen_p, 0.0), axis=0)
     tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
-    tl.store(ids_ptr + row * K + slots, chosen_id, mask=slots < K)
+    tl.store(ids_ptr + row * K + slots, chosen_id.to(ids_ptr.dtype.element_ty), mask=slots < K)
 
 
-def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] (any float dtype) -> (weights [T, k] float32, expert ids [T, k] int64)."""
+def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool,
+                      ids_dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] (any float dtype) -> (weights [T, k] float32, expert ids [T, k] of ids_dtype: int32
+    is what the expert kernels read, int64 what torch's top-k gives)."""
     n_tokens, n_experts = router_logits.shape
     if not 1 <= k <= n_experts:
         raise ValueError(f"top-{k} of {n_experts} experts")
     logits = router_logits.contiguous()
     weights = torch.empty(n_tokens, k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(n_tokens, k, dtype=torch.int64, device=logits.device)
+    ids = torch.empty(n_tokens, k, dtype=ids_dtype, device=logits.device)
     if n_tokens:
         _route_topk_kernel[(n_tokens,)](logits, weights, ids, n_experts, K=k, NORMALIZE=normalize,
                                         BLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
