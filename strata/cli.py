@@ -62,6 +62,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
                    help="with --gpus: layers per card, or auto (by each card's memory after its dense weights)")
     p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
     p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
+    p.add_argument("--misses", default="cpu", choices=("cpu", "direct"),
+                   help="decode: compute the experts the cache lacks on the CPU pool, or (direct) let the GPU read "
+                        "them from pinned host RAM over PCIe, with no host round trip per layer")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
                    help="threads of the CPU pool that computes missed experts (default 0: every core but one)")
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
@@ -75,7 +78,7 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
 
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
-    options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac,
+    options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac, misses=args.misses,
                    cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile,
                    prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)

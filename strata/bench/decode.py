@@ -80,7 +80,12 @@ def _cards(decoder) -> str:
 
 
 def _counters(backends: list[CachedExperts]) -> tuple:
-    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes) summed over the cards' offloaded backends."""
+    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes) summed over the cards' offloaded backends
+    (`--misses direct`: every miss's bytes cross PCIe, read by the GPU's kernels)."""
+    for b in backends:
+        if b.direct:
+            b.cache.device_table.collect(b.cache.decay)  # counted on the device since the last adapt
+    direct = sum(b.cache.stats.misses * next(iter(b.host_stacks.values())).expert_bytes for b in backends if b.direct)
     pools = list({id(b.pool): b.pool for b in backends}.values())  # a split's cards share one pool
     return (sum(b.cache.stats.hits for b in backends), sum(b.cache.stats.misses for b in backends),
-            sum(p.stats.bytes for p in pools), sum(p.stats.seconds for p in pools), sum(b.pcie_bytes for b in backends))
+            sum(p.stats.bytes for p in pools), sum(p.stats.seconds for p in pools), direct + sum(b.pcie_bytes for b in backends))

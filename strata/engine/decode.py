@@ -106,11 +106,12 @@ class GraphDecoder:
             raise StrataError("captured decode needs a fixed span (exact_span=False)")
         self._check_model(model, kv)
         experts = model.experts
-        self.cached = experts if isinstance(experts, CachedExperts) else None
+        # Misses read by the device itself (`--misses direct`) need no host between layers: one segment, as resident.
+        self.cached = experts if isinstance(experts, CachedExperts) and not experts.direct else None
         if self.cached is not None and self.cached.pcie_frac > 0:
             raise StrataError("decode graphs do not run PCIe-streamed misses yet (pcie_frac > 0)")
         if capture and isinstance(experts, (CachedExperts, ResidentExperts)):
-            stacks = experts.host_stacks if self.cached is not None else experts.stacks
+            stacks = experts.host_stacks if isinstance(experts, CachedExperts) else experts.stacks
             # Captured experts run the GEMV kernels (a cached segment reads its hits through the slot table); the
             # reference loop, for shapes or formats they do not take, reads routing on the host and cannot be.
             probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)

@@ -39,6 +39,7 @@ class EngineConfig:
     vram_budget: float | None = None  # GiB: behave as if the GPU had this much (None: what is free)
     expert_cache: str | int = "auto"  # GPU expert slots when experts do not all fit: "auto" or a count
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
+    misses: str = "cpu"  # decode misses: "cpu" (the CPU pool) or "direct" (GPU kernels read pinned host RAM)
     cpu_threads: int = 0  # numba threads of the CPU expert pool (0: every core but one)
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start

@@ -49,6 +49,14 @@ class ExpertCache:
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
         self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
+        self.device_table = None  # `--misses direct`: the slot map on the device (engine/direct_misses.py)
+
+    def track_on_device(self) -> None:
+        """Keep a device table of what is cached (and count routing on the device) for `--misses direct`."""
+        from strata.engine.direct_misses import DeviceTable
+
+        if self.device_table is None:
+            self.device_table = DeviceTable(self)
 
     # ---- what is where
 
@@ -95,6 +103,8 @@ class ExpertCache:
         old = self.owner[slot]
         if old is not None:
             del self.slot_of[old]
+            if self.device_table is not None:
+                self.device_table.evicted(old)
         stack = self.stacks[layer]
         parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
         n = sum(p.numel() for p in parts)
@@ -113,6 +123,8 @@ class ExpertCache:
             self.landing[slot] = event
         self.owner[slot] = key
         self.slot_of[key] = slot
+        if self.device_table is not None:
+            self.device_table.admitted(key, slot)
         self.stats.bytes_moved += n
 
     def fill(self, ranking: list[Key]) -> None:
@@ -129,7 +141,8 @@ class ExpertCache:
     def borrow(self, n: int) -> list[int]:
         """Lend n slots: empty ones first, then those of the least-routed experts not in use. Their experts leave the
         cache (lookups miss them) until `refill`; adapting never writes into a lent slot."""
-        residents = sorted((self.counts[k[0]][k[1]].item(), s) for s, k in enumerate(self.owner)
+        counts = self._count_lists()
+        residents = sorted((counts[k[0]][k[1]], s) for s, k in enumerate(self.owner)
                            if k is not None and k not in self.in_use and s not in self.lent)
         candidates = self.free_slots() + [s for _, s in residents]
         if n > len(candidates):
@@ -140,6 +153,8 @@ class ExpertCache:
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
+                if self.device_table is not None:
+                    self.device_table.evicted(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
             self.lent[slot] = old
         return taken
@@ -162,19 +177,32 @@ class ExpertCache:
     def end_step(self) -> None:
         """Decay counts; every `adapt_every` steps swap hot missing experts in for cold residents."""
         self.steps += 1
+        if self.device_table is not None:  # the steps counted on the device: read them at each adapt
+            self.device_table.steps += 1
+            if self.steps % self.adapt_every == 0:
+                self.device_table.collect(self.decay)
+                self.adapt()
+            self.in_use.clear()
+            return
         if self.steps % self.adapt_every == 0:
             self.adapt()
         for counts in self.counts.values():
             counts *= self.decay
         self.in_use.clear()
 
+    def _count_lists(self) -> dict[int, list[float]]:
+        """The counts as Python lists: thousands of slots read one by one (a tensor `.item()` each took ~20 ms
+        an adapt at 4,000 slots)."""
+        return {layer: counts.tolist() for layer, counts in self.counts.items()}
+
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use."""
-        missing = [(c, (layer, e)) for layer, counts in self.counts.items()
-                   for e, c in enumerate(counts.tolist()) if c > 0 and (layer, e) not in self.slot_of]
+        counts = self._count_lists()
+        missing = [(c, (layer, e)) for layer, row in counts.items()
+                   for e, c in enumerate(row) if c > 0 and (layer, e) not in self.slot_of]
         missing.sort(reverse=True)
         free = self.free_slots()
-        residents = sorted((self.counts[k[0]][k[1]].item(), s) for s, k in enumerate(self.owner)
+        residents = sorted((counts[k[0]][k[1]], s) for s, k in enumerate(self.owner)
                            if k is not None and k not in self.in_use)
         swaps = 0
         for count, key in missing[: self.adapt_swaps]:

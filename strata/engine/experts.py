@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from strata.errors import StrataError
 from strata.models.layers import swiglu
 from strata.models.weights import QuantWeight
 
@@ -155,25 +156,48 @@ def hits_table(n_experts: int, hits: dict[int, int]) -> torch.Tensor:
     return table
 
 
+MISS_PATHS = ("cpu", "direct")
+
+
 class CachedExperts(ExpertBackend):
     """Experts live in host RAM; a GPU cache holds some. Hits run on the device; misses run on the CPU pool, or
-    (a `pcie_frac` share of them) are copied over PCIe and run on the device. Prompt chunks may go to `prompt`,
-    which streams every missing expert to the device instead."""
+    (a `pcie_frac` share of them) are copied over PCIe and run on the device, or (`misses="direct"`, decode steps)
+    are read by the device's kernels straight from pinned host RAM (engine/direct_misses.py). Prompt chunks may go
+    to `prompt`, which streams every missing expert to the device instead."""
 
     name = "cached"
 
     def __init__(self, host_stacks: dict[int, ExpertStack], cache, pool, device: torch.device, pcie_frac: float = 0.0,
-                 prompt=None):
+                 prompt=None, misses: str = "cpu"):
         self.host_stacks, self.cache, self.pool = host_stacks, cache, pool
         self.device, self.pcie_frac = torch.device(device), pcie_frac
         self.pcie_bytes = 0
         self.prompt = prompt  # a PromptStreamer (engine/prefill_stream.py) for prompt chunks, or None
+        if misses not in MISS_PATHS:
+            raise StrataError(f"--misses must be one of {', '.join(MISS_PATHS)}, got {misses!r}")
+        self.direct = misses == "direct"
+        if self.direct:
+            if self.device.type == "cuda" and not all(s.gate.raw.is_pinned() for s in host_stacks.values()):
+                raise StrataError("--misses direct reads experts from pinned host RAM: drop --no-pin-experts")
+            cache.track_on_device()
+
+    def takes_direct(self, x: torch.Tensor) -> bool:
+        """Whether this step's misses are read by the device itself: a decode step (the GEMV kernels' path on a
+        GPU; any small step on the CPU, whose reference loop reads the same bytes)."""
+        if not self.direct:
+            return False
+        path = kernel_path(next(iter(self.host_stacks.values())), x)
+        return path == "decode" or (x.device.type == "cpu" and x.shape[0] < PROMPT_KERNEL_MIN_TOKENS)
 
     def start(self, layer, x, weights, ids):
         if self.prompt is not None:
             if self.prompt.takes(x):
                 return PendingExperts(self.prompt.run(layer, x, weights, ids))
             self.prompt.return_slots()  # a decode step: the cache gets its lent slots back first
+        if self.takes_direct(x):
+            from strata.engine.direct_misses import direct_part
+
+            return PendingExperts(direct_part(self, layer, x, weights, ids))
         routes = routed_tokens(ids)
         experts = list(routes)
         hits, misses = self.cache.lookup(layer, experts)

@@ -51,7 +51,7 @@ def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, devic
         ranking = load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking()
     cache.fill(ranking)
     return CachedExperts(host, cache, CPUExpertPool(host, config.cpu_threads), device, config.pcie_frac,
-                         prompt_streamer(host, cache, device, config.prefill_stream))
+                         prompt_streamer(host, cache, device, config.prefill_stream), config.misses)
 
 
 STREAM_MODES = ("auto", "on", "off")

@@ -82,8 +82,9 @@ def _assert_same_cache(want, got, same, steps: int = STEPS) -> None:
         assert same(mine.raw[:n], keys.raw[:n]) and same(mine.keys(), keys.keys())
 
 
-@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3), dict(kv_dtype="int8")],
-                         ids=["resident", "expert-cache", "int8-kv"])
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3), dict(expert_cache=3, misses="direct"),
+                                     dict(kv_dtype="int8")],
+                         ids=["resident", "expert-cache", "direct-misses", "int8-kv"])
 def test_static_step_is_byte_identical_to_the_eager_step(tiny, tiny_hd64, options):
     tiny = tiny_hd64 if "kv_dtype" in options else tiny
     eager, static = _engine(tiny, **options), _engine(tiny, decode_graphs="eager", **options)
@@ -94,7 +95,9 @@ def test_static_step_is_byte_identical_to_the_eager_step(tiny, tiny_hd64, option
     assert tokens == want_tokens
     assert all(_same_bytes(a, b) for a, b in zip(got, want))
     _assert_same_cache(eager.kv, static.kv, _same_bytes)
-    if "expert_cache" in options:  # the layer segments ran: lookups and the pool's work went through plan_step
+    if "misses" in options:  # one segment: the misses read from host RAM by the step itself, none on the pool
+        assert static.decoder.cached is None and static.model.experts.pool.stats.experts == 0
+    elif "expert_cache" in options:  # the layer segments ran: lookups and the pool's work went through plan_step
         assert static.model.experts.cache.stats.misses == eager.model.experts.cache.stats.misses > 0
         assert static.model.experts.pool.stats.experts == eager.model.experts.pool.stats.experts
 

@@ -27,7 +27,9 @@ models = Path(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 prompt = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(0)).tolist()
 cases = [("qwen3moe", "Q4_K", {}), ("qwen3moe", "Q4_0", {"kv_dtype": "int8"}), ("qwen3moe", "Q4_0", {"expert_cache": 40}),
-         ("qwen3next", "Q4_0", {}), ("qwen3next", "Q4_0", {"expert_cache": 40})]
+         ("qwen3moe", "Q4_0", {"expert_cache": 40, "misses": "direct"}),
+         ("qwen3next", "Q4_0", {}), ("qwen3next", "Q4_0", {"expert_cache": 40}),
+         ("qwen3next", "Q4_0", {"expert_cache": 40, "misses": "direct"})]
 if len(sys.argv) > 3:
     cases = [case for case in cases if case[0] == sys.argv[3]]
 ok = True

@@ -26,6 +26,7 @@ GRAPH_BOUND = 2e-2  # bf16 activations: the graphs' attention span (masked cells
 # engine option): the indexer keeps 8 + 3 cells, so every step of the 256 span selects and drops most cells; int8
 # KV needs head_dim 64 (a second tiny file)
 GRAPH_CASES = (("resident", 40, {}), ("expert_cache=12", 40, {"expert_cache": 12}),
+               ("expert_cache=12, misses=direct", 40, {"expert_cache": 12, "misses": "direct"}),
                ("across 2,051 cells", 2030, {}), ("indexer top_k=8", 40, {"top_k": 8}),
                ("top_k=8, kv_dtype=int8", 40, {"top_k": 8, "kv_dtype": "int8"}))
 

@@ -1,0 +1,88 @@
+"""`--misses direct`: the GPU reads the experts its cache lacks from pinned host RAM, with no host in the step.
+On the CPU the same code path runs (device table, device counts, one segment per step): the tokens and bytes of
+resident experts, a table that follows the cache, exact counts."""
+
+import pytest
+import torch
+
+import strata
+from strata.engine.direct_misses import direct_gemv
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.experts import ResidentExperts
+from strata.engine.sampling import SamplingParams
+from strata.errors import StrataError
+from strata.models.layers import route_topk
+from strata.models.synthetic import make_model
+
+PROMPT = [5, 17, 99, 3, 250, 7, 31]
+
+
+def _decode(path, steps=12, **options):
+    engine = Engine(path, EngineConfig(device="cpu", **options))
+    tokens = list(engine.generate(PROMPT, SamplingParams(temperature=0), steps))
+    logits = engine.decode(tokens[-1], len(PROMPT) + len(tokens) - 1)
+    return engine, tokens, logits.numpy().tobytes()
+
+
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_direct_misses_give_the_resident_tokens_and_bytes(tiny_moe, graphs):
+    _, want_tokens, want_logits = _decode(tiny_moe, decode_graphs=graphs)
+    engine, tokens, logits = _decode(tiny_moe, decode_graphs=graphs, expert_cache=3, misses="direct")
+    assert engine.model.experts.direct and (tokens, logits) == (want_tokens, want_logits)
+    if graphs == "eager":  # the static step has one segment, as with resident experts: no host between layers
+        assert engine.decoder.cached is None
+        assert all(not runner.program.routed for runner in engine.decoder.programs.values())
+
+
+def test_the_device_table_follows_the_cache_and_counts_exactly(tiny_moe, monkeypatch):
+    from strata.engine.direct_misses import DeviceTable
+
+    pairs = []
+    count = DeviceTable.count
+    monkeypatch.setattr(DeviceTable, "count", lambda self, layer, ids: (pairs.append(ids.numel()),
+                                                                        count(self, layer, ids)))
+    engine, tokens, _ = _decode(tiny_moe, steps=13, expert_cache=4, misses="direct")
+    cache = engine.model.experts.cache
+    table = cache.device_table
+    table.collect(cache.decay)
+    table.publish()
+    landed = {(layer, e): slot for (layer, e), slot in cache.slot_of.items()}
+    entries = {(layer, e): int(table.host[row, e]) for layer, row in table.row.items()
+               for e in range(table.host.shape[1]) if table.host[row, e] >= 0}
+    assert entries == landed and torch.equal(table.table.cpu(), table.host)
+    c = engine.model.config
+    assert sum(pairs) >= (len(PROMPT) + len(tokens)) * c.n_experts_used * len(table.row)  # every token, every layer
+    assert cache.stats.hits + cache.stats.misses == sum(pairs) and cache.stats.hits > 0 and cache.stats.swaps > 0
+
+
+def test_an_evicted_expert_reads_from_the_host_at_once(tiny_moe):
+    llm = strata.LLM(tiny_moe, device="cpu", expert_cache=2, misses="direct")
+    cache = llm.engine.model.experts.cache
+    table = cache.device_table
+    (old, slot), = [(k, s) for k, s in cache.slot_of.items() if s == 0]
+    new = next((layer, e) for layer in table.row for e in range(table.host.shape[1]) if (layer, e) not in cache.slot_of)
+    cache.admit(new, slot)
+    assert table.host[table.row[old[0]], old[1]] == -1 and table.table[table.row[old[0]], old[1]] == -1
+    table.publish()  # the CPU's copy landed at once: the new entry enters at the next publish
+    assert table.host[table.row[new[0]], new[1]] == slot == table.table[table.row[new[0]], new[1]]
+
+
+def test_the_two_launches_sum_to_the_loop(tmp_path):
+    """direct_gemv's hits (slots) + misses (host stack) through complementary tables = every expert once."""
+    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q8_0", n_embd=128, expert_ff=64)
+    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
+    backend = llm.engine.model.experts
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 128, generator=g)
+    weights, ids = route_topk(torch.randn(3, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
+    layer = next(iter(backend.host_stacks))
+    hits = [e for e in ids.unique().tolist() if (layer, e) in backend.cache.slot_of]
+    assert 0 < len(hits) < ids.unique().numel()  # some hits, some misses
+    want = ResidentExperts(backend.host_stacks).run(layer, x, weights, ids)
+    got = direct_gemv(backend.cache, backend.host_stacks[layer], layer, x, weights, ids)
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_bad_miss_path_is_one_line(tiny_moe):
+    with pytest.raises(StrataError, match="--misses must be one of cpu, direct"):
+        strata.LLM(tiny_moe, device="cpu", expert_cache=3, misses="gpu")
