@@ -94,11 +94,12 @@ class Stage:
         self.device = split.devices[stage]
         self.first, self.last = stage == 0, stage == split.n_stages - 1
         self.experts = experts  # this card's backend: ResidentExperts or CachedExperts
-        self.cached = experts if isinstance(experts, CachedExperts) else None
+        # Misses the card reads itself (`--misses direct`) need no host between layers: one segment, as resident.
+        self.cached = experts if isinstance(experts, CachedExperts) and not experts.direct else None
         if self.cached is not None and self.cached.pcie_frac > 0:
             raise StrataError("decode graphs do not run PCIe-streamed misses yet (pcie_frac > 0)")
         if decoder.capture:
-            stacks = self.cached.host_stacks if self.cached is not None else experts.stacks
+            stacks = experts.host_stacks if isinstance(experts, CachedExperts) else experts.stacks
             probe = torch.empty(rows, model.config.n_embd, dtype=model.dtype, device=self.device)
             if any(kernel_path(s, probe) != "decode" for s in stacks.values()):
                 raise StrataError(f"card {stage}: the experts' shapes or formats (or float32 activations) have no "

@@ -109,3 +109,14 @@ def test_a_split_without_a_static_form_decodes_step_by_step_and_says_why(six_lay
     assert engine.decoder is None
     err = capsys.readouterr().err
     assert "decode graphs off for the split" in err and "pcie_frac" in err and len(err.strip().splitlines()) == 1
+
+
+def test_misses_read_by_each_card_itself_run_as_one_segment_per_card(six_layers):
+    """`--misses direct`: no host between layers, so each card's program is one segment, as resident."""
+    path, placement = six_layers["qwen3moe"], dict(expert_cache=12, misses="direct")
+    want_tokens, want = decode_run(Engine(path, EngineConfig(device="cpu", **placement)), steps=3)
+    engine = Engine(path, EngineConfig(device="cpu", gpus="cpu,cpu", layer_split="2,4", decode_graphs="eager",
+                                       **placement))
+    assert [s.cached for s in engine.decoder.stages] == [None, None]
+    tokens, got = decode_run(engine, steps=3)
+    assert tokens == want_tokens and worst_error(got, want) <= BOUND
