@@ -67,6 +67,8 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
                         "them from pinned host RAM over PCIe, with no host round trip per layer")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
                    help="threads of the CPU pool that computes missed experts (default 0: every core but one)")
+    p.add_argument("--cpu-spin-us", type=float, default=1000.0, metavar="US",
+                   help="the CPU pool's threads stay awake this long after a call (default 1000; 0: sleep at once)")
     p.add_argument("--no-pin-experts", dest="pin_experts", action="store_false",
                    help="keep host experts memory-mapped instead of pinned (less RAM, slower copies)")
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
@@ -79,7 +81,8 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
 def _placement(args) -> dict:
     cache = args.expert_cache if args.expert_cache == "auto" else _count(args.expert_cache, "--expert-cache")
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac, misses=args.misses,
-                   cpu_threads=args.cpu_threads, pin_experts=args.pin_experts, expert_profile=args.expert_profile,
+                   cpu_threads=args.cpu_threads, cpu_spin_us=args.cpu_spin_us, pin_experts=args.pin_experts,
+                   expert_profile=args.expert_profile,
                    prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement

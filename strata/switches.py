@@ -23,6 +23,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PROMPT_ATTN_OLD", False, "prompt attention: the plain fp32 reference kernel instead of v2"),
     Switch("STRATA_PA_V2T", False, "prompt attention: v2 with register staging (no async copies); automatic below sm_80"),
     Switch("STRATA_PROMPT_ATTN_IMMA", False, "prompt attention: int8 x int8 tensor-core dots on the stored codes"),
+    Switch("STRATA_PA_CONFIG", "", "prompt attention: v2/v2t/imma tunables as q5h6c32w4s3 (queries, heads per "
+           "program, chunk, warps, stages; parts left out keep the default's)"),
+    Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
+           "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),

@@ -50,6 +50,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--row-kernels", action="store_true",
                    help="instead: one core's GB/s of every row kernel (each SIMD variant, int16 / int8, and `blocks`) "
                         "on a 4096 x 2048 matrix that stays in cache, the compute rate that scales with cores")
+    p.add_argument("--calls", action="store_true",
+                   help="instead: whole pool calls of 1, 3, 10 experts (A3B shape, one token) as decode makes them, "
+                        "beside the bytes' floor, with the fixed cost split out (hand-off, prep, dispatch, regions)")
+    p.add_argument("--calls-threads", default="",
+                   help="with --calls: thread counts to compare, comma-separated (e.g. 1,2; default: --threads)")
+    p.add_argument("--calls-spin", default="",
+                   help="with --calls: the pool's spin after a call, microseconds, comma-separated (e.g. 0,300,1000)")
+    p.add_argument("--calls-gap-us", type=float, default=300.0,
+                   help="with --calls: busy waiting before each call, as a decode step's GPU work between layers "
+                        "(default 300)")
     p.add_argument("--torch-reps", type=int, default=0, help="timed calls of the torch path (default 0: not run)")
     return p
 
@@ -208,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.row_kernels:
         row_kernel_table(max(args.reps, 5))
         return 0
+    if args.calls:
+        from strata.bench.pool_calls import calls_table
+
+        return calls_table(args, _stack, read_rate)
     only = {f.strip().upper() for f in args.formats.split(",") if f.strip()}
     threads = pool_threads(args.threads)
     worker_setup(threads, args.chunksize)  # the pool's settings, on this (the calling) thread

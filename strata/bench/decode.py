@@ -29,6 +29,7 @@ def bench_decode(args, placement: dict) -> None:
     offloaded = bool(cached)
     if offloaded:
         before = _counters(cached)
+    host_before = dict(decoder.host_seconds) if decoder is not None else {}
     sync(device)
     start = time.perf_counter()
     steps = []
@@ -56,14 +57,19 @@ def bench_decode(args, placement: dict) -> None:
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
-    hits, misses, cpu_bytes, cpu_seconds, pcie_bytes = (a - b for a, b in zip(_counters(cached), before))
+    hits, misses, cpu_bytes, cpu_seconds, pcie_bytes, cpu_calls = (a - b for a, b in zip(_counters(cached), before))
     cpu_rate = copy_bandwidth(torch.device("cpu")) / 2
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     print(f"experts    hit rate {hit_rate:.1%}; misses {misses / n:.1f} per token = {misses * expert_each / n / 1e6:.1f} MB")
     print(f"CPU pool   {cpu_bytes / n / 1e6:.1f} MB/token at {cpu_bytes / cpu_seconds / 1e9 if cpu_seconds else 0:.2f} GB/s "
-          f"(host memory reads at {cpu_rate / 1e9:.1f} GB/s)")
+          f"(host memory reads at {cpu_rate / 1e9:.1f} GB/s); {cpu_calls / n:.1f} calls, "
+          f"{cpu_seconds / n * 1e3:.2f} ms a token in the pool")
     print(f"PCIe       {pcie_bytes / n / 1e6:.1f} MB/token (pinned copies at {pcie_rate / 1e9:.1f} GB/s)")
+    if decoder is not None and decoder.host_seconds:  # the routed layers' doorbell loop, where a token's time goes
+        parts = ", ".join(f"{name} {(spent - host_before.get(name, 0.0)) / n * 1e3:.2f}"
+                          for name, spent in decoder.host_seconds.items())
+        print(f"host loop  ms a token: {parts} (doorbell wait: the GPU's segment up to a routing)")
     parts = {
         "CPU-side miss bytes / host bandwidth": cpu_bytes / n / cpu_rate,
         "PCIe-side miss bytes / pinned copy rate": pcie_bytes / n / pcie_rate if pcie_bytes else 0.0,
@@ -80,12 +86,13 @@ def _cards(decoder) -> str:
 
 
 def _counters(backends: list[CachedExperts]) -> tuple:
-    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes) summed over the cards' offloaded backends
-    (`--misses direct`: every miss's bytes cross PCIe, read by the GPU's kernels)."""
+    """(hits, misses, CPU pool bytes, CPU pool seconds, PCIe bytes, CPU pool calls) summed over the cards' offloaded
+    backends (`--misses direct`: every miss's bytes cross PCIe, read by the GPU's kernels)."""
     for b in backends:
         if b.direct:
             b.cache.device_table.collect(b.cache.decay)  # counted on the device since the last adapt
     direct = sum(b.cache.stats.misses * next(iter(b.host_stacks.values())).expert_bytes for b in backends if b.direct)
     pools = list({id(b.pool): b.pool for b in backends}.values())  # a split's cards share one pool
     return (sum(b.cache.stats.hits for b in backends), sum(b.cache.stats.misses for b in backends),
-            sum(p.stats.bytes for p in pools), sum(p.stats.seconds for p in pools), direct + sum(b.pcie_bytes for b in backends))
+            sum(p.stats.bytes for p in pools), sum(p.stats.seconds for p in pools), direct + sum(b.pcie_bytes for b in backends),
+            sum(p.stats.calls for p in pools))

@@ -6,7 +6,7 @@ they come from HBM rather than L2), the weight's bytes over the HBM floor of the
 GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
 for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
 
-    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
+    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K] [--sweep]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import copy_bandwidth, graph_us
+from strata.bench.gemv_sweep import describe, sweep_configs, sweep_line
 from strata.kernels.moe.decode import SPECS
 from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, byte_config, gemv_config, launch_down, relative_error
 from strata.kernels.quant.matvec import one_expert
@@ -27,8 +28,9 @@ from strata.quant import dequantize, get_format, random_blocks
 L2_SPAN = 256 << 20  # bytes of distinct weights per graph replay: several times H200's 50 MB L2
 
 
-def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> bool:
-    """One shape and format: both kernels, timed and checked (a float32 output, so the error is the kernel's own)."""
+def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, sweep: bool = False) -> bool:
+    """One shape and format: both kernels, timed and checked (a float32 output, so the error is the kernel's own);
+    `sweep`: then every config of `gemv_sweep.sweep_configs`, each checked as well."""
     info = get_format(fmt)
     rng = np.random.default_rng(n_in + n_out)
     n_bytes = info.row_bytes(n_in) * n_out
@@ -53,14 +55,33 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out) -> 
         floor_us = n_bytes / floor_bw * 1e6
         print(f"{n_in}x{n_out:<7} {fmt:<5} {'words' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
-              f"warps={cfg.warps}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+              f"warps={cfg.warps} split={cfg.split}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+    if sweep:
+        default_us = None
+        for cfg in sweep_configs("matvec", SPECS[fmt], n_out, n_in, 1):
+            def call(i, c=cfg):
+                return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
+
+            try:
+                err = relative_error(call(0), want)
+                us = graph_us(call, [(i,) for i in range(4 * copies)], device)
+            except Exception as e:  # a configuration that does not build is a line, not the end of the sweep
+                print(f"  sweep {n_in}x{n_out} {fmt} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out,
+                      flush=True)
+                continue
+            ok &= err <= ERROR_BOUND
+            default_us = default_us or us
+            print(sweep_line(f"{n_in}x{n_out} {fmt}", cfg, us, n_bytes, floor_bw, default_us)
+                  + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench matvec", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="2048x4096,4096x2048,2048x151936", help="comma-separated n_in x n_out")
-    p.add_argument("--formats", default="Q4_0,Q8_0,Q4_K")
+    p.add_argument("--formats", default="Q4_0,Q8_0,Q4_K", help="comma-separated, of: " + ", ".join(SPECS))
+    p.add_argument("--sweep", action="store_true",
+                   help="time launch configurations beside the default (bench/gemv_sweep.py), each checked")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("matvec: needs a CUDA GPU (the kernel's CPU tests are tests/kernels/quant/test_matvec.py)")
@@ -78,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         n_in, n_out = (int(v) for v in shape.lower().split("x"))
         for fmt in args.formats.split(","):
-            ok &= bench_one(n_in, n_out, fmt.strip(), device, floor_bw, out)
+            ok &= bench_one(n_in, n_out, fmt.strip(), device, floor_bw, out, args.sweep)
     return 0 if ok else 1
 
 

@@ -9,28 +9,33 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 and replayed with new ids in place, and must match eager calls bit for bit.
 
     strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep]
+(also qwen4exp-iq2_xs, -iq3_xxs, -iq3_s: i-quant gate/up, Q2_0 down)
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
-from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, byte_config, down_sum_triton, gate_up_swiglu_triton,
-                                     gemv_config, moe_gemv, moe_gemv_float64, relative_error)
+from strata.bench.gemv_sweep import describe, sweep_configs, sweep_line
+from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv,
+                                     moe_gemv_float64, relative_error)
 from strata.quant import get_format, random_blocks
 
 SHAPES = {  # name: (gate/up format, down format, embd, ff, experts, top-k)
     "a3b-q4_0": ("Q4_0", "Q4_0", 2048, 768, 128, 8),
     "a3b-q4_k": ("Q4_K", "Q4_K", 2048, 768, 128, 8),
     "qwen4exp-q2_0": ("Q2_0", "Q2_0", 2560, 640, 512, 10),
+    # qwen4exp's i-quant packs: gate/up in an i-quant, down (640 inputs: no whole 256-weight blocks) in Q2_0
+    "qwen4exp-iq2_xs": ("IQ2_XS", "Q2_0", 2560, 640, 512, 10),
+    "qwen4exp-iq3_xxs": ("IQ3_XXS", "Q2_0", 2560, 640, 512, 10),
+    "qwen4exp-iq3_s": ("IQ3_S", "Q2_0", 2560, 640, 512, 10),
 }
+DEFAULT_SHAPES = "a3b-q4_0,a3b-q4_k,qwen4exp-q2_0"
 ROUTINGS = 32  # calls per graph replay, each with its own routing
 
 
@@ -119,37 +124,39 @@ def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: bool, 
           f"{n_bytes / us / 1e3:8.0f} {us_slots:8.2f} {err_y:9.2e} {err_h:9.2e} {torch_us:9.0f} {torch_us / us:7.0f}x"
           f"  {'' if ok else 'FAIL'}", file=out, flush=True)
     if sweep:
-        _sweep(name, experts, stack, calls, device, floor_bw, out)
+        ok &= _sweep(name, experts, calls, device, floor_bw, out, (h64, y64))
     return ok
 
 
-def _sweep(name, experts, stack, calls, device, floor_bw, out) -> None:
-    """Each kernel alone under a few launch configurations (the first is the default)."""
+def _sweep(name, experts, calls, device, floor_bw, out, want: tuple) -> bool:
+    """Each kernel alone under `gemv_sweep.sweep_configs` (the default first), every line beside the default and
+    with its error against `want` = the float64 (H, y) of the first call."""
     top_k = calls[0][1].shape[1]
     g, d = experts.gate, experts.down
     h = [gate_up_swiglu_triton(c[0], c[1], experts) for c in calls]
-    for kind, m in (("gate_up", g), ("down", d)):
-        base = gemv_config(kind, m.spec, m.rows, m.cols, top_k, True)
-        variants = [base, replace(base, warps=max(1, base.warps // 2)), replace(base, warps=min(16, base.warps * 2)),
-                    replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
-                    replace(base, ns=max(1, base.ns // 2), warps=max(1, base.warps // 2)),
-                    byte_config(kind, m.spec, m.rows, m.cols, top_k, True)]  # the byte kernel (before the word ones)
+    ok = True
+    for kind, m, target in (("gate_up", g, want[0]), ("down", d, want[1])):
         per_expert = 2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes
         n_bytes = sum(len(c[1].unique()) for c in calls) / len(calls) * per_expert
-        for cfg in dict.fromkeys(variants):
+        default_us = None
+        for cfg in sweep_configs(kind, m.spec, m.rows, m.cols, top_k):
             if kind == "gate_up":
                 fn, args = (lambda a, i, c=cfg: gate_up_swiglu_triton(a, i, experts, c)), [(c[0], c[1]) for c in calls]
             else:
                 fn = lambda hh, i, w, c=cfg: down_sum_triton(hh, i, w, experts, torch.float32, c)  # noqa: E731
                 args = [(hh, c[1], c[2]) for hh, c in zip(h, calls)]
             try:
+                err = relative_error(fn(*args[0]), target)
                 us = graph_us(fn, args, device)
-                print(f"  sweep {name:<14} {kind:<7} bn={cfg.bn:<3} ns={cfg.ns:<3} kc={cfg.kc} warps={cfg.warps:<2} "
-                      f"{'words' if cfg.wide else 'bytes'} "
-                      f"{us:8.2f} us  {n_bytes / us / 1e3:6.0f} GB/s  {n_bytes / floor_bw * 1e6 / us:6.1%} of floor",
-                      file=out, flush=True)
             except Exception as e:  # a configuration that does not build is a line, not the end of the sweep
-                print(f"  sweep {name} {kind} {cfg}: {type(e).__name__}: {str(e)[:200]}", file=out, flush=True)
+                print(f"  sweep {name} {kind} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out,
+                      flush=True)
+                continue
+            ok &= err <= ERROR_BOUND
+            default_us = default_us or us
+            print(sweep_line(f"{name} {kind}", cfg, us, n_bytes, floor_bw, default_us)
+                  + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+    return ok
 
 
 def graph_replay_check(device, out) -> bool:
@@ -182,9 +189,10 @@ def graph_replay_check(device, out) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench moe-decode", description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default="1", help="comma-separated T values (1..8)")
-    p.add_argument("--sweep", action="store_true", help="time each kernel under a few launch configurations")
+    p.add_argument("--sweep", action="store_true",
+                   help="time each kernel under launch configurations beside the default (bench/gemv_sweep.py)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe-decode: needs a CUDA GPU (the kernels' CPU tests are tests/kernels/moe/test_gemv.py)")

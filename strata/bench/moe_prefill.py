@@ -7,6 +7,9 @@ rounding of x and H, and with the other paths; its time is printed beside the fl
 multiply-adds over the measured int8 matrix rate (torch._int_mm), or the fp16 rate for the dense path.
 
     python -m strata.bench.moe_prefill [--only "Q2_0 / Q2_0"] [--tokens 2048,8192,16384]
+
+With --sweep [[BMx]BNxWARPSxSTAGES,...] it times each path under each launch shape instead (every kernel of the path
+takes the shape), beside the default shapes, and checks that every shape gives the default's bytes.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ import torch
 from strata.bench.ceilings import sync
 from strata.kernels.moe.prefill import PATHS, PromptExperts, moe_prefill
 from strata.kernels.moe.reference import moe_float64
-from strata.kernels.moe.stack import ExpertMatrix
+from strata.kernels.moe.stack import ExpertMatrix, Tiles
 from strata.quant import get_format, random_blocks
 
 PAIRS = ["Q2_0 / Q2_0", "IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_XS / IQ4_NL", "Q4_K / Q2_0"]
+# [BMx]BNxWARPSxSTAGES; shapes whose sm_90 build spills in the int8 matmul (128x128, 256 at 8 warps) left out.
+SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3", "128x16x2", "128x32x8x2",
+         "128x64x8x2", "128x64x8x3"]
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
 # Strata's bounds (prefill_fused_*_test), applied to every pair.
@@ -155,6 +161,31 @@ def bench_pair(pair: str, n_tokens: int, args, rates: tuple[float, float], devic
     return ok
 
 
+def sweep_pair(pair: str, n_tokens: int, args, device: torch.device) -> bool:
+    """ms of each path under each launch shape of args.sweep, beside its default shapes; False if a shape's output
+    differs from the default's (the shapes change the order of nothing, so the bytes must match)."""
+    layer = make_layer(pair, n_tokens, args.experts, args.embd, args.ff, args.top_k, args.seed, device)
+    print(f"\n{pair}, {n_tokens} tokens: ms per launch shape (BN x warps x stages)")
+    ok = True
+    for path in args.paths:
+        def run(tiles):
+            return moe_prefill(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, path, tiles=tiles)
+
+        base_ms, base = timed(lambda: run(None), device, args.reps)
+        cells = [f"default {base_ms:.3f}"]
+        for tiles in args.sweep:
+            try:
+                ms, out = timed(lambda: run(tiles), device, args.reps)
+            except Exception as e:  # a shape that does not build (shared memory, registers) is a result, not an end
+                cells.append(f"{tiles} failed ({type(e).__name__})")
+                continue
+            same = torch.equal(out, base)
+            ok &= same
+            cells.append(f"{tiles} {ms:.3f} ({base_ms / ms:.2f}x){'' if same else ' DIFFERENT BYTES'}")
+        print(f"  {path:6} " + " | ".join(cells))
+    return ok
+
+
 def check(what: str, passed: bool) -> bool:
     print(f"  {'PASS' if passed else 'FAIL'} {what}")
     return passed
@@ -172,7 +203,10 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--sweep", nargs="?", const=",".join(SWEEP), metavar="SHAPES",
+                   help=f"time launch shapes [BMx]BNxWARPSxSTAGES instead of checking bounds (default list: {','.join(SWEEP)})")
     args = p.parse_args(argv)
+    args.sweep = [Tiles.parse(t.strip()) for t in args.sweep.split(",")] if args.sweep else None
     args.pairs = [pair.strip() for pair in args.only.split(",")] if args.only else PAIRS
     args.tokens = [int(t) for t in str(args.tokens).split(",")]
     args.paths = [q.strip() for q in args.paths.split(",")]
@@ -187,6 +221,10 @@ def main(argv=None) -> int:
 
     print(f"moe-prefill on {name}; torch {torch.__version__}, triton {triton.__version__}; N={args.embd} "
           f"FF={args.ff} E={args.experts} top {args.top_k}; median of {args.reps}")
+    if args.sweep:
+        ok = all([sweep_pair(pair, n_tokens, args, device) for pair in args.pairs for n_tokens in args.tokens])
+        print(f"\n{'PASS: every shape gives the default bytes' if ok else 'FAIL: some shapes change the bytes'}")
+        return 0 if ok else 1
     rates = matrix_rates(device)
     print(f"measured matrix rates: int8 {rates[0] / 1e12:.1f} TOPS (torch._int_mm), fp16 {rates[1] / 1e12:.1f} TFLOP/s")
     ok = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -93,8 +94,29 @@ def sdpa_inputs(q, pool, table, ids, width, step: int = 256):
     return q.bfloat16().unflatten(1, (pool.n_kv_heads, -1)), k, v, valid[:, None, None]
 
 
-def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) -> bool:
-    from strata.kernels.attention.prompt import VARIANTS
+@dataclass
+class ShapeData:
+    """One shape's inputs, its float64 reference on the sampled queries and its floor."""
+
+    q: torch.Tensor
+    pool: object
+    table: torch.Tensor
+    ids: torch.Tensor
+    width: torch.Tensor
+    sample: torch.Tensor
+    ref: torch.Tensor
+    ref_scale: float
+    floor_ms: float
+
+    def inputs(self):
+        return self.q, self.pool, self.table, self.ids, self.width
+
+    def errors(self, out: torch.Tensor, fp32: torch.Tensor) -> tuple[float, float]:
+        """(max error vs float64 on the sample, max |out - fp32|)."""
+        return (out[self.sample].double() - self.ref).abs().max().item(), (out - fp32).abs().max().item()
+
+
+def shape_data(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) -> ShapeData:
     from strata.kernels.attention.prompt_ref import prompt_attn_ref
 
     cap = args.top_k + 3
@@ -104,14 +126,36 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
     q = torch.randn(n_q, args.heads, args.dim, generator=g, device=device) * 2
     sample = torch.arange(0, n_q, max(1, n_q // 16), device=device)
     ref = prompt_attn_ref(q[sample], pool, table, ids[sample], width[sample])
-    ref_scale = ref.abs().max().item()
     n_bytes = floor_bytes(width, args.kv_heads, args.heads, args.dim)
-    floor_ms = n_bytes / bandwidth * 1e3
+    data = ShapeData(q, pool, table, ids, width, sample, ref, ref.abs().max().item(), n_bytes / bandwidth * 1e3)
     n_sparse = max(0, min(n_q, ctx - cap))  # queries at pos >= cap see more cells than they select
     print(f"ctx {ctx} x {n_q} queries ({args.heads}/{args.kv_heads} heads x {args.dim}, width <= {cap}, "
           f"{n_sparse} sparse): "
-          f"floor {floor_ms:.3f} ms ({n_bytes / 1e9:.3f} GB at {bandwidth / 1e12:.2f} TB/s); "
-          f"output scale {ref_scale:.3f}")
+          f"floor {data.floor_ms:.3f} ms ({n_bytes / 1e9:.3f} GB at {bandwidth / 1e12:.2f} TB/s); "
+          f"output scale {data.ref_scale:.3f}")
+    return data
+
+
+def within_bounds(err: float, vs_fp32: float, err_fp32: float, ref_scale: float, fp32_scale: float) -> bool:
+    """Strata's parity bounds: against float64 no worse than max(4 x the fp32 kernel, 1e-6 of the scale), and
+    within 1e-4 of the scale of the fp32 kernel."""
+    return err <= max(4 * err_fp32, 1e-6 * ref_scale) and vs_fp32 <= 1e-4 * fp32_scale
+
+
+def fp32_yardstick(data: ShapeData, out: torch.Tensor | None = None) -> tuple[torch.Tensor, float, float]:
+    """The fp32 kernel's output (or, when absent, the torch reference in fp32), its scale and its error vs float64."""
+    from strata.kernels.attention.prompt_ref import prompt_attn_ref
+
+    fp32 = out if out is not None else prompt_attn_ref(*data.inputs(), dtype=torch.float32)
+    return fp32, fp32.abs().max().item(), data.errors(fp32, fp32)[0]
+
+
+def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) -> bool:
+    from strata.kernels.attention.prompt import VARIANTS
+
+    data = shape_data(ctx, n_q, args, device, bandwidth)
+    q, pool, table, ids, width = data.inputs()
+    sample, ref, ref_scale, floor_ms = data.sample, data.ref, data.ref_scale, data.floor_ms
     timer = Timer(device)
     names = [n for n in VARIANT_ORDER if n in args.variants]
     calls, outs, ok = {}, {}, True
@@ -127,20 +171,15 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
     for _ in range(2):  # alternate the variants twice; the second round counts
         for n, call in calls.items():
             ms[n] = timer(call, args.reps)
-    fp32 = outs.get("fp32")
-    if fp32 is None:  # not asked for, or broken: the torch reference in fp32 stands in
-        fp32 = prompt_attn_ref(q, pool, table, ids, width, dtype=torch.float32)
-    fp32_scale = fp32.abs().max().item()
-    err_fp32 = (fp32[sample].double() - ref).abs().max().item()
+    fp32, fp32_scale, err_fp32 = fp32_yardstick(data, outs.get("fp32"))  # without the kernel: the torch reference
     for n in calls:
         out = outs[n]
-        err = (out[sample].double() - ref).abs().max().item()
-        vs_fp32 = (out - fp32).abs().max().item()
-        good = err <= max(4 * err_fp32, 1e-6 * ref_scale) and vs_fp32 <= 1e-4 * fp32_scale
+        err, vs_fp32 = data.errors(out, fp32)
+        good = within_bounds(err, vs_fp32, err_fp32, ref_scale, fp32_scale)
         ok &= good
         digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()[:12]
         print(f"  {'PASS' if good else 'FAIL'} {n:<9} {ms[n]:9.3f} ms  {floor_ms / ms[n]:6.1%} of floor  "
-              f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}")
+              f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}{blocking(n)}")
     if args.sdpa:
         import torch.nn.functional as F
 
@@ -157,6 +196,18 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
     return ok
 
 
+def blocking(variant: str) -> str:
+    """The tunables a blocked variant runs with (its default, or STRATA_PA_CONFIG's), for the table."""
+    from strata.kernels.attention import prompt_imma, prompt_v2
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+
+    default = {"v2": prompt_v2.DEFAULT, "v2t": prompt_v2.DEFAULT, "imma": prompt_imma.DEFAULT}.get(variant)
+    if default is None:
+        return ""
+    config = PromptConfig.chosen(None, default)
+    return f"  {config.label if variant != 'v2t' else replace(config, stages=1).label}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata bench prompt-attn", description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", type=int, help="context cells (default: the five standard shapes)")
@@ -171,6 +222,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=VARIANT_ORDER, choices=VARIANT_ORDER)
     p.add_argument("--no-sdpa", dest="sdpa", action="store_false")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sweep", nargs="*", metavar="CONFIG",
+                   help="time v2 / v2t / imma over tunable sets such as q5h6c32w4s3 (queries and heads per program, "
+                        "chunk, warps, stages; none given: a built-in list) beside each variant's default")
     return p
 
 
@@ -182,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"prompt attention parity on {name}, torch {torch.__version__}")
     shapes = [(args.ctx, args.queries)] if args.ctx else DEFAULT_SHAPES
+    if args.sweep is not None:
+        from strata.bench.prompt_attn_sweep import run_sweep
+
+        return run_sweep(args, device, bandwidth, shapes)
     ok = True
     for ctx, n_q in shapes:
         ok &= run_shape(ctx, min(n_q, ctx), args, device, bandwidth)

@@ -21,6 +21,8 @@ never execute, so no state moves twice.
 from __future__ import annotations
 
 import sys
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -127,6 +129,8 @@ class GraphDecoder:
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
         self.steps = 0
+        # Host seconds of the routed layers' doorbell loop, by part (`strata bench decode` prints them a token).
+        self.host_seconds: Counter = Counter()
 
     def _check_model(self, model, kv) -> None:
         """A StrataError unless this class's program is the model's step over this cache."""
@@ -196,21 +200,37 @@ class GraphDecoder:
     def _execute(self, runner: StepGraphs) -> None:
         program = runner.program
         runner.run(0)
+        clock, spent = time.perf_counter, self.host_seconds
         for j, layer in enumerate(program.routed):
-            published = program.stash["published"]
+            published, stash = program.stash["published"], program.stash
+            t0 = clock()
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the doorbell: the routing is on the host
-            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids)
-            program.stash["table"].copy_(plan.table, non_blocking=True)
-            program.stash["plan"] = plan
+            t1 = clock()
+            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids,
+                                                 stash["cpu_host"])
+            t2 = clock()
+            stash["table"].copy_(plan.table, non_blocking=True)
+            stash["plan"] = plan
             runner.run(2 * j + 1)  # cached experts + shared expert, while the pool computes the misses
-            cpu = program.stash["cpu"]
+            t3 = clock()
+            cpu = stash["cpu"]
             if future is None:
-                cpu.zero_()
+                if stash["cpu_dirty"]:  # zero once after a layer with misses, not a launch every layer
+                    cpu.zero_()
+                    stash["cpu_dirty"] = False
             else:
-                result = future.result()
-                cpu.copy_(result.to(cpu.dtype), non_blocking=False)
+                # The pool wrote into the pinned cpu_host: an upload queued behind the expert graph, no host wait; the
+                # next layer's doorbell (a stream sync) comes before the pool writes cpu_host again.
+                cpu.copy_(self.cached.pool.result(future), non_blocking=True)
+                stash["cpu_dirty"] = True
+            t4 = clock()
             runner.run(2 * j + 2)  # adds the pool's part, on to the next routing (or the logits)
+            t5 = clock()
+            spent["doorbell wait"] += t1 - t0
+            spent["plan_step"] += t2 - t1
+            spent["launches"] += t3 - t2 + t5 - t4
+            spent["pool wait"] += t4 - t3
 
     # ---- the step's functions
 
@@ -222,6 +242,8 @@ class GraphDecoder:
             c, rows, host = self.model.config, self.rows, self.capture
             stash["table"] = torch.full((max(c.n_experts, 1),), -1, dtype=torch.int32, device=self.device)
             stash["cpu"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, device=self.device)
+            stash["cpu_host"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host)
+            stash["cpu_dirty"] = False  # whether `cpu` holds a pool result (else zeros)
             stash["published"] = Published(
                 torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host),
                 torch.zeros(rows, c.n_experts_used, dtype=torch.float32, pin_memory=host),

@@ -41,6 +41,7 @@ class EngineConfig:
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
     misses: str = "cpu"  # decode misses: "cpu" (the CPU pool) or "direct" (GPU kernels read pinned host RAM)
     cpu_threads: int = 0  # numba threads of the CPU expert pool (0: every core but one)
+    cpu_spin_us: float = 1000.0  # the pool's threads stay awake this long between calls (0: they sleep at once)
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
     expert_profile: str | None = None  # routing counts from `strata profile`, to fill the cache at start
     qsa: str = "none"  # "quest": the KV backend selects qsa_budget cells per query (models without an indexer)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
+import numpy as np
 import torch
 
 from strata.errors import StrataError
@@ -141,19 +143,24 @@ class ResidentExperts(ExpertBackend):
 
 @dataclass
 class StepPlan:
-    """Where a routed layer's experts run this step: routes {expert: (token rows, top-k slot)}, the cached ones
+    """Where a routed layer's experts run this step: the routing ids [T, k] (host), the cached experts
     (expert -> slot) and their table (int32 [n_experts], -1 where not cached; on the host)."""
 
-    routes: dict
+    ids: torch.Tensor
     hits: dict[int, int]
     table: torch.Tensor
 
+    @cached_property
+    def routes(self) -> dict:
+        """{expert: (token rows, top-k slot)}, made only where a reference path asks (not per captured step)."""
+        return routed_tokens(self.ids)
+
 
 def hits_table(n_experts: int, hits: dict[int, int]) -> torch.Tensor:
-    table = torch.full((n_experts,), -1, dtype=torch.int32)
+    table = np.full(n_experts, -1, np.int32)  # numpy: a few us a layer where torch's indexing took ~11
     if hits:
-        table[list(hits)] = torch.tensor(list(hits.values()), dtype=torch.int32)
-    return table
+        table[list(hits)] = list(hits.values())
+    return torch.from_numpy(table)
 
 
 MISS_PATHS = ("cpu", "direct")
@@ -205,8 +212,7 @@ class CachedExperts(ExpertBackend):
         over_pcie, on_cpu = misses[:n_pcie], misses[n_pcie:]
         future = None
         if on_cpu:
-            host_routes = {e: (routes[e][0].cpu(), routes[e][1].cpu()) for e in on_cpu}
-            future = self.pool.submit(layer, x.float().cpu(), host_routes, weights.float().cpu(), on_cpu)
+            future = self.pool.submit(layer, x.float().cpu(), None, weights.float().cpu(), on_cpu, ids=ids.cpu())
         out = torch.zeros_like(x)
         if hits and kernel_path(self.host_stacks[layer], x) == "decode":
             out += self.hits_by_kernel(layer, x, weights, ids, hits)
@@ -235,13 +241,15 @@ class CachedExperts(ExpertBackend):
 
     # ---- the same work in the pieces a captured decode step (engine/decode.py) runs between its graphs
 
-    def plan_step(self, layer, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+    def plan_step(self, layer, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  out: torch.Tensor | None = None):
         """Host side of a routed layer, from its published (host) x, weights and ids: look the experts up, hand
-        the misses to the CPU pool. Returns (the pool's future or None, the StepPlan of the device's share)."""
-        routes = routed_tokens(ids)
-        hits, misses = self.cache.lookup(layer, list(routes))
-        future = self.pool.submit(layer, x, routes, weights, misses) if misses else None
-        return future, StepPlan(routes, hits, hits_table(self.host_stacks[layer].n_experts, hits))
+        the misses to the CPU pool (its result into `out`, when given). Returns (the pool's future or None, the
+        StepPlan of the device's share)."""
+        experts = np.unique(ids.numpy()).tolist()  # sorted, as routed_tokens; no torch ops on this per-layer path
+        hits, misses = self.cache.lookup(layer, experts)
+        future = self.pool.submit(layer, x, None, weights, misses, ids=ids, out=out) if misses else None
+        return future, StepPlan(ids, hits, hits_table(self.host_stacks[layer].n_experts, hits))
 
     def hits_part(self, layer, x, weights, ids, plan: "StepPlan | None", table: torch.Tensor) -> torch.Tensor:
         """The cached experts' share: one GEMV over the slots through the device `table` (static, so it captures;

@@ -50,7 +50,8 @@ def offloaded_experts(stacks: dict[int, ExpertStack], plan: PlacementPlan, devic
     if ranking is None:
         ranking = load_profile(config.expert_profile, stacks) if config.expert_profile else cache.even_ranking()
     cache.fill(ranking)
-    return CachedExperts(host, cache, CPUExpertPool(host, config.cpu_threads), device, config.pcie_frac,
+    pool = CPUExpertPool(host, config.cpu_threads, config.cpu_spin_us)
+    return CachedExperts(host, cache, pool, device, config.pcie_frac,
                          prompt_streamer(host, cache, device, config.prefill_stream), config.misses)
 
 

@@ -229,7 +229,8 @@ def share_cpu_pool(backends: list[CachedExperts]) -> None:
     if len(backends) < 2:
         return
     host = {layer: stack for b in backends for layer, stack in b.host_stacks.items()}
-    shared = CPUExpertPool(host, backends[0].pool.threads)  # the threads the config asked each card's pool for
+    # the threads and spin the config asked each card's pool for
+    shared = CPUExpertPool(host, backends[0].pool.threads, backends[0].pool.spin_us)
     for backend in backends:
         backend.pool.close()
         backend.pool = shared

@@ -57,6 +57,7 @@ def test_static_step_is_byte_identical_to_the_eager_step(tiny_moe, wide_moe, opt
     if "expert_cache" in options:  # the layer segments ran: lookups and the pool's work went through plan_step
         assert static.model.experts.cache.stats.misses == eager.model.experts.cache.stats.misses > 0
         assert static.model.experts.pool.stats.experts == eager.model.experts.pool.stats.experts
+        assert set(static.decoder.host_seconds) == {"doorbell wait", "plan_step", "launches", "pool wait"}
 
 
 def test_hybrid_static_step_is_byte_identical(tiny_next):

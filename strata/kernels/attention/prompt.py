@@ -7,7 +7,9 @@
 | v2      | int8        | the default, sm_80+                                    |
 | v2t     | int8        | `STRATA_PA_V2T=1`; automatically below sm_80           |
 | imma    | int8        | `STRATA_PROMPT_ATTN_IMMA=1`, sm_80+                    |
-With every switch unset the default path (v2) and its output bytes are unchanged.
+With every switch unset the default path (v2) and its output bytes are unchanged. v2, v2t and imma are blocked
+(prompt_blocks.py: a program takes several queries x query heads and reads their shared cells once); their tunables
+are the variant's `DEFAULT` config, or `STRATA_PA_CONFIG`.
 """
 
 from __future__ import annotations

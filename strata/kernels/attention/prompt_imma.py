@@ -8,7 +8,8 @@ sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l
   times `scale_log2`.
 - P . V: `a = e * v_scale_g` scaled per (row, group) over the chunk's 32 cells to 127 (a per-group scale alone loses
   accuracy); `acc_g = acc_g * alpha + join3 * mx / 127`.
-v2's block, pipeline and softmax; int8 pools, sm_80+.
+v2's blocks (prompt_blocks.py: queries x heads as rows, each chunk of their shared cells loaded once), pipeline and
+softmax; int8 pools, sm_80+.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import triton
 import triton.language as tl
 
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_parts import chunk_rows, launch_prompt_kernel, softmax_step
-from strata.kernels.attention.prompt_v2 import STAGES
+from strata.kernels.attention.prompt_blocks import PromptConfig, block_chunk, block_rows, launch_blocked
+from strata.kernels.attention.prompt_parts import softmax_step_masked
+
+# 30 of 32 rows used; 8 warps keep q's parts and the [groups, 32, 64] accumulator in registers (4 would spill)
+DEFAULT = PromptConfig(queries=5, heads=6, chunk=32, warps=8, stages=3)
 
 SPLIT_LIMIT = 127 * 65536
 
@@ -53,33 +57,34 @@ def dot3(h, low, m, b):
 
 
 @triton.jit
-def _prompt_imma_kernel(q_ptr, out_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
-                        cap, n_kv_heads, scale_log2,
-                        G: tl.constexpr, BM: tl.constexpr, NG: tl.constexpr, CH: tl.constexpr):
+def _prompt_imma_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr,
+                        vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
+                        G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
+                        NG: tl.constexpr):
     D: tl.constexpr = NG * 64
-    qi = tl.program_id(0)
-    kvh = tl.program_id(1)
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     gi = tl.arange(0, NG)
     g = gi[:, None, None]
-    r = tl.arange(0, BM)[None, :, None]
     d = tl.arange(0, 64)[None, None, :]
-    head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
-    q = tl.load(q_ptr + head * D + g * 64 + d, mask=r < G, other=0.0)  # [NG, BM, 64]
+    hd = head[None, :, None]
+    q = tl.load(q_ptr + hd * D + g * 64 + d, mask=ok[None, :, None], other=0.0)  # [NG, BM, 64]
     qmax = tl.max(tl.abs(q), axis=2)  # [NG, BM]
     qh, ql, qm = split3(q * tl.where(qmax > 0, tl.math.div_rn(tl.zeros_like(qmax) + 127.0, qmax), 0.0)[:, :, None])
     qdown = qmax * (scale_log2 / 127.0)
-    width = tl.load(width_ptr + qi)
-    ids_row = ids_ptr + qi.to(tl.int64) * cap
+    count = tl.load(count_ptr + blk)
+    cells_row = cells_ptr + blk.to(tl.int64) * row_len
+    members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((NG, BM, 64), tl.float32)
     dk = tl.arange(0, 64)[None, :, None]
-    for c0 in range(0, width, CH):
-        rows, valid = chunk_rows(ids_row, page_table_ptr, c0, width, kvh, n_kv_heads, CH)
+    for c0 in range(0, count, CH):
+        rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot,
+                                          CH, BQ)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         part = dot3(qh, ql, qm, k) * qdown[:, :, None] * ks[:, None, :]  # [NG, BM, CH]
-        e, alpha, m, l = softmax_step(tl.sum(part, axis=0), valid, m, l)
+        e, alpha, m, l = softmax_step_masked(tl.sum(part, axis=0), attend, m, l)
         v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
         vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
@@ -87,11 +92,12 @@ def _prompt_imma_kernel(q_ptr, out_ptr, ids_ptr, width_ptr, page_table_ptr, k_pt
         ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax), 0.0)[:, :, None])
         acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
     out = tl.where(l[None, :, None] > 0, acc / l[None, :, None], 0.0)
-    tl.store(out_ptr + head * D + g * 64 + d, out, mask=r < G)
+    tl.store(out_ptr + hd * D + g * 64 + d, out, mask=ok[None, :, None])
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
-                     width: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+                     width: torch.Tensor, sm_scale: float | None = None,
+                     config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
-    return launch_prompt_kernel(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, need_int8=True,
-                                NG=q.shape[-1] // 64, num_warps=4, num_stages=STAGES)
+    config = PromptConfig.chosen(config, DEFAULT)
+    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)

@@ -32,8 +32,14 @@ def chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.const
 
 @triton.jit
 def softmax_step(s, valid, m, l):
-    """One online-softmax step over base-2 scores `s` [M, CH]: returns (e, alpha, m_new, l_new)."""
-    s = tl.where(valid[None, :], s, float("-inf"))
+    """One online-softmax step over base-2 scores `s` [M, CH], cells `valid` [CH]: returns (e, alpha, m_new, l_new)."""
+    return softmax_step_masked(s, valid[None, :], m, l)
+
+
+@triton.jit
+def softmax_step_masked(s, attend, m, l):
+    """`softmax_step` with a mask [M, CH] of the cells each row attends to."""
+    s = tl.where(attend, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     e = tl.exp2(s - m_use[:, None])

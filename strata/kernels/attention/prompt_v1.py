@@ -1,8 +1,9 @@
 """Prompt attention v1: fp16 tensor-core dots on the int8 codes, q and p split into fp16 hi + lo (about 22 bits).
 
 The math (shared with v2, which imports it from here):
-- q: `qm = max|q|` over the program's heads and dims, `qm < 2^qe`; `x = q * 2^(14 - qe)`, `hi = fp16(x)`,
-  `lo = fp16(x - hi)`. The 2^14 bound keeps lo out of the subnormals. Codes enter the dots exactly as fp16.
+- q: `qm = max|q|` over the program's heads and dims (v2: over each head's dims), `qm < 2^qe`; `x = q * 2^(14 - qe)`,
+  `hi = fp16(x)`, `lo = fp16(x - hi)`. The 2^14 bound keeps lo out of the subnormals. Codes enter the dots exactly as
+  fp16.
 - scores, per 64-dim group g: `t_g = hi . K_g + lo . K_g` (fp32 sums), `s = sum_g t_g * k_scale_g * 2^(qe - 14)`,
   times `scale_log2`.
 - P.V, per group g: `vmax = max_c v_scale[c, g]`, `p' = e * v_scale * 16384 / vmax` (<= 2^14) split into hi + lo,

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from strata.errors import StrataError
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.grid_words import WORD_TABLES_AT, word_table_bytes
 from strata.quant import dequantize, get_format
 from strata.quant.tables import grid_values, iq4_nl_levels, sign_patterns
 
@@ -70,12 +71,13 @@ _IQ3_XXS, _IQ3_S, _IQ4_NL = tl.constexpr(15360), tl.constexpr(16384), tl.constex
 
 @functools.cache
 def code_tables(device: torch.device) -> torch.Tensor:
-    """int8 [18448]: sign patterns [128, 8], the IQ2/IQ3 grids, then IQ4_NL's 16 levels, at the offsets above."""
+    """int8 [26128]: sign patterns [128, 8], the IQ2/IQ3 grids, then IQ4_NL's 16 levels, at the offsets above;
+    then the word kernels' packed grids (`grid_words.word_table_bytes`)."""
     parts = [sign_patterns(), *(grid_values(g) for g in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")),
              iq4_nl_levels()]
     flat = np.concatenate([p.reshape(-1) for p in parts]).astype(np.int8)
-    assert flat.size == _IQ4_NL.value + 16
-    return torch.from_numpy(flat).to(device)
+    assert flat.size == _IQ4_NL.value + 16 == WORD_TABLES_AT.value
+    return torch.from_numpy(np.concatenate([flat, word_table_bytes()])).to(device)
 
 
 @triton.jit
@@ -107,6 +109,39 @@ def _signed(codes, tab, sign_index, j):
 
 
 @triton.jit
+def _parity_signs(index):
+    """A 7-bit sign index -> its 8 sign bits (the 8th makes the count of minus signs even), as the table holds."""
+    p = index ^ (index >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return index | ((p & 1) << 7)
+
+
+@triton.jit
+def _grid_codes(rows, signs, BN: tl.constexpr):
+    """Four groups of 8 codes: grid rows as int64 words [BN, 4] (byte j = code j) and their sign bits [BN, 4] ->
+    int32 codes [BN, 32]. The grid rows come as words: one load per 4 or 8 codes, not one per code."""
+    j = tl.arange(0, 8)[None, None, :]
+    byte = ((rows[:, :, None] >> (8 * j)) & 255).to(tl.int32)
+    negative = ((signs[:, :, None] >> j) & 1) != 0
+    return tl.reshape(tl.where(negative, -byte, byte), (BN, 32))
+
+
+@triton.jit
+def _grid8(tab, offset: tl.constexpr, index):
+    """Rows of an 8-byte grid at `index` as int64 words."""
+    return tl.load(tab.to(tl.pointer_type(tl.int64)) + offset // 8 + index)
+
+
+@triton.jit
+def _grid4x2(tab, offset: tl.constexpr, index_lo, index_hi):
+    """Two rows of a 4-byte grid as one int64 word: the row at index_lo in bytes 0-3, index_hi in bytes 4-7."""
+    at = tab.to(tl.pointer_type(tl.int32)) + offset // 4
+    lo = tl.load(at + index_lo).to(tl.int64) & 0xFFFFFFFF
+    return lo | (tl.load(at + index_hi).to(tl.int64) << 32)
+
+
+@triton.jit
 def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
     """Weights [sub*32, sub*32 + 32) of the blocks at byte offsets blk [BN] of w.
 
@@ -114,6 +149,7 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
     written out rather than put in a helper: under the interpreter every helper call costs more than the load.)
     """
     j = tl.arange(0, 32)[None, :]
+    BN: tl.constexpr = blk.shape[0]
     block = w + blk  # [BN] pointers to the blocks: per-row fields
     rows = block[:, None]  # [BN, 1]: per-weight fields
     m = nm[:, None]
@@ -143,25 +179,21 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         aux = _u32(block + 2 + 8 * sub + 4, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.25
         s_hi = s_lo
-        index = tl.load(rows + 2 + 8 * sub + j // 8, mask=m, other=0).to(tl.int32)
-        grid = tl.load(tab + _IQ2_XXS + index * 8 + j % 8).to(tl.int32)
-        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+        g = tl.arange(0, 4)[None, :]
+        index = tl.load(rows + 2 + 8 * sub + g, mask=m, other=0).to(tl.int32)
+        q = _grid_codes(_grid8(tab, _IQ2_XXS, index), _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 6:  # IQ2_XS: uint16 words (9-bit grid index, 7-bit sign index), a 4-bit scale per 16
-        word_at = rows + 2 + 2 * (4 * sub + j // 8)
-        word = (tl.load(word_at, mask=m, other=0).to(tl.int32)
-                | (tl.load(word_at + 1, mask=m, other=0).to(tl.int32) << 8))
-        grid = tl.load(tab + _IQ2_XS + (word & 511) * 8 + j % 8).to(tl.int32)
-        q = _signed(grid, tab, word >> 9, j)
+        g = tl.arange(0, 4)[None, :]
+        word = tl.load((rows + 2 + 8 * sub).to(tl.pointer_type(tl.uint16)) + g, mask=m, other=0).to(tl.int32)
+        q = _grid_codes(_grid8(tab, _IQ2_XS, word & 511), _parity_signs(word >> 9), BN)
         scales = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
     elif FMT == 7:  # IQ2_S: 10-bit grid index (8 low bits + 2 in qh), explicit sign bits, a 4-bit scale per 16
-        group = 4 * sub + j // 8
-        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
-        index = tl.load(rows + 2 + group, mask=m, other=0).to(tl.int32) | (((qh >> (2 * (j // 8))) & 3) << 8)
-        grid = tl.load(tab + _IQ2_S + index * 8 + j % 8).to(tl.int32)
-        negative = (tl.load(rows + 34 + group, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
-        q = tl.where(negative != 0, -grid, grid)
+        g = tl.arange(0, 4)[None, :]
+        qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
+        index = tl.load(rows + 2 + 4 * sub + g, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 3) << 8)
+        q = _grid_codes(_grid8(tab, _IQ2_S, index), tl.load(rows + 34 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scales = tl.load(block + 74 + sub, mask=nm, other=0).to(tl.int32)
         s_lo = d * (0.5 + (scales & 15).to(tl.float32)) * 0.25
         s_hi = d * (0.5 + (scales >> 4).to(tl.float32)) * 0.25
@@ -169,15 +201,18 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         aux = _u32(block + 66 + 4 * sub, nm)
         s_lo = d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5
         s_hi = s_lo
-        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32)
-        grid = tl.load(tab + _IQ3_XXS + index * 4 + j % 4).to(tl.int32)
-        q = _signed(grid, tab, ((aux[:, None] >> (7 * (j // 8))) & 127).to(tl.int32), j)
+        g = tl.arange(0, 4)[None, :]
+        first = rows + 2 + 8 * sub + 2 * g  # grid bytes 2g and 2g + 1: the two halves of group g
+        grid = _grid4x2(tab, _IQ3_XXS, tl.load(first, mask=m, other=0).to(tl.int32),
+                        tl.load(first + 1, mask=m, other=0).to(tl.int32))
+        q = _grid_codes(grid, _parity_signs(((aux[:, None] >> (7 * g)) & 127).to(tl.int32)), BN)
     elif FMT == 9:  # IQ3_S: 9-bit grid index (8 low bits + 1 in qh), explicit sign bits, a 4-bit scale per 32
-        qh = tl.load(rows + 66 + sub, mask=m, other=0).to(tl.int32)
-        index = tl.load(rows + 2 + 8 * sub + j // 4, mask=m, other=0).to(tl.int32) | (((qh >> (j // 4)) & 1) << 8)
-        grid = tl.load(tab + _IQ3_S + index * 4 + j % 4).to(tl.int32)
-        negative = (tl.load(rows + 74 + 4 * sub + j // 8, mask=m, other=0).to(tl.int32) >> (j % 8)) & 1
-        q = tl.where(negative != 0, -grid, grid)
+        g = tl.arange(0, 4)[None, :]
+        qh = tl.load(block + 66 + sub, mask=nm, other=0).to(tl.int32)[:, None]
+        first = rows + 2 + 8 * sub + 2 * g
+        grid = _grid4x2(tab, _IQ3_S, tl.load(first, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g)) & 1) << 8),
+                        tl.load(first + 1, mask=m, other=0).to(tl.int32) | (((qh >> (2 * g + 1)) & 1) << 8))
+        q = _grid_codes(grid, tl.load(rows + 74 + 4 * sub + g, mask=m, other=0).to(tl.int32), BN)
         scale = (tl.load(block + 106 + sub // 2, mask=nm, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
         s_lo = d * (1 + 2 * scale).to(tl.float32)
         s_hi = s_lo
@@ -192,6 +227,33 @@ def decode32(FMT: tl.constexpr, w, blk, sub, tab, nm):
         mn = -(_fp16(block + 2, nm) * mins.to(tl.float32))
         q = (tl.load(rows + 16 + 32 * (sub // 2) + j, mask=m, other=0).to(tl.int32) >> (4 * (sub % 2))) & 15
     return q.to(tl.int8), s_lo, s_hi, mn
+
+
+@triton.jit
+def q2_0_words(blocks, nm):
+    """The Q2_0 blocks at byte pointers blocks [BN], read as little-endian uint16 words (blocks are 18 bytes: only
+    2-byte aligned): scale d float32 [BN] and the code words of each 32-weight half, int32 [BN, 4] twice."""
+    at = blocks.to(tl.pointer_type(tl.uint16))
+    d = tl.load(at, mask=nm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    i = tl.arange(0, 4)[None, :]
+    words0 = tl.load(at[:, None] + 1 + i, mask=nm[:, None], other=0).to(tl.int32)
+    words1 = tl.load(at[:, None] + 5 + i, mask=nm[:, None], other=0).to(tl.int32)
+    return d, words0, words1
+
+
+@triton.jit
+def _code2(words, j):
+    return ((words >> (2 * j)) & 3) - 1
+
+
+@triton.jit
+def q2_0_codes(words, BN: tl.constexpr):
+    """int32 [BN, 4] code words -> int8 codes - 1 [BN, 32]: weight 8i + j sits in bits 2j of word i. Built by joins
+    (each adds a last axis of 2, in the same thread: a join of codes 2^b apart, highest b first, gives natural order),
+    which keep a word's 8 codes in one thread, so that they reach shared memory as 8 bytes, not one by one."""
+    even = tl.join(tl.join(_code2(words, 0), _code2(words, 4)), tl.join(_code2(words, 2), _code2(words, 6)))
+    odd = tl.join(tl.join(_code2(words, 1), _code2(words, 5)), tl.join(_code2(words, 3), _code2(words, 7)))
+    return tl.reshape(tl.join(even, odd), (BN, 32)).to(tl.int8)
 
 
 @triton.jit

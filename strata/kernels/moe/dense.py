@@ -15,9 +15,9 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import code_tables, decode32
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import expert_rows
-from strata.kernels.moe.stack import ExpertMatrix, tile_config
+from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
 
 
 @triton.jit
@@ -52,31 +52,31 @@ def _grouped_fp16_kernel(a, row_token, tile_expert, n_tiles, w, tab, out, n_out,
 
 
 def grouped_mm_fp16(a: torch.Tensor, grouping: Grouping, weight: ExpertMatrix, gather: bool,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
     """Each grouped row's activations (rounded to fp16) times its expert's weights (rounded to fp16): float32
     [max_rows, weight.rows]. a [R, K] per token when `gather`, else per grouped row; padding rows are left as they
     are in `out` (default: uninitialized)."""
-    return (grouped_mm_fp16_triton if use_triton(a) else grouped_mm_fp16_ref)(a, grouping, weight, gather, out)
+    return (grouped_mm_fp16_triton if use_triton(a) else grouped_mm_fp16_ref)(a, grouping, weight, gather, out, tiles)
 
 
-def grouped_mm_fp16_triton(a, grouping, weight, gather, out=None):
+def grouped_mm_fp16_triton(a, grouping, weight, gather, out=None, tiles=None):
     a = a.contiguous()
     k = a.shape[1]
     weight.check_dot_length(k)
     spec = weight.spec
     if out is None:
         out = torch.empty(grouping.max_rows, weight.rows, dtype=torch.float32, device=a.device)
-    bn, warps = tile_config("dense", spec, weight.rows, a.is_cuda)
-    grid = (grouping.max_tiles * triton.cdiv(weight.rows, bn),)
+    t = tile_config("dense", spec, weight.rows, a.is_cuda, tiles)
+    grid = (grouping.max_tiles * triton.cdiv(weight.rows, t.bn),)
     if grid[0]:
         _grouped_fp16_kernel[grid](
             a, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw, code_tables(a.device), out,
             weight.rows, weight.expert_stride, weight.row_bytes, K=k, GATHER=gather, FMT=spec.fmt_id,
-            QK=spec.block_size, TS=spec.type_size, BM=TILE_ROWS, BN=bn, num_warps=warps)
+            QK=spec.block_size, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps, num_stages=t.stages)
     return out
 
 
-def grouped_mm_fp16_ref(a, grouping, weight, gather, out=None):
+def grouped_mm_fp16_ref(a, grouping, weight, gather, out=None, tiles=None):
     """float64 products of the fp16-rounded activations and weights, rounded once to float32."""
     if out is None:
         out = torch.zeros(grouping.max_rows, weight.rows, dtype=torch.float32, device=a.device)

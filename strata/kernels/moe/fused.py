@@ -13,12 +13,12 @@ import triton
 import triton.language as tl
 
 from strata.errors import StrataError
-from strata.kernels.moe.decode import code_tables
+from strata.kernels.moe.decode import code_tables, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
-from strata.kernels.moe.mmq import expert_rows, load_step, weights_step
+from strata.kernels.moe.grouping import Grouping
+from strata.kernels.moe.mmq import expert_rows, load_step, q2_0_step, weights_step
 from strata.kernels.moe.quantize32 import GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups
-from strata.kernels.moe.stack import ExpertMatrix, tile_config
+from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
 
 
 @triton.jit
@@ -43,12 +43,28 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
     wu_e = wu + expert * expert_bytes
     acc_g = tl.zeros((BM, BN), tl.float32)
     acc_u = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, 64):
-        xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
-        acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg_e, w_row, fm, k0, tab,
-                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
-        acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu_e, w_row, fm, k0, tab,
-                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+    if FMT == 0:  # Q2_0: code words loaded one step ahead, as in mmq.q2_0_loop
+        at_g = wg_e + w_row
+        at_u = wu_e + w_row
+        dg, g0, g1 = q2_0_words(at_g, fm)
+        du, u0, u1 = q2_0_words(at_u, fm)
+        for k0 in range(0, K, 64):
+            more = TS * (k0 + 64 < K)
+            at_g += more
+            at_u += more
+            ndg, ng0, ng1 = q2_0_words(at_g, fm)
+            ndu, nu0, nu1 = q2_0_words(at_u, fm)
+            xc0, xc1, dx0, dx1, _, _ = load_step(a, a_scale, a_sum, a_row, am, k0, K, False)
+            acc_g = q2_0_step(acc_g, xc0, xc1, dx0, dx1, dg, g0, g1, BN, SHARED64)
+            acc_u = q2_0_step(acc_u, xc0, xc1, dx0, dx1, du, u0, u1, BN, SHARED64)
+            dg, g0, g1, du, u0, u1 = ndg, ng0, ng1, ndu, nu0, nu1
+    else:
+        for k0 in range(0, K, 64):
+            xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
+            acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg_e, w_row, fm, k0, tab,
+                                 FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+            acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu_e, w_row, fm, k0, tab,
+                                 FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     codes, scales, sums = round_groups(h, BM, BN)
     r64 = rows.to(tl.int64)[:, None]
@@ -59,17 +75,18 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
     tl.store(hsum + r64 * (n_ff // 32) + g[None, :], sums, mask=gm)
 
 
-def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix):
+def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix,
+                        tiles: Tiles | None = None):
     """H = silu(x Wg^T) * (x Wu^T) of every grouped row, rounded to int8 per 32 features.
 
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
     [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten.
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
-    return fn(codes, scales, sums, grouping, gate, up)
+    return fn(codes, scales, sums, grouping, gate, up, tiles)
 
 
-def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up):
+def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None):
     if (gate.qtype, gate.rows, gate.cols) != (up.qtype, up.rows, up.cols):
         raise StrataError("the fused gate/up kernel needs gate and up experts of one format and shape")
     k, n_ff = codes.shape[1], gate.rows
@@ -81,18 +98,19 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up):
     hq = torch.empty(grouping.max_rows, n_ff, dtype=torch.int8, device=device)
     hs = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.float32, device=device)
     hsum = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.int32, device=device)
-    bn, warps = tile_config("gate_up", spec, n_ff, codes.is_cuda)
-    grid = (grouping.max_tiles * triton.cdiv(n_ff, bn),)
+    t = tile_config("gate_up", spec, n_ff, codes.is_cuda, tiles)
+    grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
             code_tables(device), hq, hs, hsum, n_ff, gate.expert_stride, gate.row_bytes,
             K=k, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
+            HAS_MIN=spec.has_min, SHARED64=spec.scale_per_64, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps,
+            num_stages=t.stages)
     return hq, hs, hsum
 
 
-def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up):
+def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None):
     """float64 gate and up products of the dequantized activations, SwiGLU in float64, H rounded from float32."""
     h = torch.zeros(grouping.max_rows, gate.rows, dtype=torch.float32, device=codes.device)
     x = dequantize_rows_int8(codes, scales)

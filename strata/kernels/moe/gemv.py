@@ -14,8 +14,9 @@ with new ids.
 A program's tile is BN rows x NS consecutive blocks: decode32 decodes 32 weights of each of the BN*NS (row, block)
 pairs at once ("virtual rows"), reshaped to [BN, NS, 32] against the activations' [NS, 32] slice, so each step
 reads NS blocks of every row (NS*18 contiguous bytes of Q4_0) and the accumulators are only reduced at the end.
-Q4_0, Q8_0 and Q4_K take the word kernels of `wide_gemv.py` instead (same contracts, a thread per 16/32-bit word of
-codes; `GemvConfig.wide`); the byte-a-weight kernels here serve the other formats.
+Q2_0, Q4_0, Q8_0, Q4_K and the lattice i-quants IQ2_XS / IQ3_XXS / IQ3_S take the word kernels of `wide_gemv.py`
+instead (same contracts, a thread per 16/32-bit word of codes; `GemvConfig.wide`); the byte-a-weight kernels here
+serve the other formats (and the word formats at odd offsets).
 
 Precision: the weights are decoded exactly (every GGUF weight is a float32, Q4_K's `d*sc*q - dmin*m` rounded once),
 x is read as given and H is kept in float32, so the only error is float32 summation: at most about
@@ -238,21 +239,23 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
 @dataclass(frozen=True)
 class GemvConfig:
     """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
-    `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow."""
+    `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow, the
+    input then cut in `split` slices (a program each, summed in order by a second launch)."""
 
     bn: int
     ns: int
     warps: int
     kc: int = 1
     wide: bool = False
+    split: int = 1
 
 
 def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
     """The launch configuration of "gate_up", "down" or "matvec" (the dense matvec: the down kernel with one
     "expert") for n_out rows of n_in weights.
 
-    Q4_0, Q8_0, Q4_K: the word kernels' tiles (`wide_gemv.word_tile`; the down kernel's units run over all chosen
-    experts at once). The other formats, byte kernels:
+    Q2_0, Q4_0, Q8_0, Q4_K, IQ2_XS, IQ3_XXS, IQ3_S: the word kernels' tiles (`wide_gemv.word_tile`; the down
+    kernel's units run over all chosen experts at once). The other formats, byte kernels:
 
     On a GPU: a step reads about 512 (gate/up) or 256 (down) weights of each row, 8 (gate/up) or 2 (down) rows per
     program, KC = up to 8 experts at once (down), and warps so that each thread holds 16 decoded weights (4 for the
@@ -262,8 +265,8 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
     """
     if spec.name in WORDS:
         n_units = n_in // UNIT[spec.name] * (top_k if kind == "down" else 1)
-        bn, nu, warps = word_tile(spec, n_out, n_units, on_gpu)
-        return GemvConfig(bn, nu, warps, 1, True)
+        bn, nu, warps, split = word_tile(spec, n_out, n_units, on_gpu, top_k if kind == "gate_up" else 1)
+        return GemvConfig(bn, nu, warps, 1, True, split)
     return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
 
 
@@ -317,7 +320,7 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     if cfg.wide and not _takes_words(cfg, g, u):  # operands at odd offsets: the byte kernel's own tiles
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
     if h.numel() and _takes_words(cfg, g, u):
-        launch_word_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps)
+        launch_word_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)
     elif h.numel():
         _gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, cfg.bn))](
             x.contiguous(), topk_ids.contiguous(), experts.slot_of if slots else topk_ids, g.raw, u.raw,
@@ -343,7 +346,7 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if cfg.wide and not _takes_words(cfg, d):
         cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
     if y.numel() and _takes_words(cfg, d):
-        launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps)
+        launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)
     elif y.numel():
         _down_kernel[(n_tokens, triton.cdiv(d.rows, cfg.bn))](
             h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw,

@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.moe.decode import code_tables, decode32
+from strata.kernels.moe.decode import code_tables, decode32, q2_0_codes, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.grouping import TILE_ROWS, Grouping
+from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.quantize32 import dequantize_rows_int8
-from strata.kernels.moe.stack import ExpertMatrix, tile_config
+from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
 
 
 @triton.jit
@@ -73,6 +73,37 @@ def weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w, w_row, nm, k0, tab, FMT: 
 
 
 @triton.jit
+def q2_0_step(acc, xc0, xc1, dx0, dx1, d, words0, words1, BN: tl.constexpr, SHARED64: tl.constexpr):
+    """weights_step for Q2_0 from its code words: the same products in the same order, without byte gathers."""
+    dot0 = tl.dot(xc0, tl.trans(q2_0_codes(words0, BN))).to(tl.float32)
+    dot1 = tl.dot(xc1, tl.trans(q2_0_codes(words1, BN))).to(tl.float32)
+    if SHARED64:
+        acc += d[None, :] * (dx0[:, None] * dot0 + dx1[:, None] * dot1)
+    else:
+        acc += dx0[:, None] * (d[None, :] * dot0)
+        acc += dx1[:, None] * (d[None, :] * dot1)
+    return acc
+
+
+@triton.jit
+def q2_0_loop(acc, a, a_scale, a_row, am, w, w_row, nm, K: tl.constexpr, TS: tl.constexpr, BN: tl.constexpr,
+              SHARED64: tl.constexpr):
+    """acc plus the whole dot of Q2_0 weight rows w_row with the activations. The weight words are loaded one step
+    ahead (int32 registers double-buffer them); the activation codes are loaded where the dots read them, which
+    lets Triton's pipeliner (num_stages) copy them ahead asynchronously (int8 carried in registers would be
+    unpacked to one byte per register)."""
+    at = w + w_row
+    d, words0, words1 = q2_0_words(at, nm)
+    for k0 in range(0, K, 64):
+        at += TS * (k0 + 64 < K)  # the last step reloads its own block rather than branch
+        nd, nwords0, nwords1 = q2_0_words(at, nm)
+        xc0, xc1, dx0, dx1, _, _ = load_step(a, a_scale, a_scale, a_row, am, k0, K, False)
+        acc = q2_0_step(acc, xc0, xc1, dx0, dx1, d, words0, words1, BN, SHARED64)
+        d, words0, words1 = nd, nwords0, nwords1
+    return acc
+
+
+@triton.jit
 def _grouped_int8_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, w, tab, out,
                          n_out, expert_bytes, row_bytes,
                          K: tl.constexpr, GATHER: tl.constexpr, FMT: tl.constexpr, QK: tl.constexpr,
@@ -96,38 +127,43 @@ def _grouped_int8_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, w, 
     w_row = n * row_bytes  # int32 offsets from the expert's base: 32-bit address arithmetic per element
     w_e = w + expert * expert_bytes
     acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, 64):
-        xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
-        acc = weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w_e, w_row, nm, k0, tab,
-                           FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+    if FMT == 0:
+        acc = q2_0_loop(acc, a, a_scale, a_row, am, w_e, w_row, nm, K, TS, BN, SHARED64)
+    else:
+        for k0 in range(0, K, 64):
+            xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
+            acc = weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w_e, w_row, nm, k0, tab,
+                               FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
     tl.store(out + rows.to(tl.int64)[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])
 
 
 def grouped_mm_int8(codes, scales, sums, grouping: Grouping, weight: ExpertMatrix, gather: bool,
-                    shared64: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                    shared64: bool = False, out: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
     """Each grouped row's int8 activations times its expert's weights: float32 [max_rows, weight.rows].
 
     codes int8 [R, K], scales float32 [R, K/32], sums int32 [R, K/32]: per token when `gather` (row r reads token
     row_token[r]), else per grouped row. Padding rows are left as they are in `out` (default: uninitialized).
+    `tiles` overrides the kernel's launch shape (`stack.tile_config`); the result does not depend on it.
     """
     fn = grouped_mm_int8_triton if use_triton(codes) else grouped_mm_int8_ref
-    return fn(codes, scales, sums, grouping, weight, gather, shared64, out)
+    return fn(codes, scales, sums, grouping, weight, gather, shared64, out, tiles)
 
 
-def grouped_mm_int8_triton(codes, scales, sums, grouping, weight, gather, shared64=False, out=None):
+def grouped_mm_int8_triton(codes, scales, sums, grouping, weight, gather, shared64=False, out=None, tiles=None):
     k = codes.shape[1]
     weight.check_dot_length(k)
     spec = weight.spec
     if out is None:
         out = torch.empty(grouping.max_rows, weight.rows, dtype=torch.float32, device=codes.device)
-    bn, warps = tile_config("mm", spec, weight.rows, codes.is_cuda)
-    grid = (grouping.max_tiles * triton.cdiv(weight.rows, bn),)
+    t = tile_config("mm", spec, weight.rows, codes.is_cuda, tiles)
+    grid = (grouping.max_tiles * triton.cdiv(weight.rows, t.bn),)
     if grid[0]:
         _grouped_int8_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, weight.raw,
             code_tables(codes.device), out, weight.rows, weight.expert_stride, weight.row_bytes,
             K=k, GATHER=gather, FMT=spec.fmt_id, QK=spec.block_size, TS=spec.type_size, SPLIT16=spec.split16,
-            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=TILE_ROWS, BN=bn, num_warps=warps)
+            HAS_MIN=spec.has_min, SHARED64=shared64 and spec.scale_per_64, BM=grouping.tile_rows, BN=t.bn, num_warps=t.warps,
+            num_stages=t.stages)
     return out
 
 
@@ -138,7 +174,7 @@ def expert_rows(grouping: Grouping) -> list[tuple[int, torch.Tensor]]:
     return [(e, torch.arange(starts[e], starts[e] + c, device=device)) for e, c in enumerate(counts) if c]
 
 
-def grouped_mm_int8_ref(codes, scales, sums, grouping, weight, gather, shared64=False, out=None):
+def grouped_mm_int8_ref(codes, scales, sums, grouping, weight, gather, shared64=False, out=None, tiles=None):
     """float64 products of the dequantized activations and weights, rounded once to float32."""
     if out is None:
         out = torch.zeros(grouping.max_rows, weight.rows, dtype=torch.float32, device=codes.device)

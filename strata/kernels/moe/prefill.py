@@ -22,7 +22,7 @@ from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe import combine, dense, fused, grouping, mmq, quantize32
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.stack import ExpertMatrix
+from strata.kernels.moe.stack import ExpertMatrix, Tiles
 
 PATHS = ("dense", "mmq", "fused")
 
@@ -92,13 +92,15 @@ def _ops(triton: bool):
     }
 
 
-def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Tensor | None = None) -> torch.Tensor:
+def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Tensor | None = None,
+         tiles: Tiles | None = None) -> torch.Tensor:
     path = path or prompt_expert_path()
     if path not in PATHS:
         raise StrataError(f"unknown prompt expert path {path!r} (known: {', '.join(PATHS)})")
     experts = PromptExperts.of(stack)
     op = _ops(triton)
-    group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel())
+    group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel(),
+                        tiles.rows if tiles else grouping.TILE_ROWS)
     if slot_of is not None and triton:
         # Grouped by expert id as usual; each tile then reads its expert's weights at the expert's slot.
         tile = group.tile_expert
@@ -111,34 +113,35 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         return torch.zeros(group.max_rows, n_ff, dtype=torch.float32, device=x.device)
 
     if path == "dense":
-        g = op["mm_fp16"](x, group, experts.gate, True, zeros())
-        u = op["mm_fp16"](x, group, experts.up, True, zeros())
-        rows_out = op["mm_fp16"](F.silu(g) * u, group, experts.down, False)
+        g = op["mm_fp16"](x, group, experts.gate, True, zeros(), tiles)
+        u = op["mm_fp16"](x, group, experts.up, True, zeros(), tiles)
+        rows_out = op["mm_fp16"](F.silu(g) * u, group, experts.down, False, None, tiles)
     elif path == "mmq":
         xq = op["quantize"](x)
-        g = op["mm_int8"](*xq, group, experts.gate, True, False, zeros())
-        u = op["mm_int8"](*xq, group, experts.up, True, False, zeros())
-        rows_out = op["mm_int8"](*op["quantize"](F.silu(g) * u), group, experts.down, False)
+        g = op["mm_int8"](*xq, group, experts.gate, True, False, zeros(), tiles)
+        u = op["mm_int8"](*xq, group, experts.up, True, False, zeros(), tiles)
+        rows_out = op["mm_int8"](*op["quantize"](F.silu(g) * u), group, experts.down, False, False, None, tiles)
     else:
-        h = op["gate_up"](*op["quantize"](x), group, experts.gate, experts.up)
-        rows_out = op["mm_int8"](*h, group, experts.down, False, True)
+        h = op["gate_up"](*op["quantize"](x), group, experts.gate, experts.up, tiles)
+        rows_out = op["mm_int8"](*h, group, experts.down, False, True, None, tiles)
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 
 
 def moe_prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stack,
-                path: str | None = None, slot_of: torch.Tensor | None = None) -> torch.Tensor:
+                path: str | None = None, slot_of: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
     """Sum over each token's top-k experts of weight * SwiGLU expert(x): x [T, embd] (bf16 or float32), topk_ids and
     topk_weights [T, k], stack with gate/up/down expert tensors (GGUF blocks) -> [T, embd] of x's dtype.
 
     `path` ("dense", "mmq", "fused") overrides the switches (`prompt_expert_path`). `slot_of` (int [E], the layer's
-    expert ids -> index into stack, e.g. `PromptExperts.over_slots`) reads each expert where it lies.
+    expert ids -> index into stack, e.g. `PromptExperts.over_slots`) reads each expert where it lies. `tiles` gives
+    every kernel of the path one launch shape (`strata bench moe-prefill --sweep`); the result does not depend on it.
     """
-    return _run(x, topk_ids, topk_weights, stack, path, use_triton(x), slot_of)
+    return _run(x, topk_ids, topk_weights, stack, path, use_triton(x), slot_of, tiles)
 
 
-def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None, slot_of=None) -> torch.Tensor:
+def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None, slot_of=None, tiles=None) -> torch.Tensor:
     """The Triton kernels whatever the device (CPU tensors need TRITON_INTERPRET=1)."""
-    return _run(x, topk_ids, topk_weights, stack, path, True, slot_of)
+    return _run(x, topk_ids, topk_weights, stack, path, True, slot_of, tiles)
 
 
 def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None, slot_of=None) -> torch.Tensor:

@@ -59,6 +59,8 @@ class ExpertMatrix:
         if self.cols != k or not dot_length_fits(spec, k):
             raise StrataError(f"{spec.name} experts of {self.cols} inputs cannot take rows of {k} values (the kernels "
                               f"step 64 values at a time, whole {spec.block_size}-weight blocks)")
+        if spec.scale_per_64 and (self.raw.data_ptr() % 2 or self.raw.stride(0) % 2):
+            raise StrataError(f"{spec.name} experts must start at even addresses: the kernels read them as 16-bit words")
 
 
 def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
@@ -66,13 +68,49 @@ def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 64 == 0 and k % spec.block_size == 0
 
 
-def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool) -> tuple[int, int]:
-    """(output columns per program, warps) of the expert kernels ("mm", "gate_up", "dense").
+@dataclass(frozen=True)
+class Tiles:
+    """The launch shape of the expert kernels: outputs per program (BN), warps, Triton's pipeline stages, and the
+    grouped rows per tile (BM; the grouping pads each expert's rows to a multiple of it)."""
 
-    On a GPU: 8 warps and 64 columns, but 32 for the fused gate/up kernel of the formats with a heavier decode, whose
-    two accumulators would otherwise spill (sm_90 builds, checked by tests/kernels/moe/test_sm90_build.py). Under
-    the interpreter: wide programs, since its cost is per operation.
+    bn: int
+    warps: int
+    stages: int
+    rows: int = 64
+
+    @classmethod
+    def parse(cls, text: str) -> "Tiles":
+        """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"."""
+        try:
+            values = [int(v) for v in text.lower().split("x")]
+            rows, (bn, warps, stages) = (64, values) if len(values) == 3 else (values[0], values[1:])
+        except ValueError:
+            raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES, e.g. 128x8x2") from None
+        if bn < 16 or bn & (bn - 1) or rows not in (64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
+            raise StrataError(f"tile config {text!r}: BM 64 or 128, BN a power of two >= 16, warps 4, 8 or 16, "
+                              "stages 1 to 5")
+        return cls(bn, warps, stages, rows)
+
+    def __str__(self) -> str:
+        return f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
+            f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
+
+
+def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Tiles | None = None) -> Tiles:
+    """The launch shape of the expert kernels ("mm", "gate_up", "dense"); `tiles` overrides it (sweeps, tests).
+
+    On a GPU, Q2_0 (decoded from code words, weights of the next step loaded ahead): 128 outputs per program for
+    the int8 matmul, to spread each 64-row tile's activation loads and barriers over twice the columns of before
+    (about 2,100 instead of 3,500 warp instructions per 64x64x64 step in the sm_90 build), 64 for the fused gate/up
+    kernel, whose two accumulators spill at 128; 2 stages so that Triton copies the activation codes one step ahead.
+    The other formats keep their first shape: 64 columns (32 for the fused gate/up kernel, whose two accumulators
+    would otherwise spill), 8 warps, Triton's default 3 stages (checked by tests/kernels/moe/test_sm90_build.py).
+    Under the interpreter: wide programs, since its cost is per operation.
     """
+    if tiles is not None:
+        return tiles
     if not on_gpu:
-        return min(256, max(32, 1 << (n_out - 1).bit_length())), 4
-    return (32 if kind == "gate_up" and not spec.scale_per_64 else 64), 8
+        return Tiles(min(256, max(32, 1 << (n_out - 1).bit_length())), 4, 1)
+    if spec.scale_per_64 and kind != "dense":
+        return Tiles(64 if kind == "gate_up" else 128, 8, 2)
+    return Tiles(32 if kind == "gate_up" and not spec.scale_per_64 else 64, 8, 3)

@@ -35,3 +35,16 @@ def test_tiny_run_passes(capsys):
     for name in ("fp32", "v1", "v2", "v2t", "imma"):
         assert f"PASS {name}" in text
     assert "sdpa-bf16" in text and "all PASS" in text
+
+
+def test_tiny_sweep_lists_every_config(capsys):
+    rc = main(["--ctx", "160", "--queries", "8", "--reps", "1", "--heads", "4", "--kv-heads", "2", "--dim", "64",
+               "--top-k", "29", "--recent", "8", "--variants", "v2", "--sweep", "q1h2c16", "q3h1s1"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "merge q3" in text and "x one selection" in text
+    for label in ("default q5h6c32w8s3", "q1h2c16w4s3", "q3h1c32w4s1"):
+        assert f"PASS v2    {label}" in text, label
+    assert "v2 configs by speed-up over its default q5h6c32w8s3" in text and "imma" not in text
+    assert "  best v2 " in text
+    assert "defaults PASS" in text

@@ -81,7 +81,7 @@ def test_unset_switches_keep_the_default_bytes():
     q, pool, table, ids, width = case("small", seed=2)
     default = prompt_attention(q, pool, table, ids, width, reference=False)
     defaults = {name: switches.SWITCHES[name].default
-                for name in ("STRATA_PROMPT_ATTN_OLD", "STRATA_PA_V2T", "STRATA_PROMPT_ATTN_IMMA")}
+                for name in ("STRATA_PROMPT_ATTN_OLD", "STRATA_PA_V2T", "STRATA_PROMPT_ATTN_IMMA", "STRATA_PA_CONFIG")}
     with switches.override(**defaults):
         again = prompt_attention(q, pool, table, ids, width, reference=False)
     assert torch.equal(default.view(torch.int32), again.view(torch.int32))

@@ -26,8 +26,10 @@ INT8_ROWS = {"a": "*i8", "a_scale": "*fp32", "a_sum": "*i32"}
 
 
 def build(kernel, signature: dict, constants: dict, **options) -> dict:
+    # Arguments specialized as a launch would: pointers and sizes divisible by 16 (the layer's shapes are).
+    aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in signature}
     signature = {**signature, **{name: "constexpr" for name in constants}}
-    compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+    compiled = triton.compile(ASTSource(kernel, signature, constants, aligned), target=GPUTarget("cuda", 90, 32),
                               options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -35,7 +37,8 @@ def build(kernel, signature: dict, constants: dict, **options) -> dict:
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
     return {"kernel": kernel.__name__, "regs": int(regs), "stack": int(stack), **{
-        k: v for k, v in constants.items() if k in ("FMT", "K", "BN")}, "warps": options.get("num_warps")}
+        k: v for k, v in constants.items() if k in ("FMT", "K", "BN")}, "warps": options.get("num_warps"),
+        "stages": options.get("num_stages")}
 
 
 def expert_kernels(name: str, n_embd: int = 2560, n_ff: int = 640):
@@ -44,21 +47,22 @@ def expert_kernels(name: str, n_embd: int = 2560, n_ff: int = 640):
     int8 = dict(fmt, SPLIT16=spec.split16, HAS_MIN=spec.has_min)
     weights = {"w": "*u8", "tab": "*i8"}
     sizes = {"expert_bytes": "i64", "row_bytes": "i32"}
-    bn, warps = tile_config("mm", spec, n_ff, True)
+    t = tile_config("mm", spec, n_ff, True)
     mm = {**INT8_ROWS, **GROUPED, **weights, "out": "*fp32", "n_out": "i32", **sizes}
-    yield build(mmq._grouped_int8_kernel, mm, dict(K=n_embd, GATHER=True, SHARED64=False, BM=64, BN=bn, **int8),
-                num_warps=warps)
+    yield build(mmq._grouped_int8_kernel, mm, dict(K=n_embd, GATHER=True, SHARED64=False, BM=64, BN=t.bn, **int8),
+                num_warps=t.warps, num_stages=t.stages)
     if spec.block_size <= 64:  # a format the down projection (K = 640) can use
         yield build(mmq._grouped_int8_kernel, mm, dict(K=n_ff, GATHER=False, SHARED64=spec.scale_per_64, BM=64,
-                                                       BN=bn, **int8), num_warps=warps)
-    bn, warps = tile_config("gate_up", spec, n_ff, True)
+                                                       BN=t.bn, **int8), num_warps=t.warps, num_stages=t.stages)
+    t = tile_config("gate_up", spec, n_ff, True)
     gate_up = {**INT8_ROWS, **GROUPED, "wg": "*u8", "wu": "*u8", "tab": "*i8", "hq": "*i8", "hs": "*fp32",
                "hsum": "*i32", "n_ff": "i32", **sizes}
-    yield build(fused._gate_up_kernel, gate_up, dict(K=n_embd, SHARED64=spec.scale_per_64, BM=64, BN=bn, **int8),
-                num_warps=warps)
-    bn, warps = tile_config("dense", spec, n_ff, True)
+    yield build(fused._gate_up_kernel, gate_up, dict(K=n_embd, SHARED64=spec.scale_per_64, BM=64, BN=t.bn, **int8),
+                num_warps=t.warps, num_stages=t.stages)
+    t = tile_config("dense", spec, n_ff, True)
     fp16 = {"a": "*fp32", **GROUPED, **weights, "out": "*fp32", "n_out": "i32", **sizes}
-    yield build(dense._grouped_fp16_kernel, fp16, dict(K=n_embd, GATHER=True, BM=64, BN=bn, **fmt), num_warps=warps)
+    yield build(dense._grouped_fp16_kernel, fp16, dict(K=n_embd, GATHER=True, BM=64, BN=t.bn, **fmt),
+                num_warps=t.warps, num_stages=t.stages)
 
 
 def helper_kernels():

@@ -1,6 +1,9 @@
+import pytest
 import torch
 
 from strata.bench.moe_prefill import main, make_layer, parse_args
+from strata.errors import StrataError
+from strata.kernels.moe.stack import Tiles
 
 
 def test_parity_tool_runs_and_passes_at_a_tiny_shape(capsys):
@@ -26,3 +29,22 @@ def test_default_arguments_are_the_full_layer():
     args = parse_args([])
     assert (args.embd, args.ff, args.experts, args.top_k, args.tokens) == (2560, 640, 512, 10, [2048])
     assert len(args.pairs) == 6 and args.paths == ["dense", "mmq", "fused"]
+
+
+def test_sweep_times_each_shape_beside_the_default(capsys):
+    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "16", "--experts", "16", "--embd", "64", "--ff", "64",
+                 "--reps", "1", "--device", "cpu", "--paths", "mmq,fused", "--sweep", "64x8x2,128x64x4x1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines() if " | " in line]
+    assert [r[0] for r in rows] == ["mmq", "fused"] and all(r[1] == "default" for r in rows)
+    assert all("64x8x2" in r and "128x64x4x1" in r for r in rows) and "DIFFERENT" not in out
+
+
+def test_sweep_shapes_are_checked():
+    with pytest.raises(StrataError, match="BNxWARPSxSTAGES"):
+        parse_args(["--sweep", "128x8"])
+    with pytest.raises(StrataError, match="power of two"):
+        parse_args(["--sweep", "96x8x2"])
+    assert [str(t) for t in parse_args(["--sweep"]).sweep][:2] == ["64x8x2", "64x8x3"]
+    assert parse_args(["--sweep", "128x64x8x2"]).sweep[0] == Tiles(64, 8, 2, rows=128)

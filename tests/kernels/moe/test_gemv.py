@@ -144,7 +144,8 @@ def test_mismatched_or_unsupported_formats_are_named():
 
 # ---- sm_90 builds: the benchmark shapes' launch configurations compile for Hopper and spill nothing
 
-BUILDS = [("Q4_0", 2048, 768, 8), ("Q4_K", 2048, 768, 8), ("Q2_0", 2560, 640, 10), ("IQ2_XS", 2560, 512, 10)]
+BUILDS = [("Q4_0", 2048, 768, 8), ("Q4_K", 2048, 768, 8), ("Q2_0", 2560, 640, 10), ("IQ2_XS", 2560, 512, 10),
+          ("IQ3_XXS", 2560, 512, 10), ("IQ3_S", 2560, 512, 10)]
 MATVEC_BUILDS = [("Q4_0", 2048, 4096), ("Q8_0", 4096, 2048), ("Q4_K", 2048, 151936)]  # (format, n_in, n_out)
 GATE_UP_SIG = {"x": "*bf16", "ids": "*i32", "slot_of": "*i32", "wg": "*u8", "wu": "*u8", "h": "*fp32",
                "n_ff": "i32", "stride_g": "i32", "stride_u": "i32", "row_bytes": "i32"}
@@ -177,13 +178,16 @@ def _jobs():
         if name not in wide_gemv.WORDS:
             continue
         cfg = gemv.gemv_config(kind, spec, n_out, n_in, top_k, True)
-        constants = dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_in // wide_gemv.UNIT[name],
-                         UNIT_W=wide_gemv.UNIT[name], NT=wide_gemv.WORDS[name], SLOTS=True, BN=cfg.bn, NU=cfg.ns)
+        n_units = n_in // wide_gemv.UNIT[name]
+        per = wide_gemv.units_per_slice(n_units * (top_k if kind == "down" else 1), cfg.ns, cfg.split)
+        constants = dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_units, UNIT_W=wide_gemv.UNIT[name],
+                         NT=wide_gemv.WORDS[name], SLOTS=True, BN=cfg.bn, NU=cfg.ns, SPLIT=cfg.split, PER=per)
+        tab = {"tab": "*i8" if name in wide_gemv.GRID_FORMATS else "*u8"}  # code_tables, or the weights' stand-in
         if kind == "gate_up":
-            signature = {("hid" if k == "h" else k): v for k, v in GATE_UP_SIG.items()}
+            signature = {("hid" if k == "h" else k): v for k, v in {**GATE_UP_SIG, **tab}.items()}
             yield f"words {kind}", wide_gemv._word_gate_up_kernel, signature, constants, cfg
         else:
-            yield f"words {kind}", wide_gemv._word_down_kernel, {**DOWN_SIG, "h": x_type}, constants, cfg
+            yield f"words {kind}", wide_gemv._word_down_kernel, {**DOWN_SIG, "h": x_type, **tab}, constants, cfg
 
 
 def _build_sm90() -> None:
@@ -218,7 +222,7 @@ def test_kernels_build_for_sm90_without_spills():
     run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(builds) == len(list(_jobs())) == 2 * (len(BUILDS) + 2) + 2 * len(MATVEC_BUILDS)
+    assert len(builds) == len(list(_jobs())) == 4 * len(BUILDS) + 2 * len(MATVEC_BUILDS)  # every format has words
     assert not [b for b in builds if b["stack"]], builds
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from strata.kernels.moe.grouping import TILE_ROWS, group_pairs, group_pairs_ref, group_pairs_triton, max_tiles_for
+from strata.kernels.moe.grouping import group_pairs, group_pairs_ref, group_pairs_triton, max_tiles_for
 
 
 def skewed_ids(n_tokens: int, top_k: int, n_experts: int, seed: int = 0) -> torch.Tensor:
@@ -18,9 +18,10 @@ def check_layout(grouping, ids: torch.Tensor) -> None:
     counts = torch.bincount(flat, minlength=grouping.n_experts)
     assert torch.equal(grouping.counts.cpu().long(), counts)
     starts = grouping.starts.cpu().long()
-    tiles = (counts + TILE_ROWS - 1) // TILE_ROWS
-    assert torch.equal(starts[1:] - starts[:-1], tiles * TILE_ROWS)
-    assert starts[0] == 0 and (starts % TILE_ROWS == 0).all()
+    size = grouping.tile_rows
+    tiles = (counts + size - 1) // size
+    assert torch.equal(starts[1:] - starts[:-1], tiles * size)
+    assert starts[0] == 0 and (starts % size == 0).all()
     rows = grouping.pair_row.cpu().long()
     assert rows.unique().numel() == rows.numel()  # no row given twice
     assert ((rows >= starts[flat]) & (rows < starts[flat] + counts[flat])).all()
@@ -34,7 +35,7 @@ def check_layout(grouping, ids: torch.Tensor) -> None:
     tile_expert = grouping.tile_expert.cpu().long()
     assert torch.equal(tile_expert[:n_tiles], torch.repeat_interleave(torch.arange(grouping.n_experts), tiles))
     assert (tile_expert[n_tiles:] == -1).all()
-    assert row_token.numel() == grouping.max_tiles * TILE_ROWS
+    assert row_token.numel() == grouping.max_tiles * size
 
 
 @pytest.mark.parametrize("shape", [(256, 10, 64), (37, 8, 512), (1, 1, 4), (200, 4, 5), (64, 1, 1)])
@@ -55,10 +56,20 @@ def test_grouping_skewed_routing_matches_reference(device):
     assert got.counts[60:].sum() == 0 and int(got.n_tiles) == 4 + 4 + 58  # experts 0, 1: 256 rows each; 2-59 under 64
 
 
+def test_grouping_in_128_row_tiles(device):
+    ids = skewed_ids(200, 6, 16)
+    got, ref = group_pairs_triton(ids.to(device), 16, 128), group_pairs_ref(ids, 16, 128)
+    for grouping in (got, ref):
+        check_layout(grouping, ids)
+        assert grouping.tile_rows == 128 and grouping.max_rows == grouping.max_tiles * 128
+    assert torch.equal(got.tile_expert.cpu(), ref.tile_expert) and int(got.n_tiles) == 2 + 2 + 10
+
+
 def test_max_tiles_bound_is_tight():
     assert max_tiles_for(64, 1) == 1 and max_tiles_for(65, 1) == 2
     assert max_tiles_for(10, 512) == 10  # ten experts with one pair each
     assert max_tiles_for(20480, 512) == (20480 + 63 * 512) // 64
+    assert max_tiles_for(128, 1, 128) == 1 and max_tiles_for(129, 1, 128) == 2
 
 
 def test_dispatch_takes_reference_on_cpu():

@@ -8,6 +8,7 @@ from strata.bench.moe_prefill import (DENSE_RMS, DENSE_WORST, FUSED_RMS_VS_MMQ, 
                                       ROUNDED_WORST, errors, make_layer)
 from strata.kernels.moe.prefill import moe_prefill, moe_prefill_ref, moe_prefill_triton, prompt_expert_path
 from strata.kernels.moe.reference import moe_float64
+from strata.kernels.moe.stack import Tiles
 from strata.models.weights import QuantWeight
 
 
@@ -105,3 +106,13 @@ def test_cpu_dispatch_runs_the_references_and_takes_engine_stacks():
         assert torch.equal(y, moe_prefill_ref(*args, e, path))
         ref = moe_float64(*args, e, roundings=("fp16" if path == "dense" else "int8",))
         assert errors(y, next(iter(ref.values())))[0] < 1e-5
+
+
+def test_launch_shapes_give_the_same_bytes(device):
+    """Rows per tile, BN, warps and stages change which program computes an output, never its arithmetic."""
+    layer = make_layer("Q2_0 / Q2_0", 24, n_experts=10, n_embd=128, n_ff=64, top_k=3, seed=5, device=device)
+    args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts)
+    for path in ("mmq", "fused"):
+        default = moe_prefill_triton(*args, path)
+        assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(32, 4, 2))), path
+        assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(64, 8, 2, rows=128))), path

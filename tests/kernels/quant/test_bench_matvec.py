@@ -9,3 +9,16 @@ def test_matvec_bench_row_passes_at_a_tiny_shape():
     assert bench_one(64, 24, "Q4_0", DEVICE, 1e9, out), out.getvalue()
     lines = out.getvalue().splitlines()
     assert [line.split()[2] for line in lines] == ["bytes", "words"] and "FAIL" not in out.getvalue()
+
+
+def test_matvec_sweep_checks_every_config_against_float64():
+    from strata.bench.gemv_sweep import sweep_configs
+    from strata.kernels.moe.decode import SPECS
+
+    configs = sweep_configs("matvec", SPECS["Q2_0"], 24, 256, 1)
+    assert configs[0].wide and not configs[-1].wide  # the default first, the byte kernel last
+    assert len(set(configs)) == len(configs) and {c.split for c in configs} >= {1, 2, 4}
+    out = io.StringIO()
+    assert bench_one(256, 24, "Q2_0", DEVICE, 1e9, out, sweep=True), out.getvalue()
+    sweeps = [line for line in out.getvalue().splitlines() if line.lstrip().startswith("sweep")]
+    assert len(sweeps) == len(configs) and "1.00x default" in sweeps[0] and "FAIL" not in out.getvalue()

@@ -1,0 +1,51 @@
+"""The launch configurations `bench moe-decode --sweep` and `bench matvec --sweep` time beside the default.
+
+One device run then shows which tile wins on the GPU at hand: each line is a config's time, GB/s, % of the HBM floor
+and its ratio to the default's time (first line). Variants move one tunable at a time from the default (rows per
+program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
+pairs that trade one for another (twice the rows with twice the split keeps the program count), and the byte kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from strata.kernels.moe.decode import DecodeSpec
+from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config
+
+MAX_WARPS = 16
+
+
+def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int) -> list[GemvConfig]:
+    """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants."""
+    base = gemv_config(kind, spec, n_out, n_in, top_k, True)
+    variants = [base]
+    if base.wide:
+        half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
+        variants += [
+            replace(base, warps=half), replace(base, warps=double),
+            replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
+            replace(base, ns=max(1, base.ns // 2), warps=half), replace(base, ns=base.ns * 2, warps=double),
+            replace(base, split=1), replace(base, split=2), replace(base, split=4),
+            replace(base, bn=base.bn * 2, split=base.split * 2), replace(base, bn=max(1, base.bn // 2), split=1),
+            replace(base, ns=max(1, base.ns // 2), warps=half, split=base.split * 2),
+        ]
+    else:
+        variants += [replace(base, warps=max(1, base.warps // 2)), replace(base, warps=min(MAX_WARPS, base.warps * 2)),
+                     replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
+                     replace(base, ns=max(1, base.ns // 2))]
+    variants.append(byte_config(kind, spec, n_out, n_in, top_k, True))  # the byte kernel the word ones replaced
+    return list(dict.fromkeys(variants))
+
+
+def describe(cfg: GemvConfig) -> str:
+    units = "nu" if cfg.wide else "ns"
+    return (f"{'words' if cfg.wide else 'bytes'} bn={cfg.bn:<3} {units}={cfg.ns:<3} warps={cfg.warps:<2} "
+            f"split={cfg.split}" + ("" if cfg.wide else f" kc={cfg.kc}"))
+
+
+def sweep_line(label: str, cfg: GemvConfig, us: float, n_bytes: float, floor_bw: float, default_us: float) -> str:
+    """One timed config: microseconds, GB/s, % of the floor (n_bytes / floor_bw) and the default's time over it."""
+    floor_us = n_bytes / floor_bw * 1e6
+    return (f"  sweep {label:<24} {describe(cfg):<44} {us:8.2f} us {n_bytes / us / 1e3:6.0f} GB/s "
+            f"{floor_us / us:6.1%} of floor  {default_us / us:5.2f}x default")

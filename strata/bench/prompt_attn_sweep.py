@@ -1,0 +1,131 @@
+"""`strata bench prompt-attn --sweep [CONFIG ...]`: the blocked prompt kernels (v2, v2t, imma) timed over a list of
+tunable sets (queries and heads per program, chunk, warps, stages) at the parity tool's shapes, in one run.
+
+Per shape: the merge of each block's selections (its time, and how much longer the merged list is than one
+selection), then one line per variant and config: ms, fraction of the floor, speed against the variant's default
+config, the parity bounds. At the end, per variant, the configs ranked by the geometric mean of their speed-up over
+the default across the shapes (a config failing its bounds or its compile anywhere is ranked out).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from strata.bench.ceilings import Timer
+from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
+
+SWEEP = [
+    "q1h12c32w4s3",  # the layout before blocking: one query and its KV head's 12 query heads (16 rows)
+    "q2h12c32w8s3", "q5h6c32w4s3", "q5h6c32w8s2", "q5h6c64w8s3",  # 32 rows
+    "q5h12c32w8s3", "q10h6c32w8s3",  # 64 rows
+    "q4h4c32w4s3", "q8h2c32w4s3",  # 16 rows, every one used
+]
+SWEPT = ["v2", "v2t", "imma"]
+
+
+def _kernels():
+    from strata.kernels.attention import prompt_imma, prompt_v2
+
+    return {"v2": (prompt_v2.prompt_attn_v2, prompt_v2.DEFAULT), "v2t": (prompt_v2.prompt_attn_v2t, prompt_v2.DEFAULT),
+            "imma": (prompt_imma.prompt_attn_imma, prompt_imma.DEFAULT)}
+
+
+def _merge_lines(data, queries: list[int], timer: Timer, reps: int) -> None:
+    """Per queries-per-program value: the merge's time (torch's sort; the Triton passes of STRATA_PA_MERGE_KERNEL, and
+    whether they give the same cells) and how much longer a merged list is than one selection."""
+    from strata.kernels.attention.prompt_blocks import shared_cells
+
+    width = data.width.float().mean().item()
+    for n in queries:
+        cells, members, count = shared_cells(data.ids, data.width, n)
+        ms = timer(lambda n=n: shared_cells(data.ids, data.width, n), reps)
+        if not data.ids.is_cuda:  # the interpreter would take seconds; tests check the kernel's cells
+            kernel = "kernel on the GPU only"
+        else:
+            kernel = _merge_kernel_line(data, n, (cells, members, count), timer, reps)
+        print(f"  merge q{n:<3} torch {ms:.3f} ms, {kernel}; merged cells per block {count.float().mean().item():.1f} "
+              f"({count.float().mean().item() / width:.2f}x one selection)")
+
+
+def _merge_kernel_line(data, n: int, want, timer: Timer, reps: int) -> str:
+    from strata.kernels.attention.merge_cells import merge_cells_triton
+
+    try:
+        same = _same_merge(want, merge_cells_triton(data.ids, data.width, n))
+        ms = timer(lambda: merge_cells_triton(data.ids, data.width, n), reps)
+        return f"kernel {ms:.3f} ms ({'same cells' if same else 'DIFFERENT cells'})"
+    except Exception as e:  # noqa: BLE001  (information only)
+        return f"kernel failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+
+
+def _same_merge(a, b) -> bool:
+    """Equal counts, and equal cells and bits up to each block's count."""
+    if not torch.equal(a[2], b[2]):
+        return False
+    used = torch.arange(a[0].shape[1], device=a[0].device)[None] < a[2][:, None]
+    return torch.equal(a[0][used], b[0][used]) and torch.equal(a[1][used], b[1][used])
+
+
+def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[int, int]]) -> int:
+    """Print the sweep; 0 if every variant's default config passes its bounds at every shape, else 1."""
+    from strata.kernels.attention.prompt import VARIANTS
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+
+    kernels = _kernels()
+    variants = [n for n in SWEPT if n in args.variants]
+    configs = [PromptConfig.parse(text) for text in (args.sweep or SWEEP)]
+    timer = Timer(device)
+    speedups = {(n, c.label): [] for n in variants for c in configs}
+    ok = True
+    for ctx, n_q in shapes:
+        data = shape_data(ctx, min(n_q, ctx), args, device, bandwidth)
+        fp32, fp32_scale, err_fp32 = fp32_yardstick(data, VARIANTS["fp32"](*data.inputs()))
+        _merge_lines(data, sorted({c.queries for c in configs} - {1}), timer, args.reps)
+        for name in variants:
+            call, default = kernels[name]
+            results = {}  # label: (ms, within bounds)
+            for config in [default] + configs:
+                tag = "default " + config.label if config is default else config.label
+                try:
+                    out = call(*data.inputs(), config=config)
+                    ms = min(timer(lambda: call(*data.inputs(), config=config), args.reps)
+                             for _ in range(rounds(device)))
+                except Exception as e:  # noqa: BLE001  (a config that does not compile is reported and ranked out)
+                    print(f"  FAIL {name:<5} {tag:<22} {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                    results[tag] = (math.nan, False)
+                    continue
+                err, vs_fp32 = data.errors(out, fp32)
+                results[tag] = (ms, within_bounds(err, vs_fp32, err_fp32, data.ref_scale, fp32_scale))
+                base = results["default " + default.label][0]
+                print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
+                      f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
+                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}")
+            passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
+            base, ok_default = results.pop("default " + default.label)
+            ok &= ok_default
+            for label, (ms, good) in results.items():
+                speedups[name, label].append(base / ms if good else math.nan)
+            if passing:
+                ms, label = min(passing)
+                print(f"  best {name:<5} {label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor  "
+                      f"{base / ms:5.2f}x default")
+    for name in variants:
+        ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name),
+                        key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
+        print(f"{name} configs by speed-up over its default {kernels[name][1].label} (geometric mean over shapes): "
+              + ", ".join(f"{label} {x:.2f}x" for x, label in ranked))
+    print("defaults PASS" if ok else "some default FAIL")
+    return 0 if ok else 1
+
+
+def rounds(device: torch.device) -> int:
+    """Timings per config: the better of two on the GPU (clocks settle); one on the CPU, which only checks."""
+    return 2 if device.type == "cuda" else 1
+
+
+def _geomean(values: list[float]) -> float:
+    if not values or any(math.isnan(v) for v in values):
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
