@@ -18,10 +18,11 @@ code the graphs hold. Verify windows (--spec) stay uncaptured across cards: they
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import torch
 
-from strata.engine.decode import (Program, Published, StaticContext, StepGraphs, _experts_segment,
+from strata.engine.decode import (GraphDecoder, Program, StaticContext, StepGraphs, _experts_segment,
                                   _storage_signature, graphs_wanted, publish)
 from strata.engine.experts import CachedExperts, ResidentExperts, kernel_path
 from strata.engine.hybrid_cache import HybridCache
@@ -88,9 +89,16 @@ class StageGraphs(StepGraphs):
 class Stage:
     """One card's part of a decode step of `rows` tokens: its static buffers, its programs (one per span)."""
 
+    # One card's doorbell loop and routing buffers are GraphDecoder's own, run over this card's routed layers with
+    # the stage in the decoder's place (the same attribute names: model, rows, capture, cached, device, host_seconds).
+    execute = GraphDecoder._execute
+    _routing_buffers = GraphDecoder._routing_buffers
+
     def __init__(self, decoder: "SplitGraphDecoder", stage: int, experts):
         model, rows, split = decoder.model, decoder.rows, decoder.split
         self.decoder, self.index, self.layers = decoder, stage, split.layers(stage)
+        self.model, self.rows = model, rows
+        self.host_seconds: Counter = Counter()  # the doorbell loop's host time by part (`strata bench decode`)
         self.device = split.devices[stage]
         self.first, self.last = stage == 0, stage == split.n_stages - 1
         self.experts = experts  # this card's backend: ResidentExperts or CachedExperts
@@ -116,6 +124,10 @@ class Stage:
         self.programs: dict[int, StepGraphs] = {}
         self.uploaded = None  # CUDA event after this stage's last upload from the decoder's staging buffer
 
+    @property
+    def capture(self) -> bool:
+        return self.decoder.capture
+
     def upload(self, staging: torch.Tensor) -> None:
         """This step's tokens (first card) and positions into the stage's buffers, on its stream."""
         if self.first:
@@ -140,37 +152,6 @@ class Stage:
             self.execute(runner)
         self.experts.end_step()  # this card's cache adapts, on the stream that reads it
         return runner.program.stash
-
-    def execute(self, runner: StepGraphs) -> None:
-        """As GraphDecoder._execute, over this card's routed layers (its doorbells on its own stream)."""
-        program = runner.program
-        runner.run(0)
-        for j, layer in enumerate(program.routed):
-            published = program.stash["published"]
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()  # the doorbell: the routing is on the host
-            future, plan = self.cached.plan_step(layer, published.x, published.weights, published.ids)
-            program.stash["table"].copy_(plan.table, non_blocking=True)
-            program.stash["plan"] = plan
-            runner.run(2 * j + 1)  # cached experts + shared expert, while the pool computes the misses
-            cpu = program.stash["cpu"]
-            if future is None:
-                cpu.zero_()
-            else:
-                cpu.copy_(future.result().to(cpu.dtype), non_blocking=False)
-            runner.run(2 * j + 2)  # adds the pool's part, on to the next routing (or the stage's end)
-
-    def _routing_buffers(self) -> dict:
-        stash: dict = {"plan": None}
-        if self.cached is not None:
-            c, rows, host = self.decoder.model.config, self.decoder.rows, self.decoder.capture
-            stash["table"] = torch.full((max(c.n_experts, 1),), -1, dtype=torch.int32, device=self.device)
-            stash["cpu"] = torch.zeros(rows, c.n_embd, dtype=torch.float32, device=self.device)
-            stash["published"] = Published(
-                torch.zeros(rows, c.n_embd, dtype=torch.float32, pin_memory=host),
-                torch.zeros(rows, c.n_experts_used, dtype=torch.float32, pin_memory=host),
-                torch.zeros(rows, c.n_experts_used, dtype=torch.long, pin_memory=host))
-        return stash
 
     def program(self, span: int) -> Program:
         """The stage's segment functions at `span`: GraphDecoder._program's loop over this card's layers."""
@@ -256,6 +237,11 @@ class SplitGraphDecoder:
     @property
     def n_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def host_seconds(self) -> Counter:
+        """The cards' doorbell loops' host seconds by part, summed."""
+        return sum((s.host_seconds for s in self.stages), Counter())
 
     @property
     def programs(self) -> dict[int, list[StepGraphs]]:
