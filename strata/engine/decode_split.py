@@ -161,7 +161,6 @@ class Stage:
         routed = [i for i in self.layers if model.is_moe(i)] if self.cached is not None else []
         stash = self._routing_buffers()
         program = Program([], routed, stash)
-        e, w, _ = self.widths
 
         def layers(first: int, stop: int) -> None:
             """Mixers and FFNs of layers first..stop-1, then (stop < the stage's end) the mixer and routing of stop."""
