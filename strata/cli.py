@@ -62,9 +62,10 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
                    help="with --gpus: layers per card, or auto (by each card's memory after its dense weights)")
     p.add_argument("--expert-cache", default="auto", help="GPU expert slots when experts do not all fit: auto or N")
     p.add_argument("--pcie-frac", type=float, default=0.0, help="share of cache misses run on the GPU over PCIe")
-    p.add_argument("--misses", default="cpu", choices=("cpu", "direct"),
+    p.add_argument("--misses", default="auto", choices=("auto", "cpu", "direct"),
                    help="decode: compute the experts the cache lacks on the CPU pool, or (direct) let the GPU read "
-                        "them from pinned host RAM over PCIe, with no host round trip per layer")
+                        "them from pinned host RAM over PCIe, with no host round trip per layer (auto: direct on a "
+                        "GPU with pinned experts)")
     p.add_argument("--cpu-threads", type=int, default=0, metavar="N",
                    help="threads of the CPU pool that computes missed experts (default 0: every core but one)")
     p.add_argument("--cpu-spin-us", type=float, default=1000.0, metavar="US",
@@ -74,6 +75,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-profile", default=None, help="routing profile from `strata profile`, to fill the cache")
     p.add_argument("--prefill-stream", default="auto", choices=("auto", "on", "off"),
                    help="offloaded prompts: stream the experts the cache lacks to the GPU (auto: GPU chunks of >= 32)")
+    p.add_argument("--prefill-borrow", default="auto", choices=("auto", "on", "off"),
+                   help="streamed prompt chunks keep their expert work buffers in borrowed cache slots (auto: where "
+                        "that makes chunks larger; refilled after the prompt)")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="decode step by step instead of through captured CUDA graphs (for comparison)")
 
@@ -83,7 +87,8 @@ def _placement(args) -> dict:
     options = dict(vram_budget=args.vram_budget, expert_cache=cache, pcie_frac=args.pcie_frac, misses=args.misses,
                    cpu_threads=args.cpu_threads, cpu_spin_us=args.cpu_spin_us, pin_experts=args.pin_experts,
                    expert_profile=args.expert_profile,
-                   prefill_stream=args.prefill_stream, decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
+                   prefill_stream=args.prefill_stream, prefill_borrow=args.prefill_borrow,
+                   decode_graphs="auto" if args.graphs else "off", gpus=args.gpus,
                    layer_split=args.layer_split)
     if hasattr(args, "qsa"):  # the engine commands' attention options travel with the placement
         options.update(qsa=args.qsa, qsa_budget=args.qsa_budget, kv_resident=args.kv_resident)
@@ -200,7 +205,7 @@ def cmd_info(args) -> None:
     print(describe(args.model, args.ctx, args.kv_dtype))
     if args.plan:
         print(describe_plan(args.model, args.ctx, args.device, args.vram_budget, _placement(args)["expert_cache"],
-                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split))
+                            args.kv_dtype, args.kv_resident, args.gpus, args.layer_split, args.prefill_borrow))
 
 
 def cmd_profile(args) -> None:

@@ -83,7 +83,11 @@ def bench_prompt(args, placement: dict) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"model      {engine.file.path.name} ({engine.model.config.arch}), device {name}, dtype {engine.dtype}")
     print(engine.plan.describe())
-    print(f"chunks     up to {engine.prefill_chunk} tokens; median of {args.reps}")
+    chunk = engine.chunk_plan
+    borrowed = (f", expert work buffers in {chunk.work_slots} borrowed cache slots "
+                f"({chunk.work_slots * engine.plan.expert_bytes_each / 2**30:.2f} GiB; {chunk.free_tokens} tokens "
+                "without borrowing)" if chunk.work_slots else ", no cache slots borrowed")
+    print(f"chunks     up to {engine.prefill_chunk} tokens{borrowed}; median of {args.reps}")
     from strata.bench.moe_prefill import matrix_rates
 
     int8_rate, _ = matrix_rates(device)
@@ -91,13 +95,14 @@ def bench_prompt(args, placement: dict) -> None:
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     print(f"ceilings   int8 {int8_rate / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
-    time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles kernels, lends the ring
+    time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
     for n_tokens in contexts:
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
         mads, read = routed_work(engine, n_tokens)
         matrix_floor = 2 * mads / int8_rate
-        print(f"\nctx {n_tokens:>7}: {n_tokens / seconds:9.1f} tok/s ({seconds:.3f} s)")
+        n_chunks = len(prompt_chunks(n_tokens, engine.prefill_chunk, isinstance(engine.config.prefill_chunk, str)))
+        print(f"\nctx {n_tokens:>7}: {n_tokens / seconds:9.1f} tok/s ({seconds:.3f} s, {n_chunks} chunks)")
         print(f"  matrix floor {matrix_floor:.3f} s ({2 * mads / 1e12:.1f} T int8 ops); "
               f"{seconds / matrix_floor:.1f}x the floor")
         if engine.plan.all_resident:

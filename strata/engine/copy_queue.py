@@ -61,6 +61,11 @@ class CopyQueue:
         self.bytes += offset
         return landed
 
+    def drain(self) -> None:
+        """Make the compute stream wait for every copy queued so far (before it writes memory they may write)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
     def wait(self, event) -> None:
         """Make the compute stream wait for `event` (kernels launched after this see the copy's bytes)."""
         if self.cuda and event is not None:

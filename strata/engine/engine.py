@@ -11,7 +11,7 @@ import torch
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
 from strata.engine.decode import make_decoder
-from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_size, prompt_chunks
+from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_plan, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
@@ -39,7 +39,7 @@ class EngineConfig:
     vram_budget: float | None = None  # GiB: behave as if the GPU had this much (None: what is free)
     expert_cache: str | int = "auto"  # GPU expert slots when experts do not all fit: "auto" or a count
     pcie_frac: float = 0.0  # share of cache misses copied over PCIe and run on the GPU instead of the CPU
-    misses: str = "cpu"  # decode misses: "cpu" (the CPU pool) or "direct" (GPU kernels read pinned host RAM)
+    misses: str = "auto"  # decode misses: "cpu" (the CPU pool), "direct" (GPU kernels read pinned host RAM), auto
     cpu_threads: int = 0  # numba threads of the CPU expert pool (0: every core but one)
     cpu_spin_us: float = 1000.0  # the pool's threads stay awake this long between calls (0: they sleep at once)
     pin_experts: bool = True  # host experts in pinned RAM (fast copies); False keeps them memory-mapped
@@ -48,6 +48,7 @@ class EngineConfig:
     qsa_budget: int = DEFAULT_BUDGET  # cells per query under --qsa quest
     kv_resident: int | None = None  # int8 KV in host RAM with this many cells per layer on the device
     prefill_stream: str = "auto"  # offloaded prompts: stream missing experts to the GPU ("auto", "on", "off")
+    prefill_borrow: str = "auto"  # streamed chunks' expert work buffers in borrowed cache slots (engine/prefill.py)
     checkpoints: int = 8  # caches of recent conversations kept for their next turn (engine/checkpoints.py)
     checkpoint_gib: float = 4.0  # at most this much of them (host RAM when the cache is on the GPU)
     spec: int | str = 1  # verify window of speculation: the last token + spec-1 drafts (1: off; "auto": spec_auto.py)
@@ -136,8 +137,14 @@ class Engine:
             self.graphs_option = "off"  # verify windows across cards stay uncaptured (the pipeline's forward)
         else:
             self.decoder = make_decoder(self.model, self.kv, self.device, self.graphs_option)  # None: step by step
-        self.prefill_chunk = chunk_size(config.prefill_chunk, model_config, self.device.type == "cuda",
-                                        self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx)
+        streamer = self._prompt_streamer()
+        self.chunk_plan = chunk_plan(config.prefill_chunk, model_config, self.device.type == "cuda",
+                                     self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx,
+                                     streamer.cache.slot_bytes if streamer else 0,
+                                     streamer.lendable_work_slots() if streamer else 0, config.prefill_borrow)
+        self.prefill_chunk = self.chunk_plan.tokens
+        if streamer is not None:
+            streamer.work_slots = self.chunk_plan.work_slots
         # Front ends may set this to hear about long prompts: called with a PrefillProgress after each chunk.
         self.on_prefill_progress: Callable[[PrefillProgress], None] | None = None
         self.spec = None  # speculative decoding (engine/spec.py), when the window is > 1
@@ -162,6 +169,11 @@ class Engine:
         if isinstance(spec, bool) or not isinstance(spec, int):
             raise StrataError(f"spec must be a window of 1..4 tokens or 'auto', got {spec!r}")
         return spec
+
+    def _prompt_streamer(self):
+        """The offloaded experts' prompt streamer (engine/prefill_stream.py), None where nothing streams (a split's
+        cards keep their own and size no work buffers in slots)."""
+        return getattr(getattr(self.model, "experts", None), "prompt", None) if self.pipeline is None else None
 
     def _kv_backend(self):
         """The KV backend under the cache (a hybrid cache holds one for its attention layers)."""
@@ -196,19 +208,28 @@ class Engine:
         # The cache holds whole chunks only: a progress hook may stop the prompt between two (a cancelled
         # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
         self.cached_tokens = self.cached_tokens[:start]
-        for begin, end in prompt_chunks(len(ids), self.prefill_chunk, equal):
-            ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
-                                 want_hidden=self.spec is not None and self.spec.wants_hidden)
-            try:
-                outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
-            except BaseException:
-                self.cached_tokens = []
-                self.kv.truncate(0)
-                raise
-            self.cached_tokens += ids[begin:end]
-            if ctx.want_hidden:
-                self.spec.saw_hidden(start + begin, ctx.hidden)
-            clock.chunk_done(end)
+        streamer = self._prompt_streamer()
+        chunks = prompt_chunks(len(ids), self.prefill_chunk, equal)
+        try:
+            for i, (begin, end) in enumerate(chunks):
+                if streamer is not None:  # lends the ring; fetches the first layer's experts before the embedding
+                    following = chunks[i + 1][1] - chunks[i + 1][0] if i + 1 < len(chunks) else 0
+                    streamer.begin_chunk(end - begin, following, self.model.config.n_experts_used)
+                ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
+                                     want_hidden=self.spec is not None and self.spec.wants_hidden)
+                try:
+                    outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+                except BaseException:
+                    self.cached_tokens = []
+                    self.kv.truncate(0)
+                    raise
+                self.cached_tokens += ids[begin:end]
+                if ctx.want_hidden:
+                    self.spec.saw_hidden(start + begin, ctx.hidden)
+                clock.chunk_done(end)
+        finally:
+            if streamer is not None:  # lent slots back, refilled with their experts, before any decode step
+                streamer.return_slots()
         return torch.cat(outputs) if all_logits else outputs[-1]
 
     def reuse(self, ids: list[int]) -> Reuse:

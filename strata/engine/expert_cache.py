@@ -148,7 +148,25 @@ class ExpertCache:
         candidates = self.free_slots() + [s for _, s in residents]
         if n > len(candidates):
             raise StrataError(f"the expert cache cannot lend {n} slots: {len(candidates)} are free or evictable")
-        taken = candidates[:n]
+        return self._lend(candidates[:n])
+
+    def borrow_run(self, n: int) -> list[int]:
+        """Lend n adjacent slots (one byte range of `slots`: a prompt chunk's work buffers), the run whose experts
+        are routed least (empty slots cost nothing); never a lent slot or an expert in use."""
+        cost, blocked = [0.0], [0]  # prefix sums: routing counts of the residents, slots that cannot be lent
+        for s, key in enumerate(self.owner):
+            stuck = s in self.lent or (key is not None and key in self.in_use)
+            cost.append(cost[-1] + (0.0 if key is None or stuck else self.counts[key[0]][key[1]].item()))
+            blocked.append(blocked[-1] + stuck)
+        runs = [(cost[start + n] - cost[start], start) for start in range(self.n_slots - n + 1)
+                if n > 0 and blocked[start + n] == blocked[start]]
+        if not runs:
+            raise StrataError(f"the expert cache cannot lend {n} adjacent slots (of {self.n_slots}, "
+                              f"{len(self.lent)} lent)")
+        best = min(runs)[1]
+        return self._lend(list(range(best, best + n)))
+
+    def _lend(self, taken: list[int]) -> list[int]:
         for slot in taken:
             old = self.owner[slot]
             if old is not None:

@@ -11,9 +11,16 @@ that size is 90% likely to route to each, else none. Either way, once the router
 in the ring is copied then ("late"), so results never depend on the guess: streamed runs give the bytes of
 all-resident ones.
 
+The first layer of a chunk is fetched ahead too: for chunk c+1 right after the last layer of chunk c has launched its
+experts (the engine says the next chunk's size through `begin_chunk`), and for a prompt's first chunk when the engine
+begins it, before the embedding and the first mixer run, by the same policy (the first layer's routing in the last
+chunk the streamer saw, which is an earlier prompt's; without one, every missing expert when the chunk is large).
+
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
-work), one layer at least; a smaller cache keeps the CPU-pool path. Lent slots go back to the cache (refilled with
-their former experts) at the first step that is not a prompt chunk, or on `return_slots`.
+work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
+rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
+PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) when the engine's prompt
+ends (`return_slots`), or at the first step that is not a prompt chunk.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from strata.engine.copy_queue import CopyQueue
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
 from strata.engine.slot_ring import SlotRing
 from strata.errors import StrataError
+from strata.kernels.work_arena import WorkArena
 
 PREFETCH_COVERAGE = 0.9  # fetch the next layer ahead when a chunk is this likely to route to each expert
+WORK_SHARE = 0.5  # at most this share of the slots the ring leaves may hold a chunk's work buffers
 
 
 def expected_coverage(n_tokens: int, top_k: int, n_experts: int) -> float:
@@ -64,16 +73,30 @@ class PromptStreamer:
         self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
         self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
         self.ring: SlotRing | None = None
+        self.work_slots = 0  # adjacent slots to borrow for the chunk's work buffers (set by the engine's chunk rule)
+        self.arena: WorkArena | None = None
+        self.next_chunk_tokens = 0  # the size of the prompt chunk after this one (0: none follows)
         self.stats = StreamStats()
         self._over_slots = {}
         self.last_routed: dict[int, list[int]] = {}  # layer -> experts the last chunk routed to there
 
     def takes(self, x: torch.Tensor) -> bool:
-        return x.shape[0] >= self.min_tokens and self.ring_slots > 0
+        return self.takes_tokens(x.shape[0])
+
+    def takes_tokens(self, n_tokens: int) -> bool:
+        return n_tokens >= self.min_tokens and self.ring_slots > 0
+
+    def lendable_work_slots(self) -> int:
+        """The most slots the chunk rule may borrow for work buffers, beside the ring."""
+        return int((self.cache.n_slots - self.ring_slots) * WORK_SHARE) if self.ring_slots else 0
 
     def _ensure_ring(self) -> SlotRing:
         if self.ring is None:
             released = self.queue.mark()  # queued decode work may still read the lent slots' experts
+            if self.work_slots:  # first: a run of adjacent slots is harder to find than any slots
+                run = self.cache.borrow_run(self.work_slots)
+                self.arena = WorkArena(self.cache.slots[run[0] : run[-1] + 1].view(-1))
+                self.queue.drain()  # an admit into the run still in flight lands before kernels write buffers there
             lent = self.cache.borrow(self.ring_slots)
             self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
         return self.ring
@@ -81,8 +104,17 @@ class PromptStreamer:
     def return_slots(self) -> None:
         """Give the lent slots back to the cache, refilled with the experts they held before."""
         if self.ring is not None:
-            self.ring = None
-            self.cache.refill()
+            self.ring, self.arena = None, None
+            self.cache.refill()  # admits wait for the compute stream: the last chunk is done with its buffers
+
+    def begin_chunk(self, n_tokens: int, next_tokens: int, top_k: int) -> None:
+        """The engine starts a prompt chunk of n_tokens (next_tokens follow it, 0 for none; top_k experts a token):
+        lend the ring and fetch the first layer's experts ahead, unless the previous chunk's last layer did so."""
+        self.next_chunk_tokens = next_tokens
+        if not self.takes_tokens(n_tokens) or not self.host_stacks:
+            return
+        self._ensure_ring()
+        self._prefetch(min(self.host_stacks), n_tokens, top_k)
 
     def _parts(self, layer: int, e: int) -> list[torch.Tensor]:
         stack = self.host_stacks[layer]
@@ -131,6 +163,9 @@ class PromptStreamer:
         else:
             self.stats.chunks += 1
             self.stats.tokens += x.shape[0]
+            if self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
+                self._prefetch(min(self.host_stacks), self.next_chunk_tokens, ids.shape[1])
+            self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
         ring.release(layer)
         return out
 
@@ -144,7 +179,7 @@ class PromptStreamer:
             table = torch.full((stack.n_experts,), -1, dtype=torch.int32)
             table[list(slot_of)] = torch.tensor(list(slot_of.values()), dtype=torch.int32)
             return moe_prefill(x, ids.to(torch.int32), weights.float(), self._over_slots[layer],
-                               slot_of=table.to(x.device))
+                               slot_of=table.to(x.device), scratch=self.arena)
         routes = routed_tokens(ids)
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, slot_of[e]), routes)

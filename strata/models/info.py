@@ -64,11 +64,12 @@ def describe(path: str, n_ctx: int, kv_dtype: str = "float16") -> str:
 
 def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None, expert_cache,
                   kv_dtype: str = "float16", kv_resident: int | None = None, gpus: str | None = None,
-                  layer_split: str = "auto") -> str:
+                  layer_split: str = "auto", prefill_borrow: str = "auto") -> str:
     """Where each part of the model would live on `device`, or on each card of `gpus` (strata.engine.placement*)."""
     from strata.engine.engine import EngineConfig
     from strata.engine.kv import check_kind, kv_bytes_per_value
     from strata.engine.placement import plan_placement
+    from strata.engine.prefill import describe_chunks
 
     model = GGUFModelFile(path)
     config = config_of(model)
@@ -84,4 +85,6 @@ def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None,
     resolved = EngineConfig(device=device).resolve_device()
     plan = plan_placement(model, config, resolved, n_ctx, per_value, vram_budget, expert_cache, kv_resident)
     resident = f", {kv_resident} cells per layer on the device" if kv_resident else ""
-    return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in plan.describe().splitlines())
+    lines = [*plan.describe().splitlines(), describe_chunks(plan, config, 0 if kv_dtype == "int8" else n_ctx,
+                                                                  borrow=prefill_borrow)]
+    return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in lines)

@@ -84,5 +84,20 @@ def test_the_two_launches_sum_to_the_loop(tmp_path):
 
 
 def test_bad_miss_path_is_one_line(tiny_moe):
-    with pytest.raises(StrataError, match="--misses must be one of cpu, direct"):
+    with pytest.raises(StrataError, match="--misses must be one of auto, cpu, direct"):
         strata.LLM(tiny_moe, device="cpu", expert_cache=3, misses="gpu")
+
+
+def test_auto_reads_misses_directly_only_on_a_gpu_with_pinned_experts(tiny_moe):
+    from types import SimpleNamespace
+
+    from strata.engine.experts import miss_path
+
+    def stacks(pinned):
+        return {0: SimpleNamespace(gate=SimpleNamespace(raw=SimpleNamespace(is_pinned=lambda: pinned)))}
+
+    assert miss_path("auto", torch.device("cuda"), stacks(True)) == "direct"
+    assert miss_path("auto", torch.device("cuda"), stacks(False)) == "cpu"  # --no-pin-experts
+    assert miss_path("auto", torch.device("cpu"), stacks(False)) == "cpu"
+    assert miss_path("cpu", torch.device("cuda"), stacks(True)) == "cpu"
+    assert not strata.LLM(tiny_moe, device="cpu", expert_cache=3).engine.model.experts.direct

@@ -17,8 +17,10 @@ from strata.kernels.moe.decode import code_tables, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import expert_rows, load_step, q2_0_step, weights_step
-from strata.kernels.moe.quantize32 import GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups
+from strata.kernels.moe.quantize32 import (GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups,
+                                          rounded_rows_buffers)
 from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
+from strata.kernels.work_arena import AllocatorScratch
 
 
 @triton.jit
@@ -76,17 +78,18 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
 
 
 def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix,
-                        tiles: Tiles | None = None):
+                        tiles: Tiles | None = None, out=None):
     """H = silu(x Wg^T) * (x Wu^T) of every grouped row, rounded to int8 per 32 features.
 
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
-    [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten.
+    [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten;
+    into `out` (those three tensors) when given.
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
-    return fn(codes, scales, sums, grouping, gate, up, tiles)
+    return fn(codes, scales, sums, grouping, gate, up, tiles, out)
 
 
-def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None):
+def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
     if (gate.qtype, gate.rows, gate.cols) != (up.qtype, up.rows, up.cols):
         raise StrataError("the fused gate/up kernel needs gate and up experts of one format and shape")
     k, n_ff = codes.shape[1], gate.rows
@@ -95,9 +98,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"H is rounded per {GROUP} features: {n_ff} is not a multiple")
     spec = gate.spec
     device = codes.device
-    hq = torch.empty(grouping.max_rows, n_ff, dtype=torch.int8, device=device)
-    hs = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.float32, device=device)
-    hsum = torch.empty(grouping.max_rows, n_ff // GROUP, dtype=torch.int32, device=device)
+    hq, hs, hsum = out if out is not None else rounded_rows_buffers(AllocatorScratch(device), grouping.max_rows, n_ff)
     t = tile_config("gate_up", spec, n_ff, codes.is_cuda, tiles)
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0]:
@@ -110,7 +111,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
     return hq, hs, hsum
 
 
-def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None):
+def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
     """float64 gate and up products of the dequantized activations, SwiGLU in float64, H rounded from float32."""
     h = torch.zeros(grouping.max_rows, gate.rows, dtype=torch.float32, device=codes.device)
     x = dequantize_rows_int8(codes, scales)
@@ -118,4 +119,4 @@ def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None)
         a = x[grouping.row_token[rows].long()]
         g, u = a @ gate.expert(e).double().T, a @ up.expert(e).double().T
         h[rows] = (torch.nn.functional.silu(g) * u).float()
-    return quantize_rows_ref(h)
+    return quantize_rows_ref(h, out)

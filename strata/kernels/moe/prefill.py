@@ -22,7 +22,9 @@ from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe import combine, dense, fused, grouping, mmq, quantize32
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.quantize32 import rounded_rows_buffers
 from strata.kernels.moe.stack import ExpertMatrix, Tiles
+from strata.kernels.work_arena import AllocatorScratch, aligned_bytes
 
 PATHS = ("dense", "mmq", "fused")
 
@@ -93,7 +95,7 @@ def _ops(triton: bool):
 
 
 def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Tensor | None = None,
-         tiles: Tiles | None = None) -> torch.Tensor:
+         tiles: Tiles | None = None, scratch=None) -> torch.Tensor:
     path = path or prompt_expert_path()
     if path not in PATHS:
         raise StrataError(f"unknown prompt expert path {path!r} (known: {', '.join(PATHS)})")
@@ -107,43 +109,77 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         group.tile_expert = torch.where(tile >= 0, slot_of.int()[tile.clamp(min=0).long()], tile)
     elif slot_of is not None:
         experts = experts.gathered(slot_of)
-    n_ff = experts.gate.rows
+    n_ff, n_embd = experts.gate.rows, experts.down.rows
+    scratch = scratch if scratch is not None else AllocatorScratch(x.device)
+    scratch.reset()  # the previous layer's buffers are free: its kernels ran before these on the same stream
+    # Every request below is listed, in the same order and size, by `prompt_work_buffers` (the chunk-size rule).
 
     def zeros():  # gate/up outputs feed SwiGLU row by row: padding rows must hold numbers
-        return torch.zeros(group.max_rows, n_ff, dtype=torch.float32, device=x.device)
+        return scratch.zeros((group.max_rows, n_ff), torch.float32)
+
+    def rows_of(width):  # rows read back only at the routed pairs (combine): padding rows may hold anything
+        return scratch.empty((group.max_rows, width), torch.float32)
+
+    def rounded(n_rows, k):
+        return rounded_rows_buffers(scratch, n_rows, k)
 
     if path == "dense":
         g = op["mm_fp16"](x, group, experts.gate, True, zeros(), tiles)
         u = op["mm_fp16"](x, group, experts.up, True, zeros(), tiles)
-        rows_out = op["mm_fp16"](F.silu(g) * u, group, experts.down, False, None, tiles)
+        rows_out = op["mm_fp16"](F.silu(g, inplace=True).mul_(u), group, experts.down, False, rows_of(n_embd), tiles)
     elif path == "mmq":
-        xq = op["quantize"](x)
+        xq = op["quantize"](x, rounded(*x.shape))
         g = op["mm_int8"](*xq, group, experts.gate, True, False, zeros(), tiles)
         u = op["mm_int8"](*xq, group, experts.up, True, False, zeros(), tiles)
-        rows_out = op["mm_int8"](*op["quantize"](F.silu(g) * u), group, experts.down, False, False, None, tiles)
+        h = op["quantize"](F.silu(g, inplace=True).mul_(u), rounded(group.max_rows, n_ff))
+        rows_out = op["mm_int8"](*h, group, experts.down, False, False, rows_of(n_embd), tiles)
     else:
-        h = op["gate_up"](*op["quantize"](x), group, experts.gate, experts.up, tiles)
-        rows_out = op["mm_int8"](*h, group, experts.down, False, True, None, tiles)
+        xq = op["quantize"](x, rounded(*x.shape))
+        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff))
+        rows_out = op["mm_int8"](*h, group, experts.down, False, True, rows_of(n_embd), tiles)
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 
 
+def prompt_work_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
+                        tile_rows: int = grouping.TILE_ROWS):
+    """(shape, dtype) of the buffers `_run` takes from its scratch for a chunk of n_tokens, on the path that takes
+    the most (mmq: x's codes, gate and up in float32, H's codes, the down rows); the others take a subset."""
+    rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, tile_rows) * tile_rows
+
+    def rounded(n_rows, k):
+        return [((n_rows, k), torch.int8), ((n_rows, k // 32), torch.float32), ((n_rows, k // 32), torch.int32)]
+
+    return [*rounded(n_tokens, n_embd), ((rows, n_ff), torch.float32), ((rows, n_ff), torch.float32),
+            *rounded(rows, n_ff), ((rows, n_embd), torch.float32)]
+
+
+def prompt_work_bytes(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
+                      tile_rows: int = grouping.TILE_ROWS) -> int:
+    """Bytes of a WorkArena that holds every expert work buffer of a chunk of n_tokens, on any path."""
+    return aligned_bytes(prompt_work_buffers(n_tokens, top_k, n_experts, n_embd, n_ff, tile_rows))
+
+
 def moe_prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stack,
-                path: str | None = None, slot_of: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
+                path: str | None = None, slot_of: torch.Tensor | None = None, tiles: Tiles | None = None,
+                scratch=None) -> torch.Tensor:
     """Sum over each token's top-k experts of weight * SwiGLU expert(x): x [T, embd] (bf16 or float32), topk_ids and
     topk_weights [T, k], stack with gate/up/down expert tensors (GGUF blocks) -> [T, embd] of x's dtype.
 
     `path` ("dense", "mmq", "fused") overrides the switches (`prompt_expert_path`). `slot_of` (int [E], the layer's
     expert ids -> index into stack, e.g. `PromptExperts.over_slots`) reads each expert where it lies. `tiles` gives
     every kernel of the path one launch shape (`strata bench moe-prefill --sweep`); the result does not depend on it.
+    `scratch` (a `WorkArena`, e.g. over borrowed cache slots) holds the work buffers instead of PyTorch's allocator;
+    the result is always a fresh tensor.
     """
-    return _run(x, topk_ids, topk_weights, stack, path, use_triton(x), slot_of, tiles)
+    return _run(x, topk_ids, topk_weights, stack, path, use_triton(x), slot_of, tiles, scratch)
 
 
-def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None, slot_of=None, tiles=None) -> torch.Tensor:
+def moe_prefill_triton(x, topk_ids, topk_weights, stack, path=None, slot_of=None, tiles=None,
+                       scratch=None) -> torch.Tensor:
     """The Triton kernels whatever the device (CPU tensors need TRITON_INTERPRET=1)."""
-    return _run(x, topk_ids, topk_weights, stack, path, True, slot_of, tiles)
+    return _run(x, topk_ids, topk_weights, stack, path, True, slot_of, tiles, scratch)
 
 
-def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None, slot_of=None) -> torch.Tensor:
+def moe_prefill_ref(x, topk_ids, topk_weights, stack, path=None, slot_of=None, scratch=None) -> torch.Tensor:
     """The same path through the torch references of its steps."""
-    return _run(x, topk_ids, topk_weights, stack, path, False, slot_of)
+    return _run(x, topk_ids, topk_weights, stack, path, False, slot_of, None, scratch)

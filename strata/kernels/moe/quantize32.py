@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.work_arena import AllocatorScratch
 
 GROUP = 32
 _RINT = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds a float32 below 2^22 to the nearest even integer
@@ -43,17 +44,24 @@ def _quantize_kernel(x, codes, scales, sums, n_rows, K: tl.constexpr, BM: tl.con
     tl.store(sums + r64 * (K // 32) + groups[None, :], total, mask=gm)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [R, K] (K a multiple of 32) -> codes int8 [R, K], scales float32 [R, K/32], code sums int32 [R, K/32]."""
-    return (quantize_rows_triton if use_triton(x) else quantize_rows_ref)(x)
+def quantize_rows(x: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [R, K] (K a multiple of 32) -> codes int8 [R, K], scales float32 [R, K/32], code sums int32 [R, K/32];
+    written into `out` (those three tensors, e.g. `rounded_rows_buffers`) when given."""
+    return (quantize_rows_triton if use_triton(x) else quantize_rows_ref)(x, out)
 
 
-def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rounded_rows_buffers(scratch, n_rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes, scales and sums for n_rows rows of k values, from `scratch` (a WorkArena or AllocatorScratch)."""
+    return (scratch.empty((n_rows, k), torch.int8), scratch.empty((n_rows, k // GROUP), torch.float32),
+            scratch.empty((n_rows, k // GROUP), torch.int32))
+
+
+def quantize_rows_triton(x: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = x.contiguous()
     n_rows, k = x.shape
-    codes = torch.empty(n_rows, k, dtype=torch.int8, device=x.device)
-    scales = torch.empty(n_rows, k // GROUP, dtype=torch.float32, device=x.device)
-    sums = torch.empty(n_rows, k // GROUP, dtype=torch.int32, device=x.device)
+    if out is None:
+        out = rounded_rows_buffers(AllocatorScratch(x.device), n_rows, k)
+    codes, scales, sums = out
     bm, bk = (16 if x.is_cuda else 128), min(256, triton.next_power_of_2(k))  # the interpreter pays per operation
     if n_rows:
         # No fused multiply-add: x * inv rounds to float32 before the rounding to an integer, as in the reference.
@@ -62,14 +70,19 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, scales, sums
 
 
-def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows_ref(x: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n_rows, k = x.shape
     g = x.float().reshape(n_rows, k // GROUP, GROUP)
     a = g.abs().amax(dim=2)
     full = torch.full_like(a, 127.0)  # tensor by tensor: torch divides by a scalar through its reciprocal
     inv = torch.where(a > 0, full / a, torch.zeros_like(a))
     codes = torch.round(g * inv[:, :, None])
-    return codes.reshape(n_rows, k).to(torch.int8), a / full, codes.sum(dim=2).int()
+    rounded = codes.reshape(n_rows, k).to(torch.int8), a / full, codes.sum(dim=2).int()
+    if out is None:
+        return rounded
+    for dst, src in zip(out, rounded):
+        dst.copy_(src)
+    return tuple(out)
 
 
 def dequantize_rows_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

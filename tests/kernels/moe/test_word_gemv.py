@@ -74,14 +74,15 @@ def test_q2_0_at_odd_offsets_takes_the_byte_kernels(device):
 
 
 def test_gpu_defaults_split_only_the_starved_grid():
-    # The shapes measured on the H200 keep their tiles; qwen4exp's Q2_0 down projection (2560 rows, 100 units of
-    # 16: 640 programs of 4 warps, 19 warps an SM) is cut in two slices of 4 and 3 steps.
+    # A3B's Q4_0 gate/up takes the H200 sweep's tile (gemv.MEASURED_TILES), its down the reasoned one; qwen4exp's
+    # Q2_0 down projection (2560 rows, 100 units of 16: 640 programs of 4 warps, 19 warps an SM) is cut in two
+    # slices of 4 and 3 steps.
     a3b = [gemv_config(kind, SPECS["Q4_0"], n_out, n_in, 8, True)
            for kind, n_out, n_in in (("gate_up", 768, 2048), ("down", 2048, 768))]
-    assert [(c.bn, c.ns, c.warps, c.split, c.wide) for c in a3b] == [(4, 64, 16, 1, True)] * 2
+    assert [(c.bn, c.ns, c.warps, c.split, c.wide) for c in a3b] == [(4, 32, 8, 1, True), (4, 64, 16, 1, True)]
     gate_up = gemv_config("gate_up", SPECS["Q2_0"], 640, 2560, 10, True)
     down = gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, True)
-    assert (gate_up.wide, gate_up.split) == (True, 1)
+    assert (gate_up.wide, gate_up.ns, gate_up.warps, gate_up.split) == (True, 8, 2, 1)
     assert (down.wide, down.bn, down.ns, down.warps, down.split) == (True, 4, 16, 4, 2)
     assert units_per_slice(100, 16, 2) == 64
     assert all(c.split == 1 for c in (gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, False),
