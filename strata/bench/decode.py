@@ -44,8 +44,8 @@ def bench_decode(args, placement: dict) -> None:
     print(engine.plan.describe())
     new_spans = (len(decoder.programs) - spans_before) if decoder is not None else 0
     graphs = "off (step by step)" if decoder is None else (
-        f"captured ({len(decoder.programs)} span(s), {new_spans} captured while timed)" if decoder.capture
-        else "static steps, uncaptured")
+        f"captured ({len(decoder.programs)} span(s), {new_spans} captured while timed{_cards(decoder)})"
+        if decoder.capture else "static steps, uncaptured")
     print(f"decode     {n / seconds:.2f} tok/s ({seconds / n * 1e3:.1f} ms/token; median step {median * 1e3:.1f} ms "
           f"= {1 / median:.2f} tok/s); CUDA graphs {graphs}")
     expert_each = engine.plan.expert_bytes_each
@@ -77,6 +77,12 @@ def bench_decode(args, placement: dict) -> None:
     }
     bound, floor = max(parts.items(), key=lambda kv: kv[1])
     print(f"floor      {floor * 1e3:.2f} ms/token ({bound}); decode is {seconds / n / floor:.1f}x the floor")
+
+
+def _cards(decoder) -> str:
+    """A split's decoder (engine/decode_split.py) captures each card's layers on that card."""
+    n = getattr(decoder, "n_stages", 1)
+    return f", on each of {n} cards" if n > 1 else ""
 
 
 def _counters(backends: list[CachedExperts]) -> tuple:

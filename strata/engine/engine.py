@@ -129,9 +129,14 @@ class Engine:
         if own_selection and config.decode_graphs == "on":
             raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "
                               "densely from VRAM): use decode_graphs off")
-        # verify windows follow it too; a layer split decodes step by step
-        self.graphs_option = "off" if own_selection or self.pipeline else config.decode_graphs
-        self.decoder = make_decoder(self.model, self.kv, self.device, self.graphs_option)  # None: step by step
+        self.graphs_option = "off" if own_selection else config.decode_graphs  # verify windows follow it too
+        if self.pipeline is not None:
+            from strata.engine.decode_split import make_split_decoder
+
+            self.decoder = make_split_decoder(self.model, self.kv, self.pipeline, self.graphs_option)
+            self.graphs_option = "off"  # verify windows across cards stay uncaptured (the pipeline's forward)
+        else:
+            self.decoder = make_decoder(self.model, self.kv, self.device, self.graphs_option)  # None: step by step
         streamer = self._prompt_streamer()
         self.chunk_plan = chunk_plan(config.prefill_chunk, model_config, self.device.type == "cuda",
                                      self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx,

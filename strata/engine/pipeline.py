@@ -3,8 +3,8 @@ residual crosses to the next stage once per prompt chunk, decode step or verify 
 
 Prompt chunks go in a wavefront: at tick t stage s runs chunk t - s, so stage 0 starts chunk c+1 while stage 1 runs
 chunk c (on CUDA each stage issues to its own stream; on the CPU the same order runs one after the other). Layers see
-their chunks in order, so the result is the one-card result. Decode runs step by step through the stages: CUDA graph
-decode (engine/decode.py) is off for a split.
+their chunks in order, so the result is the one-card result. Decode steps run as each card's captured graphs
+(engine/decode_split.py); verify windows, and decode with graphs off, run through the stages step by step here.
 """
 
 from __future__ import annotations
@@ -195,8 +195,6 @@ def check_split_options(config) -> None:
     if config.qsa != "none" or config.kv_resident is not None:
         raise StrataError("--gpus does not run --qsa quest or --kv-resident yet (one KV backend per card is dense "
                           "or int8 paged)")
-    if config.decode_graphs == "on":
-        raise StrataError("--gpus decodes step by step through the cards: CUDA graph decode is off for a split")
 
 
 def load_split(file, model_config, config, dtype: torch.dtype, n_ctx: int, kv_per_value: float):

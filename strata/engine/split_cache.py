@@ -13,8 +13,9 @@ class SplitKV(KVBackend):
     """The slots in order, backend after backend (each holding its own as slots 0..); a slot is a layer, or a hybrid
     model's attention layer."""
 
-    def __init__(self, backends: list[KVBackend]):
+    def __init__(self, backends: list[KVBackend], stages: list[int] | None = None):
         self.backends = backends
+        self.stages = stages if stages is not None else list(range(len(backends)))  # the card of each backend
         self.owner: list[tuple[KVBackend, int]] = []  # slot -> (its backend, its index there)
         for backend in backends:
             self.owner += [(backend, local) for local in range(backend.n_layers)]
@@ -65,9 +66,10 @@ class SplitKV(KVBackend):
 def split_kv(kind, slot_layers: list[int], split: LayerSplit, n_kv_heads: int, head_dim: int,
              max_tokens: int) -> SplitKV:
     """One backend per card that holds any of the slots (slot_layers[slot] is the slot's layer, ascending)."""
-    backends = []
+    backends, stages = [], []
     for stage in range(split.n_stages):
         count = sum(split.stage_of(layer) == stage for layer in slot_layers)
         if count:
             backends.append(new_kv_cache(kind, count, n_kv_heads, head_dim, max_tokens, split.devices[stage]))
-    return SplitKV(backends)
+            stages.append(stage)
+    return SplitKV(backends, stages)

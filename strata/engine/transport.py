@@ -22,6 +22,12 @@ class Transport(ABC):
     def send(self, stage: int, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The tensors stage `stage` produced, as stage `stage + 1` sees them (on its device, ordered after them)."""
 
+    def send_into(self, stage: int, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Captured decode (engine/decode_split.py): stage `stage`'s static buffer `source` copied into stage
+        `stage + 1`'s `target`, ordered after the sender's work and before the receiver's."""
+        (moved,) = self.send(stage, (source,))
+        target.copy_(moved)
+
     def stage_context(self, stage: int):
         return contextlib.nullcontext()
 
@@ -42,6 +48,7 @@ class InProcessTransport(Transport):
         self.sends = 0
         self.bytes_sent = 0
         self._count = threading.Lock()  # stages may send from threads of their own
+        self._staging: dict = {}  # boundary -> (pinned buffer, event after its last read) for send_into
 
     @staticmethod
     def _can_peer(a: torch.device, b: torch.device) -> bool:
@@ -68,6 +75,35 @@ class InProcessTransport(Transport):
             self.sends += 1
             self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
         return tuple(self._move(t, stage, stage + 1) for t in tensors)
+
+    def send_into(self, stage: int, source: torch.Tensor, target: torch.Tensor) -> None:
+        with self._count:
+            self.sends += 1
+            self.bytes_sent += source.numel() * source.element_size()
+        src_stream, dst_stream = self.streams[stage], self.streams[stage + 1]
+        if dst_stream is None:
+            target.copy_(source)
+            return
+        dst_stream.wait_event(src_stream.record_event())
+        if self.peer[stage]:
+            # Across cards torch copies on the source card's current stream (here the sender's, after its graphs)
+            # and makes the target card's current stream (the receiver's) wait; on one card, on the receiver's.
+            with torch.cuda.stream(src_stream), torch.cuda.stream(dst_stream):
+                target.copy_(source, non_blocking=True)
+            return
+        # Through pinned host memory kept per boundary: out on the sender's stream, in on the receiver's. The sender
+        # waits for the receiver's last read of the staging buffer before overwriting it.
+        staged, read = self._staging.get(stage, (None, None))
+        if staged is None or staged.shape != source.shape or staged.dtype != source.dtype:
+            staged = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+        if read is not None:
+            src_stream.wait_event(read)
+        with torch.cuda.stream(src_stream):
+            staged.copy_(source, non_blocking=True)
+        dst_stream.wait_event(src_stream.record_event())
+        with torch.cuda.stream(dst_stream):
+            target.copy_(staged, non_blocking=True)
+        self._staging[stage] = (staged, dst_stream.record_event())
 
     def _move(self, tensor: torch.Tensor, source: int, target: int) -> torch.Tensor:
         src_stream, dst_stream = self.streams[source], self.streams[target]

@@ -19,7 +19,7 @@ N=$(nvidia-smi -L | wc -l)
 if [ "$N" -lt 2 ] || [ "${ONE:-0}" = 1 ]; then
   timeout 60 python3 -m pytest -q tests/engine/test_pipeline.py tests/engine/test_placement_split.py 2>&1 | tail -2 \
     | tee -a "$OUT/summary.txt"
-  timeout 200 python3 tools/device/multigpu_check.py $M 0,0 > $L/check_0_0.txt 2>&1; echo "check 0,0 rc=$?" | tee -a "$OUT/summary.txt"
+  timeout 260 python3 tools/device/multigpu_check.py $M 0,0 > $L/check_0_0.txt 2>&1; echo "check 0,0 rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "PASS|FAIL" $L/check_0_0.txt | tee -a "$OUT/summary.txt"
   S=$M/split-qwen3moe.gguf
   timeout 60 python3 -m strata info $S --plan --gpus 0,0 --vram-budget 2 2>&1 | tail -8 | tee $L/info_plan.txt
@@ -30,7 +30,7 @@ if [ "$N" -lt 2 ] || [ "${ONE:-0}" = 1 ]; then
   grep -hE "tok/s" $L/bench_prompt_0_0.txt $L/bench_decode_0_0.txt | tee -a "$OUT/summary.txt"
 else  # two or more cards: parity across real cards (CHECK=0 skips it), then the speed comparison at the same budget
   if [ "${CHECK:-1}" = 1 ]; then
-    timeout 100 python3 tools/device/multigpu_check.py $M 0,1 > $L/check_0_1.txt 2>&1; echo "check 0,1 rc=$?" | tee -a "$OUT/summary.txt"
+    timeout 160 python3 tools/device/multigpu_check.py $M 0,1 > $L/check_0_1.txt 2>&1; echo "check 0,1 rc=$?" | tee -a "$OUT/summary.txt"
     grep -E "PASS|FAIL" $L/check_0_1.txt | tee -a "$OUT/summary.txt"
   fi
   [ -f $M/a3b.gguf ] || timeout 180 python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.gguf > /dev/null 2>&1
