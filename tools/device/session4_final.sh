@@ -13,7 +13,7 @@ source tools/device/parts.sh || exit 1
 (export CUDA_VISIBLE_DEVICES=0
  part pointwise_tests 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise
  part gemv_tests 30 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_gemv.py -k "byte_kernels_too or slots"
- CUDA_VISIBLE_DEVICES=0,1 part mg_check 60 python3 tools/device/multigpu_check.py $M 0,1
+ CUDA_VISIBLE_DEVICES=0,1 part mg_graphs 70 python3 tools/device/multigpu_check.py $M 0,1 graphs
  while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt 200 ]; do sleep 2; done
  part profile_a3b 50 python3 tools/device/profile_decode.py $M/a3b.gguf --graphs on --steps 8
  part decode_12 40 python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --tokens 48 --prompt-tokens 32 \
