@@ -195,9 +195,9 @@ class Stage:
             after = routed[j + 1] if j + 1 < len(routed) else end
 
             def combine_segment(layer=layer, after=after) -> None:
-                part, shared = stash["part"], stash["shared"]
-                ffn = part + stash["cpu"].to(part.dtype)
-                stash["h"] = stash["h"] + (ffn if shared is None else ffn + shared)
+                part = stash["part"]  # the shared expert joins as one card's combine does (gated where it is)
+                stash["h"] = stash["h"] + model.with_shared(layer, part + stash["cpu"].to(part.dtype), stash["shared"],
+                                                            stash["x"])
                 layers(layer + 1, after)
                 if after >= end:
                     finish()
