@@ -15,7 +15,7 @@ from numba import njit, prange
 from strata.engine.cpu_kernels.blocks import FP16
 from strata.engine.cpu_kernels.gemv import _ONE_AT_A_TIME
 from strata.engine.cpu_kernels.simd_ir import LAYOUT
-from strata.engine.cpu_kernels.simd_pool import CHUNK, FORMATS8, Q_MAX, _rows, quantize_codes
+from strata.engine.cpu_kernels.simd_pool import CHUNK, FORMATS8, Q_MAX, _rows, gate_up_simd_rows, quantize_codes
 
 
 @njit(nogil=True, cache=True)
@@ -47,26 +47,8 @@ def layer_experts(fmt_g, w_g, fmt_u, w_u, fmt_d, w_d, q_max, group, interleave, 
         return
     wide = qx.itemsize == 2
     quantize_codes(x, group, interleave, q_max, qx, sx, tx)
-    n_ff = w_g.shape[1]
-    chunks_ff = (n_ff + CHUNK - 1) // CHUNK
-    for t in prange(experts.shape[0] * chunks_ff):  # gate and up of a chunk back to back, SwiGLU in place
-        j = t // chunks_ff
-        o = (t - j * chunks_ff) * CHUNK
-        nr = min(CHUNK, n_ff - o)
-        e = experts[j]
-        wg = w_g.ctypes.data + e * w_g.strides[0] + o * w_g.strides[1]
-        wu = w_u.ctypes.data + e * w_u.strides[0] + o * w_u.strides[1]
-        for p in range(pair_start[j], pair_start[j + 1]):
-            xr = pair_token[p]
-            xq, xs, xt = (qx.ctypes.data + xr * qx.strides[0], sx.ctypes.data + xr * sx.strides[0],
-                          tx.ctypes.data + xr * tx.strides[0])
-            _rows(fmt_g, wide, wg, w_g.strides[1], nr, xq, sx.shape[1], tab.ctypes.data, xs, xt,
-                  h.ctypes.data + p * h.strides[0] + o * 4)
-            _rows(fmt_u, wide, wu, w_u.strides[1], nr, xq, sx.shape[1], tab.ctypes.data, xs, xt,
-                  u.ctypes.data + p * u.strides[0] + o * 4)
-            for i in range(o, o + nr):
-                g = h[p, i]
-                h[p, i] = g / (np.float32(1) + np.exp(-g)) * u[p, i]
+    # gate and up of a chunk back to back, SwiGLU in place: the pool's own kernel, one parallel region
+    gate_up_simd_rows(fmt_g, w_g, fmt_u, w_u, experts, pair_start, pair_token, qx, sx, tx, tab, h, u)
     quantize_codes(h[:n_pairs], group_h, interleave_h, q_max, qh, sh, th)
     n_embd = w_d.shape[1]
     chunks_embd = (n_embd + CHUNK - 1) // CHUNK
