@@ -49,3 +49,23 @@ def sweep_line(label: str, cfg: GemvConfig, us: float, n_bytes: float, floor_bw:
     floor_us = n_bytes / floor_bw * 1e6
     return (f"  sweep {label:<24} {describe(cfg):<44} {us:8.2f} us {n_bytes / us / 1e3:6.0f} GB/s "
             f"{floor_us / us:6.1%} of floor  {default_us / us:5.2f}x default")
+
+
+def time_config(label: str, cfg: GemvConfig, fn, args: list, want, n_bytes: float, floor_bw: float,
+                default_us: float | None, device, out) -> tuple[bool, float | None]:
+    """Time `fn` over `args` (a CUDA graph of the calls) and print its sweep line with its error against `want`
+    (from fn(*args[0])): (within ERROR_BOUND, the default's time: this one's when it is the first). A config that
+    does not build is a line, not the end of the sweep."""
+    from strata.bench.ceilings import graph_us
+    from strata.kernels.moe.gemv import ERROR_BOUND, relative_error
+
+    try:
+        err = relative_error(fn(*args[0]), want)
+        us = graph_us(fn, args, device)
+    except Exception as e:
+        print(f"  sweep {label} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out, flush=True)
+        return True, default_us
+    default_us = default_us or us
+    print(sweep_line(label, cfg, us, n_bytes, floor_bw, default_us)
+          + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+    return err <= ERROR_BOUND, default_us

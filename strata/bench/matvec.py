@@ -19,7 +19,7 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import copy_bandwidth, graph_us
-from strata.bench.gemv_sweep import describe, sweep_configs, sweep_line
+from strata.bench.gemv_sweep import sweep_configs, time_config
 from strata.kernels.moe.decode import SPECS
 from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, byte_config, gemv_config, launch_down, relative_error
 from strata.kernels.quant.matvec import one_expert
@@ -62,17 +62,9 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
             def call(i, c=cfg):
                 return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
 
-            try:
-                err = relative_error(call(0), want)
-                us = graph_us(call, [(i,) for i in range(4 * copies)], device)
-            except Exception as e:  # a configuration that does not build is a line, not the end of the sweep
-                print(f"  sweep {n_in}x{n_out} {fmt} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out,
-                      flush=True)
-                continue
-            ok &= err <= ERROR_BOUND
-            default_us = default_us or us
-            print(sweep_line(f"{n_in}x{n_out} {fmt}", cfg, us, n_bytes, floor_bw, default_us)
-                  + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+            good, default_us = time_config(f"{n_in}x{n_out} {fmt}", cfg, call, [(i,) for i in range(4 * copies)], want,
+                                           n_bytes, floor_bw, default_us, device, out)
+            ok &= good
     return ok
 
 

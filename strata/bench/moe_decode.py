@@ -21,7 +21,7 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
-from strata.bench.gemv_sweep import describe, sweep_configs, sweep_line
+from strata.bench.gemv_sweep import sweep_configs, time_config
 from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv,
                                      moe_gemv_float64, relative_error)
 from strata.quant import get_format, random_blocks
@@ -145,17 +145,9 @@ def _sweep(name, experts, calls, device, floor_bw, out, want: tuple) -> bool:
             else:
                 fn = lambda hh, i, w, c=cfg: down_sum_triton(hh, i, w, experts, torch.float32, c)  # noqa: E731
                 args = [(hh, c[1], c[2]) for hh, c in zip(h, calls)]
-            try:
-                err = relative_error(fn(*args[0]), target)
-                us = graph_us(fn, args, device)
-            except Exception as e:  # a configuration that does not build is a line, not the end of the sweep
-                print(f"  sweep {name} {kind} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out,
-                      flush=True)
-                continue
-            ok &= err <= ERROR_BOUND
-            default_us = default_us or us
-            print(sweep_line(f"{name} {kind}", cfg, us, n_bytes, floor_bw, default_us)
-                  + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
+            good, default_us = time_config(f"{name} {kind}", cfg, fn, args, target, n_bytes, floor_bw, default_us,
+                                           device, out)
+            ok &= good
     return ok
 
 
