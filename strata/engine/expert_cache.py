@@ -154,9 +154,10 @@ class ExpertCache:
         """Lend n adjacent slots (one byte range of `slots`: a prompt chunk's work buffers), the run whose experts
         are routed least (empty slots cost nothing); never a lent slot or an expert in use."""
         cost, blocked = [0.0], [0]  # prefix sums: routing counts of the residents, slots that cannot be lent
+        counts = self._count_lists()
         for s, key in enumerate(self.owner):
             stuck = s in self.lent or (key is not None and key in self.in_use)
-            cost.append(cost[-1] + (0.0 if key is None or stuck else self.counts[key[0]][key[1]].item()))
+            cost.append(cost[-1] + (0.0 if key is None or stuck else counts[key[0]][key[1]]))
             blocked.append(blocked[-1] + stuck)
         runs = [(cost[start + n] - cost[start], start) for start in range(self.n_slots - n + 1)
                 if n > 0 and blocked[start + n] == blocked[start]]
@@ -210,7 +211,7 @@ class ExpertCache:
         self.in_use.clear()
 
     def _count_lists(self) -> dict[int, list[float]]:
-        """The counts as Python lists, for `borrow`: thousands of slots read one by one (a tensor `.item()` each)."""
+        """The counts as Python lists, for the borrows: thousands of slots read one by one (not a `.item()` each)."""
         return {layer: counts.tolist() for layer, counts in self.counts.items()}
 
     def adapt(self) -> int:
