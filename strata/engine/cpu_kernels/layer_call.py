@@ -10,12 +10,12 @@ in the same order, summed in the same order), so it gives the same bytes and kee
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from strata.engine.cpu_kernels.blocks import FP16
 from strata.engine.cpu_kernels.gemv import _ONE_AT_A_TIME
 from strata.engine.cpu_kernels.simd_ir import LAYOUT
-from strata.engine.cpu_kernels.simd_pool import CHUNK, FORMATS8, Q_MAX, _rows, gate_up_simd_rows, quantize_codes
+from strata.engine.cpu_kernels.simd_pool import FORMATS8, Q_MAX, gate_up_simd_rows, gemv_simd_rows, quantize_codes
 
 
 @njit(nogil=True, cache=True)
@@ -37,7 +37,8 @@ def routed_pairs(ids, weights, experts, pair_start, pair_token, pair_weight):
 
 @njit(parallel=True, nogil=True, cache=True)
 def layer_experts(fmt_g, w_g, fmt_u, w_u, fmt_d, w_d, q_max, group, interleave, group_h, interleave_h, x, ids, weights,
-                  experts, tab, pair_start, pair_token, pair_weight, qx, sx, tx, h, u, qh, sh, th, y, out, done, seq):
+                  experts, tab, pair_start, pair_token, pair_weight, pair_rows, qx, sx, tx, h, u, qh, sh, th, y, out, done,
+                  seq):
     """out float32 [T, embd] (zeroed here) = sum over pairs of weight * expert(x[token]); buffers sized by the
     caller (`LayerBuffers`): qx/sx/tx >= T rows, h/u/qh/sh/th/y >= T * k rows. Last, done[0] = seq (`done_flag`)."""
     n_pairs = routed_pairs(ids, weights, experts, pair_start, pair_token, pair_weight)
@@ -45,22 +46,13 @@ def layer_experts(fmt_g, w_g, fmt_u, w_u, fmt_d, w_d, q_max, group, interleave, 
     if n_pairs == 0:
         done[0] = seq
         return
-    wide = qx.itemsize == 2
     quantize_codes(x, group, interleave, q_max, qx, sx, tx)
     # gate and up of a chunk back to back, SwiGLU in place: the pool's own kernel, one parallel region
     gate_up_simd_rows(fmt_g, w_g, fmt_u, w_u, experts, pair_start, pair_token, qx, sx, tx, tab, h, u)
     quantize_codes(h[:n_pairs], group_h, interleave_h, q_max, qh, sh, th)
+    # down: pair p's codes are row p of qh (pair_rows: the identity), the pool's own kernel again
+    gemv_simd_rows(fmt_d, w_d, experts, pair_start, pair_rows, qh, sh, th, tab, y)
     n_embd = w_d.shape[1]
-    chunks_embd = (n_embd + CHUNK - 1) // CHUNK
-    for t in prange(experts.shape[0] * chunks_embd):
-        j = t // chunks_embd
-        o = (t - j * chunks_embd) * CHUNK
-        nr = min(CHUNK, n_embd - o)
-        wd = w_d.ctypes.data + experts[j] * w_d.strides[0] + o * w_d.strides[1]
-        for p in range(pair_start[j], pair_start[j + 1]):
-            _rows(fmt_d, wide, wd, w_d.strides[1], nr, qh.ctypes.data + p * qh.strides[0], sh.shape[1], tab.ctypes.data,
-                  sh.ctypes.data + p * sh.strides[0], th.ctypes.data + p * th.strides[0],
-                  y.ctypes.data + p * y.strides[0] + o * 4)
     for p in range(n_pairs):  # in pair order, as `swiglu.add_weighted_rows`
         r = pair_token[p]
         for i in range(n_embd):
@@ -96,6 +88,7 @@ class LayerBuffers:
             self.sh = np.empty((n, ff // self.group_h), np.float32)
             self.th = np.empty(self.sh.shape, np.int32)
             self.pair_token, self.pair_weight = np.empty(n, np.int64), np.empty(n, np.float32)
+            self.pair_rows = np.arange(n, dtype=np.int64)
         if experts + 1 > self.experts:
             self.experts = max(experts + 1, 16)
             self.pair_start = np.empty(self.experts, np.int64)
@@ -109,5 +102,5 @@ class LayerBuffers:
         with _ONE_AT_A_TIME:  # numba's workqueue layer aborts on parallel calls from two threads (two pools)
             layer_experts(fg, wg, fu, wu, fd, wd, self.q_max, self.group, self.interleave, self.group_h,
                           self.interleave_h, x, ids, weights, experts, FP16, self.pair_start, self.pair_token,
-                          self.pair_weight, self.qx, self.sx, self.tx, self.h, self.u, self.qh, self.sh, self.th,
-                          self.y, out, self.no_flag if done is None else done, seq)
+                          self.pair_weight, self.pair_rows, self.qx, self.sx, self.tx, self.h, self.u, self.qh,
+                          self.sh, self.th, self.y, out, self.no_flag if done is None else done, seq)
