@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from strata.errors import StrataError
+from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
 
 
 class DeviceTable:
@@ -37,7 +37,8 @@ class DeviceTable:
         self.table = self.host.to(cache.device)
         self.routed = torch.zeros(shape, dtype=torch.float32, device=cache.device)
         self.expert_ids = torch.arange(n_experts, dtype=torch.int32, device=cache.device)
-        self.ones = torch.ones(64, dtype=torch.float32, device=cache.device)  # index_add sources, any step's k*rows
+        # index_add's source: a step taking this path has < PROMPT_KERNEL_MIN_TOKENS rows of at most n_experts pairs
+        self.ones = torch.ones(PROMPT_KERNEL_MIN_TOKENS * n_experts, dtype=torch.float32, device=cache.device)
         self.waiting = {slot: key for key, slot in cache.slot_of.items()}  # admitted, not yet in the table
         self.host_experts: dict = {}  # layer -> its pinned host stack as the decode kernels read it
         self.steps = 0  # steps ended since the last collect
@@ -71,9 +72,6 @@ class DeviceTable:
     def count(self, layer: int, ids: torch.Tensor) -> None:
         """Inside a step: the layer's routing, added to the device counts (capturable: no host work)."""
         flat = ids.reshape(-1)
-        if flat.numel() > self.ones.numel():
-            raise StrataError(f"a step routes {flat.numel()} (token, expert) pairs, the counter takes "
-                              f"{self.ones.numel()}")
         self.routed[self.row[layer]].index_add_(0, flat.long(), self.ones[: flat.numel()])
 
     def collect(self, decay: float) -> None:

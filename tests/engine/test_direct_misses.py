@@ -101,3 +101,15 @@ def test_auto_reads_misses_directly_only_on_a_gpu_with_pinned_experts(tiny_moe):
     assert miss_path("auto", torch.device("cpu"), stacks(False)) == "cpu"
     assert miss_path("cpu", torch.device("cuda"), stacks(True)) == "cpu"
     assert not strata.LLM(tiny_moe, device="cpu", expert_cache=3).engine.model.experts.direct
+
+
+def test_the_device_counter_takes_the_largest_direct_step(tiny_moe):
+    """A short prompt (under the prompt kernels' 32 tokens) also runs direct: 31 rows of as many pairs as experts."""
+    from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
+
+    cache = strata.LLM(tiny_moe, device="cpu", expert_cache=3, misses="direct").engine.model.experts.cache
+    table = cache.device_table
+    layer, n_experts = next(iter(table.row)), table.host.shape[1]
+    ids = torch.arange((PROMPT_KERNEL_MIN_TOKENS - 1) * n_experts) % n_experts
+    table.count(layer, ids.reshape(-1, n_experts))
+    assert torch.equal(table.routed[table.row[layer]], torch.bincount(ids, minlength=table.host.shape[1]).float())
