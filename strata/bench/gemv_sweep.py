@@ -3,7 +3,10 @@
 One device run then shows which tile wins on the GPU at hand: each line is a config's time, GB/s, % of the HBM floor
 and its ratio to the default's time (first line). Variants move one tunable at a time from the default (rows per
 program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
-pairs that trade one for another (twice the rows with twice the split keeps the program count), and the byte kernel.
+pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
+kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0: persistent programs per SM 1, 2, 3, 4 and 64 = a program per tile on
+the default tile, then 2 per SM on the tile's variants), and last the byte kernel. `family="stream"` keeps only the
+default and the streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).
 """
 
 from __future__ import annotations
@@ -12,14 +15,33 @@ from dataclasses import replace
 
 from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config
+from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 
 MAX_WARPS = 16
+FAMILIES = ("all", "words", "stream")
+STREAM_PER_SM = (1, 2, 3, 4, 64)  # 64: more than fit, i.e. a program per tile (the grid is capped at the tiles)
 
 
-def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int) -> list[GemvConfig]:
-    """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants."""
+def stream_configs(base: GemvConfig) -> list[GemvConfig]:
+    """The streamed kernels on base's tile (base without its split) at each STREAM_PER_SM, then base's tile moved
+    one tunable at a time at 2 programs an SM."""
+    tile = replace(base, split=1, stream=2)
+    half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
+    return [replace(tile, stream=n) for n in STREAM_PER_SM] + [
+        replace(tile, warps=half), replace(tile, warps=double), replace(tile, bn=base.bn * 2),
+        replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=max(1, base.ns // 2), warps=half),
+        replace(tile, ns=base.ns * 2, warps=double), replace(tile, ns=base.ns * 2),
+        replace(tile, bn=base.bn * 2, ns=max(1, base.ns // 2))]
+
+
+def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, family: str = "all"
+                  ) -> list[GemvConfig]:
+    """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants (of `family`)."""
     base = gemv_config(kind, spec, n_out, n_in, top_k, True)
     variants = [base]
+    streams = stream_configs(base) if base.wide and spec.name in STREAM_FORMATS and family != "words" else []
+    if family == "stream":
+        return list(dict.fromkeys(variants + streams))
     if base.wide:
         half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
         variants += [
@@ -34,14 +56,16 @@ def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int
         variants += [replace(base, warps=max(1, base.warps // 2)), replace(base, warps=min(MAX_WARPS, base.warps * 2)),
                      replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
                      replace(base, ns=max(1, base.ns // 2))]
+    variants += streams
     variants.append(byte_config(kind, spec, n_out, n_in, top_k, True))  # the byte kernel the word ones replaced
     return list(dict.fromkeys(variants))
 
 
 def describe(cfg: GemvConfig) -> str:
     units = "nu" if cfg.wide else "ns"
-    return (f"{'words' if cfg.wide else 'bytes'} bn={cfg.bn:<3} {units}={cfg.ns:<3} warps={cfg.warps:<2} "
-            f"split={cfg.split}" + ("" if cfg.wide else f" kc={cfg.kc}"))
+    kernel = ("stream" if cfg.stream else "words") if cfg.wide else "bytes"
+    return (f"{kernel} bn={cfg.bn:<3} {units}={cfg.ns:<3} warps={cfg.warps:<2} "
+            + (f"per_sm={cfg.stream}" if cfg.stream else f"split={cfg.split}") + ("" if cfg.wide else f" kc={cfg.kc}"))
 
 
 def sweep_line(label: str, cfg: GemvConfig, us: float, n_bytes: float, floor_bw: float, default_us: float) -> str:

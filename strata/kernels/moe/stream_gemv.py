@@ -1,0 +1,275 @@
+"""Streamed word GEMVs for decode (Q2_0, Q4_0, Q8_0): persistent programs, the next step's loads issued ahead.
+
+`wide_gemv.py`'s word kernels run a program per (pair or token, row tile) that loads a step of words, waits for
+them, multiplies, and loads the next: one step's bytes in flight per thread, and at A3B's size (8 experts x 768
+rows) ~3 waves of short programs whose last one leaves SMs idle. These kernels keep the word kernels' tile
+([NU units, BN rows, NT words], a thread per uint16 of codes, rows wrapped inside each thread) and change the
+schedule:
+  - a fixed grid of `programs` programs (a few per SM) walks the work items (row tiles) in a grid-stride loop, so
+    there is no tail of partly filled waves and no launch cost per tile;
+  - the loop runs over the program's flattened (item, step) sequence and loads step s + 1's code words, scales and
+    activations into registers before it multiplies step s ("register double buffering"), also across the
+    boundary of two items, so a thread always has a step's loads in flight while it computes.
+Each item's sums are the word kernels' own (same tile, same step order, same final tree), so with equal tiles the
+outputs agree with theirs (bit for bit under the interpreter; the tests check it) and stay within ERROR_BOUND of
+float64. Only formats whose blocks are an fp16 scale followed by uint16 code words take them (the others keep the
+word kernels); the contracts are gemv.py's (slot table, a slot < 0 adding exactly zero, no atomics).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.moe.word_loads import codes
+
+STREAM_FORMATS = {"Q2_0": 9, "Q4_0": 9, "Q8_0": 17}  # halfwords a block (an fp16 scale, then the code words)
+CPU_SMS = 1  # under the interpreter `programs` per "SM" is the grid itself (tests pick it to leave remainders)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def stream_grid(device: torch.device, per_sm: int, n_items: int) -> int:
+    """The persistent grid: per_sm programs on each SM of the device, never more than there are items."""
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else CPU_SMS
+    return max(1, min(n_items, sms * per_sm))
+
+
+@triton.jit
+def _x_run(x_at, t, um, STRIDE: tl.constexpr, WIDTH: tl.constexpr, OFFSET: tl.constexpr):
+    """Activations x_at[u] + OFFSET + STRIDE*t + (0..WIDTH-1) as one load [NT, NU, WIDTH] (float32), the words'
+    lane order (as word_loads.pairs: t fastest, then units), split in registers by the caller."""
+    at = x_at[None, :, None] + OFFSET + STRIDE * t[:, None, None] + tl.arange(0, WIDTH)[None, None, :]
+    return tl.load(at, mask=um[None, :, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _halves(v):
+    """[NT, NU, 2] -> its two [NU, NT] halves."""
+    lo, hi = tl.split(v)
+    return tl.trans(lo), tl.trans(hi)
+
+
+@triton.jit
+def _quarters(v):
+    """[NT, NU, 4] -> elements 0..3 as [NU, NT] each."""
+    even, odd = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2)))  # k = 0, 2 and k = 1, 3
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return tl.trans(x0), tl.trans(x1), tl.trans(x2), tl.trans(x3)
+
+
+@triton.jit
+def fetch_words(w, first, t, bm):
+    """The code words [NU, BN, NT] (uint16) and fp16 scale bits [NU, BN] of the blocks whose scale is halfword
+    `first` [NU, BN] of w (bm: the blocks to read)."""
+    h16 = w.to(tl.pointer_type(tl.uint16))
+    word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=bm[:, :, None], other=0)
+    return word, tl.load(h16 + first, mask=bm, other=0)
+
+
+@triton.jit
+def fetch_x(FMT: tl.constexpr, x_at, t, um):
+    """The activations of each word, raw ([NT, NU, 4 or 2], twice): Q2_0 weights 8t..8t+3 and 8t+4..8t+7, Q4_0 2t,
+    2t+1 and 2t+16, 2t+17, Q8_0 2t, 2t+1 (the second the first again)."""
+    if FMT == 0:
+        xa = _x_run(x_at, t, um, 8, 4, 0)
+        xb = _x_run(x_at, t, um, 8, 4, 4)
+    elif FMT == 1:
+        xa = _x_run(x_at, t, um, 2, 2, 0)
+        xb = _x_run(x_at, t, um, 2, 2, 16)
+    else:
+        xa = _x_run(x_at, t, um, 2, 2, 0)
+        xb = xa
+    return xa, xb
+
+
+@triton.jit
+def step_dot(FMT: tl.constexpr, word, d_bits, xa, xb):
+    """The scaled partial dots [NU, BN, NT] of a fetched step: `wide_gemv._unit_dot`'s sums, in its order."""
+    d = d_bits.to(tl.float16, bitcast=True).to(tl.float32)
+    word = word.to(tl.uint32)
+    if FMT == 0:  # Q2_0: halfword t holds weights 8t..8t+7, two bits each, weight = d * (code - 1)
+        x0, x1, x2, x3 = _quarters(xa)
+        s = codes(word, 0, 3, 1.0) * x0[:, None, :] + codes(word, 2, 3, 1.0) * x1[:, None, :]
+        s += codes(word, 4, 3, 1.0) * x2[:, None, :] + codes(word, 6, 3, 1.0) * x3[:, None, :]
+        x0, x1, x2, x3 = _quarters(xb)
+        s += codes(word, 8, 3, 1.0) * x0[:, None, :] + codes(word, 10, 3, 1.0) * x1[:, None, :]
+        s += codes(word, 12, 3, 1.0) * x2[:, None, :] + codes(word, 14, 3, 1.0) * x3[:, None, :]
+    elif FMT == 1:  # Q4_0: weights 2t, 2t+1 (low nibbles of the word's bytes) and 2t+16, 2t+17 (high)
+        x0, x1 = _halves(xa)
+        x16, x17 = _halves(xb)
+        s = codes(word, 0, 15, 8.0) * x0[:, None, :]
+        s += codes(word, 8, 15, 8.0) * x1[:, None, :]
+        s += codes(word, 4, 15, 8.0) * x16[:, None, :]
+        s += codes(word, 12, 15, 8.0) * x17[:, None, :]
+    else:  # Q8_0: int8 codes 2t, 2t+1, read as q + 128 (the bytes' top bits flipped)
+        x0, x1 = _halves(xa)
+        word = word ^ 0x8080
+        s = codes(word, 0, 255, 128.0) * x0[:, None, :]
+        s += codes(word, 8, 255, 128.0) * x1[:, None, :]
+    return s * d[:, :, None]
+
+
+@triton.jit
+def _gate_up_step(s, total, x, ids, slot_of, stride_g, stride_u, row_bytes, n_ff, n_tiles,
+                  TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+                  SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr,
+                  BLOCK_HALVES: tl.constexpr):
+    """Where step s of this program reads: (gate's and up's first halfwords [NU, BN], blocks to read [NU, BN],
+    activation pointers [NU], units in range [NU]); nothing is read at s >= total."""
+    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
+    pair = item // n_tiles
+    rows = (item % n_tiles) * BN + tl.arange(0, BN)
+    blk = (s % STEPS) * NU + tl.arange(0, NU)
+    live = s < total
+    index = tl.load(ids + pair, mask=live, other=0).to(tl.int32)
+    if SLOTS:
+        index = tl.load(slot_of + index, mask=live, other=-1).to(tl.int32)
+    um = (blk < N_UNITS) & live
+    bm = (um & (index >= 0))[:, None] & (rows < n_ff)[None, :]
+    expert = tl.maximum(index, 0).to(tl.int64)
+    at = rows.to(tl.int64)[None, :] * (row_bytes // 2) + (blk * BLOCK_HALVES)[:, None]
+    x_at = x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W
+    return expert * (stride_g // 2) + at, expert * (stride_u // 2) + at, bm, x_at, um
+
+
+@triton.jit
+def _stream_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_u, row_bytes, n_items,
+                           TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+                           UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
+                           NU: tl.constexpr, BLOCK_HALVES: tl.constexpr):
+    """H[pair, rows] = silu(gate rows . x) * (up rows . x) for the items (pair, row tile) pid, pid + programs, ..."""
+    STEPS: tl.constexpr = (N_UNITS + NU - 1) // NU
+    n_tiles = (n_ff + BN - 1) // BN
+    pid = tl.program_id(0)
+    total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
+    t = tl.arange(0, NT)
+    first_g, first_u, bm, x_at, um = _gate_up_step(0, total, x, ids, slot_of, stride_g, stride_u, row_bytes, n_ff,
+                                                   n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU, STEPS,
+                                                   BLOCK_HALVES)
+    wg_next, dg_next = fetch_words(wg, first_g, t, bm)
+    wu_next, du_next = fetch_words(wu, first_u, t, bm)
+    xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+    acc_g = tl.zeros((NU, BN, NT), tl.float32)
+    acc_u = tl.zeros((NU, BN, NT), tl.float32)
+    for s in range(0, total):
+        word_g, d_g, xa, xb, word_u, d_u = wg_next, dg_next, xa_next, xb_next, wu_next, du_next
+        first_g, first_u, bm, x_at, um = _gate_up_step(s + 1, total, x, ids, slot_of, stride_g, stride_u,
+                                                       row_bytes, n_ff, n_tiles, TOP_K, K, N_UNITS, UNIT_W,
+                                                       SLOTS, BN, NU, STEPS, BLOCK_HALVES)
+        wg_next, dg_next = fetch_words(wg, first_g, t, bm)
+        wu_next, du_next = fetch_words(wu, first_u, t, bm)
+        xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+        acc_g += step_dot(FMT, word_g, d_g, xa, xb)
+        acc_u += step_dot(FMT, word_u, d_u, xa, xb)
+        if s % STEPS == STEPS - 1:  # the item's last step: its rows are done
+            item = pid + (s // STEPS) * tl.num_programs(0)
+            rows = (item % n_tiles) * BN + tl.arange(0, BN)
+            g = tl.sum(tl.sum(acc_g, axis=2), axis=0)
+            u = tl.sum(tl.sum(acc_u, axis=2), axis=0)
+            tl.store(hid + (item // n_tiles).to(tl.int64) * n_ff + rows, g / (1.0 + tl.exp(-g)) * u,
+                     mask=rows < n_ff)
+            acc_g = tl.zeros((NU, BN, NT), tl.float32)
+            acc_u = tl.zeros((NU, BN, NT), tl.float32)
+
+
+@triton.jit
+def _down_step(s, total, h, ids, topk_w, slot_of, stride_d, row_bytes, n_out, n_tiles,
+               TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+               SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr,
+               BLOCK_HALVES: tl.constexpr):
+    """Where step s of this program reads: (first halfwords [NU, BN], blocks to read [NU, BN], activation pointers
+    [NU], units in range [NU], each unit's routing weight [NU]); units run over (chosen expert, unit) flattened."""
+    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
+    token = item // n_tiles
+    rows = (item % n_tiles) * BN + tl.arange(0, BN)
+    g = (s % STEPS) * NU + tl.arange(0, NU)
+    um = (g < TOP_K * N_UNITS) & (s < total)
+    j = g // N_UNITS
+    blk = g % N_UNITS
+    index = tl.load(ids + token * TOP_K + j, mask=um, other=0).to(tl.int32)
+    if SLOTS:
+        index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
+    weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
+    bm = (um & (index >= 0))[:, None] & (rows < n_out)[None, :]
+    first = (tl.maximum(index, 0).to(tl.int64) * (stride_d // 2) + blk * BLOCK_HALVES)[:, None] \
+        + rows.to(tl.int64)[None, :] * (row_bytes // 2)
+    x_at = h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W
+    return first, bm, x_at, um, weight
+
+
+@triton.jit
+def _stream_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_bytes, n_items,
+                        TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+                        UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
+                        NU: tl.constexpr, BLOCK_HALVES: tl.constexpr):
+    """y[token, rows] = sum over chosen experts j and their units of w[token, j] * (unit's rows . h[token, j]'s
+    slice), for the items (token, row tile) pid, pid + programs, ..."""
+    STEPS: tl.constexpr = (TOP_K * N_UNITS + NU - 1) // NU
+    n_tiles = (n_out + BN - 1) // BN
+    pid = tl.program_id(0)
+    total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
+    t = tl.arange(0, NT)
+    first, bm, x_at, um, weight_next = _down_step(0, total, h, ids, topk_w, slot_of, stride_d, row_bytes, n_out,
+                                                  n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU, STEPS,
+                                                  BLOCK_HALVES)
+    word_next, d_next = fetch_words(wd, first, t, bm)
+    xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+    acc = tl.zeros((NU, BN, NT), tl.float32)
+    for s in range(0, total):
+        word, d, xa, xb, weight = word_next, d_next, xa_next, xb_next, weight_next
+        first, bm, x_at, um, weight_next = _down_step(s + 1, total, h, ids, topk_w, slot_of, stride_d, row_bytes,
+                                                      n_out, n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU,
+                                                      STEPS, BLOCK_HALVES)
+        word_next, d_next = fetch_words(wd, first, t, bm)
+        xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+        acc += step_dot(FMT, word, d, xa, xb) * weight[:, None, None]
+        if s % STEPS == STEPS - 1:
+            item = pid + (s // STEPS) * tl.num_programs(0)
+            rows = (item % n_tiles) * BN + tl.arange(0, BN)
+            out = tl.sum(tl.sum(acc, axis=2), axis=0)
+            tl.store(y + (item // n_tiles).to(tl.int64) * n_out + rows, out, mask=rows < n_out)
+            acc = tl.zeros((NU, BN, NT), tl.float32)
+
+
+def stream_applies(spec, *byte_offsets: int) -> bool:
+    """A format these kernels read, every block start 2-byte aligned (their uint16 loads)."""
+    return spec.name in STREAM_FORMATS and all(offset % 2 == 0 for offset in byte_offsets)
+
+
+def _constants(spec, n_in: int, top_k: int, slots: bool, bn: int, nu: int) -> dict:
+    from strata.kernels.moe.wide_gemv import UNIT, WORDS
+
+    return dict(TOP_K=top_k, K=n_in, FMT=spec.fmt_id, N_UNITS=n_in // UNIT[spec.name], UNIT_W=UNIT[spec.name],
+                NT=WORDS[spec.name], SLOTS=slots, BN=bn, NU=nu, BLOCK_HALVES=STREAM_FORMATS[spec.name])
+
+
+def launch_stream_gate_up(x, topk_ids, g, u, slot_of, hid, spec, bn: int, nu: int, warps: int, per_sm: int):
+    """`_stream_gate_up_kernel` over operands g, u (gemv.ExpertOperand) into H [T, k, ff]: gate_up_swiglu's
+    contract."""
+    n_tokens, top_k = topk_ids.shape
+    n_items = n_tokens * top_k * triton.cdiv(g.rows, bn)
+    slots = slot_of is not None
+    _stream_gate_up_kernel[(stream_grid(x.device, per_sm, n_items),)](
+        x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, hid, g.rows, g.stride,
+        u.stride, g.row_bytes, n_items, **_constants(spec, g.cols, top_k, slots, bn, nu), num_warps=warps)
+    return hid
+
+
+def launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, spec, bn: int, nu: int, warps: int, per_sm: int):
+    """`_stream_down_kernel` over operand d into y [T, d.rows]: the down kernel's contract (and the dense matvec's)."""
+    n_tokens, top_k = topk_ids.shape
+    n_items = n_tokens * triton.cdiv(d.rows, bn)
+    slots = slot_of is not None
+    _stream_down_kernel[(stream_grid(h.device, per_sm, n_items),)](
+        h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, y, d.rows,
+        d.stride, d.row_bytes, n_items, **_constants(spec, d.cols, top_k, slots, bn, nu), num_warps=warps)
+    return y

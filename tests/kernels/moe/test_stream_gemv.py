@@ -1,0 +1,138 @@
+"""The streamed word kernels (`stream_gemv.py`: persistent programs, next step loaded ahead) against float64.
+
+Bound: ERROR_BOUND (1e-5) of max |float64| for H and the output, as test_gemv.py. Under the interpreter they must
+also equal the word kernels of the same tile bit for bit (same sums in the same order, only the schedule differs).
+Grids are chosen to leave remainders: programs with one item more than others, items ending mid-step.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from strata.bench.moe_decode import routing, slots_of, synthetic_stack
+from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, GemvConfig, _takes_stream, down_sum_triton,
+                                     gate_up_swiglu_triton, launch_down, moe_gemv_float64, relative_error)
+
+# gate/up: 2 steps of 2 units (Q2_0: 1 step) over 64-row tiles; down: k * units flattened, 4 a step (a partial last)
+WORDS_UP = GemvConfig(bn=32, ns=2, warps=4, wide=True)
+WORDS_DOWN = GemvConfig(bn=64, ns=4, warps=4, wide=True)
+
+
+def _cpu(stack):
+    from strata.engine.experts import ExpertStack
+
+    return ExpertStack(*(p.to("cpu") for p in (stack.gate, stack.up, stack.down)))
+
+
+def _interpreted(device) -> bool:
+    return device != "cuda"
+
+
+@pytest.mark.parametrize("fmt, per_sm", [("Q2_0", 5), ("Q4_0", 1), ("Q4_0", 5), ("Q8_0", 5)])
+def test_streamed_kernels_match_float64_and_the_word_kernels(device, fmt, per_sm):
+    # 2 tokens x top 3: 6 pairs x 3 row tiles of gate/up (96 rows: the last tile partial) = 18 items over 1 or 5
+    # programs (under the interpreter an "SM" is one program); down: 2 tokens x 2 row tiles of 128 rows.
+    stack = synthetic_stack(fmt, fmt, 8, 128, 96 if fmt != "Q2_0" else 128, seed=41, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(42)
+    ids, w = routing(2, 3, 8, gen, shared=1)
+    x = torch.randn(2, 128, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    up, down = replace(WORDS_UP, stream=per_sm), replace(WORDS_DOWN, stream=per_sm)
+    assert _takes_stream(up, experts.gate, experts.up) and _takes_stream(down, experts.down)
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    h = gate_up_swiglu_triton(x, ids, experts, up)
+    y = down_sum_triton(h, ids, w, experts, torch.float32, down)
+    assert relative_error(h, h64) <= ERROR_BOUND
+    assert relative_error(y, y64) <= ERROR_BOUND
+    assert torch.equal(y, down_sum_triton(h, ids, w, experts, torch.float32, down))  # no atomics: repeatable
+    if _interpreted(device):
+        assert torch.equal(h, gate_up_swiglu_triton(x, ids, experts, WORDS_UP))
+        assert torch.equal(y, down_sum_triton(h, ids, w, experts, torch.float32, WORDS_DOWN))
+
+
+def test_streamed_kernels_from_slots_leave_missing_experts_out(device):
+    stack = synthetic_stack("Q4_0", "Q4_0", 12, 128, 64, seed=43, device=device)
+    gen = torch.Generator().manual_seed(44)
+    order = torch.randperm(12, generator=gen)
+    slots, table = slots_of(stack, order, 9)  # experts order[9:] are not resident: they add exactly zero
+    cached = DecodeExperts.of_slots(slots, table, stack)
+    ids, w = routing(3, 4, 12, gen, shared=2)
+    x = torch.randn(3, 128, generator=gen)
+    resident = torch.isin(ids, order[:9])
+    assert not resident.all() and resident.any()
+    h64, y64 = moe_gemv_float64(x, ids, w * resident, DecodeExperts.of_stack(_cpu(stack)))
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    h = gate_up_swiglu_triton(x, ids, cached, replace(WORDS_UP, stream=3))
+    assert (h.cpu()[~resident] == 0).all()
+    assert relative_error(h, h64 * resident[:, :, None]) <= ERROR_BOUND
+    y = down_sum_triton(h, ids, w, cached, torch.float32, replace(WORDS_DOWN, stream=3))
+    assert relative_error(y, y64) <= ERROR_BOUND
+
+
+def test_dense_matvec_through_the_streamed_down_kernel(device):
+    from strata.kernels.moe.gemv import ExpertOperand
+    from strata.kernels.quant.matvec import one_expert
+    from strata.quant import dequantize, get_format, random_blocks
+    import numpy as np
+
+    info = get_format("Q4_0")
+    raw = torch.from_numpy(random_blocks("Q4_0", 80 * 256 // 32, np.random.default_rng(45), 0.02))
+    weight = ExpertOperand(raw.to(device), info.ggml_type, 80, 256, stride=0)
+    x = torch.randn(1, 1, 256, generator=torch.Generator().manual_seed(46))
+    want = x.reshape(1, 256).double() @ dequantize(raw.reshape(80, -1), info.ggml_type, (80, 256)).double().T
+    ids, ones = one_expert(torch.device(device), 1)
+    cfg = GemvConfig(bn=32, ns=4, warps=4, wide=True, stream=2)  # 3 row tiles (the last partial), 2 steps each
+    assert relative_error(launch_down(x.to(device), ids, ones, weight, None, torch.float32, cfg), want) <= ERROR_BOUND
+
+
+def test_formats_and_offsets_the_streamed_kernels_cannot_read_take_the_word_or_byte_kernels(device):
+    stack = synthetic_stack("Q4_K", "Q4_K", 4, 256, 256, seed=47, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    assert not _takes_stream(replace(WORDS_UP, stream=2), experts.gate, experts.up)  # Q4_K: the word kernels
+    q4 = DecodeExperts.of_stack(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64, seed=48, device=device))
+    shifted = torch.zeros(q4.gate.raw.numel() + 1, dtype=torch.uint8, device=device)[1:]  # an odd address
+    shifted.copy_(q4.gate.raw)
+    odd = type(q4.gate)(shifted, q4.gate.qtype, q4.gate.rows, q4.gate.cols, q4.gate.stride)
+    assert not _takes_stream(replace(WORDS_UP, stream=2), odd, q4.up)
+    gen = torch.Generator().manual_seed(49)
+    ids, w = routing(1, 2, 4, gen)
+    x = torch.randn(1, 128, generator=gen)
+    h64, _ = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64,
+                                                                                       seed=48))))
+    h = gate_up_swiglu_triton(x.to(device), ids.to(device), DecodeExperts(odd, q4.up, q4.down),
+                              replace(WORDS_UP, stream=2))
+    assert relative_error(h, h64) <= ERROR_BOUND
+
+
+def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(device, monkeypatch):
+    import io
+
+    from strata.bench import gemv_sweep, moe_decode
+    from strata.kernels.moe.decode import SPECS
+
+    a3b = gemv_sweep.sweep_configs("gate_up", SPECS["Q4_0"], 768, 2048, 8, family="stream")
+    assert a3b[0].stream == 0 and all(c.stream > 0 and c.split == 1 for c in a3b[1:])
+    assert {c.stream for c in a3b} >= set(gemv_sweep.STREAM_PER_SM) and len(set(a3b)) == len(a3b)
+    assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_K"], 2048, 768, 8, family="all") if c.stream]
+    assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_0"], 2048, 768, 8, family="words") if c.stream]
+
+    stack = synthetic_stack("Q4_0", "Q4_0", 6, 128, 64, seed=50, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(51)
+    calls = []
+    for _ in range(2):
+        ids, w = routing(1, 2, 6, gen)
+        calls.append((torch.randn(1, 128, generator=gen).to(device), ids.to(device), w.to(device), experts,
+                      torch.float32))
+    want = moe_gemv_float64(calls[0][0].cpu(), calls[0][1].cpu(), calls[0][2].cpu(),
+                            DecodeExperts.of_stack(_cpu(stack)))
+    seen = []
+    monkeypatch.setattr(moe_decode, "sweep_configs", lambda kind, spec, n_out, n_in, top_k, family="all": seen.append(
+        family) or [WORDS_UP if kind == "gate_up" else WORDS_DOWN, replace(WORDS_UP, stream=2)])
+    out = io.StringIO()
+    assert moe_decode._sweep("tiny", experts, calls, device, 1e9, out, want, "stream"), out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert seen == ["stream", "stream"] and len(lines) == 4 and "FAIL" not in out.getvalue()
+    assert "words" in lines[0] and "stream" in lines[1] and "per_sm=2" in lines[1]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call for the streamed decode GEMV kernels (issue 4, kernels/moe/stream_gemv.py): their CUDA tests and
+# the word kernels' (compiled kernels against float64), then `bench moe-decode --sweep stream` on A3B Q4_0 and
+# qwen4exp Q2_0 (each kernel's default line, then the streamed kernels at 1, 2, 3, 4 and 64 programs an SM and 2 an SM
+# on the tile's variants; every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense
+# `bench matvec --sweep stream` on A3B's 2048x4096 / 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh,
+# under 5 minutes in all; run from the repo root with .whl carried; logs come back as one tarball plus the sweep
+# logs; the output's tail ends with each kernel's default and fastest config.
+set -uo pipefail
+BUDGET=${BUDGET:-285}
+source tools/device/parts.sh || exit 1
+part gemv3_tests_cuda 80 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_stream_gemv.py \
+  tests/kernels/moe/test_word_gemv.py --durations=5
+part moe_decode_stream_sweep 150 python3 -m strata bench moe-decode --shapes a3b-q4_0,qwen4exp-q2_0 --sweep stream
+part matvec_stream_sweep 45 python3 -m strata bench matvec --sweep stream --shapes 2048x4096,4096x2048 \
+  --formats Q4_0,Q8_0
+echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
+cp $L/moe_decode_stream_sweep.log $L/matvec_stream_sweep.log "$OUT/" 2>/dev/null
+tar czf "$OUT/gemv3_logs.tgz" -C $L .
+cat $L/times.txt
+for f in $L/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "sweep" | tail -n 12 | cut -c1-200; done
+echo "=== default and fastest config per kernel and shape (us)"
+cat $L/*sweep*.log | awk '$1 == "sweep" { key = $2 " " $3; us = ""
+  for (i = 4; i < NF; i++) if ($(i + 1) == "us") { us = $i; break }
+  if (us == "") next; cfg = ""; for (j = 4; j < i; j++) cfg = cfg " " $j
+  if (!(key in base)) { base[key] = us; order[++n] = key }
+  if (!(key in best) || us + 0 < best[key] + 0) { best[key] = us; how[key] = cfg } }
+  END { for (k = 1; k <= n; k++) printf "%-26s default %8s  best %8s %s\n", order[k], base[order[k]], best[order[k]], how[order[k]] }'
