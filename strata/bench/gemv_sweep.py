@@ -4,8 +4,9 @@ One device run then shows which tile wins on the GPU at hand: each line is a con
 and its ratio to the default's time (first line). Variants move one tunable at a time from the default (rows per
 program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
 pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
-kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0: persistent programs per SM 1, 2, 3, 4 and 64 = a program per tile on
-the default tile, then 2 per SM on the tile's variants), and last the byte kernel. `family="stream"` keeps only the
+kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0: on the default tile, persistent programs per SM 1, those filling 16,
+32, 48 and 64 warps an SM, and 64 = a program per tile; then the tile's variants at 32 warps an SM), and last the
+byte kernel. `family="stream"` keeps only the
 default and the streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).
 """
 
@@ -19,19 +20,27 @@ from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 
 MAX_WARPS = 16
 FAMILIES = ("all", "words", "stream")
-STREAM_PER_SM = (1, 2, 3, 4, 64)  # 64: more than fit, i.e. a program per tile (the grid is capped at the tiles)
+RESIDENT_WARPS = (16, 32, 48, 64)  # warps an SM the streamed grids aim at (sm_90 holds 64, registers permitting)
+ONE_TILE_EACH = 64  # programs an SM beyond any residency: the grid is capped at the tiles, a program per tile
+
+
+def stream_per_sm(warps: int) -> list[int]:
+    """The persistent programs an SM to time for programs of `warps` warps: 1, those giving RESIDENT_WARPS, and
+    ONE_TILE_EACH."""
+    return list(dict.fromkeys([1, *(max(1, w // warps) for w in RESIDENT_WARPS), ONE_TILE_EACH]))
 
 
 def stream_configs(base: GemvConfig) -> list[GemvConfig]:
-    """The streamed kernels on base's tile (base without its split) at each STREAM_PER_SM, then base's tile moved
-    one tunable at a time at 2 programs an SM."""
-    tile = replace(base, split=1, stream=2)
+    """The streamed kernels on base's tile (base without its split) at each `stream_per_sm`, then base's tile moved
+    one tunable at a time at half of sm_90's warps (32) an SM."""
+    tile = replace(base, split=1)
     half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
-    return [replace(tile, stream=n) for n in STREAM_PER_SM] + [
-        replace(tile, warps=half), replace(tile, warps=double), replace(tile, bn=base.bn * 2),
-        replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=max(1, base.ns // 2), warps=half),
-        replace(tile, ns=base.ns * 2, warps=double), replace(tile, ns=base.ns * 2),
-        replace(tile, bn=base.bn * 2, ns=max(1, base.ns // 2))]
+    moved = [replace(tile, warps=half), replace(tile, warps=double), replace(tile, bn=base.bn * 2),
+             replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=max(1, base.ns // 2), warps=half),
+             replace(tile, ns=base.ns * 2, warps=double), replace(tile, ns=base.ns * 2),
+             replace(tile, bn=base.bn * 2, ns=max(1, base.ns // 2))]
+    return [replace(tile, stream=n) for n in stream_per_sm(base.warps)] + [
+        replace(c, stream=max(1, 32 // c.warps)) for c in moved]
 
 
 def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, family: str = "all"
