@@ -5,8 +5,8 @@ and its ratio to the default's time (first line). Variants move one tunable at a
 program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
 pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
 kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0: on the default tile, persistent programs per SM 1, those filling 16,
-32, 48 and 64 warps an SM, and 64 = a program per tile; then the tile's variants at 32 warps an SM), and last the
-byte kernel. `family="stream"` keeps only the
+32, 48 and 64 warps an SM, and 64 = a program per tile; then the tile's variants and warp-local tiles at 32 warps an
+SM), and last the byte kernel. `family="stream"` keeps only the
 default and the streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).
 """
 
@@ -17,6 +17,7 @@ from dataclasses import replace
 from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config
 from strata.kernels.moe.stream_gemv import STREAM_FORMATS
+from strata.kernels.moe.wide_gemv import WORDS
 
 MAX_WARPS = 16
 FAMILIES = ("all", "words", "stream")
@@ -30,15 +31,19 @@ def stream_per_sm(warps: int) -> list[int]:
     return list(dict.fromkeys([1, *(max(1, w // warps) for w in RESIDENT_WARPS), ONE_TILE_EACH]))
 
 
-def stream_configs(base: GemvConfig) -> list[GemvConfig]:
+def stream_configs(base: GemvConfig, words: int) -> list[GemvConfig]:
     """The streamed kernels on base's tile (base without its split) at each `stream_per_sm`, then base's tile moved
-    one tunable at a time at half of sm_90's warps (32) an SM."""
+    one tunable at a time, and warp-local tiles (a warp's lanes on the units x `words` words of one step, warps and
+    each thread's 4 (2, 1) rows on the rows: the sums end in shuffles, not shared memory and barriers), all at half
+    of sm_90's warps (32) an SM."""
     tile = replace(base, split=1)
+    warp_units = max(1, 32 // words)
     half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
     moved = [replace(tile, warps=half), replace(tile, warps=double), replace(tile, bn=base.bn * 2),
              replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=max(1, base.ns // 2), warps=half),
              replace(tile, ns=base.ns * 2, warps=double), replace(tile, ns=base.ns * 2),
              replace(tile, bn=base.bn * 2, ns=max(1, base.ns // 2))]
+    moved += [replace(tile, ns=warp_units, warps=w, bn=rows * w) for w in (4, 8) for rows in (4, 2, 1)]
     return [replace(tile, stream=n) for n in stream_per_sm(base.warps)] + [
         replace(c, stream=max(1, 32 // c.warps)) for c in moved]
 
@@ -48,7 +53,8 @@ def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int
     """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants (of `family`)."""
     base = gemv_config(kind, spec, n_out, n_in, top_k, True)
     variants = [base]
-    streams = stream_configs(base) if base.wide and spec.name in STREAM_FORMATS and family != "words" else []
+    streams = stream_configs(base, WORDS[spec.name]) if base.wide and spec.name in STREAM_FORMATS and family != "words" \
+        else []
     if family == "stream":
         return list(dict.fromkeys(variants + streams))
     if base.wide:
