@@ -3,10 +3,10 @@
 # the word kernels' (compiled kernels against float64), then `bench moe-decode --sweep stream` on A3B Q4_0 and
 # qwen4exp Q2_0 (each kernel's default line, then the streamed kernels on its tile at 1 program an SM, at 16, 32, 48
 # and 64 warps an SM and at a program per tile, then the tile's variants and warp-local tiles at 32 warps an SM;
-# every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense `bench matvec --sweep stream` on A3B's
-# 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh, under 5 minutes in all; run from the repo root with
-# .whl carried; logs come back as one tarball plus the sweep logs; the output's tail ends with each kernel's default
-# and fastest config.
+# every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense `bench matvec --sweep
+# stream` on 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh, under 5 minutes in all; run from the
+# repo root with .whl carried; logs come back as one tarball plus the sweep logs; the output's tail ends with each
+# kernel's default and fastest config.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
 source tools/device/parts.sh || exit 1
