@@ -53,8 +53,8 @@ def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int
     """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants (of `family`)."""
     base = gemv_config(kind, spec, n_out, n_in, top_k, True)
     variants = [base]
-    streams = stream_configs(base, WORDS[spec.name]) if base.wide and spec.name in STREAM_FORMATS and family != "words" \
-        else []
+    streamed = base.wide and spec.name in STREAM_FORMATS and family != "words"
+    streams = stream_configs(base, WORDS[spec.name]) if streamed else []
     if family == "stream":
         return list(dict.fromkeys(variants + streams))
     if base.wide:

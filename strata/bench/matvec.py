@@ -6,7 +6,8 @@ they come from HBM rather than L2), the weight's bytes over the HBM floor of the
 GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
 for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
 
-    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K] [--sweep [all|stream]]
+    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
+                                  [--sweep [all|words|stream]]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 (`ResidentExperts`: a dequantize and matmul per expert) in the same run. Then a CUDA graph of one call is captured
 and replayed with new ids in place, and must match eager calls bit for bit.
 
-    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep [all|stream]]
+    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep [all|words|stream]]
 (also qwen4exp-iq2_xs, -iq3_xxs, -iq3_s: i-quant gate/up, Q2_0 down)
 """
 
