@@ -9,7 +9,8 @@ schedule:
     there is no tail of partly filled waves and no launch cost per tile;
   - the loop runs over the program's flattened (item, step) sequence and loads step s + 1's code words, scales and
     activations into registers before it multiplies step s ("register double buffering"), also across the
-    boundary of two items, so a thread always has a step's loads in flight while it computes.
+    boundary of two items, so a thread always has a step's loads in flight while it computes; the routing (expert
+    ids, slot table, weights) is loaded one step earlier still, so those loads never hold up the words'.
 Each item's sums are the word kernels' own (same tile, same step order, same final tree), so with equal tiles the
 outputs agree with theirs (bit for bit under the interpreter; the tests check it) and stay within ERROR_BOUND of
 float64. Only formats whose blocks are an fp16 scale followed by uint16 code words take them (the others keep the
@@ -119,22 +120,29 @@ def step_dot(FMT: tl.constexpr, word, d_bits, xa, xb):
 
 
 @triton.jit
-def _gate_up_step(s, total, x, ids, slot_of, stride_g, stride_u, row_bytes, n_ff, n_tiles,
-                  TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-                  SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr,
-                  BLOCK_HALVES: tl.constexpr):
-    """Where step s of this program reads: (gate's and up's first halfwords [NU, BN], blocks to read [NU, BN],
-    activation pointers [NU], units in range [NU]); nothing is read at s >= total."""
-    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
-    pair = item // n_tiles
-    rows = (item % n_tiles) * BN + tl.arange(0, BN)
-    blk = (s % STEPS) * NU + tl.arange(0, NU)
+def _gate_up_route(s, total, ids, slot_of, n_tiles, SLOTS: tl.constexpr, STEPS: tl.constexpr):
+    """The operand index of step s's expert (-1: not resident, or s >= total). Loaded a step before its words, so
+    the word loads never wait on the routing's."""
+    pair = (tl.program_id(0) + (s // STEPS) * tl.num_programs(0)) // n_tiles
     live = s < total
     index = tl.load(ids + pair, mask=live, other=0).to(tl.int32)
     if SLOTS:
         index = tl.load(slot_of + index, mask=live, other=-1).to(tl.int32)
-    um = (blk < N_UNITS) & live
-    bm = (um & (index >= 0))[:, None] & (rows < n_ff)[None, :]
+    return tl.where(live, index, -1)
+
+
+@triton.jit
+def _gate_up_where(s, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
+                   TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+                   BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr, BLOCK_HALVES: tl.constexpr):
+    """Where step s reads, its expert at operand `index`: (gate's and up's first halfwords [NU, BN], blocks to read
+    [NU, BN], activation pointers [NU], units to read [NU])."""
+    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
+    pair = item // n_tiles
+    rows = (item % n_tiles) * BN + tl.arange(0, BN)
+    blk = (s % STEPS) * NU + tl.arange(0, NU)
+    um = (blk < N_UNITS) & (index >= 0)
+    bm = um[:, None] & (rows < n_ff)[None, :]
     expert = tl.maximum(index, 0).to(tl.int64)
     at = rows.to(tl.int64)[None, :] * (row_bytes // 2) + (blk * BLOCK_HALVES)[:, None]
     x_at = x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W
@@ -146,28 +154,31 @@ def _stream_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_
                            TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
                            UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
                            NU: tl.constexpr, BLOCK_HALVES: tl.constexpr):
-    """H[pair, rows] = silu(gate rows . x) * (up rows . x) for the items (pair, row tile) pid, pid + programs, ..."""
+    """H[pair, rows] = silu(gate rows . x) * (up rows . x) for the items (pair, row tile) pid, pid + programs, ...
+    Step s multiplies what step s - 1 loaded, loads step s + 1's words and step s + 2's routing."""
     STEPS: tl.constexpr = (N_UNITS + NU - 1) // NU
     n_tiles = (n_ff + BN - 1) // BN
     pid = tl.program_id(0)
     total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
     t = tl.arange(0, NT)
-    first_g, first_u, bm, x_at, um = _gate_up_step(0, total, x, ids, slot_of, stride_g, stride_u, row_bytes, n_ff,
-                                                   n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU, STEPS,
-                                                   BLOCK_HALVES)
+    index = _gate_up_route(0, total, ids, slot_of, n_tiles, SLOTS, STEPS)
+    first_g, first_u, bm, x_at, um = _gate_up_where(0, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
+                                                    TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS, BLOCK_HALVES)
     wg_next, dg_next = fetch_words(wg, first_g, t, bm)
     wu_next, du_next = fetch_words(wu, first_u, t, bm)
     xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+    index = _gate_up_route(1, total, ids, slot_of, n_tiles, SLOTS, STEPS)
     acc_g = tl.zeros((NU, BN, NT), tl.float32)
     acc_u = tl.zeros((NU, BN, NT), tl.float32)
     for s in range(0, total):
         word_g, d_g, xa, xb, word_u, d_u = wg_next, dg_next, xa_next, xb_next, wu_next, du_next
-        first_g, first_u, bm, x_at, um = _gate_up_step(s + 1, total, x, ids, slot_of, stride_g, stride_u,
-                                                       row_bytes, n_ff, n_tiles, TOP_K, K, N_UNITS, UNIT_W,
-                                                       SLOTS, BN, NU, STEPS, BLOCK_HALVES)
+        first_g, first_u, bm, x_at, um = _gate_up_where(s + 1, index, x, stride_g, stride_u, row_bytes, n_ff,
+                                                        n_tiles, TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS,
+                                                        BLOCK_HALVES)
         wg_next, dg_next = fetch_words(wg, first_g, t, bm)
         wu_next, du_next = fetch_words(wu, first_u, t, bm)
         xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+        index = _gate_up_route(s + 2, total, ids, slot_of, n_tiles, SLOTS, STEPS)
         acc_g += step_dot(FMT, word_g, d_g, xa, xb)
         acc_u += step_dot(FMT, word_u, d_u, xa, xb)
         if s % STEPS == STEPS - 1:  # the item's last step: its rows are done
@@ -182,28 +193,39 @@ def _stream_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_
 
 
 @triton.jit
-def _down_step(s, total, h, ids, topk_w, slot_of, stride_d, row_bytes, n_out, n_tiles,
-               TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-               SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr,
-               BLOCK_HALVES: tl.constexpr):
-    """Where step s of this program reads: (first halfwords [NU, BN], blocks to read [NU, BN], activation pointers
-    [NU], units in range [NU], each unit's routing weight [NU]); units run over (chosen expert, unit) flattened."""
-    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
-    token = item // n_tiles
-    rows = (item % n_tiles) * BN + tl.arange(0, BN)
+def _down_route(s, total, ids, topk_w, slot_of, n_tiles, TOP_K: tl.constexpr, N_UNITS: tl.constexpr,
+                SLOTS: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr):
+    """The operand index [NU] (-1: not resident, or out of range) and routing weight [NU] of step s's units, which
+    run over (chosen expert, unit) flattened. Loaded a step before their words."""
+    token = (tl.program_id(0) + (s // STEPS) * tl.num_programs(0)) // n_tiles
     g = (s % STEPS) * NU + tl.arange(0, NU)
     um = (g < TOP_K * N_UNITS) & (s < total)
     j = g // N_UNITS
-    blk = g % N_UNITS
     index = tl.load(ids + token * TOP_K + j, mask=um, other=0).to(tl.int32)
     if SLOTS:
         index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
     weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
-    bm = (um & (index >= 0))[:, None] & (rows < n_out)[None, :]
+    return tl.where(um, index, -1), weight
+
+
+@triton.jit
+def _down_where(s, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K: tl.constexpr, K: tl.constexpr,
+                N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr,
+                STEPS: tl.constexpr, BLOCK_HALVES: tl.constexpr):
+    """Where step s reads, its units' experts at operand `index` [NU]: (first halfwords [NU, BN], blocks to read
+    [NU, BN], activation pointers [NU], units to read [NU])."""
+    item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
+    token = item // n_tiles
+    rows = (item % n_tiles) * BN + tl.arange(0, BN)
+    g = (s % STEPS) * NU + tl.arange(0, NU)
+    j = g // N_UNITS
+    blk = g % N_UNITS
+    um = index >= 0
+    bm = um[:, None] & (rows < n_out)[None, :]
     first = (tl.maximum(index, 0).to(tl.int64) * (stride_d // 2) + blk * BLOCK_HALVES)[:, None] \
         + rows.to(tl.int64)[None, :] * (row_bytes // 2)
     x_at = h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W
-    return first, bm, x_at, um, weight
+    return first, bm, x_at, um
 
 
 @triton.jit
@@ -212,25 +234,28 @@ def _stream_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_byt
                         UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
                         NU: tl.constexpr, BLOCK_HALVES: tl.constexpr):
     """y[token, rows] = sum over chosen experts j and their units of w[token, j] * (unit's rows . h[token, j]'s
-    slice), for the items (token, row tile) pid, pid + programs, ..."""
+    slice), for the items (token, row tile) pid, pid + programs, ...; pipelined as the gate/up kernel."""
     STEPS: tl.constexpr = (TOP_K * N_UNITS + NU - 1) // NU
     n_tiles = (n_out + BN - 1) // BN
     pid = tl.program_id(0)
     total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
     t = tl.arange(0, NT)
-    first, bm, x_at, um, weight_next = _down_step(0, total, h, ids, topk_w, slot_of, stride_d, row_bytes, n_out,
-                                                  n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU, STEPS,
-                                                  BLOCK_HALVES)
+    index, weight_next = _down_route(0, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU, STEPS)
+    first, bm, x_at, um = _down_where(0, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K, N_UNITS, UNIT_W,
+                                      BN, NU, STEPS, BLOCK_HALVES)
     word_next, d_next = fetch_words(wd, first, t, bm)
     xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+    index, weight_after = _down_route(1, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU, STEPS)
     acc = tl.zeros((NU, BN, NT), tl.float32)
     for s in range(0, total):
         word, d, xa, xb, weight = word_next, d_next, xa_next, xb_next, weight_next
-        first, bm, x_at, um, weight_next = _down_step(s + 1, total, h, ids, topk_w, slot_of, stride_d, row_bytes,
-                                                      n_out, n_tiles, TOP_K, K, N_UNITS, UNIT_W, SLOTS, BN, NU,
-                                                      STEPS, BLOCK_HALVES)
+        first, bm, x_at, um = _down_where(s + 1, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K, N_UNITS,
+                                          UNIT_W, BN, NU, STEPS, BLOCK_HALVES)
         word_next, d_next = fetch_words(wd, first, t, bm)
         xa_next, xb_next = fetch_x(FMT, x_at, t, um)
+        weight_next = weight_after
+        index, weight_after = _down_route(s + 2, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU,
+                                          STEPS)
         acc += step_dot(FMT, word, d, xa, xb) * weight[:, None, None]
         if s % STEPS == STEPS - 1:
             item = pid + (s // STEPS) * tl.num_programs(0)
