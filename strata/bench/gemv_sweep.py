@@ -4,7 +4,7 @@ One device run then shows which tile wins on the GPU at hand: each line is a con
 and its ratio to the default's time (first line). Variants move one tunable at a time from the default (rows per
 program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
 pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
-kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0: on the default tile, persistent programs per SM 1, those filling 16,
+kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0 / Q4_K: on the default tile, persistent programs per SM 1, those filling 16,
 32, 48 and 64 warps an SM, and 64 = a program per tile; then the tile's variants and warp-local tiles at 32 warps an
 SM), and last the byte kernel. `family="stream"` keeps only the
 default and the streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).

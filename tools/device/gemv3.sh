@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # One device call for the streamed decode GEMV kernels (issue 4, kernels/moe/stream_gemv.py): their CUDA tests and
-# the word kernels' (compiled kernels against float64), then `bench moe-decode --sweep stream` on A3B Q4_0 and
-# qwen4exp Q2_0 (each kernel's default line, then the streamed kernels on its tile at 1 program an SM, at 16, 32, 48
-# and 64 warps an SM and at a program per tile, then the tile's variants and warp-local tiles at 32 warps an SM;
-# every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense `bench matvec --sweep
-# stream` on 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh, under 5 minutes in all; run from the
-# repo root with .whl carried; logs come back as one tarball plus the sweep logs; the output's tail ends with each
-# kernel's default and fastest config.
+# the word kernels' (compiled kernels against float64), then `bench moe-decode --sweep stream` on A3B Q4_0,
+# qwen4exp Q2_0 and A3B Q4_K (each kernel's default line, then the streamed kernels on its tile at 1 program an SM,
+# at 16, 32, 48 and 64 warps an SM and at a program per tile, then the tile's variants and warp-local tiles at 32
+# warps an SM; every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense `bench matvec
+# --sweep stream` on 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh, under 5 minutes in all; run from
+# the repo root with .whl carried; logs come back as one tarball plus the sweep logs; the output's tail ends with
+# each kernel's default and fastest config.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
 source tools/device/parts.sh || exit 1
-part gemv3_tests_cuda 80 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_stream_gemv.py \
+part gemv3_tests_cuda 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_stream_gemv.py \
   tests/kernels/moe/test_word_gemv.py --durations=5
-part moe_decode_stream_sweep 150 python3 -m strata bench moe-decode --shapes a3b-q4_0,qwen4exp-q2_0 --sweep stream
-part matvec_stream_sweep 60 python3 -m strata bench matvec --sweep stream --shapes 4096x2048 \
+part moe_decode_stream_sweep 190 python3 -m strata bench moe-decode --shapes a3b-q4_0,qwen4exp-q2_0,a3b-q4_k \
+  --sweep stream
+part matvec_stream_sweep 30 python3 -m strata bench matvec --sweep stream --shapes 4096x2048 \
   --formats Q4_0,Q8_0
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache

@@ -253,7 +253,7 @@ class GemvConfig:
     `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow, the
     input then cut in `split` slices (a program each, summed in order by a second launch); `stream` > 0: the
     streamed word kernels (`stream_gemv.py`: that many persistent programs an SM, the next step loaded ahead;
-    Q2_0 / Q4_0 / Q8_0, `split` then unused) where the format allows, else the word kernels."""
+    Q2_0 / Q4_0 / Q8_0 / Q4_K, `split` then unused) where the format allows, else the word kernels."""
 
     bn: int
     ns: int

@@ -1,9 +1,9 @@
-"""Streamed word GEMVs for decode (Q2_0, Q4_0, Q8_0): persistent programs, the next step's loads issued ahead.
+"""Streamed word GEMVs for decode (Q2_0, Q4_0, Q8_0, Q4_K): persistent programs, the next step's loads issued ahead.
 
 `wide_gemv.py`'s word kernels run a program per (pair or token, row tile) that loads a step of words, waits for
 them, multiplies, and loads the next: one step's bytes in flight per thread, and at A3B's size (8 experts x 768
 rows) ~3 waves of short programs whose last one leaves SMs idle. These kernels keep the word kernels' tile
-([NU units, BN rows, NT words], a thread per uint16 of codes, rows wrapped inside each thread) and change the
+([NU units, BN rows, NT words], a thread per uint16 / uint32 of codes, rows wrapped inside each thread) and change the
 schedule:
   - a fixed grid of `programs` programs (a few per SM) walks the work items (row tiles) in a grid-stride loop, so
     there is no tail of partly filled waves and no launch cost per tile;
@@ -13,8 +13,9 @@ schedule:
     ids, slot table, weights) is loaded one step earlier still, so those loads never hold up the words'.
 Each item's sums are the word kernels' own (same tile, same step order, same final tree), so with equal tiles the
 outputs agree with theirs (bit for bit under the interpreter; the tests check it) and stay within ERROR_BOUND of
-float64. Only formats whose blocks are an fp16 scale followed by uint16 code words take them (the others keep the
-word kernels); the contracts are gemv.py's (slot table, a slot < 0 adding exactly zero, no atomics).
+float64. Q2_0 / Q4_0 / Q8_0 (an fp16 scale, then uint16 code words) and Q4_K (uint32 words, the super-block's
+scale fields loaded ahead with them) take them, the i-quants keep the word kernels; the contracts are gemv.py's
+(slot table, a slot < 0 adding exactly zero, no atomics).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import triton.language as tl
 
 from strata.kernels.moe.word_loads import codes
 
-STREAM_FORMATS = {"Q2_0": 9, "Q4_0": 9, "Q8_0": 17}  # halfwords a block (an fp16 scale, then the code words)
+STREAM_FORMATS = {"Q2_0": 9, "Q4_0": 9, "Q8_0": 17, "Q4_K": 72}  # halfwords a block (Q4_K: a super-block)
 CPU_SMS = 1  # under the interpreter `programs` per "SM" is the grid itself (tests pick it to leave remainders)
 
 
@@ -68,21 +69,42 @@ def _quarters(v):
 
 
 @triton.jit
-def fetch_words(w, first, t, bm):
-    """The code words [NU, BN, NT] (uint16) and fp16 scale bits [NU, BN] of the blocks whose scale is halfword
-    `first` [NU, BN] of w (bm: the blocks to read)."""
-    h16 = w.to(tl.pointer_type(tl.uint16))
-    word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=bm[:, :, None], other=0)
-    return word, tl.load(h16 + first, mask=bm, other=0)
+def fetch_words(FMT: tl.constexpr, w, base, blk, t, bm, BLOCK_HALVES: tl.constexpr):
+    """The loads of units blk [NU] of the rows starting at bytes base [NU, BN] of w (bm: the units to read): the code
+    words [NU, BN, NT] and the scale fields [NU, BN] four times. Q2_0 / Q4_0 / Q8_0: uint16 words after the block's
+    fp16 scale bits (then the same scale three times more: nothing more is loaded); Q4_K (unit = slice pair
+    blk % 4 of super-block blk // 4): uint32 words, then d | dmin << 16 and the halfwords of the 6-bit scale bytes
+    at 4 + 2p, 8 + 2p and 2p (p = the pair; `wide_gemv._unit_dot` reads the same bytes one by one)."""
+    if FMT == 10:
+        block = base + ((blk // 4) * (2 * BLOCK_HALVES))[:, None]
+        pair = (blk % 4)[:, None]
+        w32 = w.to(tl.pointer_type(tl.uint32))
+        h16 = w.to(tl.pointer_type(tl.uint16))
+        word = tl.load(w32 + ((block + 16 + 32 * pair) // 4)[:, :, None] + t[None, None, :], mask=bm[:, :, None],
+                       other=0)
+        dd = tl.load(w32 + block // 4, mask=bm, other=0)
+        a = tl.load(h16 + (block + 4 + 2 * pair) // 2, mask=bm, other=0)
+        c = tl.load(h16 + (block + 8 + 2 * pair) // 2, mask=bm, other=0)
+        e = tl.load(h16 + (block + 2 * pair) // 2, mask=bm, other=0)
+        return word, dd, a, c, e
+    else:
+        h16 = w.to(tl.pointer_type(tl.uint16))
+        first = base // 2 + (blk * BLOCK_HALVES)[:, None]
+        word = tl.load(h16 + first[:, :, None] + 1 + t[None, None, :], mask=bm[:, :, None], other=0)
+        d = tl.load(h16 + first, mask=bm, other=0)
+        return word, d, d, d, d
 
 
 @triton.jit
 def fetch_x(FMT: tl.constexpr, x_at, t, um):
-    """The activations of each word, raw ([NT, NU, 4 or 2], twice): Q2_0 weights 8t..8t+3 and 8t+4..8t+7, Q4_0 2t,
-    2t+1 and 2t+16, 2t+17, Q8_0 2t, 2t+1 (the second the first again)."""
+    """The activations of each word, raw ([NT, NU, 4 or 2], twice): Q2_0 weights 8t..8t+3 and 8t+4..8t+7, Q4_K
+    4t..4t+3 of both 32-weight halves, Q4_0 2t, 2t+1 and 2t+16, 2t+17, Q8_0 2t, 2t+1 (the second the first again)."""
     if FMT == 0:
         xa = _x_run(x_at, t, um, 8, 4, 0)
         xb = _x_run(x_at, t, um, 8, 4, 4)
+    elif FMT == 10:
+        xa = _x_run(x_at, t, um, 4, 4, 0)
+        xb = _x_run(x_at, t, um, 4, 4, 32)
     elif FMT == 1:
         xa = _x_run(x_at, t, um, 2, 2, 0)
         xb = _x_run(x_at, t, um, 2, 2, 16)
@@ -93,10 +115,46 @@ def fetch_x(FMT: tl.constexpr, x_at, t, um):
 
 
 @triton.jit
-def step_dot(FMT: tl.constexpr, word, d_bits, xa, xb):
-    """The scaled partial dots [NU, BN, NT] of a fetched step: `wide_gemv._unit_dot`'s sums, in its order."""
-    d = d_bits.to(tl.float16, bitcast=True).to(tl.float32)
-    word = word.to(tl.uint32)
+def _q4_k_dot(word, dd, a, c, e, xa, xb, pair):
+    """Q4_K's slice-pair dots: word t holds weights 4t..4t+3 of both halves (low, high nibbles); per 32-weight
+    half d*sc * sum q x - dmin*m * sum x, sc and m the 6-bit fields of sub-blocks 2p, 2p + 1."""
+    x0, x1, x2, x3 = _quarters(xa)
+    dot_lo = codes(word, 0, 15, 0.0) * x0[:, None, :] + codes(word, 8, 15, 0.0) * x1[:, None, :]
+    dot_lo += codes(word, 16, 15, 0.0) * x2[:, None, :] + codes(word, 24, 15, 0.0) * x3[:, None, :]
+    sum_lo = (x0 + x1) + (x2 + x3)
+    x0, x1, x2, x3 = _quarters(xb)
+    dot_hi = codes(word, 4, 15, 0.0) * x0[:, None, :] + codes(word, 12, 15, 0.0) * x1[:, None, :]
+    dot_hi += codes(word, 20, 15, 0.0) * x2[:, None, :] + codes(word, 28, 15, 0.0) * x3[:, None, :]
+    sum_hi = (x0 + x1) + (x2 + x3)
+    a = a.to(tl.int32)
+    c = c.to(tl.int32)
+    e = e.to(tl.int32)
+    a0, a1, c0, c1, e0, e1 = a & 255, a >> 8, c & 255, c >> 8, e & 255, e >> 8
+    low = pair[:, None] < 2  # sub-blocks 0..3 keep their 6 bits in place; 4..7 split them
+    sc0 = tl.where(low, a0 & 63, (c0 & 15) | ((e0 >> 2) & 48)).to(tl.float32)
+    sc1 = tl.where(low, a1 & 63, (c1 & 15) | ((e1 >> 2) & 48)).to(tl.float32)
+    mn0 = tl.where(low, c0 & 63, (c0 >> 4) | ((a0 >> 2) & 48)).to(tl.float32)
+    mn1 = tl.where(low, c1 & 63, (c1 >> 4) | ((a1 >> 2) & 48)).to(tl.float32)
+    d = (dd & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dd >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    part = dot_lo * (d * sc0)[:, :, None] + dot_hi * (d * sc1)[:, :, None]
+    return part - (dmin * mn0)[:, :, None] * sum_lo[:, None, :] - (dmin * mn1)[:, :, None] * sum_hi[:, None, :]
+
+
+@triton.jit
+def step_dot(FMT: tl.constexpr, word, s0, s1, s2, s3, xa, xb, blk):
+    """The scaled partial dots [NU, BN, NT] of a fetched step (units blk [NU]): `wide_gemv._unit_dot`'s sums, in
+    its order."""
+    if FMT == 10:
+        s = _q4_k_dot(word.to(tl.uint32), s0, s1, s2, s3, xa, xb, blk % 4)
+    else:
+        s = _block_dot(FMT, word.to(tl.uint32), xa, xb) * s0.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None]
+    return s
+
+
+@triton.jit
+def _block_dot(FMT: tl.constexpr, word, xa, xb):
+    """Q2_0 / Q4_0 / Q8_0: the unscaled dots [NU, BN, NT] of each word's codes with their activations."""
     if FMT == 0:  # Q2_0: halfword t holds weights 8t..8t+7, two bits each, weight = d * (code - 1)
         x0, x1, x2, x3 = _quarters(xa)
         s = codes(word, 0, 3, 1.0) * x0[:, None, :] + codes(word, 2, 3, 1.0) * x1[:, None, :]
@@ -116,7 +174,7 @@ def step_dot(FMT: tl.constexpr, word, d_bits, xa, xb):
         word = word ^ 0x8080
         s = codes(word, 0, 255, 128.0) * x0[:, None, :]
         s += codes(word, 8, 255, 128.0) * x1[:, None, :]
-    return s * d[:, :, None]
+    return s
 
 
 @triton.jit
@@ -134,9 +192,9 @@ def _gate_up_route(s, total, ids, slot_of, n_tiles, SLOTS: tl.constexpr, STEPS: 
 @triton.jit
 def _gate_up_where(s, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
                    TOP_K: tl.constexpr, K: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-                   BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr, BLOCK_HALVES: tl.constexpr):
-    """Where step s reads, its expert at operand `index`: (gate's and up's first halfwords [NU, BN], blocks to read
-    [NU, BN], activation pointers [NU], units to read [NU])."""
+                   BN: tl.constexpr, NU: tl.constexpr, STEPS: tl.constexpr):
+    """Where step s reads, its expert at operand `index`: (gate's and up's row starts in bytes [NU, BN], the
+    units [NU], blocks to read [NU, BN], activation pointers [NU], units to read [NU])."""
     item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
     pair = item // n_tiles
     rows = (item % n_tiles) * BN + tl.arange(0, BN)
@@ -144,9 +202,9 @@ def _gate_up_where(s, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
     um = (blk < N_UNITS) & (index >= 0)
     bm = um[:, None] & (rows < n_ff)[None, :]
     expert = tl.maximum(index, 0).to(tl.int64)
-    at = rows.to(tl.int64)[None, :] * (row_bytes // 2) + (blk * BLOCK_HALVES)[:, None]
+    at = (rows.to(tl.int64) * row_bytes)[None, :] + tl.zeros((NU, 1), tl.int64)
     x_at = x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W
-    return expert * (stride_g // 2) + at, expert * (stride_u // 2) + at, bm, x_at, um
+    return expert * stride_g + at, expert * stride_u + at, blk, bm, x_at, um
 
 
 @triton.jit
@@ -162,25 +220,26 @@ def _stream_gate_up_kernel(x, ids, slot_of, wg, wu, hid, n_ff, stride_g, stride_
     total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
     t = tl.arange(0, NT)
     index = _gate_up_route(0, total, ids, slot_of, n_tiles, SLOTS, STEPS)
-    first_g, first_u, bm, x_at, um = _gate_up_where(0, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
-                                                    TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS, BLOCK_HALVES)
-    wg_next, dg_next = fetch_words(wg, first_g, t, bm)
-    wu_next, du_next = fetch_words(wu, first_u, t, bm)
+    base_g, base_u, blk, bm, x_at, um = _gate_up_where(0, index, x, stride_g, stride_u, row_bytes, n_ff, n_tiles,
+                                                       TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS)
+    ng_w, ng_0, ng_1, ng_2, ng_3 = fetch_words(FMT, wg, base_g, blk, t, bm, BLOCK_HALVES)
+    nu_w, nu_0, nu_1, nu_2, nu_3 = fetch_words(FMT, wu, base_u, blk, t, bm, BLOCK_HALVES)
     xa_next, xb_next = fetch_x(FMT, x_at, t, um)
     index = _gate_up_route(1, total, ids, slot_of, n_tiles, SLOTS, STEPS)
     acc_g = tl.zeros((NU, BN, NT), tl.float32)
     acc_u = tl.zeros((NU, BN, NT), tl.float32)
     for s in range(0, total):
-        word_g, d_g, xa, xb, word_u, d_u = wg_next, dg_next, xa_next, xb_next, wu_next, du_next
-        first_g, first_u, bm, x_at, um = _gate_up_where(s + 1, index, x, stride_g, stride_u, row_bytes, n_ff,
-                                                        n_tiles, TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS,
-                                                        BLOCK_HALVES)
-        wg_next, dg_next = fetch_words(wg, first_g, t, bm)
-        wu_next, du_next = fetch_words(wu, first_u, t, bm)
+        g_w, g_0, g_1, g_2, g_3, xa, xb = ng_w, ng_0, ng_1, ng_2, ng_3, xa_next, xb_next
+        u_w, u_0, u_1, u_2, u_3 = nu_w, nu_0, nu_1, nu_2, nu_3
+        base_g, base_u, blk, bm, x_at, um = _gate_up_where(s + 1, index, x, stride_g, stride_u, row_bytes, n_ff,
+                                                           n_tiles, TOP_K, K, N_UNITS, UNIT_W, BN, NU, STEPS)
+        ng_w, ng_0, ng_1, ng_2, ng_3 = fetch_words(FMT, wg, base_g, blk, t, bm, BLOCK_HALVES)
+        nu_w, nu_0, nu_1, nu_2, nu_3 = fetch_words(FMT, wu, base_u, blk, t, bm, BLOCK_HALVES)
         xa_next, xb_next = fetch_x(FMT, x_at, t, um)
         index = _gate_up_route(s + 2, total, ids, slot_of, n_tiles, SLOTS, STEPS)
-        acc_g += step_dot(FMT, word_g, d_g, xa, xb)
-        acc_u += step_dot(FMT, word_u, d_u, xa, xb)
+        units = (s % STEPS) * NU + tl.arange(0, NU)
+        acc_g += step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, units)
+        acc_u += step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, units)
         if s % STEPS == STEPS - 1:  # the item's last step: its rows are done
             item = pid + (s // STEPS) * tl.num_programs(0)
             rows = (item % n_tiles) * BN + tl.arange(0, BN)
@@ -211,9 +270,9 @@ def _down_route(s, total, ids, topk_w, slot_of, n_tiles, TOP_K: tl.constexpr, N_
 @triton.jit
 def _down_where(s, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K: tl.constexpr, K: tl.constexpr,
                 N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr,
-                STEPS: tl.constexpr, BLOCK_HALVES: tl.constexpr):
-    """Where step s reads, its units' experts at operand `index` [NU]: (first halfwords [NU, BN], blocks to read
-    [NU, BN], activation pointers [NU], units to read [NU])."""
+                STEPS: tl.constexpr):
+    """Where step s reads, its units' experts at operand `index` [NU]: (row starts in bytes [NU, BN], each unit's
+    place in its row [NU], blocks to read [NU, BN], activation pointers [NU], units to read [NU])."""
     item = tl.program_id(0) + (s // STEPS) * tl.num_programs(0)
     token = item // n_tiles
     rows = (item % n_tiles) * BN + tl.arange(0, BN)
@@ -222,10 +281,9 @@ def _down_where(s, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K: tl.cons
     blk = g % N_UNITS
     um = index >= 0
     bm = um[:, None] & (rows < n_out)[None, :]
-    first = (tl.maximum(index, 0).to(tl.int64) * (stride_d // 2) + blk * BLOCK_HALVES)[:, None] \
-        + rows.to(tl.int64)[None, :] * (row_bytes // 2)
+    base = (tl.maximum(index, 0).to(tl.int64) * stride_d)[:, None] + (rows.to(tl.int64) * row_bytes)[None, :]
     x_at = h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W
-    return first, bm, x_at, um
+    return base, blk, bm, x_at, um
 
 
 @triton.jit
@@ -241,22 +299,23 @@ def _stream_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_byt
     total = (n_items - pid + tl.num_programs(0) - 1) // tl.num_programs(0) * STEPS
     t = tl.arange(0, NT)
     index, weight_next = _down_route(0, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU, STEPS)
-    first, bm, x_at, um = _down_where(0, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K, N_UNITS, UNIT_W,
-                                      BN, NU, STEPS, BLOCK_HALVES)
-    word_next, d_next = fetch_words(wd, first, t, bm)
+    base, blk, bm, x_at, um = _down_where(0, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K, N_UNITS,
+                                          UNIT_W, BN, NU, STEPS)
+    n_w, n_0, n_1, n_2, n_3 = fetch_words(FMT, wd, base, blk, t, bm, BLOCK_HALVES)
     xa_next, xb_next = fetch_x(FMT, x_at, t, um)
     index, weight_after = _down_route(1, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU, STEPS)
     acc = tl.zeros((NU, BN, NT), tl.float32)
     for s in range(0, total):
-        word, d, xa, xb, weight = word_next, d_next, xa_next, xb_next, weight_next
-        first, bm, x_at, um = _down_where(s + 1, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K, N_UNITS,
-                                          UNIT_W, BN, NU, STEPS, BLOCK_HALVES)
-        word_next, d_next = fetch_words(wd, first, t, bm)
+        c_w, c_0, c_1, c_2, c_3, xa, xb, weight = n_w, n_0, n_1, n_2, n_3, xa_next, xb_next, weight_next
+        base, blk, bm, x_at, um = _down_where(s + 1, index, h, stride_d, row_bytes, n_out, n_tiles, TOP_K, K,
+                                              N_UNITS, UNIT_W, BN, NU, STEPS)
+        n_w, n_0, n_1, n_2, n_3 = fetch_words(FMT, wd, base, blk, t, bm, BLOCK_HALVES)
         xa_next, xb_next = fetch_x(FMT, x_at, t, um)
         weight_next = weight_after
         index, weight_after = _down_route(s + 2, total, ids, topk_w, slot_of, n_tiles, TOP_K, N_UNITS, SLOTS, NU,
                                           STEPS)
-        acc += step_dot(FMT, word, d, xa, xb) * weight[:, None, None]
+        units = ((s % STEPS) * NU + tl.arange(0, NU)) % N_UNITS
+        acc += step_dot(FMT, c_w, c_0, c_1, c_2, c_3, xa, xb, units) * weight[:, None, None]
         if s % STEPS == STEPS - 1:
             item = pid + (s // STEPS) * tl.num_programs(0)
             rows = (item % n_tiles) * BN + tl.arange(0, BN)
@@ -266,8 +325,9 @@ def _stream_down_kernel(h, ids, topk_w, slot_of, wd, y, n_out, stride_d, row_byt
 
 
 def stream_applies(spec, *byte_offsets: int) -> bool:
-    """A format these kernels read, every block start 2-byte aligned (their uint16 loads)."""
-    return spec.name in STREAM_FORMATS and all(offset % 2 == 0 for offset in byte_offsets)
+    """A format these kernels read, every block start aligned for its words (2 bytes; Q4_K: 4)."""
+    align = 4 if spec.name == "Q4_K" else 2
+    return spec.name in STREAM_FORMATS and all(offset % align == 0 for offset in byte_offsets)
 
 
 def _constants(spec, n_in: int, top_k: int, slots: bool, bn: int, nu: int) -> dict:

@@ -1,4 +1,5 @@
 """The streamed word kernels (`stream_gemv.py`: persistent programs, next step loaded ahead) against float64.
+Q2_0, Q4_0, Q8_0 and Q4_K.
 
 Bound: ERROR_BOUND (1e-5) of max |float64| for H and the output, as test_gemv.py. Under the interpreter they must
 also equal the word kernels of the same tile bit for bit (same sums in the same order, only the schedule differs).
@@ -52,6 +53,26 @@ def test_streamed_kernels_match_float64_and_the_word_kernels(device, fmt, per_sm
         assert torch.equal(y, down_sum_triton(h, ids, w, experts, torch.float32, WORDS_DOWN))
 
 
+def test_streamed_q4_k_matches_float64_and_the_word_kernels(device):
+    # 256 x 256: gate/up 4 slice pairs a row (2 steps), down 4 a row x top 2 (2 steps of 4); 4 programs, 8 items.
+    stack = synthetic_stack("Q4_K", "Q4_K", 4, 256, 256, seed=52, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(53)
+    ids, w = routing(1, 2, 4, gen)
+    x = torch.randn(1, 256, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    up, down = GemvConfig(bn=64, ns=2, warps=4, wide=True), GemvConfig(bn=128, ns=4, warps=4, wide=True)
+    assert _takes_stream(replace(up, stream=4), experts.gate, experts.up)
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    h = gate_up_swiglu_triton(x, ids, experts, replace(up, stream=4))
+    y = down_sum_triton(h, ids, w, experts, torch.float32, replace(down, stream=4))
+    assert relative_error(h, h64) <= ERROR_BOUND
+    assert relative_error(y, y64) <= ERROR_BOUND
+    if _interpreted(device):
+        assert torch.equal(h, gate_up_swiglu_triton(x, ids, experts, up))
+        assert torch.equal(y, down_sum_triton(h, ids, w, experts, torch.float32, down))
+
+
 def test_streamed_kernels_from_slots_leave_missing_experts_out(device):
     stack = synthetic_stack("Q4_0", "Q4_0", 12, 128, 64, seed=43, device=device)
     gen = torch.Generator().manual_seed(44)
@@ -88,9 +109,9 @@ def test_dense_matvec_through_the_streamed_down_kernel(device):
 
 
 def test_formats_and_offsets_the_streamed_kernels_cannot_read_take_the_word_or_byte_kernels(device):
-    stack = synthetic_stack("Q4_K", "Q4_K", 4, 256, 256, seed=47, device=device)
+    stack = synthetic_stack("IQ3_S", "Q2_0", 4, 256, 64, seed=47, device=device)
     experts = DecodeExperts.of_stack(stack)
-    assert not _takes_stream(replace(WORDS_UP, stream=2), experts.gate, experts.up)  # Q4_K: the word kernels
+    assert not _takes_stream(replace(WORDS_UP, stream=2), experts.gate, experts.up)  # IQ3_S: the word kernels
     q4 = DecodeExperts.of_stack(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64, seed=48, device=device))
     shifted = torch.zeros(q4.gate.raw.numel() + 1, dtype=torch.uint8, device=device)[1:]  # an odd address
     shifted.copy_(q4.gate.raw)
@@ -115,7 +136,7 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
     a3b = gemv_sweep.sweep_configs("gate_up", SPECS["Q4_0"], 768, 2048, 8, family="stream")
     assert a3b[0].stream == 0 and all(c.stream > 0 and c.split == 1 for c in a3b[1:])
     assert {c.stream for c in a3b} >= {1, 2, 4, 6, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
-    assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_K"], 2048, 768, 8, family="all") if c.stream]
+    assert not [c for c in gemv_sweep.sweep_configs("gate_up", SPECS["IQ3_S"], 640, 2560, 10) if c.stream]
     assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_0"], 2048, 768, 8, family="words") if c.stream]
 
     stack = synthetic_stack("Q4_0", "Q4_0", 6, 128, 64, seed=50, device=device)
