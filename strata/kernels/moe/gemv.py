@@ -319,7 +319,7 @@ def _takes_words(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
 
 def _takes_stream(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
     """Whether a launch of cfg takes the streamed word kernels: asked for, and the format and alignment fit."""
-    return cfg.wide and cfg.stream > 0 and all(stream_applies(m.spec, m.raw.data_ptr(), m.stride, m.row_bytes)
+    return cfg.wide and cfg.stream > 0 and all(stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
                                                for m in operands)
 
 

@@ -192,12 +192,14 @@ def _jobs():
             yield f"words {kind}", wide_gemv._word_down_kernel, {**DOWN_SIG, "h": x_type, **tab}, constants, cfg
         if name not in stream_gemv.STREAM_FORMATS:
             continue
-        constants = stream_gemv._constants(spec, n_in, top_k, True, cfg.bn, cfg.ns)
+        constants = stream_gemv._constants(spec, n_out, n_in, top_k, True, cfg.bn, cfg.ns)
+        shapes_given = ("n_ff", "n_out", "row_bytes")  # compile-time constants of the streamed kernels
         if kind == "gate_up":
-            signature = {("hid" if k == "h" else k): v for k, v in {**GATE_UP_SIG, "n_items": "i32"}.items()}
+            signature = {("hid" if k == "h" else k): v for k, v in {**GATE_UP_SIG, "n_items": "i32"}.items()
+                         if k not in shapes_given}
             yield f"stream {kind}", stream_gemv._stream_gate_up_kernel, signature, constants, cfg
         else:
-            signature = {**DOWN_SIG, "h": x_type, "n_items": "i32"}
+            signature = {k: v for k, v in {**DOWN_SIG, "h": x_type, "n_items": "i32"}.items() if k not in shapes_given}
             yield f"stream {kind}", stream_gemv._stream_down_kernel, signature, constants, cfg
 
 

@@ -117,6 +117,11 @@ def test_formats_and_offsets_the_streamed_kernels_cannot_read_take_the_word_or_b
     shifted.copy_(q4.gate.raw)
     odd = type(q4.gate)(shifted, q4.gate.qtype, q4.gate.rows, q4.gate.cols, q4.gate.stride)
     assert not _takes_stream(replace(WORDS_UP, stream=2), odd, q4.up)
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.stream_gemv import stream_applies
+
+    assert stream_applies(SPECS["Q8_0"], 151936, 2176, 0, 0)  # a 2048-wide head: offsets fit in 32 bits
+    assert not stream_applies(SPECS["Q8_0"], 262144, 8704, 0, 0)  # 2.3 GB of rows: the word kernels
     gen = torch.Generator().manual_seed(49)
     ids, w = routing(1, 2, 4, gen)
     x = torch.randn(1, 128, generator=gen)
