@@ -69,10 +69,11 @@ class Sampler:
 
     def distribution(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """The unnormalized probabilities [vocab] this sampler draws from (for sampling, not greedy): penalty,
-        temperature, top-k, top-p and min-p applied. Speculative sampling compares two of these."""
+        temperature, top-k, top-p and min-p applied, on the host (the seeded draws read them there). Speculative
+        sampling compares two of these."""
         p = self.params
-        # On the host in float32: the seeded draw is the same whatever device computed the logits.
-        logits = self.penalized(logits, history).cpu() / p.temperature
+        # Shaped on the logits' device (a GPU sorts the vocabulary in microseconds), then one copy to the host.
+        logits = self.penalized(logits, history) / p.temperature
         if 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits[logits < kth] = float("-inf")
@@ -84,4 +85,4 @@ class Sampler:
             probs[order[drop]] = 0
         if p.min_p > 0:
             probs[probs < p.min_p * probs.max()] = 0
-        return probs
+        return probs.cpu()
