@@ -4,10 +4,10 @@ One device run then shows which tile wins on the GPU at hand: each line is a con
 and its ratio to the default's time (first line). Variants move one tunable at a time from the default (rows per
 program BN, units per step NU with the warps that hold them, warps alone, the split over the input), plus a few
 pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
-kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0 / Q4_K: on the default tile, persistent programs per SM 1, those filling 16,
-32, 48 and 64 warps an SM, and 64 = a program per tile; then the tile's variants and warp-local tiles at 32 warps an
-SM), and last the byte kernel. `family="stream"` keeps only the
-default and the streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).
+kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0 / Q4_K: on the default tile, persistent programs per SM 1, those
+filling 32 and 64 warps an SM, and 64 = a program per tile; then the tile's variants and warp-local tiles at 32
+warps an SM), and last the byte kernel. `family="stream"` keeps only the default and the streamed lines (a short
+device run), "words" all but them (the sweep before the streamed kernels).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from strata.kernels.moe.wide_gemv import WORDS
 
 MAX_WARPS = 16
 FAMILIES = ("all", "words", "stream")
-RESIDENT_WARPS = (16, 32, 48, 64)  # warps an SM the streamed grids aim at (sm_90 holds 64, registers permitting)
+RESIDENT_WARPS = (32, 64)  # warps an SM the streamed grids aim at (sm_90 holds 64, registers permitting)
 ONE_TILE_EACH = 64  # programs an SM beyond any residency: the grid is capped at the tiles, a program per tile
 
 
@@ -34,16 +34,15 @@ def stream_per_sm(warps: int) -> list[int]:
 def stream_configs(base: GemvConfig, words: int) -> list[GemvConfig]:
     """The streamed kernels on base's tile (base without its split) at each `stream_per_sm`, then base's tile moved
     one tunable at a time, and warp-local tiles (a warp's lanes on the units x `words` words of one step, warps and
-    each thread's 4 (2, 1) rows on the rows: the sums end in shuffles, not shared memory and barriers), all at half
-    of sm_90's warps (32) an SM."""
+    each thread's rows on the rows: the sums end in shuffles, not shared memory and barriers), all at half of sm_90's
+    warps (32) an SM. Tiles sharing a build come first (a short device run still gets the per-SM line)."""
     tile = replace(base, split=1)
-    warp_units = max(1, 32 // words)
     half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
+    warp_units = max(1, 32 // words)
     moved = [replace(tile, warps=half), replace(tile, warps=double), replace(tile, bn=base.bn * 2),
-             replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=max(1, base.ns // 2), warps=half),
-             replace(tile, ns=base.ns * 2, warps=double), replace(tile, ns=base.ns * 2),
-             replace(tile, bn=base.bn * 2, ns=max(1, base.ns // 2))]
-    moved += [replace(tile, ns=warp_units, warps=w, bn=rows * w) for w in (4, 8) for rows in (4, 2, 1)]
+             replace(tile, bn=max(1, base.bn // 2)), replace(tile, ns=base.ns * 2),
+             replace(tile, ns=max(1, base.ns // 2), warps=half)]
+    moved += [replace(tile, ns=warp_units, warps=w, bn=rows * w) for w, rows in ((4, 4), (8, 2), (8, 4))]
     return [replace(tile, stream=n) for n in stream_per_sm(base.warps)] + [
         replace(c, stream=max(1, 32 // c.warps)) for c in moved]
 

@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
-# One device call for the streamed decode GEMV kernels (issue 4, kernels/moe/stream_gemv.py): their CUDA tests and
-# the word kernels' (compiled kernels against float64), then `bench moe-decode --sweep stream` on A3B Q4_0,
-# qwen4exp Q2_0 and A3B Q4_K (each kernel's default line, then the streamed kernels on its tile at 1 program an SM,
-# at 16, 32, 48 and 64 warps an SM and at a program per tile, then the tile's variants and warp-local tiles at 32
-# warps an SM; every line: us, GB/s, % of the HBM floor, x default, error vs float64), and the dense `bench matvec
-# --sweep stream` on 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh, under 5 minutes in all; run from
-# the repo root with .whl carried; logs come back as one tarball plus the sweep logs; the output's tail ends with
-# each kernel's default and fastest config.
+# One device call for the streamed decode GEMV kernels (issue 4, kernels/moe/stream_gemv.py): `bench moe-decode
+# --sweep stream` on A3B Q4_0 and qwen4exp Q2_0 first (each kernel's default line, then the streamed kernels on its
+# tile at 1 program an SM, at 32 and 64 warps an SM and at a program per tile, then the tile's variants and
+# warp-local tiles at 32 warps an SM; every line: us, GB/s, % of the HBM floor, x default, error vs float64), then
+# the streamed kernels' CUDA tests (compiled kernels against float64), A3B Q4_K, and the dense `bench matvec --sweep
+# stream` on 4096x2048 (Q4_0, Q8_0). Parts capped by tools/device/parts.sh (a smaller BUDGET cuts the later ones),
+# under 5 minutes in all; run from the repo root with .whl carried. $OUT gets the sweep logs, a tarball of every
+# log and summary.txt: each kernel's default and fastest config, which the output's tail repeats.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
 source tools/device/parts.sh || exit 1
-part gemv3_tests_cuda 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_stream_gemv.py \
-  tests/kernels/moe/test_word_gemv.py --durations=5
-part moe_decode_stream_sweep 190 python3 -m strata bench moe-decode --shapes a3b-q4_0,qwen4exp-q2_0,a3b-q4_k \
-  --sweep stream
-part matvec_stream_sweep 30 python3 -m strata bench matvec --sweep stream --shapes 4096x2048 \
-  --formats Q4_0,Q8_0
+L=$L/gemv3_parts; mkdir -p $L  # this script's own logs (a batch calling it shares parts.sh's directory)
+part moe_decode_stream_sweep 150 python3 -m strata bench moe-decode --shapes a3b-q4_0,qwen4exp-q2_0 --sweep stream
+part gemv3_tests_cuda 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_stream_gemv.py --durations=5
+part moe_decode_q4_k_sweep 60 python3 -m strata bench moe-decode --shapes a3b-q4_k --sweep stream
+part matvec_stream_sweep 30 python3 -m strata bench matvec --sweep stream --shapes 4096x2048 --formats Q4_0,Q8_0
 echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-cp $L/moe_decode_stream_sweep.log $L/matvec_stream_sweep.log "$OUT/" 2>/dev/null
+# The compiled kernels for the next call, when time is left (a batch calling this script saves its own).
+[ $((BUDGET - SECONDS)) -gt 30 ] && save_cache
+cp $L/*sweep*.log "$OUT/" 2>/dev/null
+{ cat $L/times.txt
+  for f in $L/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "sweep" | tail -n 12 | cut -c1-200; done
+  echo "=== default and fastest config per kernel and shape (us)"
+  cat $L/*sweep*.log | awk '$1 == "sweep" { key = $2 " " $3; us = ""
+    for (i = 4; i < NF; i++) if ($(i + 1) == "us") { us = $i; break }
+    if (us == "") next; cfg = ""; for (j = 4; j < i; j++) cfg = cfg " " $j
+    if (!(key in base)) { base[key] = us; order[++n] = key }
+    if (!(key in best) || us + 0 < best[key] + 0) { best[key] = us; how[key] = cfg } }
+    END { for (k = 1; k <= n; k++)
+      printf "%-26s default %8s  best %8s %s\n", order[k], base[order[k]], best[order[k]], how[order[k]] }'
+} > "$OUT/summary.txt"
 tar czf "$OUT/gemv3_logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log; do echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "sweep" | tail -n 12 | cut -c1-200; done
-echo "=== default and fastest config per kernel and shape (us)"
-cat $L/*sweep*.log | awk '$1 == "sweep" { key = $2 " " $3; us = ""
-  for (i = 4; i < NF; i++) if ($(i + 1) == "us") { us = $i; break }
-  if (us == "") next; cfg = ""; for (j = 4; j < i; j++) cfg = cfg " " $j
-  if (!(key in base)) { base[key] = us; order[++n] = key }
-  if (!(key in best) || us + 0 < best[key] + 0) { best[key] = us; how[key] = cfg } }
-  END { for (k = 1; k <= n; k++) printf "%-26s default %8s  best %8s %s\n", order[k], base[order[k]], best[order[k]], how[order[k]] }'
+cat "$OUT/summary.txt"

@@ -140,7 +140,7 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
 
     a3b = gemv_sweep.sweep_configs("gate_up", SPECS["Q4_0"], 768, 2048, 8, family="stream")
     assert a3b[0].stream == 0 and all(c.stream > 0 and c.split == 1 for c in a3b[1:])
-    assert {c.stream for c in a3b} >= {1, 2, 4, 6, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
+    assert {c.stream for c in a3b} >= {1, 4, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
     assert not [c for c in gemv_sweep.sweep_configs("gate_up", SPECS["IQ3_S"], 640, 2560, 10) if c.stream]
     assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_0"], 2048, 768, 8, family="words") if c.stream]
 
