@@ -33,10 +33,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.stream_gemv import launch_stream_down, launch_stream_gate_up, stream_applies
+from strata.kernels.moe.stream_gemv import STREAM_FORMATS, launch_stream_down, launch_stream_gate_up, stream_applies
 from strata.kernels.moe.wide_gemv import (UNIT, WORDS, cover, launch_word_down, launch_word_gate_up,
                                            word_gemv_applies, word_tile)
 from strata.quant import dequantize, get_format
@@ -282,7 +283,11 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         bn, nu, warps, split = word_tile(spec, n_out, n_units, on_gpu, top_k if kind == "gate_up" else 1)
         cfg = GemvConfig(bn, nu, warps, 1, True, split)
         measured = MEASURED_TILES.get((kind, spec.name)) if on_gpu else None
-        return replace(cfg, **{**measured, "ns": min(nu, measured.get("ns", nu))}) if measured else cfg
+        cfg = replace(cfg, **{**measured, "ns": min(nu, measured.get("ns", nu))}) if measured else cfg
+        warps_an_sm = switches.get("STRATA_GEMV_STREAM") if on_gpu else 0
+        if warps_an_sm > 0 and spec.name in STREAM_FORMATS:
+            cfg = replace(cfg, stream=max(1, warps_an_sm // cfg.warps))
+        return cfg
     return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
 
 

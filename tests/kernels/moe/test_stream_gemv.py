@@ -162,3 +162,18 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
     lines = out.getvalue().splitlines()
     assert seen == ["stream", "stream"] and len(lines) == 4 and "FAIL" not in out.getvalue()
     assert "words" in lines[0] and "stream" in lines[1] and "per_sm=2" in lines[1]
+
+
+def test_the_stream_switch_picks_the_streamed_kernels_on_a_gpu_only():
+    from strata import switches
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.gemv import gemv_config
+
+    default = gemv_config("gate_up", SPECS["Q4_0"], 768, 2048, 8, True)
+    assert default.stream == 0  # unset: the word kernels' default, output bytes unchanged
+    with switches.override(STRATA_GEMV_STREAM=32):  # warps an SM
+        assert gemv_config("gate_up", SPECS["Q4_0"], 768, 2048, 8, True) == replace(default, stream=32 // default.warps)
+        matvec = gemv_config("matvec", SPECS["Q8_0"], 2048, 4096, 1, True)
+        assert matvec.stream == max(1, 32 // matvec.warps)
+        assert gemv_config("gate_up", SPECS["IQ3_S"], 640, 2560, 10, True).stream == 0  # no streamed kernel
+        assert gemv_config("down", SPECS["Q4_0"], 2048, 768, 8, False).stream == 0  # the interpreter's tiles
