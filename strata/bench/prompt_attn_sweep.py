@@ -3,7 +3,8 @@ tunable sets (queries and heads per program, chunk, warps, stages) at the parity
 
 Per shape: the merge of each block's selections (its time, and how much longer the merged list is than one
 selection), then one line per variant and config: ms, fraction of the floor, speed against the variant's default
-config, the parity bounds. At the end, per variant, the configs ranked by the geometric mean of their speed-up over
+config, the parity bounds; then `info probe` lines (prompt_probe.py: the gathers alone, imma without its P.V) for the
+default and a few configs, which say where the time goes. At the end, per variant, the configs ranked by the geometric mean of their speed-up over
 the default across the shapes (a config failing its bounds or its compile anywhere is ranked out).
 """
 
@@ -19,6 +20,9 @@ from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 SWEEP = [  # around the default (one query, its whole KV group); blocks of queries measured up to 2x slower
     "q1h6c32w4s3", "q1h12c32w4s2", "q1h12c32w4s4", "q1h12c64w4s3", "q1h12c32w8s3", "q1h12c32w2s3",
     "q2h12c32w4s3", "q5h6c32w4s3",
+    # session 5: ids resolved before the launch (t1), split-K (k), imma's P.V in fp16 (p16), register caps (r: more
+    # programs per SM; the upstream kernel waits on latency and ran 1.5x faster with 2-3 blocks per SM than with 1)
+    "t1", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "c64t1", "q2h0t1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -85,6 +89,8 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results = {}  # label: (ms, within bounds)
             for config in [default] + configs:
+                if config.pv and name != "imma":  # fp16 P.V is v2's own form: nothing to time
+                    continue
                 tag = "default " + config.label if config is default else config.label
                 try:
                     out = call(*data.inputs(), config=config)
@@ -109,13 +115,36 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 ms, label = min(passing)
                 print(f"  best {name:<5} {label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor  "
                       f"{base / ms:5.2f}x default")
+        _probe_lines(data, configs, variants, timer, args.reps, device)
     for name in variants:
-        ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name),
+        ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name and v),
                         key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
         print(f"{name} configs by speed-up over its default {kernels[name][1].label} (geometric mean over shapes): "
               + ", ".join(f"{label} {x:.2f}x" for x, label in ranked))
     print("defaults PASS" if ok else "some default FAIL")
     return 0 if ok else 1
+
+
+PROBED = ("t1", "r128", "t1r128")  # the swept configs whose probes print too (imma's default always does)
+
+
+def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:
+    """Where the time goes (information, never results): the loads alone, and imma without its P.V, per config."""
+    from strata.kernels.attention import prompt_imma
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+    from strata.kernels.attention.prompt_probe import probe_gather, probe_imma_scores
+
+    wanted = {PromptConfig.parse(text).label for text in PROBED}
+    for config in [prompt_imma.DEFAULT] + [c for c in configs if c.label in wanted and c != prompt_imma.DEFAULT]:
+        probes = [("gathers only", probe_gather)] + [("imma without P.V", probe_imma_scores)] * ("imma" in variants)
+        for what, probe in probes:
+            try:
+                probe(*data.inputs(), config=config)
+                ms = min(timer(lambda: probe(*data.inputs(), config=config), reps) for _ in range(rounds(device)))
+                print(f"  info probe {what:<17} {config.label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor")
+            except Exception as e:  # noqa: BLE001  (information only)
+                print(f"  info probe {what:<17} {config.label:<22} failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:100] if str(e) else ''}")
 
 
 def rounds(device: torch.device) -> int:

@@ -46,5 +46,5 @@ def test_tiny_sweep_lists_every_config(capsys):
     for label in ("default q1h0c32w4s3", "q1h2c16w4s3", "q3h1c32w4s1"):
         assert f"PASS v2    {label}" in text, label
     assert "v2 configs by speed-up over its default q1h0c32w4s3" in text and "imma" not in text
-    assert "  best v2 " in text
+    assert "  best v2 " in text and "info probe gathers only      q1h0c32w4s3 " in text
     assert "defaults PASS" in text
