@@ -9,6 +9,12 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   recent window, the heavy blocks), so the merged list is barely longer than one selection.
 - A query's result depends on its block's merged list (the chunk boundaries move with it): the same bytes for the
   same launch, within the parity bounds of any other blocking, not bitwise equal to one query per program.
+- Split-K (`k2` ..): a third grid axis cuts each block's cell list into whole chunks, each program writes its unscaled
+  acc, m and l, and the decode merge (`merge_splits`) joins them in split order: more programs where few queries
+  leave SMs idle; within the parity bounds, not the bytes of one split.
+- `t1`: the cells are resolved through the page table on the host side first (`translate_cells`), so a chunk's rows
+  wait on one load (the ids) instead of two; the same rows in the same order, the same bytes.
+- `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
 """
 
 from __future__ import annotations
