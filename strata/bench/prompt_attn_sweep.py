@@ -22,7 +22,7 @@ SWEEP = [  # around the default (one query, its whole KV group); blocks of queri
     "q2h12c32w4s3", "q5h6c32w4s3",
     # session 5: ids resolved before the launch (t1), split-K (k), imma's P.V in fp16 (p16), register caps (r: more
     # programs per SM; the upstream kernel waits on latency and ran 1.5x faster with 2-3 blocks per SM than with 1)
-    "t1", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "c64t1", "q2h0t1",
+    "t1", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "s4t1", "c64t1", "q2h0t1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 

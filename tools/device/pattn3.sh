@@ -11,12 +11,12 @@
 set -uo pipefail
 BUDGET=${BUDGET:-290}
 source tools/device/parts.sh || exit 1
-NEW="r128 t1 p16 t1r128 t1p16r128 r96 r168 s2r128 k2 k2t1 c64t1 c64t1r128 q2h0t1 w8r128"
-part parity 75 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
-part sweep 150 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants v2 imma --no-sdpa --sweep $NEW
-part sweep_few 35 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \
+NEW="r128 t1 p16 t1r128 t1p16r128 s4t1 r96 s2r128 k2 k2t1 c64t1 q2h0t1 r168"
+part parity 85 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
+part sweep 145 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants v2 imma --no-sdpa --sweep $NEW
+part sweep_few 30 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \
   --sweep k2 k4 k2t1 k4t1r128
-part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_prompt_split.py \
+part tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_prompt_split.py \
   tests/kernels/attention/test_prompt_blocks.py tests/kernels/attention/test_prompt.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
