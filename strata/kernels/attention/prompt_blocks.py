@@ -14,6 +14,8 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   leave SMs idle; within the parity bounds, not the bytes of one split.
 - `t1`: the cells are resolved through the page table on the host side first (`translate_cells`), so a chunk's rows
   wait on one load (the ids) instead of two; the same rows in the same order, the same bytes.
+- `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop,
+  so the K/V gathers never wait on them, whatever the compiler's pipeliner makes of the chain; the same bytes.
 - `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
 """
 
@@ -49,23 +51,26 @@ class PromptConfig:
     stages: int = 3  # software-pipeline depth (1: no async copies, the v2t form)
     splits: int = 1  # programs per block's cell list (split-K; their partial results merged by a second launch)
     translate: int = 0  # 1: cell ids resolved through the page table before the launch (one dependent load less)
+    prefetch: int = 0  # 1: each step loads the next chunk's ids and rows (a loop-carried prefetch, by hand)
     pv: int = 0  # the P.V operands: 0 the variant's own, 16 fp16 hi + lo (v2's form, in imma)
     maxreg: int = 0  # registers per thread the compiler may use (0: its choice); fewer lets more programs share an SM
 
     @property
     def label(self) -> str:
-        extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "p": self.pv, "r": self.maxreg}
+        extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
+                 "p": self.pv, "r": self.maxreg}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `p16`, `r128`); a part left out keeps `base`'s value (default:
-        the class defaults)."""
-        m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:p(\d+))?"
-                         r"(?:r(\d+))?", text)
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`); a part left out keeps `base`'s value
+        (default: the class defaults)."""
+        m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
+                         r"(?:p(\d+))?(?:r(\d+))?", text)
         if not m or not text:
-            raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 (then k2, t1, p16, r128)")
+            raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
+                              "(then k2, t1, f1, p16, r128)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -85,8 +90,9 @@ class PromptConfig:
         if self.chunk < 16 or self.chunk & (self.chunk - 1) or self.warps & (self.warps - 1) or self.stages < 1:
             raise StrataError(f"prompt-attention config {self.label}: chunk and warps powers of two (chunk >= 16), "
                               "stages >= 1")
-        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1) or self.pv not in (0, 16):
-            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t 0 or 1, p 0 or 16")
+        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1) or self.prefetch not in (0, 1) \
+                or self.pv not in (0, 16):
+            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t and f 0 or 1, p 0 or 16")
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
         return replace(self, heads=heads)
@@ -95,7 +101,7 @@ class PromptConfig:
         return max(16, triton.next_power_of_2(self.queries * self.heads))
 
 
-FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "pv", "maxreg")
+FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
@@ -153,8 +159,15 @@ def block_rows(block0, n_q, n_kv_heads, G: tl.constexpr, HP: tl.constexpr, BQ: t
 @triton.jit
 def block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot, CH: tl.constexpr,
                 BQ: tl.constexpr, TRANSLATED: tl.constexpr = False):
-    """Pool rows of merged cells `c0 .. c0 + CH`, which exist, and which rows [BM, CH] attend to each. TRANSLATED: the
-    cells are already physical (`page * 4 + cell % 4`, `translate_cells`), no page-table load."""
+    """Pool rows of merged cells `c0 .. c0 + CH`, which exist, and which rows [BM, CH] attend to each."""
+    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
+    return rows, valid, cell_attend(members_row, c0, valid, slot, CH, BQ)
+
+
+@triton.jit
+def cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH: tl.constexpr, TRANSLATED: tl.constexpr):
+    """Pool rows (int64) of merged cells `c0 .. c0 + CH` and which exist. TRANSLATED: the cells are already physical
+    (`page * 4 + cell % 4`, `translate_cells`), no page-table load."""
     if TRANSLATED:
         j = c0 + tl.arange(0, CH)
         valid = j < count
@@ -162,12 +175,18 @@ def block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_hea
         rows = ((cell >> 2) * n_kv_heads + kvh) * 4 + (cell & 3)
     else:
         rows, valid = chunk_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH)
+    return rows, valid
+
+
+@triton.jit
+def cell_attend(members_row, c0, valid, slot, CH: tl.constexpr, BQ: tl.constexpr):
+    """Which rows [BM, CH] attend to each cell of the chunk: a row's query's bit in the cell's members."""
     if BQ == 1:
         attend = valid[None, :] & (slot[:, None] == 0)
     else:
         bits = tl.load(members_row + c0 + tl.arange(0, CH), mask=valid, other=0)
         attend = ((bits[None, :] >> slot[:, None]) & 1) != 0
-    return rows, valid, attend
+    return attend
 
 
 @triton.jit
@@ -244,6 +263,7 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
         kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
             *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
             BQ=config.queries, BM=config.rows(), CH=config.chunk, TRANSLATED=bool(config.translate), SPLITS=splits,
+            PREFETCH=bool(config.prefetch),
             num_warps=config.warps, num_stages=config.stages, **options, **meta)
     if splits > 1:
         merge_splits(parts, ml, out.view(n_q * n_heads, dim))

@@ -15,14 +15,14 @@ import triton.language as tl
 
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
-                                                     launch_blocked, split_range)
+                                                     cell_attend, cell_rows, launch_blocked, split_range)
 
 
 @triton.jit
 def _probe_gather_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr,
                          v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                          G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
-                         TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, NG: tl.constexpr):
+                         TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     gi = tl.arange(0, NG)
@@ -36,9 +36,17 @@ def _probe_gather_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_p
     acc_v = tl.zeros((NG, 64), tl.int32)
     acc_s = tl.zeros((NG,), tl.float32)
     c_lo, c_hi = split_range(count, CH, SPLITS)
+    if PREFETCH:
+        rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
     for c0 in range(c_lo, c_hi, CH):
-        rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot,
-                                          CH, BQ, TRANSLATED)
+        if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
+            rows, valid = rows_next, valid_next
+            rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
+                                              TRANSLATED)
+            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+        else:
+            rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
+                                              slot, CH, BQ, TRANSLATED)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
