@@ -21,11 +21,12 @@ from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 SWEEP = [  # around the default (one query, its whole KV group); blocks of queries measured up to 2x slower
     "q1h6c32w4s3", "q1h12c32w4s2", "q1h12c32w4s4", "q1h12c64w4s3", "q1h12c32w8s3", "q1h12c32w2s3",
     "q2h12c32w4s3", "q5h6c32w4s3",
-    # session 5: ids resolved before the launch (t1), the next chunk's rows prefetched (f1), split-K (k), imma's P.V in
-    # fp16 (p16), register caps (r: more programs per SM; the upstream kernel waits on latency and ran 1.5x faster
-    # with 2-3 blocks per SM than with 1)
-    "t1", "f1", "t1f1", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1f1r128", "t1p16r128", "s4t1",
-    "c64t1", "q2h0t1",
+    # session 5: ids resolved before the launch (t1: Triton's pipeliner leaves loads 2 indirections from a dot
+    # unpipelined at 3 stages, as the ids are without it), 4 stages (s4: the same for the whole chain), split-K (k),
+    # imma's P.V in fp16 (p16), register caps (r: more programs per SM; the upstream kernel waits on latency and ran
+    # 1.5x faster with 2-3 blocks per SM than with 1), the next chunk's rows prefetched by hand (f1: for v2t's 1 stage)
+    "t1", "s4", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "s4r128", "c64t1", "q2h0t1",
+    "f1", "t1f1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -128,7 +129,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     return 0 if ok else 1
 
 
-PROBED = ("t1", "r128", "t1f1r128")  # the swept configs whose probes print too (imma's default always does)
+PROBED = ("t1", "r128", "t1r128")  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

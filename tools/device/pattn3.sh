@@ -11,7 +11,7 @@
 set -uo pipefail
 BUDGET=${BUDGET:-290}
 source tools/device/parts.sh || exit 1
-NEW="r128 t1 f1 t1f1 p16 t1r128 t1f1r128 t1p16r128 s4t1 r96 s2r128 k2 c64t1 q2h0t1"
+NEW="t1 s4 r128 t1r128 p16 t1p16 t1p16r128 s4r128 r96 k2 c64t1 q2h0t1 t1r168 f1"
 part parity 85 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 part sweep 145 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants v2 imma --no-sdpa --sweep $NEW
 part sweep_few 30 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \

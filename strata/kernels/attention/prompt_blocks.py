@@ -13,9 +13,12 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   acc, m and l, and the decode merge (`merge_splits`) joins them in split order: more programs where few queries
   leave SMs idle; within the parity bounds, not the bytes of one split.
 - `t1`: the cells are resolved through the page table on the host side first (`translate_cells`), so a chunk's rows
-  wait on one load (the ids) instead of two; the same rows in the same order, the same bytes.
-- `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop,
-  so the K/V gathers never wait on them, whatever the compiler's pipeliner makes of the chain; the same bytes.
+  wait on one load (the ids) instead of two; the same rows in the same order, the same bytes. Why it may matter:
+  Triton's pipeliner leaves a load unpipelined when it is `stages - 1` or more indirections from a dot, so at 3 stages
+  the ids (ids -> page -> K) are loaded synchronously every step; with t1 (ids -> K) every load is pipelined.
+- `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop;
+  the same bytes. Meant for one stage (v2t, no async copies); with the pipeliner these loads no longer reach a dot
+  through the loop body, so it stops prefetching them (the sweep says which wins).
 - `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
 """
 
