@@ -109,7 +109,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 base = results["default " + default.label][0]
                 print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
                       f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
-                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}")
+                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{resources(device)}")
             passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
             base, ok_default = results.pop("default " + default.label)
             ok &= ok_default
@@ -145,10 +145,34 @@ def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, de
             try:
                 probe(*data.inputs(), config=config)
                 ms = min(timer(lambda: probe(*data.inputs(), config=config), reps) for _ in range(rounds(device)))
-                print(f"  info probe {what:<17} {config.label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor")
+                print(f"  info probe {what:<17} {config.label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor"
+                      f"{resources(device)}")
             except Exception as e:  # noqa: BLE001  (information only)
                 print(f"  info probe {what:<17} {config.label:<22} failed: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:100] if str(e) else ''}")
+
+
+def resources(device: torch.device) -> str:
+    """`  168 regs, 0 spilled, 50 KB smem: 3/SM` for the last blocked launch (empty under the interpreter): the
+    programs resident per SM by registers, shared memory and warps, whichever binds first."""
+    from strata.kernels.attention.prompt_blocks import last_resources
+
+    found = last_resources()
+    if found is None or device.type != "cuda":
+        return ""
+    regs, spills, smem, warps = found
+    props = torch.cuda.get_device_properties(device)
+    sm = (getattr(props, "regs_per_multiprocessor", 65536), getattr(props, "shared_memory_per_multiprocessor", 233472),
+          getattr(props, "max_threads_per_multi_processor", 2048))
+    return f"  {regs} regs, {spills} spilled, {smem / 1024:.0f} KB smem: {programs_per_sm(regs, smem, warps, *sm)}/SM"
+
+
+def programs_per_sm(regs: int, smem: int, warps: int, sm_regs: int = 65536, sm_smem: int = 233472,
+                    sm_threads: int = 2048) -> int:
+    """Programs resident per SM (H100/H200 limits by default): registers go to warps in 256s, each block reserves
+    1 KB of shared memory; whichever of registers, shared memory and threads binds first."""
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    return min(sm_regs // (per_warp * warps), sm_smem // (smem + 1024), sm_threads // (32 * warps))
 
 
 def rounds(device: torch.device) -> int:

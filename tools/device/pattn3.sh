@@ -2,7 +2,8 @@
 # On the GPU machine (H200, Triton 3.6), from the repo root; issue 5, session 5 (`pattn3`): the int8 prompt attention
 # near its floor. Four capped parts, lines printed as measured:
 # 1. parity: the table at the issue's five default shapes (fp32, v2, imma, SDPA on bf16), defaults unchanged;
-# 2. sweep at 32K x 1024 (v2 and imma): the new tunables beside each default (t1 ids resolved before the launch, k
+# 2. sweep at 32K x 1024 (v2 and imma; each line with registers, spills, smem, programs/SM): the new tunables beside
+#    each default (t1 ids resolved before the launch, s4/s5 deeper pipelines, k
 #    split-K, p16 imma's P.V in fp16, r register caps for more programs per SM), then `info probe` lines: the gathers
 #    alone and imma without P.V, which say where the time goes;
 # 3. split-K where programs are few (2.1K x 256: 512 programs for 132 SMs);
@@ -11,7 +12,7 @@
 set -uo pipefail
 BUDGET=${BUDGET:-290}
 source tools/device/parts.sh || exit 1
-NEW="t1 s4 r128 t1r128 p16 t1p16 t1p16r128 s4r128 r96 k2 c64t1 q2h0t1 t1r168 f1"
+NEW="t1 s4 r128 t1r128 s5t1 p16 t1p16 t1p16r128 s4r128 r96 k2 c64t1 q2h0t1 f1"
 part parity 85 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 part sweep 145 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants v2 imma --no-sdpa --sweep $NEW
 part sweep_few 30 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \

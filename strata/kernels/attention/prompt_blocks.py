@@ -219,6 +219,18 @@ def block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG: tl.constexp
         tl.store(ml_ptr + part * 2 + 1, l, mask=ok)
 
 
+_LAST = {}  # the last launch's compiled kernel, for `last_resources`
+
+
+def last_resources() -> tuple[int, int, int, int] | None:
+    """(registers per thread, spilled registers, shared memory bytes, warps) of the last blocked launch's compiled
+    kernel; None under the interpreter. The sweep prints them: what limits the programs resident per SM."""
+    compiled = _LAST.get("kernel")
+    if compiled is None or not hasattr(compiled, "n_regs"):
+        return None
+    return compiled.n_regs, compiled.n_spills, compiled.metadata.shared, compiled.metadata.num_warps
+
+
 def translate_cells(cells: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
     """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; entries outside the
     table (padding) become 0, which no kernel reads."""
@@ -263,7 +275,7 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
             pool.k, pool.v, pool.k_scale, pool.v_scale)
     options = {"maxnreg": config.maxreg} if config.maxreg else {}  # unset: the launch exactly as before
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
-        kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
+        _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
             *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
             BQ=config.queries, BM=config.rows(), CH=config.chunk, TRANSLATED=bool(config.translate), SPLITS=splits,
             PREFETCH=bool(config.prefetch),

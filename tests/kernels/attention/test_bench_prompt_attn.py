@@ -48,3 +48,11 @@ def test_tiny_sweep_lists_every_config(capsys):
     assert "v2 configs by speed-up over its default q1h0c32w4s3" in text and "imma" not in text
     assert "  best v2 " in text and "info probe gathers only      q1h0c32w4s3 " in text
     assert "defaults PASS" in text
+
+
+def test_programs_per_sm():
+    from strata.bench.prompt_attn_sweep import programs_per_sm
+
+    assert programs_per_sm(168, 25 * 1024, 4) == 3  # the upstream imma kernel: 168 registers, 25.5 KB, 3 a SM
+    assert programs_per_sm(128, 50 * 1024, 4) == 4 and programs_per_sm(255, 0, 4) == 2
+    assert programs_per_sm(64, 120 * 1024, 4) == 1 and programs_per_sm(32, 0, 8) == 8  # smem, then threads bind
