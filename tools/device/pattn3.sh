@@ -3,9 +3,9 @@
 # near its floor. Four capped parts, lines printed as measured:
 # 1. parity: the table at the five default shapes (fp32, v2, imma, SDPA on bf16), defaults unchanged;
 # 2. sweep at 32K x 1024 (v2 and imma; each line with registers, spills, smem, programs/SM): the new tunables beside
-#    each default (t1 ids resolved before the launch, s4/s5 deeper pipelines, k
-#    split-K, p16 imma's P.V in fp16, r register caps for more programs per SM), then `info probe` lines: the gathers
-#    alone and imma without P.V, which say where the time goes;
+#    each default (t1 ids resolved before the launch, s4/s5 deeper pipelines, k split-K, p16 imma's P.V in fp16,
+#    r register caps for more programs per SM, f1 a hand prefetch), then `info probe` lines: the gathers alone and
+#    imma without P.V, which say where the time goes;
 # 3. split-K where programs are few (2.1K x 256: 512 programs for 132 SMs);
 # 4. the CUDA tests of the prompt kernels (every new option against float64 and the fp32 kernel, compiled).
 # Under 5 minutes (BUDGET 290 s); carry .whl (and .devcache). Logs as one tarball, the sweep also as sweep.txt.

@@ -1,10 +1,11 @@
 """Probes for the sweep (`bench prompt-attn --sweep`): where a blocked prompt kernel's time goes, not attention.
 
 - `probe_gather`: the same programs, chunks and gathers as v2 / imma (ids, page table, K and V codes and scales, the
-  config's pipeline), with the math replaced by integer sums: the time of the loads alone.
+  config's pipeline), each load feeding an int8 dot with all-ones as there (the pipeliner only prefetches loads that
+  reach a dot), and no other math: about the time of the loads alone.
 - `probe_imma_scores`: imma without P.V (no V loads, no second product): gathers + q . k + softmax.
 Their outputs are meaningless (the sweep prints their times as information, never as results); tests only check that
-they run and that the gather probe's sums are the codes' sums.
+they run and that the gather probe's sums are the V codes' sums.
 """
 
 from __future__ import annotations
@@ -32,38 +33,30 @@ def _probe_gather_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_p
     count = tl.load(count_ptr + blk)
     cells_row = cells_ptr + blk.to(tl.int64) * row_len
     members_row = members_ptr + blk.to(tl.int64) * row_len
-    acc_k = tl.zeros((NG, 64), tl.int32)
-    acc_v = tl.zeros((NG, 64), tl.int32)
-    acc_s = tl.zeros((NG,), tl.float32)
+    # all-ones operands: each load feeds a dot as in v2 / imma (so the pipeliner treats it alike), for little math
+    ones_q = tl.full((NG, BM, 64), 1, tl.int8)
+    ones_p = tl.full((NG, BM, CH), 1, tl.int8)
+    acc = tl.zeros((NG, BM, 64), tl.int32)
+    total = tl.zeros((BM,), tl.float32)
     c_lo, c_hi = split_range(count, CH, SPLITS)
-    if PREFETCH:
-        rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
     for c0 in range(c_lo, c_hi, CH):
-        if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
-            rows, valid = rows_next, valid_next
-            rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
-                                              TRANSLATED)
-            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
-        else:
-            rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
-                                              slot, CH, BQ, TRANSLATED)
+        rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot,
+                                          CH, BQ, TRANSLATED)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
         vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-        acc_k += tl.sum(k.to(tl.int32), axis=2)
-        acc_v += tl.sum(v.to(tl.int32), axis=1)
-        acc_s += tl.sum(ks + vs, axis=1)
-    # every row gets the codes' sums (K per dim, + V per dim), and the scales' sum in l: checkable, never used
-    acc = (acc_k + acc_v).to(tl.float32)[:, None, :] + tl.zeros((NG, BM, 64), tl.float32)
-    l = tl.zeros((BM,), tl.float32) + 1.0
-    m = tl.zeros((BM,), tl.float32) + tl.sum(acc_s, axis=0)
-    block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
+        t = tl.dot(ones_q, k).to(tl.float32) * ks[:, None, :]  # [NG, BM, CH]: each cell's K codes summed, scaled
+        total += tl.sum(tl.sum(t, axis=2), axis=0) + tl.sum(tl.sum(vs, axis=1), axis=0)
+        acc = tl.dot(ones_p, v, acc, out_dtype=tl.int32)  # [NG, BM, 64]: V codes summed over the cells, per dim
+    # out: the V codes' sums (checkable); the rest goes to m, so nothing is left out by the compiler
+    block_store(out_ptr, parts_ptr, ml_ptr, acc.to(tl.float32), total, tl.zeros((BM,), tl.float32) + 1.0, head, ok,
+                NG, SPLITS)
 
 
 def probe_gather(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor, width: torch.Tensor,
                  config: PromptConfig) -> torch.Tensor:
-    """[n_q, H, D]: per query and KV head, the sum of K + V codes over its cells per dim (one split only)."""
+    """[n_q, H, D]: per query and KV head, the sum of its cells' V codes per dim (one split only)."""
     return launch_blocked(_probe_gather_kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64)
 
 
