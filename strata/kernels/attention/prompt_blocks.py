@@ -233,10 +233,28 @@ def last_resources() -> tuple[int, int, int, int] | None:
 
 def translate_cells(cells: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
     """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; entries outside the
-    table (padding) become 0, which no kernel reads."""
-    inside = (cells >= 0) & (cells < 4 * page_table.shape[0])
-    cells = torch.where(inside, cells, 0)
-    return torch.where(inside, page_table[cells // 4] * 4 + cells % 4, 0).to(torch.int32)
+    table (padding) become 0, which no kernel reads. One launch (torch's ops would take about six)."""
+    cells = cells.contiguous()
+    out = torch.empty(cells.shape, dtype=torch.int32, device=cells.device)
+    n = cells.numel()
+    if n:
+        _translate_kernel[(triton.cdiv(n, TRANSLATE_BLOCK),)](cells, page_table, out, n, 4 * page_table.shape[0],
+                                                             BLOCK=TRANSLATE_BLOCK)
+    return out
+
+
+TRANSLATE_BLOCK = 1024
+
+
+@triton.jit
+def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    cell = tl.load(cells_ptr + i, mask=live, other=0)
+    inside = (cell >= 0) & (cell < n_cells)
+    cell = tl.where(inside, cell, 0)
+    page = tl.load(table_ptr + cell // 4, mask=live & inside, other=0)
+    tl.store(out_ptr + i, tl.where(inside, page * 4 + cell % 4, 0), mask=live)
 
 
 def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | None, config: PromptConfig,
@@ -263,6 +281,7 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
         cells, members, count = merge_cells_triton(ids, width, config.queries)
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
+    page_table = page_table.to(torch.int32).contiguous()
     if config.translate:
         cells = translate_cells(cells, page_table)
     splits = config.splits
@@ -271,8 +290,8 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
         parts = torch.empty(n_q * n_heads, splits, dim, dtype=torch.float32, device=q.device)
         ml = torch.empty(n_q * n_heads, splits, 2, dtype=torch.float32, device=q.device)
     programs, blocks = pool.n_kv_heads * (group // config.heads), count.shape[0]
-    args = (q.float().contiguous(), out, parts, ml, cells, members, count, page_table.to(torch.int32).contiguous(),
-            pool.k, pool.v, pool.k_scale, pool.v_scale)
+    args = (q.float().contiguous(), out, parts, ml, cells, members, count, page_table, pool.k, pool.v, pool.k_scale,
+            pool.v_scale)
     options = {"maxnreg": config.maxreg} if config.maxreg else {}  # unset: the launch exactly as before
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
         _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
