@@ -3,10 +3,11 @@ tunable sets (queries and heads per program, chunk, warps, stages) at the parity
 
 Per shape: the merge of each block's selections (its time, and how much longer the merged list is than one
 selection), then one line per variant and config: ms, fraction of the floor, speed against the variant's default
-config, the parity bounds; before them `info probe` lines (prompt_probe.py: the gathers alone, imma without its P.V) for
-the default and a few configs, which say where the time goes. At the end, per variant, the configs ranked by the
-geometric mean of their speed-up over the default across the shapes (a config failing its bounds or its compile
-anywhere is ranked out).
+config, the parity bounds, whether its output bytes equal the default's (`=bytes`: it could become the default
+without changing any output; `~bytes`: within the bounds only); before them `info probe` lines (prompt_probe.py: the
+gathers alone, imma without its P.V) for the default and a few configs, which say where the time goes. At the end,
+per variant, the configs ranked by the geometric mean of their speed-up over the default across the shapes (a config
+failing its bounds or its compile anywhere is ranked out).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
         _probe_lines(data, configs, variants, timer, args.reps, device)
         for name in variants:
             call, default = kernels[name]
-            results = {}  # label: (ms, within bounds)
+            results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
                 if config.pv and name != "imma":  # fp16 P.V is v2's own form: nothing to time
                     continue
@@ -108,9 +109,14 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 err, vs_fp32 = data.errors(out, fp32)
                 results[tag] = (ms, within_bounds(err, vs_fp32, err_fp32, data.ref_scale, fp32_scale))
                 base = results["default " + default.label][0]
+                default_out = out if config is default else default_out
+                # a config giving the default's bytes can become the default without changing any output
+                same = "" if config is default else ("  =bytes" if default_out is not None
+                                                     and torch.equal(out, default_out) else "  ~bytes")
                 print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
                       f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
-                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{resources(device)}")
+                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
+                      f"{resources(device)}")
             passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
             base, ok_default = results.pop("default " + default.label)
             ok &= ok_default

@@ -18,8 +18,9 @@ part sweep 140 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --
 part parity 85 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 part sweep_few 30 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \
   --sweep k2 k4 k2t1 k4t1r128
-part tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_prompt_split.py \
-  tests/kernels/attention/test_prompt_blocks.py tests/kernels/attention/test_prompt.py
+T=tests/kernels/attention
+part tests 50 python3 -m pytest -q -p no:cacheprovider $T/test_prompt_split.py $T/test_prompt_blocks.py $T/test_prompt.py \
+  $T/test_imma_split.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 cp $L/sweep.log "$OUT/sweep.txt" 2>/dev/null
 {
