@@ -45,10 +45,10 @@ def split3(y):
     """Three signed-byte parts of `round(y * 65536)` for |y| <= 127 (clamped there)."""
     x = tl.floor(y * 65536.0 + 0.5).to(tl.int32)
     x = tl.minimum(tl.maximum(x, -8323072), 8323072)
-    m = ((x + 128) & 255) - 128
-    x1 = (x - m) >> 8
-    low = ((x1 + 128) & 255) - 128
-    return ((x1 - low) >> 8).to(tl.int8), low.to(tl.int8), m.to(tl.int8)
+    m = x.to(tl.int8)  # int32 -> int8 keeps the low byte, read signed: ((x + 128) & 255) - 128 in one step
+    x1 = (x - m.to(tl.int32)) >> 8
+    low = x1.to(tl.int8)
+    return ((x1 - low.to(tl.int32)) >> 8).to(tl.int8), low, m
 
 
 @triton.jit
