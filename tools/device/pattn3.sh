@@ -11,7 +11,21 @@
 # Under 5 minutes (BUDGET 290 s); carry .whl (and .devcache). Files: summary.txt, sweep.txt, logs.tgz.
 set -uo pipefail
 BUDGET=${BUDGET:-290}
-source tools/device/parts.sh || exit 1
+if [[ ":${PYTHONPATH:-}:" == *":/tmp/site:"* ]]; then
+  # inside a session batch (tools/device/session*.sh): the wheels are installed and the caches set; installing them
+  # again would replace packages under the batch's other queue. Only `part` is needed (as parts.sh defines it).
+  part() {
+    local name=$1 cap=$2; shift 2
+    local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+    if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time" | tee -a "$L/times.txt"; return; fi
+    local t0=$SECONDS
+    timeout -s USR1 -k 5 "$cap" "$@" > "$L/$name.log" 2>&1
+    echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
+  }
+else
+  source tools/device/parts.sh || exit 1
+fi
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 L=$OUT/pattn3_logs; mkdir -p $L  # its own logs (a session batch runs this with OUT inside its log folder)
 NEW="t1 r128 t1r128 s4 s5t1 p16 t1p16r128 r96 c64t1 q2h0t1 k2 f1"
 part sweep 140 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants imma v2 --no-sdpa --sweep $NEW
