@@ -27,7 +27,7 @@ else
 fi
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 L=$OUT/pattn3_logs; mkdir -p $L  # its own logs (a session batch runs this with OUT inside its log folder)
-NEW="t1 r128 t1r128 s4 s5t1 p16 t1p16r128 r96 c64t1 q2h0t1 k2 f1"
+NEW="t1 r128 t1r128 r168 s4 s5t1 p16 t1p16r128 r96 c64t1 q2h0t1 k2 f1"
 part sweep 140 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants imma v2 --no-sdpa --sweep $NEW
 part parity 85 python3 -m strata.bench.prompt_attn --variants fp32 v2 imma
 part sweep_few 30 python3 -m strata.bench.prompt_attn --ctx 2100 --queries 256 --variants imma --no-sdpa \
