@@ -37,7 +37,8 @@ from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.stream_gemv import STREAM_FORMATS, launch_stream_down, launch_stream_gate_up, stream_applies
+from strata.kernels.moe.stream_gemv import (FIT, STREAM_FORMATS, launch_stream_down, launch_stream_gate_up,
+                                             stream_applies)
 from strata.kernels.moe.wide_gemv import (UNIT, WORDS, cover, launch_word_down, launch_word_gate_up,
                                            word_gemv_applies, word_tile)
 from strata.quant import dequantize, get_format
@@ -252,9 +253,10 @@ MEASURED_TILES = {
 class GemvConfig:
     """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
     `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow, the
-    input then cut in `split` slices (a program each, summed in order by a second launch); `stream` > 0: the
-    streamed word kernels (`stream_gemv.py`: that many persistent programs an SM, the next step loaded ahead;
-    Q2_0 / Q4_0 / Q8_0 / Q4_K, `split` then unused) where the format allows, else the word kernels."""
+    input then cut in `split` slices (a program each, summed in order by a second launch); `stream` != 0: the
+    streamed word kernels (`stream_gemv.py`: that many persistent programs an SM, or with -1 as many as stay
+    resident, the next step loaded ahead; Q2_0 / Q4_0 / Q8_0 / Q4_K, `split` then unused) where the format
+    allows, else the word kernels."""
 
     bn: int
     ns: int
@@ -285,8 +287,8 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         measured = MEASURED_TILES.get((kind, spec.name)) if on_gpu else None
         cfg = replace(cfg, **{**measured, "ns": min(nu, measured.get("ns", nu))}) if measured else cfg
         warps_an_sm = switches.get("STRATA_GEMV_STREAM") if on_gpu else 0
-        if warps_an_sm > 0 and spec.name in STREAM_FORMATS:
-            cfg = replace(cfg, stream=max(1, warps_an_sm // cfg.warps))
+        if warps_an_sm and spec.name in STREAM_FORMATS:  # < 0: as many programs as stay resident
+            cfg = replace(cfg, stream=FIT if warps_an_sm < 0 else max(1, warps_an_sm // cfg.warps))
         return cfg
     return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
 
@@ -324,7 +326,7 @@ def _takes_words(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
 
 def _takes_stream(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
     """Whether a launch of cfg takes the streamed word kernels: asked for, and the format and alignment fit."""
-    return cfg.wide and cfg.stream > 0 and all(stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
+    return cfg.wide and cfg.stream != 0 and all(stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
                                                for m in operands)
 
 

@@ -35,6 +35,10 @@ from strata.kernels.moe.stream_steps import fetch_words, fetch_x, step_dot
 
 STREAM_FORMATS = {"Q2_0": (18, 1), "Q4_0": (18, 1), "Q8_0": (34, 1), "Q4_K": (144, 4)}  # block bytes, units a block
 CPU_SMS = 1  # under the interpreter `programs` per "SM" is the grid itself (tests pick it to leave remainders)
+CPU_FIT = 2  # what "as many as fit" (per_sm < 0) means under the interpreter
+FIT = -1  # GemvConfig.stream: as many programs an SM as its registers, warps and shared memory let stay resident
+SM90_REGISTERS, SM90_WARPS, SM90_PROGRAMS, SM90_SHARED = 65536, 64, 32, 227 * 1024  # per SM (H100 / H200)
+_fitting: dict = {}
 
 
 @functools.cache
@@ -47,6 +51,37 @@ def stream_grid(device: torch.device, per_sm: int, n_items: int) -> int:
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else CPU_SMS
     return max(1, min(n_items, sms * per_sm))
+
+
+def resident_programs(n_regs: int, warps: int, shared: int) -> int:
+    """Programs of `warps` warps, n_regs registers a thread and `shared` bytes that one sm_90 SM holds at once
+    (registers are given out 8 a thread at a time)."""
+    by_registers = SM90_REGISTERS // (-(-max(n_regs, 1) // 8) * 8 * 32 * warps)
+    by_shared = SM90_SHARED // shared if shared else SM90_PROGRAMS
+    return max(1, min(by_registers, SM90_WARPS // warps, by_shared, SM90_PROGRAMS))
+
+
+def _per_sm(kernel, per_sm: int, device: torch.device, args: tuple, constants: dict, warps: int) -> int:
+    """per_sm, or for FIT (< 0) the programs that stay resident: the compiled kernel's registers and shared memory
+    (compiled once, before any CUDA graph capture, by the first eager call)."""
+    if per_sm > 0:
+        return per_sm
+    if device.type != "cuda":
+        return CPU_FIT
+    key = (kernel.fn.__name__, device.index, warps, tuple(sorted(constants.items())))
+    if key not in _fitting:
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), **constants, num_warps=warps)
+            compiled = compiled.result() if hasattr(compiled, "result") else compiled  # (an asynchronous compile)
+            compiled._init_handles()  # loads the binary: its register count
+            _fitting[key] = resident_programs(compiled.n_regs, warps, compiled.metadata.shared)
+        except (AttributeError, TypeError):  # a Triton whose compiled kernels say less: half an SM's warps
+            _fitting[key] = max(1, SM90_WARPS // 2 // warps)
+    last_fit[0] = _fitting[key]
+    return _fitting[key]
+
+
+last_fit = [0]  # the programs an SM the latest FIT launch resolved to (the benches print it)
 
 
 @triton.jit
@@ -223,9 +258,11 @@ def launch_stream_gate_up(x, topk_ids, g, u, slot_of, hid, spec, bn: int, nu: in
     n_tokens, top_k = topk_ids.shape
     n_items = n_tokens * top_k * triton.cdiv(g.rows, bn)
     slots = slot_of is not None
-    _stream_gate_up_kernel[(stream_grid(x.device, per_sm, n_items),)](
-        x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, hid, g.stride, u.stride,
-        n_items, **_constants(spec, g.rows, g.cols, top_k, slots, bn, nu), num_warps=warps)
+    args = (x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, hid, g.stride,
+            u.stride, n_items)
+    constants = _constants(spec, g.rows, g.cols, top_k, slots, bn, nu)
+    per_sm = _per_sm(_stream_gate_up_kernel, per_sm, x.device, args, constants, warps)
+    _stream_gate_up_kernel[(stream_grid(x.device, per_sm, n_items),)](*args, **constants, num_warps=warps)
     return hid
 
 
@@ -234,7 +271,9 @@ def launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, spec, bn: int, 
     n_tokens, top_k = topk_ids.shape
     n_items = n_tokens * triton.cdiv(d.rows, bn)
     slots = slot_of is not None
-    _stream_down_kernel[(stream_grid(h.device, per_sm, n_items),)](
-        h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, y, d.stride,
-        n_items, **_constants(spec, d.rows, d.cols, top_k, slots, bn, nu), num_warps=warps)
+    args = (h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, y, d.stride,
+            n_items)
+    constants = _constants(spec, d.rows, d.cols, top_k, slots, bn, nu)
+    per_sm = _per_sm(_stream_down_kernel, per_sm, h.device, args, constants, warps)
+    _stream_down_kernel[(stream_grid(h.device, per_sm, n_items),)](*args, **constants, num_warps=warps)
     return y

@@ -139,8 +139,8 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
     from strata.kernels.moe.decode import SPECS
 
     a3b = gemv_sweep.sweep_configs("gate_up", SPECS["Q4_0"], 768, 2048, 8, family="stream")
-    assert a3b[0].stream == 0 and all(c.stream > 0 and c.split == 1 for c in a3b[1:])
-    assert {c.stream for c in a3b} >= {1, 4, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
+    assert a3b[0].stream == 0 and all(c.stream != 0 and c.split == 1 for c in a3b[1:])
+    assert {c.stream for c in a3b} >= {-1, 1, 4, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
     assert not [c for c in gemv_sweep.sweep_configs("gate_up", SPECS["IQ3_S"], 640, 2560, 10) if c.stream]
     assert not [c for c in gemv_sweep.sweep_configs("down", SPECS["Q4_0"], 2048, 768, 8, family="words") if c.stream]
 
@@ -177,3 +177,29 @@ def test_the_stream_switch_picks_the_streamed_kernels_on_a_gpu_only():
         assert matvec.stream == max(1, 32 // matvec.warps)
         assert gemv_config("gate_up", SPECS["IQ3_S"], 640, 2560, 10, True).stream == 0  # no streamed kernel
         assert gemv_config("down", SPECS["Q4_0"], 2048, 768, 8, False).stream == 0  # the interpreter's tiles
+    with switches.override(STRATA_GEMV_STREAM=-1):
+        assert gemv_config("down", SPECS["Q4_0"], 2048, 768, 8, True).stream == -1  # as many as stay resident
+
+
+def test_resident_programs_follow_registers_warps_and_shared_memory():
+    from strata.kernels.moe.stream_gemv import resident_programs
+
+    assert resident_programs(76, 8, 0) == 3  # 80 registers x 256 threads: 3 x 20,480 of 65,536
+    assert resident_programs(57, 16, 0) == 2
+    assert resident_programs(255, 4, 100 * 1024) == 2  # both registers and shared memory allow 2
+    assert resident_programs(32, 1, 0) == 32  # at most 32 programs an SM
+    assert resident_programs(40, 16, 0) == 3  # 64 warps an SM: registers would allow 3.2
+
+
+def test_as_many_programs_as_fit_run_the_same_sums(device):
+    stack = synthetic_stack("Q4_0", "Q4_0", 6, 128, 64, seed=54, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(55)
+    ids, w = routing(1, 3, 6, gen)
+    x = torch.randn(1, 128, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    h = gate_up_swiglu_triton(x, ids, experts, replace(WORDS_UP, stream=-1))
+    y = down_sum_triton(h, ids, w, experts, torch.float32, replace(WORDS_DOWN, stream=-1))
+    assert relative_error(h, h64) <= ERROR_BOUND and relative_error(y, y64) <= ERROR_BOUND
+    assert torch.equal(h, gate_up_swiglu_triton(x, ids, experts, replace(WORDS_UP, stream=1)))
