@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config
 from strata.kernels.moe.stream_gemv import FIT, STREAM_FORMATS
@@ -91,23 +93,29 @@ def sweep_line(label: str, cfg: GemvConfig, us: float, n_bytes: float, floor_bw:
 
 
 def time_config(label: str, cfg: GemvConfig, fn, args: list, want, n_bytes: float, floor_bw: float,
-                default_us: float | None, device, out) -> tuple[bool, float | None]:
+                default_us: float | None, device, out, outputs: dict | None = None) -> tuple[bool, float | None]:
     """Time `fn` over `args` (a CUDA graph of the calls) and print its sweep line with its error against `want`
-    (from fn(*args[0])): (within ERROR_BOUND, the default's time: this one's when it is the first). A config that
-    does not build is a line, not the end of the sweep."""
+    (from fn(*args[0])): (within ERROR_BOUND, the default's time: this one's when it is the first). `outputs`
+    (a dict the caller keeps over a sweep): the line also says whether fn(*args[0]) equals the first config's bit
+    for bit ("same bytes": a new default that changes no output). A config that does not build is a line, not the
+    end of the sweep."""
     from strata.bench.ceilings import graph_us
+    from strata.kernels.moe import stream_gemv
     from strata.kernels.moe.gemv import ERROR_BOUND, relative_error
 
     try:
-        err = relative_error(fn(*args[0]), want)
+        got = fn(*args[0])
+        err = relative_error(got, want)
         us = graph_us(fn, args, device)
     except Exception as e:
         print(f"  sweep {label} {describe(cfg)}: {type(e).__name__}: {str(e)[:200]}", file=out, flush=True)
         return True, default_us
     default_us = default_us or us
-    from strata.kernels.moe import stream_gemv
-
+    same = ""
+    if outputs is not None:
+        first = outputs.setdefault(label, got.clone())
+        same = "  same bytes" if torch.equal(got, first) else "  other bytes"
     fitted = f"  (fit: {stream_gemv.last_fit[0]} an SM)" if cfg.stream == FIT else ""
     print(sweep_line(label, cfg, us, n_bytes, floor_bw, default_us)
-          + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}{fitted}", file=out, flush=True)
+          + f" {err:9.2e}{'' if err <= ERROR_BOUND else '  FAIL'}{same}{fitted}", file=out, flush=True)
     return err <= ERROR_BOUND, default_us

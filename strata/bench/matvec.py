@@ -58,14 +58,14 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
               f"warps={cfg.warps} split={cfg.split}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     if sweep:
-        default_us = None
+        default_us, outputs = None, {}
         family = sweep if sweep in FAMILIES else "all"
         for cfg in sweep_configs("matvec", SPECS[fmt], n_out, n_in, 1, family=family):
             def call(i, c=cfg):
                 return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
 
             good, default_us = time_config(f"{n_in}x{n_out} {fmt}", cfg, call, [(i,) for i in range(4 * copies)], want,
-                                           n_bytes, floor_bw, default_us, device, out)
+                                           n_bytes, floor_bw, default_us, device, out, outputs)
             ok &= good
     return ok
 

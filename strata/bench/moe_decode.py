@@ -130,12 +130,12 @@ def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: str | 
 
 
 def _sweep(name, experts, calls, device, floor_bw, out, want: tuple, family: str = "all") -> bool:
-    """Each kernel alone under `gemv_sweep.sweep_configs` (the default first), every line beside the default and
-    with its error against `want` = the float64 (H, y) of the first call."""
+    """Each kernel alone under `gemv_sweep.sweep_configs` (the default first), every line beside the default, with
+    its error against `want` = the float64 (H, y) of the first call and whether its output is the default's bytes."""
     top_k = calls[0][1].shape[1]
     g, d = experts.gate, experts.down
     h = [gate_up_swiglu_triton(c[0], c[1], experts) for c in calls]
-    ok = True
+    ok, outputs = True, {}
     for kind, m, target in (("gate_up", g, want[0]), ("down", d, want[1])):
         per_expert = 2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes
         n_bytes = sum(len(c[1].unique()) for c in calls) / len(calls) * per_expert
@@ -147,7 +147,7 @@ def _sweep(name, experts, calls, device, floor_bw, out, want: tuple, family: str
                 fn = lambda hh, i, w, c=cfg: down_sum_triton(hh, i, w, experts, torch.float32, c)  # noqa: E731
                 args = [(hh, c[1], c[2]) for hh, c in zip(h, calls)]
             good, default_us = time_config(f"{name} {kind}", cfg, fn, args, target, n_bytes, floor_bw, default_us,
-                                           device, out)
+                                           device, out, outputs)
             ok &= good
     return ok
 

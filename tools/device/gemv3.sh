@@ -34,9 +34,10 @@ cp $L/*sweep*.log "$OUT/" 2>/dev/null
     for (i = 4; i < NF; i++) if ($(i + 1) == "us") { us = $i; break }
     if (us == "") next; cfg = ""; for (j = 4; j < i; j++) cfg = cfg " " $j
     if (!(key in base)) { base[key] = us; order[++n] = key }
-    if (!(key in best) || us + 0 < best[key] + 0) { best[key] = us; how[key] = cfg } }
-    END { for (k = 1; k <= n; k++)
-      printf "%-26s default %8s  best %8s %s\n", order[k], base[order[k]], best[order[k]], how[order[k]] }'
+    if (!(key in best) || us + 0 < best[key] + 0) {
+      best[key] = us; how[key] = cfg; same[key] = ($0 ~ /same bytes/) ? "same bytes" : "other bytes" } }
+    END { for (k = 1; k <= n; k++) printf "%-26s default %8s  best %8s %s  (%s)\n", order[k], base[order[k]],
+      best[order[k]], how[order[k]], same[order[k]] }'
 } > "$OUT/summary.txt"
 tar czf "$OUT/gemv3_logs.tgz" -C $L .
 cat "$OUT/summary.txt"
