@@ -240,7 +240,8 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
 
 
 # Tiles the H200 sweep measured faster than word_tile's reasoned ones (`bench moe-decode --sweep`, session 4's middle
-# call, commit 31c71d1): gate_up Q4_K 1.28x, Q4_0 1.23x, Q2_0 1.17x; down Q4_K 1.21x. (ns: at most.)
+# call, commit 31c71d1): gate_up Q4_K 1.28x, Q4_0 1.23x, Q2_0 1.17x; down Q4_K 1.21x. (ns: at most, unless the entry
+# sets `stream`, e.g. dict(bn=4, ns=32, warps=8, stream=-1) from a `--sweep stream` line: then the tile as given.)
 MEASURED_TILES = {
     ("gate_up", "Q4_0"): dict(ns=32, warps=8),
     ("gate_up", "Q4_K"): dict(warps=4),
@@ -285,7 +286,9 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         bn, nu, warps, split = word_tile(spec, n_out, n_units, on_gpu, top_k if kind == "gate_up" else 1)
         cfg = GemvConfig(bn, nu, warps, 1, True, split)
         measured = MEASURED_TILES.get((kind, spec.name)) if on_gpu else None
-        cfg = replace(cfg, **{**measured, "ns": min(nu, measured.get("ns", nu))}) if measured else cfg
+        if measured:  # ns at most word_tile's; a streamed tile's (a sweep line copied whole) as measured
+            ns = measured.get("ns", nu)
+            cfg = replace(cfg, **{**measured, "ns": ns if measured.get("stream") else min(nu, ns)})
         warps_an_sm = switches.get("STRATA_GEMV_STREAM") if on_gpu else 0
         if warps_an_sm and spec.name in STREAM_FORMATS:  # < 0: as many programs as stay resident
             cfg = replace(cfg, stream=FIT if warps_an_sm < 0 else max(1, warps_an_sm // cfg.warps))

@@ -205,3 +205,14 @@ def test_as_many_programs_as_fit_run_the_same_sums(device):
     y = down_sum_triton(h, ids, w, experts, torch.float32, replace(WORDS_DOWN, stream=-1))
     assert relative_error(h, h64) <= ERROR_BOUND and relative_error(y, y64) <= ERROR_BOUND
     assert torch.equal(h, gate_up_swiglu_triton(x, ids, experts, replace(WORDS_UP, stream=1)))
+
+
+def test_a_measured_streamed_tile_is_taken_whole(monkeypatch):
+    from strata.kernels.moe import gemv
+    from strata.kernels.moe.decode import SPECS
+
+    word = gemv.gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, True)
+    assert word.ns == 16  # word_tile's (cover pads 100 units by at most a quarter)
+    monkeypatch.setitem(gemv.MEASURED_TILES, ("down", "Q2_0"), dict(bn=8, ns=32, warps=8, stream=-1))
+    assert gemv.gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, True) == replace(word, bn=8, ns=32, warps=8,
+                                                                                   stream=-1)
