@@ -19,6 +19,7 @@ from __future__ import annotations
 AUTO_WINDOW = 1  # set from tools/device/spec.sh's tables: the best --spec, MTP head, captured, all resident
 
 
-def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int = AUTO_WINDOW) -> int:
-    """The --spec that `auto` picks: `best` where speculation can pay (see above), else 1 (off)."""
+def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int | None = None) -> int:
+    """The --spec that `auto` picks: `best` (AUTO_WINDOW, read now) where speculation can pay (see above), else 1."""
+    best = AUTO_WINDOW if best is None else best
     return best if has_mtp and captured_windows and all_resident else 1
