@@ -11,6 +11,7 @@ import torch
 
 import strata
 from strata.engine.engine import Engine, EngineConfig
+from strata.engine.sampling import SamplingParams
 
 GREEDY = dict(temperature=0)
 SPEC_FILES = ("spec.py", "spec_mtp.py", "spec_windows.py")
@@ -137,3 +138,53 @@ def test_the_default_models_experts_take_the_decode_kernels():
     stacks = model.expert_stacks
     assert model.mtp and model.n_main in stacks
     assert all(kernel_path(stack, probe) == "decode" for stack in stacks.values())
+
+
+def test_launches_outside_the_graphs_per_window_do_not_grow_with_layers(next_mtp, monkeypatch):
+    """What a window launches outside its static programs (the verify step's and the MTP step's segments, graphs on
+    a GPU), counted on the CPU with the programs marked: uploads, the picks' copies and read, the rows' argmax and
+    read, the hidden states kept, one rollback copy: a few dozen ops at most, none per layer. (The CPU's staging
+    ops count here too, so the bound is loose.)"""
+    from torch.profiler import profile, record_function
+
+    from tools.count_step_kernels import NO_LAUNCH
+
+    from strata.engine.decode import GraphDecoder, StepGraphs
+    from strata.engine.spec_mtp import MTPSteps
+
+    def marked(fn):
+        """fn run inside a "static program" range."""
+        def run(*args, **kwargs):
+            with record_function("static program"):
+                return fn(*args, **kwargs)
+
+        return run
+
+    run, program, build = StepGraphs.run, MTPSteps._program, GraphDecoder._program
+    monkeypatch.setattr(StepGraphs, "run", marked(run))
+    # The CPU form builds a step's program (its static views) every step; a GPU builds it once a span, captured.
+    monkeypatch.setattr(GraphDecoder, "_program", marked(build))
+    monkeypatch.setattr(MTPSteps, "_program", lambda self, rows, span: marked(marked(program)(self, rows, span)))
+    llm = strata.LLM(next_mtp, device="cpu", spec=4, decode_graphs="eager")
+    tokens = llm.engine.generate(_tokens(9, seed=4), SamplingParams(temperature=0), 24)
+    next(tokens), next(tokens)  # the prompt and the first window (the prompt's MTP cells, eagerly)
+    spec = llm.engine.spec
+    before = spec.stats.windows
+    with profile() as prof:
+        rest = list(tokens)
+    windows = spec.stats.windows - before
+    outside = Counter()
+    for e in prof.events():
+        if not e.name.startswith("aten::") or e.name in NO_LAUNCH:
+            continue
+        if any(c.name.startswith("aten::") and c.name not in NO_LAUNCH for c in e.cpu_children):
+            continue  # a composite op: its children count
+        parent, marked = e.cpu_parent, False
+        while parent is not None and not marked:
+            marked, parent = parent.name == "static program", parent.cpu_parent
+        if not marked:
+            outside[e.name] += 1
+    assert len(rest) == 22 and windows >= 5
+    per_window = sum(outside.values()) / windows
+    # 23 here (a dozen of them host-side staging a GPU does not launch); eager drafts alone added ~60 a draft.
+    assert per_window <= 32, (per_window, outside.most_common(12))
