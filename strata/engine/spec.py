@@ -19,6 +19,8 @@ MTP drafting (models with `blk.{n}.nextn.*` tensors): MTP cell i pairs the trunk
 with the token at i+1 and predicts the token at i+2; cells are computed once per position from the trunk's own
 hidden states (`mtp_cells` of them are current), and a draft after a draft feeds the block its own output. A draft
 whose probability falls below `min_p` ends the MTP draft; prompt-lookup (suffix) drafts may then fill the window.
+Greedy drafts go through the MTP block's static step where the windows have one (engine/spec_mtp.py); without
+min_p they reach the window on the device, and a window costs the host one read (its drafts and rows' argmax).
 """
 
 from __future__ import annotations
@@ -222,13 +224,14 @@ class SpecDecoder:
 
     # ---------------------------------------------------------------------------------------------- checking
 
-    def verify(self, window: list[int], start: int) -> torch.Tensor:
+    def verify(self, window: list[int], start: int, tail: torch.Tensor | None = None) -> torch.Tensor:
         """The trunk over `window` at positions start..: logits [rows, vocab] (through the static decode step when
         the engine has one: valid until the next window); every row's recurrent state is kept until keep_rows.
-        Keys of the cache's tokens before `start` must be those of the caller's history."""
+        Keys of the cache's tokens before `start` must be those of the caller's history. `tail` (static windows
+        only): window[1:] still on the device, window's own entries there being placeholders."""
         engine = self.engine
         if self.windows is not None:
-            logits, hidden = self.windows.run(window, start)
+            logits, hidden = self.windows.run(window, start, tail)
         else:
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
                                  keep_row_states=True)
@@ -243,11 +246,14 @@ class SpecDecoder:
         keep_rows(self.engine.kv, start, n_rows)
         self.engine.cached_tokens = self.engine.cached_tokens[:start + n_rows]
 
-    def accept(self, rows: torch.Tensor, drafts: list[Draft], history: list[int], sampler: Sampler) -> list[int]:
-        """The tokens this window produces: the accepted drafts, then one chosen by the model."""
+    def accept(self, rows: torch.Tensor, drafts: list[Draft], history: list[int], sampler: Sampler,
+               argmax: list[int] | None = None) -> list[int]:
+        """The tokens this window produces: the accepted drafts, then one chosen by the model (`argmax`: the rows'
+        argmax, already read)."""
         out: list[int] = []
         # Greedy without a penalty: every row's choice is its argmax, read from the device at once.
-        argmax = rows[:len(drafts) + 1].argmax(-1).tolist() if _plain_greedy(sampler) else None
+        if argmax is None and _plain_greedy(sampler):
+            argmax = rows[:len(drafts) + 1].argmax(-1).tolist()
         for j, draft in enumerate(drafts):
             context = history + out
             if argmax is not None:
@@ -296,14 +302,17 @@ class SpecDecoder:
             # Drafts past max_tokens or the context would be computed for nothing.
             k = min(self.window - 1, max_tokens - produced - 1, engine.n_ctx - len(history))
             lap = self._lap()
-            drafts = self.propose(history, k, sampler) if k > 0 else []
+            if self._pipelined(sampler, history, k):
+                drafts, chosen, lap = self._pipelined_window(history, k, sampler, lap)
+            else:
+                drafts = self.propose(history, k, sampler) if k > 0 else []
+                window = [token] + [d.token for d in drafts]
+                lap = self._lap(lap, "draft")
+                rows = self.verify(window, start)
+                lap = self._lap(lap, "verify")
+                chosen = self.accept(rows, drafts, history, sampler)
             for j in range(len(drafts)):
                 self.stats.proposed[j] += 1
-            window = [token] + [d.token for d in drafts]
-            lap = self._lap(lap, "draft")
-            rows = self.verify(window, start)
-            lap = self._lap(lap, "verify")
-            chosen = self.accept(rows, drafts, history, sampler)
             emitted = []
             for token in chosen:
                 emitted.append(token)
@@ -318,6 +327,29 @@ class SpecDecoder:
             for token in emitted:
                 history.append(token)
                 yield token
+
+    def _pipelined(self, sampler: Sampler, history: list[int], k: int) -> bool:
+        """Whether this window's drafts can go from the MTP graphs into the verify window without the host reading
+        them first: greedy, no penalty, no min_p (so the MTP block drafts all k: no prompt-lookup draft follows),
+        both static, and the cells to catch up fit one MTP step."""
+        return (k > 0 and self.mtp_steps is not None and self.min_p == 0 and _plain_greedy(sampler)
+                and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
+
+    def _pipelined_window(self, history: list[int], k: int, sampler: Sampler, lap):
+        """A greedy window with one host read: the MTP picks feed the verify window on the device; then the drafts
+        and every row's argmax come back together. Returns (drafts, chosen tokens, lap)."""
+        engine, steps = self.engine, self.mtp_steps
+        first, start = self.mtp_cells, len(history) - 1
+        steps.launch(self.hidden[first:start], history[first + 1:start + 1], first, k)
+        self.mtp_cells = start
+        lap = self._lap(lap, "draft")
+        drafted = steps.picks[:k, 0]
+        rows = self.verify([history[-1]] + [0] * k, start, tail=drafted)  # placeholders: the device has the drafts
+        lap = self._lap(lap, "verify")
+        values = [int(v) for v in torch.cat((drafted, rows[:k + 1].argmax(-1).double())).tolist()]
+        drafts = [Draft(t, None, "mtp") for t in values[:k]]
+        engine.cached_tokens[start + 1:start + 1 + k] = values[:k]
+        return drafts, self.accept(rows, drafts, history, sampler, argmax=values[k:]), lap
 
     def _lap(self, since: float | None = None, part: str | None = None) -> float | None:
         """When measuring (phase_seconds): the device synced, the time now, and the time since `since` added to

@@ -8,7 +8,10 @@ last row's greedy token and that token's probability on the device and writes th
 (the token, the block's output, the position + 1) into the static input buffers itself; so the host replays the
 one-row program k-1 times with nothing in between but a copy of each pick into a row of `picks`, and reads the k
 picks once at the end. Drafts past a `--spec-min-p` stop are computed for nothing and dropped by the host: their
-MTP keys sit at positions the next catch-up rewrites before anything reads them (as the eager path's do).
+MTP keys sit at positions the next catch-up rewrites before anything reads them (as the eager path's do). Without
+min_p the host need not read them at all before the window: `launch` leaves them on the device, the verify window
+takes them from there (GraphDecoder.step's `tail`), and the drafts come back with the rows' argmax in the window's
+one read (SpecDecoder._pipelined_window).
 
 It serves greedy drafting without a repetition penalty (the device's argmax is the sampler's); sampling and
 penalties draft eagerly (spec.py). The CPU form (`capture=False`) runs the same program functions over an exact
@@ -65,6 +68,11 @@ class MTPSteps:
     def draft(self, trunk_hidden: torch.Tensor, next_ids: list[int], start: int, k: int) -> list[tuple[int, float]]:
         """Cells start..start+n-1 (n = len(next_ids) <= max_rows: trunk_hidden [n, ...] paired with next_ids),
         then k-1 drafts after drafts: the k greedy picks (token, probability), read from the device at once."""
+        self.launch(trunk_hidden, next_ids, start, k)
+        return [(int(token), prob) for token, prob in self.picks[:k].tolist()]
+
+    def launch(self, trunk_hidden: torch.Tensor, next_ids: list[int], start: int, k: int) -> None:
+        """`draft`'s work, its picks left on the device (`picks[:k]`: token, probability as float64)."""
         rows = len(next_ids)
         if not 1 <= rows <= self.max_rows or not 1 <= k <= self.picks.shape[0]:
             raise StrataError(f"an MTP step of {rows} rows and {k} drafts (at most {self.max_rows} and "
@@ -86,7 +94,6 @@ class MTPSteps:
         self._run(rows, span or start + rows, 0)
         for j in range(1, k):  # the program left the next step's inputs in place: nothing to upload
             self._run(1, span or start + rows + j, j)
-        return [(int(token), prob) for token, prob in self.picks[:k].tolist()]
 
     def _run(self, rows: int, span: int, pick: int) -> None:
         key = (rows, span)
