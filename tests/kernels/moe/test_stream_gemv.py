@@ -53,6 +53,20 @@ def test_streamed_kernels_match_float64_and_the_word_kernels(device, fmt, per_sm
         assert torch.equal(y, down_sum_triton(h, ids, w, experts, torch.float32, WORDS_DOWN))
 
 
+def test_experts_of_one_unit_width_stream_too(device):
+    # The trained default model's shape: Q8_0, 32 hidden units, so the down dot is one 32-weight unit an expert.
+    stack = synthetic_stack("Q8_0", "Q8_0", 8, 256, 32, seed=56, device=device)
+    experts = DecodeExperts.of_stack(stack)
+    gen = torch.Generator().manual_seed(57)
+    ids, w = routing(2, 4, 8, gen, shared=1)
+    x = torch.randn(2, 256, generator=gen)
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    h = gate_up_swiglu_triton(x, ids, experts, GemvConfig(bn=16, ns=4, warps=4, wide=True, stream=3))
+    y = down_sum_triton(h, ids, w, experts, torch.float32, GemvConfig(bn=64, ns=2, warps=4, wide=True, stream=3))
+    assert relative_error(h, h64) <= ERROR_BOUND and relative_error(y, y64) <= ERROR_BOUND
+
+
 def test_streamed_q4_k_matches_float64_and_the_word_kernels(device):
     # 256 x 256: gate/up 4 slice pairs a row (2 steps), down 4 a row x top 2 (2 steps of 4); 4 programs, 8 items.
     stack = synthetic_stack("Q4_K", "Q4_K", 4, 256, 256, seed=52, device=device)
