@@ -75,8 +75,8 @@ def _per_sm(kernel, per_sm: int, device: torch.device, args: tuple, constants: d
             compiled = compiled.result() if hasattr(compiled, "result") else compiled  # (an asynchronous compile)
             compiled._init_handles()  # loads the binary: its register count
             _fitting[key] = resident_programs(compiled.n_regs, warps, compiled.metadata.shared)
-        except (AttributeError, TypeError):  # a Triton whose compiled kernels say less: half an SM's warps
-            _fitting[key] = max(1, SM90_WARPS // 2 // warps)
+        except Exception:  # a Triton whose compiled kernels say less: half an SM's warps (the launch that follows
+            _fitting[key] = max(1, SM90_WARPS // 2 // warps)  # raises any real compile error itself)
     last_fit[0] = _fitting[key]
     return _fitting[key]
 
