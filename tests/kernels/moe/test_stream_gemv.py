@@ -230,3 +230,27 @@ def test_a_measured_streamed_tile_is_taken_whole(monkeypatch):
     monkeypatch.setitem(gemv.MEASURED_TILES, ("down", "Q2_0"), dict(bn=8, ns=32, warps=8, stream=-1))
     assert gemv.gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, True) == replace(word, bn=8, ns=32, warps=8,
                                                                                    stream=-1)
+
+
+def test_fit_reads_the_compiled_kernels_registers_once_and_falls_back_without_them():
+    from types import SimpleNamespace
+
+    from strata.kernels.moe import stream_gemv
+
+    calls = []
+
+    def warmup(*args, grid, num_warps, **constants):
+        calls.append(num_warps)
+        return SimpleNamespace(n_regs=76, metadata=SimpleNamespace(shared=1024), _init_handles=lambda: None)
+
+    kernel = SimpleNamespace(fn=SimpleNamespace(__name__="fake_fit_kernel"), warmup=warmup)
+    cuda = torch.device("cuda", 0)
+    assert stream_gemv._per_sm(kernel, -1, cuda, (), {"BN": 4}, 8) == 3  # 76 registers, 8 warps: 3 resident
+    assert stream_gemv._per_sm(kernel, -1, cuda, (), {"BN": 4}, 8) == 3 and calls == [8]  # compiled once
+    assert stream_gemv._per_sm(kernel, 5, cuda, (), {"BN": 4}, 8) == 5  # a number is taken as given
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no registers here")
+
+    kernel = SimpleNamespace(fn=SimpleNamespace(__name__="fake_broken_kernel"), warmup=broken)
+    assert stream_gemv._per_sm(kernel, -1, cuda, (), {"BN": 4}, 8) == 4  # half of 64 warps
