@@ -38,8 +38,8 @@ SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3"
 # projection's outputs x warps x stages; BM (64 or 128 rows) shared; "s": two 32-value dots a step instead of one
 # block-diagonal 64. Spilling builds (sm_90) left out.
 FUSED_SWEEP = ["32x8x3s/64x8x3s", "32x8x2/64x8x2", "32x8x4/64x8x3", "32x4x2/64x4x2", "32x4x2s/64x4x2s",
-               "64x8x3/128x8x3", "64x16x2/128x16x2", "32x8x3/128x8x3", "128x32x8x2/128x64x8x2",
-               "128x32x8x3/128x64x8x3"]
+               "64x8x3/128x8x3", "64x16x3/128x16x3", "32x8x3/128x8x3", "128x32x8x2/128x64x8x2",
+               "128x32x8x2s/128x64x8x2s"]
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
 # Strata's bounds (prefill_fused_*_test), applied to every pair.

@@ -8,8 +8,7 @@ import triton.language as tl
 from strata.bench.moe_prefill import make_layer
 from strata.errors import StrataError
 from strata.kernels.moe import fused, grouping, quantize32
-from strata.kernels.moe.decode import q2_0_codes
-from strata.kernels.moe.fused_q2_0 import q2_0_codes_words
+from strata.kernels.moe.decode import q2_0_codes, q2_0_codes_words
 from strata.kernels.moe.quantize32 import dequantize_rows_int8
 from strata.kernels.moe.stack import Tiles
 
