@@ -78,8 +78,8 @@ def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMat
 
 
 def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
-    if (gate.qtype, gate.rows, gate.cols) != (up.qtype, up.rows, up.cols):
-        raise StrataError("the fused gate/up kernel needs gate and up experts of one format and shape")
+    if (gate.qtype, gate.rows, gate.cols, gate.expert_stride) != (up.qtype, up.rows, up.cols, up.expert_stride):
+        raise StrataError("the fused gate/up kernel needs gate and up experts of one format, shape and stride")
     k, n_ff = codes.shape[1], gate.rows
     gate.check_dot_length(k)
     up.check_dot_length(k)
