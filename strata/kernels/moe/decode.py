@@ -274,8 +274,8 @@ def _byte(s, j: tl.constexpr):
 @triton.jit
 def q2_0_codes_words(words, NW: tl.constexpr):
     """int32 [NW, 4] code words -> int8 codes - 1 [NW, 32] (weight 8i + j in bits 2j of word i), as `q2_0_codes`
-    but four codes per 32-bit operation (a third of the instructions); the bytes are joined in register order (code j of a word's half h
-    at 4h + j), so that packing them back to words for shared memory needs no byte moves."""
+    but four codes per 32-bit operation (a third of the instructions); the bytes are joined in register order (code
+    j of a word's half h at 4h + j), so that packing them back to words for shared memory needs no byte moves."""
     lo = _spread_minus_one(words & 255)
     hi = _spread_minus_one((words >> 8) & 255)
     u0 = tl.join(_byte(lo, 0), _byte(hi, 0))
