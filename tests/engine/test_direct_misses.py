@@ -44,7 +44,7 @@ def test_the_device_table_follows_the_cache_and_counts_exactly(tiny_moe, monkeyp
     engine, tokens, _ = _decode(tiny_moe, steps=13, expert_cache=4, misses="direct")
     cache = engine.model.experts.cache
     table = cache.device_table
-    table.collect(cache.decay)
+    table.read_stats()
     table.publish()
     landed = {(layer, e): slot for (layer, e), slot in cache.slot_of.items()}
     entries = {(layer, e): int(table.host[row, e]) for layer, row in table.row.items()
