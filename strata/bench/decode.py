@@ -18,6 +18,7 @@ from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.experts import CachedExperts
 from strata.engine.sampling import SamplingParams
+from strata.errors import StrataError
 
 WARM_STEPS = 3  # the first decode steps compile kernels and capture the span's graph: not the steady rate
 GPU_FLOORS = ("resident", "bytes")
@@ -25,6 +26,7 @@ GPU_FLOORS = ("resident", "bytes")
 
 def bench_decode(args, placement: dict) -> None:
     gpu_floor_option = getattr(args, "gpu_floor", "resident")
+    _given_ms(gpu_floor_option)  # a bad value says so before anything loads
     n_ctx = args.ctx or args.prompt_tokens + args.tokens + 8
     engine = _engine(args, n_ctx, placement)
     device, c = engine.device, engine.model.config
@@ -45,10 +47,11 @@ def bench_decode(args, placement: dict) -> None:
           f"(step {run.worst_index}{', adapting' if run.adapted[run.worst_index] else ''})")
     expert_each = engine.plan.expert_bytes_each
     dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
-    gpu_bytes_floor = dense_read / (copy_bandwidth(device) / 2)
+    device_rate = copy_bandwidth(device) / 2  # bytes/s read (a copy reads and writes), measured once
+    gpu_bytes_floor = dense_read / device_rate
     if not offloaded:
         active = engine.plan.expert_bytes * c.n_experts_used // max(c.n_experts, 1)
-        floor = (dense_read + active) / (copy_bandwidth(device) / 2)
+        floor = (dense_read + active) / device_rate
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
@@ -58,7 +61,7 @@ def bench_decode(args, placement: dict) -> None:
           f"{run.bytes_moved / n / 1e6:.1f} MB/token copied into slots); median step "
           f"{_median(adapting) * 1e3:.2f} ms adapting, {_median(others) * 1e3:.2f} ms not")
     hits, misses, cpu_bytes, cpu_seconds, pcie_bytes, cpu_calls = run.counters
-    cpu_rate = copy_bandwidth(torch.device("cpu")) / 2
+    cpu_rate = device_rate if device.type == "cpu" else copy_bandwidth(torch.device("cpu")) / 2
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     print(f"experts    hit rate {hit_rate:.1%}; misses {misses / n:.1f} per token = {misses * expert_each / n / 1e6:.1f} MB")
@@ -70,8 +73,12 @@ def bench_decode(args, placement: dict) -> None:
         parts = ", ".join(f"{name} {spent / n * 1e3:.2f}" for name, spent in run.host_seconds.items())
         print(f"host loop  ms a token: {parts} (doorbell wait: the GPU's segment up to a routing)")
     gpu_part = ("GPU bytes read / device bandwidth",
-                gpu_bytes_floor + hits * expert_each / n / (copy_bandwidth(device) / 2))
-    if gpu_floor_option == "resident":
+                gpu_bytes_floor + hits * expert_each / n / device_rate)
+    given = _given_ms(gpu_floor_option)
+    if given is not None:
+        print(f"GPU step   {given:.2f} ms: given (--gpu-floor), an all-resident run's median step")
+        gpu_part = ("GPU time per token (all-resident step)", given / 1e3)
+    elif gpu_floor_option == "resident":
         del engine, backend, cached, decoder  # the offloaded run's memory back before the resident one loads
         gc.collect()
         if device.type == "cuda":
@@ -172,6 +179,19 @@ def _resident_median_step(args, n_ctx: int, placement: dict, prompt: list[int]) 
     del engine
     gc.collect()
     return run.median
+
+
+def _given_ms(option: str) -> float | None:
+    """--gpu-floor: None for resident or bytes, else the milliseconds given."""
+    if option in GPU_FLOORS:
+        return None
+    try:
+        ms = float(option)
+    except ValueError:
+        ms = -1.0
+    if not ms > 0:
+        raise StrataError(f"--gpu-floor must be resident, bytes or a positive number of ms, got {option!r}")
+    return ms
 
 
 def _engine(args, n_ctx: int, placement: dict) -> Engine:

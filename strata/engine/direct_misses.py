@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from strata import switches
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
 
 
@@ -78,6 +79,7 @@ class DeviceTable:
         self.pending: list[Readout] = []  # closed windows not yet taken in, oldest first
         self.spare: list[Readout] = []  # taken-in readouts' buffers, reused (no allocation in steady decode)
         self.counted: np.ndarray | None = None  # the open window's counts `read_stats` already added
+        self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
         self.publish()
 
     # ---- the table
@@ -135,6 +137,17 @@ class DeviceTable:
         ends one), end the open window first, since what follows may change the table; then `adapt()`."""
         self.window += 1
         self.since_adapt += 1
+        if self.sync:
+            if self.since_adapt >= adapt_every:  # wait for this step's counts (draining the queue), adapt at once
+                self._close(adapt=True)
+                self.since_adapt = 0
+                ready, self.pending = self.pending, []
+                for readout in ready:
+                    readout.wait()
+                    self._take_in(readout, decay)
+                adapt()
+                self.publish()
+            return
         n_ready = 0
         while n_ready < len(self.pending) and self.pending[n_ready].ready():
             n_ready += 1

@@ -135,3 +135,19 @@ def test_the_static_step_adapts_the_same_way(tiny_moe):
     assert _generate(plain) == _generate(static)
     a, b = _state(plain), _state(static)
     assert a[:4] == b[:4] and torch.equal(a[4], b[4])
+
+
+def test_the_old_schedule_behind_its_switch_waits_and_adapts_at_the_period(tiny_moe, monkeypatch):
+    """STRATA_ADAPT_SYNC (before/after runs): one window per period, waited for, the swaps at once; same tokens."""
+    from strata import switches
+
+    with switches.override(STRATA_ADAPT_SYNC=True):
+        engine = _engine(tiny_moe)
+    cache = engine.model.experts.cache
+    waits, adapts, adapt = [], [], cache.adapt
+    wait = Readout.wait
+    monkeypatch.setattr(Readout, "wait", lambda self: (waits.append(cache.steps), wait(self)))
+    monkeypatch.setattr(cache, "adapt", lambda: (adapts.append(cache.steps), adapt())[1])
+    tokens = _generate(engine, steps=9)
+    assert adapts == waits == [4, 8]
+    assert tokens == _generate(_engine(tiny_moe), steps=9)
