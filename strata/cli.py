@@ -372,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.add_argument("--gpu-floor", default="resident", metavar="resident|bytes|MS",
-                   help="offloaded runs: the floor's GPU time a token: the same model's all-resident median step, "
-                        "timed after the run where it fits (resident), estimated from the bytes the GPU reads "
-                        "(bytes), or given in ms (an all-resident run's median step)")
+                   help="offloaded runs: the floor's GPU time a token: the device time of the same model's "
+                        "all-resident step, timed after the run where it fits (resident), estimated from the bytes "
+                        "the GPU reads (bytes), or given in ms (what an all-resident run prints as its GPU step)")
     b.set_defaults(func=cmd_bench_decode)
     b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
     b.add_argument("model", help="GGUF file")

@@ -3,8 +3,9 @@
 Step by step: the mean, the median and the worst step, and how many steps adapted the expert cache (issue 4: the
 steps that adapt are the ones that used to stall). The floor of an offloaded run is the issue's: the largest of
 PCIe-side miss bytes / the pinned copy rate, CPU-side miss bytes / the host's rate, and the GPU's time a token,
-measured as the median step of the same model with every expert resident where that fits (`--gpu-floor resident`),
-else estimated from the bytes the GPU reads (dense weights and the hits' experts at the device's copy bandwidth).
+measured as the device time of a decode step of the same model with every expert resident where that fits
+(`--gpu-floor resident`; an all-resident run prints it, to pass as `--gpu-floor MS`), else estimated from the bytes
+the GPU reads (dense weights and the hits' experts at the device's copy bandwidth).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from strata.errors import StrataError
 
 WARM_STEPS = 3  # the first decode steps compile kernels and capture the span's graph: not the steady rate
 GPU_FLOORS = ("resident", "bytes")
+DEVICE_STEP = "the median device time of a decode step (its launches queued before it starts)"
+SLEEP_CYCLES = 40_000_000  # ~20 ms of GPU clock: longer than the host takes to queue a step's launches
 
 
 def bench_decode(args, placement: dict) -> None:
@@ -52,6 +55,7 @@ def bench_decode(args, placement: dict) -> None:
     if not offloaded:
         active = engine.plan.expert_bytes * c.n_experts_used // max(c.n_experts, 1)
         floor = (dense_read + active) / device_rate
+        print(f"GPU step   {_device_step_seconds(engine, prompt, args.tokens) * 1e3:.2f} ms: {DEVICE_STEP}")
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
         return
@@ -76,19 +80,19 @@ def bench_decode(args, placement: dict) -> None:
                 gpu_bytes_floor + hits * expert_each / n / device_rate)
     given = _given_ms(gpu_floor_option)
     if given is not None:
-        print(f"GPU step   {given:.2f} ms: given (--gpu-floor), an all-resident run's median step")
+        print(f"GPU step   {given:.2f} ms: given (--gpu-floor), an all-resident run's device time a step")
         gpu_part = ("GPU time per token (all-resident step)", given / 1e3)
     elif gpu_floor_option == "resident":
         del engine, backend, cached, decoder  # the offloaded run's memory back before the resident one loads
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        resident = _resident_median_step(args, n_ctx, placement, prompt)
+        resident = _resident_device_step(args, n_ctx, placement, prompt)
         if resident is None:
             print("GPU step   the model does not fit on the device with every expert resident: the GPU part of the "
                   "floor is estimated from the bytes it reads")
         else:
-            print(f"GPU step   {resident * 1e3:.2f} ms: the median step of the same model with every expert resident")
+            print(f"GPU step   {resident * 1e3:.2f} ms: the same model with every expert resident, {DEVICE_STEP}")
             gpu_part = ("GPU time per token (all-resident step)", resident)
     parts = {
         "CPU-side miss bytes / host bandwidth": cpu_bytes / n / cpu_rate,
@@ -157,9 +161,9 @@ def _timed_steps(engine, prompt: list[int], n_tokens: int, cached: list[CachedEx
     return run
 
 
-def _resident_median_step(args, n_ctx: int, placement: dict, prompt: list[int]) -> float | None:
-    """The median decode step of the same model with every expert on the device, or None where they do not fit
-    (decided by the placement plan before anything loads)."""
+def _resident_device_step(args, n_ctx: int, placement: dict, prompt: list[int]) -> float | None:
+    """The device time of a decode step of the same model with every expert on the device, or None where they do not
+    fit (decided by the placement plan before anything loads)."""
     from strata.engine.kv import check_kind, kv_bytes_per_value
     from strata.engine.placement import plan_placement
     from strata.gguf.reader import GGUFModelFile
@@ -175,10 +179,34 @@ def _resident_median_step(args, n_ctx: int, placement: dict, prompt: list[int]) 
     if not plan.all_resident:
         return None
     engine = Engine(args.model, config)
-    run = _timed_steps(engine, prompt, args.tokens, [])
+    seconds = _device_step_seconds(engine, prompt, args.tokens)
     del engine
     gc.collect()
-    return run.median
+    return seconds
+
+
+def _device_step_seconds(engine, prompt: list[int], n_tokens: int) -> float:
+    """The median time the device spends on one greedy decode step, without the host's share: on a GPU, a sleep
+    kernel holds the stream while the host queues the step, and CUDA events time the step alone (the wall clock of
+    a step also counts the sampler and the engine's Python, issue 4's "GPU time per token" does not); on the CPU,
+    the wall clock."""
+    cuda = engine.device.type == "cuda"
+    logits = engine.prefill(prompt)
+    token, position, times = int(logits[-1].argmax()), len(prompt), []
+    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+    for i in range(WARM_STEPS + n_tokens):
+        if cuda:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+        t0 = time.perf_counter()
+        logits = engine.decode(token, position)
+        if cuda:
+            end.record()
+        token = int(logits[-1].argmax())  # waits for the step
+        if i >= WARM_STEPS:
+            times.append(start.elapsed_time(end) / 1e3 if cuda else time.perf_counter() - t0)
+        position += 1
+    return _median(times)
 
 
 def _given_ms(option: str) -> float | None:

@@ -2,10 +2,10 @@
 # Issue 4, decode without host stalls (branch adaptasync), one H200, under 4 minutes. While the A3B-shape file
 # (qwen3moe, Q4_0) is written: adaptasync_check.py on a small model (captured direct-miss decode adapting every
 # step: no readout waited for, exact hit counts, the same bytes twice). Then `strata bench decode` on the A3B shape:
-# all resident (its median step is the floor's GPU time a token, passed on as --gpu-floor MS), --vram-budget 12 and
-# 24 with direct misses after (the default) and before (STRATA_ADAPT_SYNC=1: the counts read with a host wait at the
-# step that ends an adapt period, swaps at once), the all-CPU baseline (--expert-cache 0) and --misses cpu at 12.
-# Carry .whl and .devcache.
+# --vram-budget 24 (every expert fits: the resident run; its "GPU step", the device time of a step without the host
+# loop, is the floor's GPU time a token, passed on as --gpu-floor MS), then 12 and 16 GiB with direct misses, each
+# after (the default) and before (STRATA_ADAPT_SYNC=1: counts read with a host wait at the step that ends an adapt
+# period, swaps at once), the all-CPU baseline (--expert-cache 0) and --misses cpu at 12. Carry .whl and .devcache.
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
@@ -15,20 +15,20 @@ part check 60 python3 tools/device/adaptasync_check.py $M 48
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32"
-part resident 30 $A --tokens 64
-R=$(sed -n 's/^steps *median \([0-9.]*\) ms.*/\1/p' $L/resident.log | head -n 1)
-R=${R:-resident}  # not measured: each run times the resident step itself
+part resident24 30 $A --tokens 64 --vram-budget 24
+R=$(sed -n "s/^GPU step *\([0-9.]*\) ms.*/\1/p" $L/resident24.log | head -n 1)
+R=${R:-resident}  # not measured: each offloaded run times the resident step itself
 part direct12 30 $A --tokens 128 --vram-budget 12 --gpu-floor $R
 STRATA_ADAPT_SYNC=1 part direct12_before 30 $A --tokens 128 --vram-budget 12 --gpu-floor $R
-part direct24 30 $A --tokens 128 --vram-budget 24 --gpu-floor $R
+part direct16 30 $A --tokens 128 --vram-budget 16 --gpu-floor $R
 part cache0 35 $A --tokens 24 --vram-budget 12 --expert-cache 0 --gpu-floor $R
-STRATA_ADAPT_SYNC=1 part direct24_before 30 $A --tokens 128 --vram-budget 24 --gpu-floor $R
+STRATA_ADAPT_SYNC=1 part direct16_before 30 $A --tokens 128 --vram-budget 16 --gpu-floor $R
 part cpu12 30 $A --tokens 64 --vram-budget 12 --misses cpu --gpu-floor $R
 echo "total ${SECONDS}s"
 tar czf "$OUT/logs.tgz" -C $L .
 save_cache
 cat $L/times.txt
-for f in $L/check.log $L/resident.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
+for f in $L/check.log $L/resident24.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
   echo "=== $f"; grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:)" "$f" \
     | cut -c1-220
   grep -E "Error|Traceback" "$f" | tail -n 3
