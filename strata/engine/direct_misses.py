@@ -65,6 +65,9 @@ class DeviceTable:
         n_experts = max((s.n_experts for s in cache.stacks.values()), default=0)
         self.shape = (len(self.row), n_experts)
         self.host = torch.full(self.shape, -1, dtype=torch.int32)  # what the device table holds, mirrored
+        self.host_numpy = self.host.numpy()  # the same memory, for element access without torch's per-call cost
+        # `cache.count_table`'s row of each of this table's rows (both one a layer; their orders may differ).
+        self.count_rows = np.array([cache.layer_row[layer] for layer in self.row], dtype=np.int64)
         self.table = self.host.to(cache.device)
         self.cuda = self.table.is_cuda
         self.routed = torch.zeros(self.shape, dtype=torch.float32, device=cache.device)
@@ -94,11 +97,11 @@ class DeviceTable:
         rows, experts = [], []
         for layer, e in gone:
             row = self.row[layer]
-            if self.host[row, e] >= 0:
+            if self.host_numpy[row, e] >= 0:
                 rows.append(row)
                 experts.append(e)
         if rows:
-            self.host[rows, experts] = -1
+            self.host_numpy[rows, experts] = -1
             self.table.index_put_((self._upload(rows), self._upload(experts)), self.minus_one)
         if self.waiting:
             self.waiting = {s: k for s, k in self.waiting.items() if k not in gone}
@@ -114,7 +117,7 @@ class DeviceTable:
         rows = [self.row[key[0]] for _, key in landed]
         experts = [key[1] for _, key in landed]
         slots = [slot for slot, _ in landed]
-        self.host[rows, experts] = torch.tensor(slots, dtype=torch.int32)
+        self.host_numpy[rows, experts] = slots
         self.table.index_put_((self._upload(rows), self._upload(experts)), self._upload(slots, torch.int32))
         for slot in slots:
             del self.waiting[slot]
@@ -174,7 +177,7 @@ class DeviceTable:
         self.routed.zero_()
         if readout.landed is not None:
             readout.landed.record(torch.cuda.current_stream(self.table.device))
-        np.copyto(readout.table, self.host.numpy())
+        np.copyto(readout.table, self.host_numpy)
         readout.steps, readout.adapt, readout.counted = self.window, adapt, self.counted
         self.counted = None
         self.window = 0
@@ -184,10 +187,9 @@ class DeviceTable:
         """A landed window into the hit counters and the cache's decayed counts."""
         counts = readout.counts.numpy().astype(np.float64)
         self._tally(counts if readout.counted is None else counts - readout.counted, readout.table)
-        for layer, row in self.row.items():
-            kept = self.cache.counts[layer].numpy()
-            kept *= decay ** readout.steps  # the window's steps, as if decayed one by one
-            kept += counts[row, : kept.size]
+        kept = self.cache.count_table
+        kept *= decay ** readout.steps  # the window's steps, as if decayed one by one
+        kept[self.count_rows] += counts[:, : kept.shape[1]]
         self.spare.append(readout)
 
     def _tally(self, routed: np.ndarray, table: np.ndarray) -> None:
@@ -205,7 +207,7 @@ class DeviceTable:
             self._tally(counts if readout.counted is None else counts - readout.counted, readout.table)
             readout.counted = counts
         live = self.routed.cpu().numpy().astype(np.float64)
-        self._tally(live if self.counted is None else live - self.counted, self.host.numpy())
+        self._tally(live if self.counted is None else live - self.counted, self.host_numpy)
         self.counted = live
 
 

@@ -42,8 +42,14 @@ class ExpertCache:
         self.slots = torch.empty((n_slots, self.slot_bytes), dtype=torch.uint8, device=self.device)
         self.slot_of: dict[Key, int] = {}
         self.owner: list[Key | None] = [None] * n_slots
+        # The owners again as arrays (row of `count_table`, expert; -1 where empty), for adapt's numpy choice.
+        self.owner_row = np.full(n_slots, -1, dtype=np.int64)
+        self.owner_expert = np.full(n_slots, -1, dtype=np.int64)
         n_experts = max((s.n_experts for s in stacks.values()), default=0)
-        self.counts = {layer: torch.zeros(n_experts, dtype=torch.float64) for layer in stacks}
+        # Decayed routing counts, one row a layer (in `stacks` order); `counts[layer]` is a view of its row.
+        self.count_table = np.zeros((len(stacks), n_experts), dtype=np.float64)
+        self.layer_row = {layer: i for i, layer in enumerate(stacks)}
+        self.counts = {layer: torch.from_numpy(self.count_table[i]) for layer, i in self.layer_row.items()}
         self.stats = CacheStats()
         self.steps = 0
         self.in_use: set[Key] = set()
@@ -142,6 +148,7 @@ class ExpertCache:
             if event is not None:
                 self.landing[slot] = event
             self.owner[slot] = key
+            self.owner_row[slot], self.owner_expert[slot] = self.layer_row[key[0]], key[1]
             self.slot_of[key] = slot
             if self.device_table is not None:
                 self.device_table.admitted(key, slot)
@@ -153,7 +160,9 @@ class ExpertCache:
             self.admit(key, slot)
 
     def free_slots(self) -> list[int]:
-        return [s for s in range(self.n_slots) if self.owner[s] is None and s not in self.lent]
+        empty = self.owner_row < 0
+        empty[list(self.lent)] = False
+        return np.flatnonzero(empty).tolist()
 
     # ---- lending slots (the prompt's streaming ring)
 
@@ -191,6 +200,7 @@ class ExpertCache:
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
+                self.owner_row[slot] = self.owner_expert[slot] = -1
                 if self.device_table is not None:
                     self.device_table.evicted(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
@@ -222,8 +232,7 @@ class ExpertCache:
             return
         if self.steps % self.adapt_every == 0:
             self.adapt()
-        for counts in self.counts.values():
-            np.multiply(counts.numpy(), self.decay, out=counts.numpy())  # numpy: ~1 us a layer where torch took ~5
+        self.count_table *= self.decay  # every layer's row at once
         self.in_use.clear()
 
     def _count_lists(self) -> dict[int, list[float]]:
@@ -233,24 +242,25 @@ class ExpertCache:
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use.
         Candidates go hottest first (count, then layer, then expert, descending), residents coldest first (count,
-        then slot); the choice is made on numpy arrays, not a Python tuple per expert (~100 ms an adapt at the
-        A3B shape's 6,144 experts, every few tokens)."""
+        then slot); the choice is made on numpy arrays (the owners kept as arrays too), not a Python object per
+        expert or slot (~100 ms an adapt at the A3B shape's 6,144 experts with tuples, every few tokens)."""
         layers = list(self.counts)
         if not layers:
             return 0
-        row = {layer: i for i, layer in enumerate(layers)}
-        counts = np.stack([self.counts[layer].numpy() for layer in layers])  # [layers, experts] float64
+        counts = self.count_table  # [layers, experts] float64, rows in `layers` order
+        held = self.owner_row >= 0
         cached = np.zeros(counts.shape, dtype=bool)
-        for layer, e in self.slot_of:
-            cached[row[layer], e] = True
+        cached[self.owner_row[held], self.owner_expert[held]] = True
         rows, experts = np.nonzero((counts > 0) & ~cached)
         wanted, layer_ids = counts[rows, experts], np.asarray(layers, dtype=np.int64)[rows]
         hottest = np.lexsort((experts, layer_ids, wanted))[::-1][: self.adapt_swaps]
         free = self.free_slots()
-        owned = [(s, k) for s, k in enumerate(self.owner) if k is not None and k not in self.in_use]
-        slots = np.array([s for s, _ in owned], dtype=np.int64)
-        resident_counts = counts[np.array([row[k[0]] for _, k in owned], dtype=np.int64),
-                                 np.array([k[1] for _, k in owned], dtype=np.int64)]
+        for key in self.in_use:  # an expert in use keeps its slot
+            slot = self.slot_of.get(key)
+            if slot is not None:
+                held[slot] = False
+        slots = np.flatnonzero(held)
+        resident_counts = counts[self.owner_row[slots], self.owner_expert[slots]]
         coldest = np.lexsort((slots, resident_counts))
         next_cold = 0
         placed = []
