@@ -93,6 +93,7 @@ class DeviceTable:
 
     def evicted_many(self, keys) -> None:
         """Several evictions in one launch (an adapt's swaps), queued on the compute stream."""
+        self._table_changes()
         gone = set(keys)
         rows, experts = [], []
         for layer, e in gone:
@@ -114,6 +115,7 @@ class DeviceTable:
         landed = [(slot, key) for slot, key in self.waiting.items() if self.cache._landed(slot)]
         if not landed:
             return
+        self._table_changes()
         rows = [self.row[key[0]] for _, key in landed]
         experts = [key[1] for _, key in landed]
         slots = [slot for slot, _ in landed]
@@ -121,6 +123,12 @@ class DeviceTable:
         self.table.index_put_((self._upload(rows), self._upload(experts)), self._upload(slots, torch.int32))
         for slot in slots:
             del self.waiting[slot]
+
+    def _table_changes(self) -> None:
+        """Before the table changes: steps since the last window ran with the table as it is, so end their window
+        (a no-op inside `end_step`, which ends one first; a prompt's lent slots change it between windows)."""
+        if self.window:
+            self._close(adapt=False)
 
     def _upload(self, values: list[int], dtype=torch.long) -> torch.Tensor:
         """A small host list onto the table's device without a host wait (pinned, non-blocking: a pageable copy

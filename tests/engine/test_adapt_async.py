@@ -151,3 +151,25 @@ def test_the_old_schedule_behind_its_switch_waits_and_adapts_at_the_period(tiny_
     tokens = _generate(engine, steps=9)
     assert adapts == waits == [4, 8]
     assert tokens == _generate(_engine(tiny_moe), steps=9)
+
+
+def test_a_table_change_between_periods_ends_the_window_first(tiny_moe, monkeypatch):
+    """A prompt's lent slots change the table outside end_step: the steps before still count against the old one."""
+    engine = _engine(tiny_moe, adapt_every=10**6, expert_cache=6)  # no period ends: only the lend ends a window
+    cache, table = engine.model.experts.cache, engine.model.experts.cache.device_table
+    seen, count = [], DeviceTable.count
+    monkeypatch.setattr(DeviceTable, "count", lambda self, layer, ids: (
+        seen.append((self.host[self.row[layer]].clone(), ids.reshape(-1).tolist())), count(self, layer, ids)))
+    tokens, _ = _generate(engine, steps=4)
+    before = table.host.clone()
+    steps = table.window
+    cache.borrow(4)
+    assert len(table.pending) == 1 and table.pending[0].steps == steps and table.window == 0
+    assert (table.pending[0].table == before.numpy()).all() and not torch.equal(table.host, before)
+    position = len(PROMPT) + len(tokens)
+    for token in tokens[:3]:
+        engine.decode(token, position)
+        position += 1
+    table.read_stats()
+    hits = sum(int(row[e]) >= 0 for row, ids in seen for e in ids)
+    assert (cache.stats.hits, cache.stats.misses) == (hits, sum(len(ids) for _, ids in seen) - hits)
