@@ -29,8 +29,9 @@ SLEEP_CYCLES = 40_000_000  # ~20 ms of GPU clock: longer than the host takes to 
 
 def bench_decode(args, placement: dict) -> None:
     gpu_floor_option = getattr(args, "gpu_floor", "resident")
-    _given_ms(gpu_floor_option)  # a bad value says so before anything loads
-    n_ctx = args.ctx or args.prompt_tokens + args.tokens + 8
+    _given_ms(gpu_floor_option)  # bad values say so before anything loads
+    sweep = adapt_configs(getattr(args, "adapt_sweep", "") or "")
+    n_ctx = args.ctx or args.prompt_tokens + args.tokens + WARM_STEPS + 8
     engine = _engine(args, n_ctx, placement)
     device, c = engine.device, engine.model.config
     backend = engine.model.experts
@@ -76,6 +77,8 @@ def bench_decode(args, placement: dict) -> None:
     if decoder is not None and decoder.host_seconds:  # the routed layers' doorbell loop, where a token's time goes
         parts = ", ".join(f"{name} {spent / n * 1e3:.2f}" for name, spent in run.host_seconds.items())
         print(f"host loop  ms a token: {parts} (doorbell wait: the GPU's segment up to a routing)")
+    if sweep:
+        _adapt_sweep(engine, prompt, args.tokens, cached, run, sweep)
     gpu_part = ("GPU bytes read / device bandwidth",
                 gpu_bytes_floor + hits * expert_each / n / device_rate)
     given = _given_ms(gpu_floor_option)
@@ -207,6 +210,40 @@ def _device_step_seconds(engine, prompt: list[int], n_tokens: int) -> float:
             times.append(start.elapsed_time(end) / 1e3 if cuda else time.perf_counter() - t0)
         position += 1
     return _median(times)
+
+
+def adapt_configs(text: str) -> list[tuple[int, int]]:
+    """--adapt-sweep "4x96,2x48": (adapt_every, adapt_swaps) pairs."""
+    configs = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        every, _, swaps = part.partition("x")
+        if not (every.isdigit() and swaps.isdigit() and int(every) > 0 and int(swaps) > 0):
+            raise StrataError(f"--adapt-sweep takes EVERYxSWAPS pairs such as 4x96,2x48, got {part!r}")
+        configs.append((int(every), int(swaps)))
+    return configs
+
+
+def _adapt_sweep(engine, prompt: list[int], n_tokens: int, cached: list[CachedExperts], default: TimedRun,
+                 configs: list[tuple[int, int]]) -> None:
+    """The same decode again for each (adapt_every, adapt_swaps), on the loaded engine (the prompt again, its
+    warm steps, then the timed ones), one row each beside the run above (the default's row)."""
+    caches = [b.cache for b in cached]
+    first = caches[0]
+    print("adapt sweep (every x swaps: tok/s, median / worst step ms, hit rate, MB/token into slots)")
+    rows = [(f"{first.adapt_every}x{first.adapt_swaps} (default)", default)]
+    saved = [(c.adapt_every, c.adapt_swaps) for c in caches]
+    for every, swaps in configs:
+        for c in caches:
+            c.adapt_every, c.adapt_swaps = every, swaps
+        rows.append((f"{every}x{swaps}", _timed_steps(engine, prompt, n_tokens, cached)))
+    for c, (every, swaps) in zip(caches, saved):
+        c.adapt_every, c.adapt_swaps = every, swaps
+    for name, run in rows:
+        n, hits, misses = len(run.steps), run.counters[0], run.counters[1]
+        rate = hits / (hits + misses) if hits + misses else float("nan")
+        speed = n / sum(run.steps) / (len(default.steps) / sum(default.steps))
+        print(f"  {name:<16} {n / sum(run.steps):8.2f} tok/s ({speed:.2f}x)  {run.median * 1e3:6.2f} / "
+              f"{run.worst * 1e3:6.2f} ms  {rate:6.1%}  {run.bytes_moved / n / 1e6:6.1f}")
 
 
 def _given_ms(option: str) -> float | None:

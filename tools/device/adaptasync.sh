@@ -5,7 +5,8 @@
 # --vram-budget 24 (every expert fits: the resident run; its "GPU step", the device time of a step without the host
 # loop, is the floor's GPU time a token, passed on as --gpu-floor MS), then 12 and 16 GiB with direct misses, each
 # after (the default) and before (STRATA_ADAPT_SYNC=1: counts read with a host wait at the step that ends an adapt
-# period, swaps at once), the all-CPU baseline (--expert-cache 0) and --misses cpu at 12. Carry .whl and .devcache.
+# period, swaps at once), the all-CPU baseline (--expert-cache 0) and --misses cpu at 12; at 12 GiB also the sweep of
+# adapt_every x adapt_swaps on the loaded engine. Carry .whl and .devcache.
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
@@ -18,7 +19,7 @@ A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-
 part resident24 30 $A --tokens 64 --vram-budget 24
 R=$(sed -n "s/^GPU step *\([0-9.]*\) ms.*/\1/p" $L/resident24.log | head -n 1)
 R=${R:-resident}  # not measured: each offloaded run times the resident step itself
-part direct12 30 $A --tokens 128 --vram-budget 12 --gpu-floor $R
+part direct12 45 $A --tokens 128 --vram-budget 12 --gpu-floor $R --adapt-sweep 2x96,1x96,8x96,4x48,4x192,2x48
 STRATA_ADAPT_SYNC=1 part direct12_before 30 $A --tokens 128 --vram-budget 12 --gpu-floor $R
 part direct16 30 $A --tokens 128 --vram-budget 16 --gpu-floor $R
 part cache0 35 $A --tokens 24 --vram-budget 12 --expert-cache 0 --gpu-floor $R
@@ -29,7 +30,7 @@ tar czf "$OUT/logs.tgz" -C $L .
 save_cache
 cat $L/times.txt
 for f in $L/check.log $L/resident24.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
-  echo "=== $f"; grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:)" "$f" \
+  echo "=== $f"; grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:|adapt sweep|  [0-9])" "$f" \
     | cut -c1-220
   grep -E "Error|Traceback" "$f" | tail -n 3
 done
