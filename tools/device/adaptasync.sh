@@ -10,8 +10,10 @@
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
-(python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf > $L/make_a3b.log 2>&1 \
-  && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
+if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch may have written it, or be writing it)
+  (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
+    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
+fi
 part check 60 python3 tools/device/adaptasync_check.py $M 48
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
@@ -25,12 +27,18 @@ part direct16 30 $A --tokens 128 --vram-budget 16 --gpu-floor $R
 part cache0 35 $A --tokens 24 --vram-budget 12 --expert-cache 0 --gpu-floor $R
 STRATA_ADAPT_SYNC=1 part direct16_before 30 $A --tokens 128 --vram-budget 16 --gpu-floor $R
 part cpu12 30 $A --tokens 64 --vram-budget 12 --misses cpu --gpu-floor $R
-echo "total ${SECONDS}s"
-tar czf "$OUT/logs.tgz" -C $L .
+echo "total ${SECONDS}s" | tee -a $L/times.txt
+{
+  cat $L/times.txt
+  for f in $L/check.log $L/resident24.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
+    [ -f "$f" ] || continue
+    echo "=== $(basename $f .log)"
+    grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:|adapt sweep|  [0-9])" \
+      "$f" | cut -c1-220
+    grep -E "Error|Traceback" "$f" | tail -n 3
+  done
+} > "$OUT/adaptasync_summary.txt"
+tar czf "$OUT/adaptasync_logs.tgz" -C $L .
 save_cache
-cat $L/times.txt
-for f in $L/check.log $L/resident24.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
-  echo "=== $f"; grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:|adapt sweep|  [0-9])" "$f" \
-    | cut -c1-220
-  grep -E "Error|Traceback" "$f" | tail -n 3
-done
+[ -n "${NESTED:-}" ] && rm -rf $L  # inside a session batch: the archive holds them
+cat "$OUT/adaptasync_summary.txt"
