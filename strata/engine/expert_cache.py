@@ -22,7 +22,7 @@ class CacheStats:
     misses: int = 0
     swaps: int = 0
     bytes_moved: int = 0
-    adapts: int = 0  # times the cache adapted (a decode step that did counts one)
+    adapts: int = 0  # times `adapt` ran (`strata bench decode` counts the steps that did)
 
     @property
     def hit_rate(self) -> float:
