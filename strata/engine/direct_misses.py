@@ -72,6 +72,9 @@ class DeviceTable:
         self.cuda = self.table.is_cuda
         self.routed = torch.zeros(self.shape, dtype=torch.float32, device=cache.device)
         self.expert_ids = torch.arange(n_experts, dtype=torch.int32, device=cache.device)
+        # The table's complement, kept beside it (expert e where the table says -1, else -1): the misses' GEMV reads
+        # it, where working it out in the step took two kernels a layer.
+        self.missing = self.expert_ids.repeat(len(self.row), 1)
         # index_add's source: a step taking this path has < PROMPT_KERNEL_MIN_TOKENS rows of at most n_experts pairs
         self.ones = torch.ones(PROMPT_KERNEL_MIN_TOKENS * n_experts, dtype=torch.float32, device=cache.device)
         self.minus_one = torch.tensor(-1, dtype=torch.int32, device=cache.device)
@@ -103,7 +106,9 @@ class DeviceTable:
                 experts.append(e)
         if rows:
             self.host_numpy[rows, experts] = -1
-            self.table.index_put_((self._upload(rows), self._upload(experts)), self.minus_one)
+            index = (self._upload(rows), self._upload(experts))
+            self.table.index_put_(index, self.minus_one)
+            self.missing.index_put_(index, index[1].to(torch.int32))
         if self.waiting:
             self.waiting = {s: k for s, k in self.waiting.items() if k not in gone}
 
@@ -120,7 +125,9 @@ class DeviceTable:
         experts = [key[1] for _, key in landed]
         slots = [slot for slot, _ in landed]
         self.host_numpy[rows, experts] = slots
-        self.table.index_put_((self._upload(rows), self._upload(experts)), self._upload(slots, torch.int32))
+        index = (self._upload(rows), self._upload(experts))
+        self.table.index_put_(index, self._upload(slots, torch.int32))
+        self.missing.index_put_(index, self.minus_one)
         for slot in slots:
             del self.waiting[slot]
 
@@ -243,10 +250,10 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
 
     device_table = cache.device_table
-    table = device_table.table[device_table.row[layer]]
+    row = device_table.row[layer]
     top, w = ids.to(torch.int32), weights.float()
-    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, table, stack))
+    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     if layer not in device_table.host_experts:
         device_table.host_experts[layer] = DecodeExperts.of_stack(stack)
-    missing = torch.where(table >= 0, -1, device_table.expert_ids)
+    missing = device_table.missing[row]
     return hits + moe_gemv(x, top, w, dataclasses.replace(device_table.host_experts[layer], slot_of=missing))

@@ -68,6 +68,8 @@ check("hits + misses = routed pairs", cache.stats.hits + cache.stats.misses == p
       f"({cache.stats.hits} + {cache.stats.misses} vs {pairs}; hit rate {cache.stats.hit_rate:.1%}, "
       f"{cache.stats.swaps} swaps in {cache.stats.adapts} adapts)")
 check("the table on the device is its host mirror", torch.equal(table.table.cpu(), table.host))
+check("the misses' table is its complement", torch.equal(table.missing, torch.where(table.table >= 0, -1,
+                                                                                  table.expert_ids)))
 same = (tokens, logits) == (tokens2, logits2) and list(cache.owner) == list(again.model.experts.cache.owner) and all(
     torch.equal(a, b) for a, b in zip(cache.counts.values(), again.model.experts.cache.counts.values()))
 check("the same run twice: same tokens, logits bytes, slots, decayed counts", same)
