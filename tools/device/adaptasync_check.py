@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from strata import switches  # noqa: E402
 from strata.engine.direct_misses import Readout  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from strata.engine.expert_cache import ExpertCache  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.models.synthetic import make_model  # noqa: E402
 
@@ -51,10 +52,25 @@ def run(adapt_every: int, **options):
 waits = []
 wait = Readout.wait
 Readout.wait = lambda self: (waits.append(1), wait(self))
+end_step = ExpertCache.end_step
+
+
+def strict_end_step(self):
+    """The cache's step end (readouts, adapting, swaps, table updates) with any synchronizing torch op an error."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        end_step(self)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 resident, want, _ = run(1)
+ExpertCache.end_step = strict_end_step
 engine, tokens, logits = run(1, expert_cache=48, misses="direct")
 decode_waits = len(waits)
+print("PASS no synchronizing op in the cache's step ends (sync debug mode: error)")
 again, tokens2, logits2 = run(1, expert_cache=48, misses="direct")
+ExpertCache.end_step = end_step
 cache = engine.model.experts.cache
 check("graphs captured", engine.decoder is not None and engine.decoder.capture and engine.decoder.programs)
 check("no readout waited for while decoding", decode_waits == 0, f"({decode_waits} waits)")
