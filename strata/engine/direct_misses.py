@@ -10,7 +10,9 @@ host stacks (zero-copy: a missed expert's bytes cross PCIe once, at the link's r
 Table upkeep happens on the compute stream between steps, so a step sees one table throughout:
 - an evicted expert's entry turns -1 before the copy stream may overwrite its slot (that copy waits for the
   compute stream, so every step before it still read the old expert, every step after reads the host's bytes);
-- an admitted expert's entry is set once its copy has landed (looked at whenever the table may change).
+- an admitted expert's entry is set at the first window end at least a step after its copy was queued, behind a
+  wait of the compute stream for that copy (on the GPU: free once it has landed), so the steps that read it from
+  its slot do not depend on how fast the copy went.
 
 Adapting never makes a step wait (issue 4: reading the counts synchronously drained the GPU's queue every
 `adapt_every` steps, and the host then decided and queued the swaps with the GPU idle). Routing counts accumulate on
@@ -79,6 +81,8 @@ class DeviceTable:
         self.ones = torch.ones(PROMPT_KERNEL_MIN_TOKENS * n_experts, dtype=torch.float32, device=cache.device)
         self.minus_one = torch.tensor(-1, dtype=torch.int32, device=cache.device)
         self.waiting = {slot: key for key, slot in cache.slot_of.items()}  # admitted, not yet in the table
+        self.clock = 0  # steps ended
+        self.admitted_at = {slot: 0 for slot in self.waiting}  # the clock when each waiting admit was queued
         self.host_experts: dict = {}  # layer -> its pinned host stack as the decode kernels read it
         self.window = 0  # steps since the last window ended
         self.since_adapt = 0  # steps since the last adapt period ended
@@ -111,25 +115,35 @@ class DeviceTable:
             self.missing.index_put_(index, index[1].to(torch.int32))
         if self.waiting:
             self.waiting = {s: k for s, k in self.waiting.items() if k not in gone}
+            self.admitted_at = {s: t for s, t in self.admitted_at.items() if s in self.waiting}
 
     def admitted(self, key, slot: int) -> None:
         self.waiting[slot] = key
+        self.admitted_at[slot] = self.clock
 
-    def publish(self) -> None:
-        """Enter the admitted experts whose copies have landed (one upload, no host wait)."""
-        landed = [(slot, key) for slot, key in self.waiting.items() if self.cache._landed(slot)]
-        if not landed:
+    def publish(self, min_age: int = 0) -> None:
+        """Enter the admitted experts queued at least `min_age` steps ago (one upload, no host wait). The compute
+        stream waits for their copies first (a wait on the GPU, free once they have landed), so which step first
+        reads an expert from its slot depends on the steps alone, not on how fast the copies went."""
+        entered = [(slot, key) for slot, key in self.waiting.items() if self.clock - self.admitted_at[slot] >= min_age]
+        if not entered:
             return
         self._table_changes()
-        rows = [self.row[key[0]] for _, key in landed]
-        experts = [key[1] for _, key in landed]
-        slots = [slot for slot, _ in landed]
+        if self.cuda:
+            events = {id(e): e for e in (self.cache.landing.get(slot) for slot, _ in entered) if e is not None}
+            stream = torch.cuda.current_stream(self.table.device)
+            for event in events.values():
+                stream.wait_event(event)
+        rows = [self.row[key[0]] for _, key in entered]
+        experts = [key[1] for _, key in entered]
+        slots = [slot for slot, _ in entered]
         self.host_numpy[rows, experts] = slots
         index = (self._upload(rows), self._upload(experts))
         self.table.index_put_(index, self._upload(slots, torch.int32))
         self.missing.index_put_(index, self.minus_one)
         for slot in slots:
             del self.waiting[slot]
+            del self.admitted_at[slot]
 
     def _table_changes(self) -> None:
         """Before the table changes: steps since the last window ran with the table as it is, so end their window
@@ -155,6 +169,7 @@ class DeviceTable:
         ends one), end the open window first, since what follows may change the table; then `adapt()`."""
         self.window += 1
         self.since_adapt += 1
+        self.clock += 1
         if self.sync:
             if self.since_adapt >= adapt_every:  # wait for this step's counts (draining the queue), adapt at once
                 self._close(adapt=True)
@@ -164,7 +179,7 @@ class DeviceTable:
                     readout.wait()
                     self._take_in(readout, decay)
                 adapt()
-                self.publish()
+                self.publish(min_age=1)
             return
         n_ready = 0
         while n_ready < len(self.pending) and self.pending[n_ready].ready():
@@ -181,7 +196,7 @@ class DeviceTable:
             if readout.adapt:
                 adapt()
         if adapting or due:
-            self.publish()
+            self.publish(min_age=1)  # the admits of earlier steps (this step's own copies have barely started)
 
     def _close(self, adapt: bool) -> None:
         """End the open window: its counts copied to the host (non-blocking, then an event), the device's zeroed."""

@@ -173,3 +173,26 @@ def test_a_table_change_between_periods_ends_the_window_first(tiny_moe, monkeypa
     table.read_stats()
     hits = sum(int(row[e]) >= 0 for row, ids in seen for e in ids)
     assert (cache.stats.hits, cache.stats.misses) == (hits, sum(len(ids) for _, ids in seen) - hits)
+
+
+def test_an_admit_enters_the_table_at_the_next_period_end_however_slow_its_copy(tiny_moe):
+    """Which step first reads an admitted expert from its slot depends on the steps alone: the table never asks
+    whether the copy landed (on a GPU the compute stream waits for it instead, a wait free once it has)."""
+
+    class NeverLanded:
+        def query(self):
+            raise AssertionError("the table asked whether a copy had landed")
+
+    engine = _engine(tiny_moe, adapt_every=4)
+    cache, table = engine.model.experts.cache, engine.model.experts.cache.device_table
+    cache.adapt = lambda: 0  # only the admit below
+    layer, e = next((layer, e) for layer in table.row for e in range(table.shape[1])
+                    if (layer, e) not in cache.slot_of)
+    cache.admit((layer, e), 0)
+    cache.landing[0] = NeverLanded()
+    entered = []
+    for _ in range(6):
+        cache.end_step()
+        entered.append(int(table.host[table.row[layer], e]) == 0)
+    assert entered == [False, False, False, True, True, True]
+    assert int(table.missing[table.row[layer], e]) == -1

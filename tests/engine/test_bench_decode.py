@@ -14,7 +14,8 @@ def test_bench_decode_prints_the_steps_and_the_floor_from_the_resident_step(tiny
     assert re.search(r"steps +median [\d.]+ ms = [\d.]+ tok/s; worst [\d.]+ ms \(step \d", out), out
     adapting = re.search(r"adapting +(\d+) of 4 steps adapted the cache \((\d+) swaps", out)
     assert adapting and int(adapting[1]) == 1, out  # every 4th step's counts, taken in a step later
-    assert re.search(r"GPU step +[\d.]+ ms: the same model with every expert resident, the median device time", out), out
+    resident = r"GPU step +[\d.]+ ms: the same model with every expert resident, the median device time"
+    assert re.search(resident, out), out
     assert "(GPU time per token (all-resident step))" in out or "miss bytes" in out.split("floor")[-1], out
     assert main(args + ["--gpu-floor", "2.5", "--adapt-sweep", "1x2"]) in (0, None)
     out = capsys.readouterr().out

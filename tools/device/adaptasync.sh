@@ -33,8 +33,9 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
   for f in $L/check.log $L/resident24.log $L/direct*.log $L/cache0.log $L/cpu12.log; do
     [ -f "$f" ] || continue
     echo "=== $(basename $f .log)"
-    grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:|adapt sweep|  [0-9])" \
-      "$f" | cut -c1-220
+    grep -E "^(PASS|FAIL|INFO|decode|steps|adapting|experts|PCIe|CPU pool|host loop|GPU step|floor|strata:)" "$f" \
+      | cut -c1-220
+    grep -E "^(adapt sweep|  [0-9])" "$f"
     grep -E "Error|Traceback" "$f" | tail -n 3
   done
 } > "$OUT/adaptasync_summary.txt"
