@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine (H200), from the repo root; issue 5, long-context decode (session 5, `longctx`). Capped parts:
+# the kv-resident / quest / long-decode tests on CUDA (pinned host pages, compiled kernels), then `strata bench
+# long-context` (int8 KV: dense and quest decoding through the captured step, quest step by step, quest with
+# --kv-resident 8192) at 16K and 32K prompt tokens on the synthetic `small` qwen3 and qwen3next (Q8_0).
+# Under 5 minutes (BUDGET 285 s); carry .whl (and .devcache). Logs come back as one tarball, the tables as
+# tables.txt, compiled kernels as cache.tgz.
+set -uo pipefail
+BUDGET=${BUDGET:-285}
+source tools/device/parts.sh || exit 1
+part tests 60 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/engine/test_kv_resident.py \
+  tests/engine/test_long_decode.py
+python3 -m strata make-model --arch qwen3 --preset small --quant Q8_0 -o $M/small-qwen3.gguf >/dev/null
+python3 -m strata make-model --arch qwen3next --preset small --quant Q8_0 -o $M/small-next.gguf >/dev/null
+bench() {  # name cap model prompt-tokens
+  part "$1" "$2" python3 -m strata bench long-context "$3" --device cuda --prompt-tokens "$4" --gen-tokens 16 \
+    --resident 8192
+}
+bench qwen3_16k 70 $M/small-qwen3.gguf 16384
+bench next_16k 60 $M/small-next.gguf 16384
+bench qwen3_32k 60 $M/small-qwen3.gguf 32768
+bench next_32k 60 $M/small-next.gguf 32768
+echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
+for f in qwen3_16k next_16k qwen3_32k next_32k; do echo "== $f"; cat $L/$f.log 2>/dev/null | grep -v "^strata:"; done \
+  > "$OUT/tables.txt"
+tar czf "$OUT/logs.tgz" -C $L .
+cat $L/times.txt
+tail -n 8 $L/tests.log
+cat "$OUT/tables.txt"
