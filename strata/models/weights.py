@@ -67,6 +67,24 @@ class QuantWeight:
         return QuantWeight(self.name, self.ggml_type, self.shape, self.raw.to(device))
 
 
+def stacked_rows(name: str, *weights: QuantWeight) -> tuple[QuantWeight, ...] | None:
+    """(one weight holding the rows of `weights` in order, then each of `weights` again as a view of its rows), or
+    None unless they share a block format, input width and device. Block rows are independent, so stacking their
+    bytes is exact, and the views mean no second copy: one matvec over the stack reads q, k and v in one launch."""
+    first = weights[0]
+    if first.ggml_type in FLOAT_VIEWS or any(
+            w.ggml_type != first.ggml_type or len(w.shape) != 2 or w.shape[1] != first.shape[1]
+            or w.raw.shape[-1] != first.raw.shape[-1] or w.device != first.device for w in weights):
+        return None
+    stack = QuantWeight(name, first.ggml_type, (sum(w.shape[0] for w in weights), first.shape[1]),
+                        torch.cat([w.raw for w in weights]))
+    views, start = [], 0
+    for w in weights:
+        views.append(QuantWeight(w.name, w.ggml_type, w.shape, stack.raw[start:start + w.shape[0]]))
+        start += w.shape[0]
+    return (stack, *views)
+
+
 def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if x.is_cuda and weight.ggml_type not in FLOAT_VIEWS:
         from strata.kernels.quant.matvec import matvec_applies, quant_matvec

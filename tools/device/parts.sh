@@ -9,10 +9,11 @@ export PYTHONUNBUFFERED=1
 # was stuck), then SIGKILL 5 s later.
 printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' > /tmp/site/sitecustomize.py
 # Compiled Triton kernels and numba code kept between device calls: a fresh machine compiles every kernel again
-# (seconds each, minutes for fla's autotuning). The batch tars .devcache into $OUT; the next call carries it back.
-mkdir -p .devcache && [ -f .devcache/cache.tgz ] && tar xzf .devcache/cache.tgz -C .devcache && rm .devcache/cache.tgz
+# (seconds each, minutes for fla's autotuning). The batch tars .devcache into $OUT; copy those archives into .devcache here and the next call carries them.
+mkdir -p .devcache && for f in .devcache/*.t?z; do [ -f "$f" ] && tar xaf "$f" -C .devcache && rm "$f"; done
 export TRITON_CACHE_DIR=$PWD/.devcache/triton NUMBA_CACHE_DIR=$PWD/.devcache/numba
-save_cache() { tar czf "$OUT/cache.tgz" -C .devcache triton numba 2>/dev/null; ls -la "$OUT/cache.tgz"; }
+# One archive each: a call returns files of at most 16 MB (session 4's single archive outgrew it).
+save_cache() { for d in triton numba; do XZ_OPT="-6 -T0" tar cJf "$OUT/cache_$d.txz" -C .devcache $d 2>/dev/null; done; ls -la "$OUT"/cache_*.txz; }
 part() {  # name cap command...
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
