@@ -4,7 +4,7 @@
 # long-context` (int8 KV: dense and quest decoding through the captured step, quest step by step, quest with
 # --kv-resident 8192) at 16K and 32K prompt tokens on the synthetic `small` qwen3 and qwen3next (Q8_0).
 # Under 5 minutes (BUDGET 285 s); carry .whl (and .devcache). Logs come back as one tarball, the tables as
-# tables.txt, compiled kernels as cache.tgz.
+# tables.txt, compiled kernels as cache_triton.txz and cache_numba.txz.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
 source tools/device/parts.sh || exit 1
