@@ -7,7 +7,9 @@ makes its page resident, quantizes into the slot and writes the page back (write
 queries attend (the caller's or Quest's selection, else dense causal) are then made resident: CLOCK (engine/clock.py)
 picks the victims, and the missing pages travel in one gather per layer (host rows into pinned staging, one copy,
 scattered into the slots on the device, with a device slot table of logical page -> slot updated in the same copy).
-The same attention kernels then read the slots. A pool's bytes do not depend on where its pages sit, so the outputs
+The same attention kernels then read the slots. A prompt chunk whose queries' pages do not fit the slots reads
+them from a transient scratch pool instead (one upload, all its queries in one launch, CLOCK untouched; at most
+SCRATCH_BYTES, past which the queries are split). A pool's bytes do not depend on where its pages sit, so the outputs
 are those of the all-VRAM cache, byte for byte. Queries whose pages do not fit the slots together are attended in
 smaller groups; one query needing more pages than there are slots (dense attention past N cells) is an error: run
 it with a selection (`--qsa quest`) or a larger N.
@@ -25,11 +27,13 @@ from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
 from strata.kernels.attention.paged import PAGE, PagedKV
 
 HOST = torch.device("cpu")
+SCRATCH_BYTES = 256 << 20  # a prompt chunk's transient pool of the pages its queries select, per layer at a time
 
 
 class ResidentInt8KV(PagedInt8KV):
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int, device: torch.device,
-                 resident_cells: int, initial_tokens: int = 256, kernels: bool | None = None):
+                 resident_cells: int, initial_tokens: int = 256, kernels: bool | None = None,
+                 scratch_bytes: int = SCRATCH_BYTES):
         if resident_cells < 2 * PAGE:
             raise StrataError(f"--kv-resident {resident_cells}: at least {2 * PAGE} cells per layer")
         self.compute_device = device
@@ -46,7 +50,10 @@ class ResidentInt8KV(PagedInt8KV):
         self.page_bytes = 2 * rows * head_dim + 2 * rows * (head_dim // 64) * 2  # codes and fp16 scales, K and V
         self.staging = torch.empty(0, dtype=torch.uint8)  # host side of a gather (pinned on CUDA)
         self.staged = None  # CUDA event: the last copy out of `staging` is done
-        self.fetches = 0  # host-to-device copies of missing pages (one per layer and step with a miss)
+        self.fetches = 0  # host-to-device copies of pages (one per layer and step with a miss, or prompt group)
+        # A prompt chunk's queries whose pages do not fit the slots read a transient scratch pool of their pages
+        # (at most this many): one launch, not one per group of queries whose pages fit the slots.
+        self.scratch_pages = max(self.n_slots, scratch_bytes // self.page_bytes)
 
     def _new_pool(self, n_pages: int) -> PagedKV:
         pool = super()._new_pool(n_pages)
@@ -101,27 +108,42 @@ class ResidentInt8KV(PagedInt8KV):
             self.staging = torch.empty(max(n_bytes, 2 * self.staging.numel()), dtype=torch.uint8, pin_memory=self.pin)
         return self.staging
 
-    def _fetch(self, layer: int, pages: np.ndarray, logical: np.ndarray, slots: np.ndarray,
-               table: torch.Tensor) -> None:
-        """Host pages -> their slots: gathered into staging after their slot and logical ids, one copy, then
-        scattered on the device."""
-        n = len(pages)
-        staging = self._host_staging(16 * n + n * self.page_bytes)[: 16 * n + n * self.page_bytes]
-        ids = staging[: 16 * n].view(torch.int64).view(2, n)
-        ids[0], ids[1] = torch.from_numpy(slots), torch.from_numpy(logical)
-        host_parts = _packed(staging[16 * n :], self.pools[layer], n)
-        for (src, _), dst in zip(_page_views(self.pools[layer], self.slots[layer]), host_parts):
-            torch.index_select(src, 0, torch.from_numpy(pages), out=dst)
+    def _upload(self, layer: int, pages: np.ndarray, ids: list[np.ndarray]) -> tuple[torch.Tensor, list]:
+        """Host pages (physical ids) and int64 id rows `ids` in one copy to the device: gathered into the pinned
+        staging buffer, ids first. (ids [len(ids), n] on the device, the pages' codes and scales [n, rows, ...])."""
+        n, head = len(pages), 8 * len(ids) * len(pages)
+        staging = self._host_staging(head + n * self.page_bytes)[: head + n * self.page_bytes]
+        id_rows = staging[:head].view(torch.int64).view(len(ids), n)
+        for row, values in zip(id_rows, ids):
+            row.copy_(torch.from_numpy(values))
+        index = torch.from_numpy(pages)
+        for (src, _), dst in zip(_page_views(self.pools[layer], self.slots[layer]),
+                                 _packed(staging[head:], self.pools[layer], n)):
+            torch.index_select(src, 0, index, out=dst)
         arrived = staging.to(self.compute_device, non_blocking=True)  # the one copy
         if self.pin:
             self.staged = torch.cuda.Event()
             self.staged.record()
-        slot_ids = arrived[: 16 * n].view(torch.int64).view(2, n)
-        for (_, dst), src in zip(_page_views(self.pools[layer], self.slots[layer]),
-                                 _packed(arrived[16 * n :], self.pools[layer], n)):
-            dst.index_copy_(0, slot_ids[0], src)
-        table.index_copy_(0, slot_ids[1], slot_ids[0].to(torch.int32))
+        return arrived[:head].view(torch.int64).view(len(ids), n), _packed(arrived[head:], self.pools[layer], n)
+
+    def _fetch(self, layer: int, pages: np.ndarray, logical: np.ndarray, slots: np.ndarray,
+               table: torch.Tensor) -> None:
+        """Host pages -> their slots (one upload), scattered on the device; the slot table follows."""
+        ids, parts = self._upload(layer, pages, [slots, logical])
+        for (_, dst), src in zip(_page_views(self.pools[layer], self.slots[layer]), parts):
+            dst.index_copy_(0, ids[0], src)
+        table.index_copy_(0, ids[1], ids[0].to(torch.int32))
         self.fetches += 1
+
+    def _scratch(self, layer: int, logical: np.ndarray) -> tuple[PagedKV, torch.Tensor]:
+        """A prompt chunk's pages in a scratch pool of their own (one upload, CLOCK untouched): (pool, its page
+        table of logical page -> scratch page, on the device)."""
+        ids, parts = self._upload(layer, self.page_table.numpy()[logical], [logical])
+        table = torch.zeros(len(self.pages), dtype=torch.int32, device=self.compute_device)
+        table.index_copy_(0, ids[0], torch.arange(len(logical), dtype=torch.int32, device=table.device))
+        pool = PagedKV(*(p.flatten(0, 1) for p in parts), self.n_kv_heads)
+        self.fetches += 1
+        return pool, table
 
     # ---- writing
 
@@ -166,9 +188,12 @@ class ResidentInt8KV(PagedInt8KV):
         pages = _pages_of(ids, width)
         if len(pages) <= self.n_slots:
             return attend_pool(qf, self.slots[layer], self._admit(layer, pages), ids, width, kernels, decode)
-        if qf.shape[0] == 1:
-            raise StrataError(f"a query attends {len(pages) * PAGE} cells, more than --kv-resident "
+        widest = len(pages) * PAGE if qf.shape[0] == 1 else int(width.max())
+        if widest > self.n_slots * PAGE:  # a prompt as its decode steps will: a query must fit the slots
+            raise StrataError(f"a query attends {widest} cells, more than --kv-resident "
                               f"{self.n_slots * PAGE} holds (raise it, or select cells: --qsa quest)")
+        if len(pages) <= self.scratch_pages:  # a prompt chunk: all its queries in one launch over a scratch pool
+            return attend_pool(qf, *self._scratch(layer, pages), ids, width, kernels, decode)
         half = qf.shape[0] // 2  # the queries in two groups whose pages fit better
         return torch.cat([self._attend_cells(layer, qf[rows], ids[rows], width[rows], kernels, decode)
                           for rows in (slice(0, half), slice(half, None))])

@@ -46,12 +46,16 @@ def _selection(start: int, end: int, seed: int):
     return ids, width
 
 
-def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
+@pytest.mark.parametrize("scratch", [0, None], ids=["query-groups-through-the-slots", "prompt-scratch"])
+def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting(scratch):
+    """Chunks whose queries' pages pass the slots: split into groups that fit them (no scratch), or read from a
+    scratch pool of their pages in one launch; both the all-VRAM bytes."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(64, heads, 64).to(DEVICE) for heads in (4, 2, 2))
     steps = [(0, 7), (7, 30), (30, 31), (20, 45), (45, 46), (46, 64)]  # (20, 45): a rewind
     device = torch.device(DEVICE)
-    caches = [PagedInt8KV(2, 2, 64, 96, device, initial_tokens=8), ResidentInt8KV(2, 2, 64, 96, device, 24, 8)]
+    resident = ResidentInt8KV(2, 2, 64, 96, device, 24, 8, **({} if scratch is None else {"scratch_bytes": scratch}))
+    caches = [PagedInt8KV(2, 2, 64, 96, device, initial_tokens=8), resident]
     outs = [[], []]
     for n, (start, end) in enumerate(steps):
         sel = tuple(t.to(DEVICE) for t in _selection(start, end, n))
@@ -65,7 +69,8 @@ def test_the_resident_cache_attends_like_the_all_vram_cache_while_evicting():
                 if dense is not None:
                     out.append(dense)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
-    assert caches[1].evictions > 20 and caches[1].device_bytes < caches[0].n_bytes / 2
+    assert caches[1].evictions > 20 if scratch == 0 else caches[1].fetches > 4  # pages came and went
+    assert caches[1].device_bytes < caches[0].n_bytes / 2
     host, whole = caches[1].pools[1], caches[0].pools[1]
     rows = torch.tensor(caches[1].pages)[:, None] * 8 + torch.arange(8)  # 8 rows a page (2 heads x 4 cells)
     rows_whole = torch.tensor(caches[0].pages)[:, None] * 8 + torch.arange(8)
@@ -95,7 +100,8 @@ def test_an_engine_with_resident_kv_gives_the_same_logit_bytes(tiny_qwen3):
         logits = [engine.logits(IDS)] + [engine.prefill(IDS + [9] * n) for n in range(1, 4)]  # + one-token steps
         runs.append((torch.cat([x.cpu() for x in logits]), engine.kv))
     assert torch.equal(runs[0][0], runs[1][0])
-    assert runs[1][1].evictions > 100  # measured 149
+    # measured 24 (the one-token steps; prompt chunks whose pages pass the slots read a scratch pool instead)
+    assert runs[1][1].evictions > 10
 
 
 def test_resident_kv_needs_int8(tiny_qwen3):
