@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} decoded, int8 KV, "
           f"budget {args.budget}, resident {args.resident} cells/layer; agreement against {arms[0]}")
     print("| arm | prompt tok/s | decode tok/s | decode ms of GPU / step | argmax agreement | max rel logit error | "
-          "equal bytes to | device KV MiB | evictions |")
+          "equal bytes to | device KV MiB | evicted pages (4 cells) |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|", flush=True)
     results, forced = {}, None
     for arm in arms:  # each row printed when its arm ends, so a capped run still reports the arms it finished
