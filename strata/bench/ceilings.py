@@ -61,6 +61,14 @@ def copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
+def read_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
+    """Bytes/s a kernel that only reads can stream, for the floors of read-bound work (decode's weights, the expert
+    GEMVs): the copy's whole traffic, its reads and its writes. Memory serves both from one budget, so a stream of
+    reads alone runs at the copy's total rate, not half of it (halving it, as these floors did before session 5,
+    made them twice as easy to reach)."""
+    return copy_bandwidth(device, n_bytes)
+
+
 def host_to_device_bandwidth(device: torch.device, n_bytes: int = 256 << 20) -> float:
     """Bytes/s of pinned host-to-device copies: the PCIe ceiling for streamed experts."""
     src = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)

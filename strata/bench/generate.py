@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from strata.bench.ceilings import copy_bandwidth, sync
+from strata.bench.ceilings import read_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.sampling import SamplingParams
 
@@ -46,12 +46,12 @@ def bench_generate(args) -> None:
         prompt_times.append(mid - start)
         decode_times.append((time.perf_counter() - mid) / max(n - 1, 1))
     prompt_s, decode_s = min(prompt_times[1:]), min(decode_times[1:])
-    bandwidth = copy_bandwidth(device)
+    bandwidth = read_bandwidth(device)
     per_token = bytes_per_decode_token(engine)
-    floor_s = per_token / (bandwidth / 2)  # decode reads its weights once; the copy figure counts read + write
+    floor_s = per_token / bandwidth  # decode reads its weights once
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"model     {engine.file.path.name} ({engine.model.config.arch}), device {name}, dtype {engine.dtype}")
     print(f"prompt    {args.prompt_tokens} tokens: {args.prompt_tokens / prompt_s:10.1f} tok/s ({prompt_s * 1e3:.1f} ms)")
     print(f"decode    {args.gen_tokens} tokens: {1 / decode_s:10.1f} tok/s ({decode_s * 1e3:.2f} ms/token)")
-    print(f"floor     {per_token / 1e6:.1f} MB of weights per decode token at {bandwidth / 2 / 1e9:.1f} GB/s read "
+    print(f"floor     {per_token / 1e6:.1f} MB of weights per decode token at {bandwidth / 1e9:.1f} GB/s read "
           f"= {1 / floor_s:.1f} tok/s; decode reaches {floor_s / decode_s:.1%} of it")

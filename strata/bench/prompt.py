@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth, sync
+from strata.bench.ceilings import host_to_device_bandwidth, read_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.experts import CachedExperts
 from strata.engine.prefill import prompt_chunks
@@ -91,7 +91,7 @@ def bench_prompt(args, placement: dict) -> None:
     from strata.bench.moe_prefill import matrix_rates
 
     int8_rate, _ = matrix_rates(device)
-    read_rate = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else 1 << 26) / 2  # the CPU: a tool check
+    read_rate = read_bandwidth(device, (1 << 30) if device.type == "cuda" else 1 << 26)  # the CPU: a tool check
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     print(f"ceilings   int8 {int8_rate / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")

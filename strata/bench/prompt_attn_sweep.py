@@ -3,8 +3,11 @@ tunable sets (queries and heads per program, chunk, warps, stages) at the parity
 
 Per shape: the merge of each block's selections (its time, and how much longer the merged list is than one
 selection), then one line per variant and config: ms, fraction of the floor, speed against the variant's default
-config, the parity bounds. At the end, per variant, the configs ranked by the geometric mean of their speed-up over
-the default across the shapes (a config failing its bounds or its compile anywhere is ranked out).
+config, the parity bounds, whether its output bytes equal the default's (`=bytes`: it could become the default
+without changing any output; `~bytes`: within the bounds only); before them `info probe` lines (prompt_probe.py: the
+gathers alone, imma without its P.V) for the default and a few configs, which say where the time goes. At the end,
+per variant, the configs ranked by the geometric mean of their speed-up over the default across the shapes (a config
+failing its bounds or its compile anywhere is ranked out).
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 SWEEP = [  # around the default (one query, its whole KV group); blocks of queries measured up to 2x slower
     "q1h6c32w4s3", "q1h12c32w4s2", "q1h12c32w4s4", "q1h12c64w4s3", "q1h12c32w8s3", "q1h12c32w2s3",
     "q2h12c32w4s3", "q5h6c32w4s3",
+    # session 5: ids resolved before the launch (t1: Triton's pipeliner leaves loads 2 indirections from a dot
+    # unpipelined at 3 stages, as the ids are without it), 4 stages (s4: the same for the whole chain), split-K (k),
+    # imma's P.V in fp16 (p16), register caps (r: more programs per SM; the upstream kernel waits on latency and ran
+    # 1.5x faster with 2-3 blocks per SM than with 1), the next chunk's rows prefetched by hand (f1: for v2t's 1 stage)
+    "t1", "s4", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "s4r128", "c64t1", "q2h0t1",
+    "f1", "t1f1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -72,7 +81,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     from strata.kernels.attention.prompt_blocks import PromptConfig
 
     kernels = _kernels()
-    variants = [n for n in SWEPT if n in args.variants]
+    variants = [n for n in args.variants if n in SWEPT]  # in the order asked (lines print as measured)
     configs = [PromptConfig.parse(text) for text in (args.sweep or SWEEP)]
     timer = Timer(device)
     speedups = {(n, c.label): [] for n in variants for c in configs}
@@ -81,10 +90,13 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
         data = shape_data(ctx, min(n_q, ctx), args, device, bandwidth)
         fp32, fp32_scale, err_fp32 = fp32_yardstick(data, VARIANTS["fp32"](*data.inputs()))
         _merge_lines(data, sorted({c.queries for c in configs} - {1}), timer, args.reps)
+        _probe_lines(data, configs, variants, timer, args.reps, device)
         for name in variants:
             call, default = kernels[name]
-            results = {}  # label: (ms, within bounds)
+            results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
+                if config.pv and name != "imma":  # fp16 P.V is v2's own form: nothing to time
+                    continue
                 tag = "default " + config.label if config is default else config.label
                 try:
                     out = call(*data.inputs(), config=config)
@@ -97,9 +109,14 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 err, vs_fp32 = data.errors(out, fp32)
                 results[tag] = (ms, within_bounds(err, vs_fp32, err_fp32, data.ref_scale, fp32_scale))
                 base = results["default " + default.label][0]
+                default_out = out if config is default else default_out
+                # a config giving the default's bytes can become the default without changing any output
+                same = "" if config is default else ("  =bytes" if default_out is not None
+                                                     and torch.equal(out, default_out) else "  ~bytes")
                 print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
                       f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
-                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}")
+                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
+                      f"{resources(device)}")
             passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
             base, ok_default = results.pop("default " + default.label)
             ok &= ok_default
@@ -110,12 +127,58 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 print(f"  best {name:<5} {label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor  "
                       f"{base / ms:5.2f}x default")
     for name in variants:
-        ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name),
+        ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name and v),
                         key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
         print(f"{name} configs by speed-up over its default {kernels[name][1].label} (geometric mean over shapes): "
               + ", ".join(f"{label} {x:.2f}x" for x, label in ranked))
     print("defaults PASS" if ok else "some default FAIL")
     return 0 if ok else 1
+
+
+PROBED = ("t1",)  # the swept configs whose probes print too (imma's default always does)
+
+
+def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:
+    """Where the time goes (information, never results): the loads alone, and imma without its P.V, per config."""
+    from strata.kernels.attention import prompt_imma
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+    from strata.kernels.attention.prompt_probe import probe_gather, probe_imma_scores
+
+    wanted = {PromptConfig.parse(text).label for text in PROBED}
+    for config in [prompt_imma.DEFAULT] + [c for c in configs if c.label in wanted and c != prompt_imma.DEFAULT]:
+        probes = [("gathers only", probe_gather)] + [("imma without P.V", probe_imma_scores)] * ("imma" in variants)
+        for what, probe in probes:
+            try:
+                probe(*data.inputs(), config=config)
+                ms = min(timer(lambda: probe(*data.inputs(), config=config), reps) for _ in range(rounds(device)))
+                print(f"  info probe {what:<17} {config.label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor"
+                      f"{resources(device)}")
+            except Exception as e:  # noqa: BLE001  (information only)
+                print(f"  info probe {what:<17} {config.label:<22} failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:100] if str(e) else ''}")
+
+
+def resources(device: torch.device) -> str:
+    """`  168 regs, 0 spilled, 50 KB smem: 3/SM` for the last blocked launch (empty under the interpreter): the
+    programs resident per SM by registers, shared memory and warps, whichever binds first."""
+    from strata.kernels.attention.prompt_blocks import last_resources
+
+    found = last_resources()
+    if found is None or device.type != "cuda":
+        return ""
+    regs, spills, smem, warps = found
+    props = torch.cuda.get_device_properties(device)
+    sm = (getattr(props, "regs_per_multiprocessor", 65536), getattr(props, "shared_memory_per_multiprocessor", 233472),
+          getattr(props, "max_threads_per_multi_processor", 2048))
+    return f"  {regs} regs, {spills} spilled, {smem / 1024:.0f} KB smem: {programs_per_sm(regs, smem, warps, *sm)}/SM"
+
+
+def programs_per_sm(regs: int, smem: int, warps: int, sm_regs: int = 65536, sm_smem: int = 233472,
+                    sm_threads: int = 2048) -> int:
+    """Programs resident per SM (H100/H200 limits by default): registers go to warps in 256s, each block reserves
+    1 KB of shared memory; whichever of registers, shared memory and threads binds first."""
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    return min(sm_regs // (per_warp * warps), sm_smem // (smem + 1024), sm_threads // (32 * warps))
 
 
 def rounds(device: torch.device) -> int:

@@ -1,19 +1,31 @@
 # Sourced by the one-call device batches (session*.sh): wheels on the path, $M for models, $L for logs, and
 # `part NAME CAP COMMAND...`, which runs COMMAND into $L/NAME.log under min(CAP, what is left of BUDGET) seconds,
 # or says it was skipped when under 20 s are left. The caller tars $L into $OUT (a call returns at most 8 files).
+# A branch's script that sources this too, run by a batch with OUT=its own folder, finds everything set up: it
+# installs nothing (installing the wheels again would replace packages under the other queue) and logs to $OUT/logs.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
-L=/tmp/logs; mkdir -p $L
-source tools/device/wheels.sh || exit 1
-export PYTHONUNBUFFERED=1
-# A part cut by its cap first gets SIGUSR1, which makes Python print every thread's stack into its log (where it
-# was stuck), then SIGKILL 5 s later.
-printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' > /tmp/site/sitecustomize.py
-# Compiled Triton kernels and numba code kept between device calls: a fresh machine compiles every kernel again
-# (seconds each, minutes for fla's autotuning). The batch tars .devcache into $OUT; copy those archives into .devcache here and the next call carries them.
-mkdir -p .devcache && for f in .devcache/*.t?z; do [ -f "$f" ] && tar xaf "$f" -C .devcache && rm "$f"; done
-export TRITON_CACHE_DIR=$PWD/.devcache/triton NUMBA_CACHE_DIR=$PWD/.devcache/numba
+if [ -n "${STRATA_PARTS:-}" ]; then
+  NESTED=1; L=$OUT/logs; mkdir -p $L
+else
+  export STRATA_PARTS=1
+  L=/tmp/logs; mkdir -p $L
+  source tools/device/wheels.sh || exit 1
+  export PYTHONUNBUFFERED=1
+  # A part cut by its cap first gets SIGUSR1, which makes Python print every thread's stack into its log (where it
+  # was stuck), then SIGKILL 5 s later.
+  printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' > /tmp/site/sitecustomize.py
+  # Compiled Triton kernels and numba code kept between device calls: a fresh machine compiles every kernel again
+  # (seconds each, minutes for fla's autotuning). The batch tars .devcache into $OUT; copy those archives into
+  # .devcache here and the next call carries them.
+  mkdir -p .devcache && for f in .devcache/*.t?z; do [ -f "$f" ] && tar xaf "$f" -C .devcache && rm "$f"; done
+  export TRITON_CACHE_DIR=$PWD/.devcache/triton NUMBA_CACHE_DIR=$PWD/.devcache/numba
+fi
 # One archive each: a call returns files of at most 16 MB (session 4's single archive outgrew it).
-save_cache() { for d in triton numba; do XZ_OPT="-6 -T0" tar cJf "$OUT/cache_$d.txz" -C .devcache $d 2>/dev/null; done; ls -la "$OUT"/cache_*.txz; }
+save_cache() {
+  [ -n "${NESTED:-}" ] && return
+  for d in triton numba; do XZ_OPT="-6 -T0" tar cJf "$OUT/cache_$d.txz" -C .devcache $d 2>/dev/null; done
+  ls -la "$OUT"/cache_*.txz
+}
 part() {  # name cap command...
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left

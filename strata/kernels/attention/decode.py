@@ -75,6 +75,14 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S:
     tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0).to(out_ptr.dtype.element_ty))
 
 
+def merge_splits(parts: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> None:
+    """Split-K partials (unscaled acc [rows, S, D], m and l [rows, S, 2], base 2) -> out [rows, D] (its dtype):
+    `sum_s w_s acc_s / sum_s w_s l_s`, `w_s = exp2(m_s - max m)`, the splits in order (deterministic)."""
+    rows, n_splits, dim = parts.shape
+    if rows:
+        _decode_merge_kernel[(rows,)](parts, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits), num_warps=4)
+
+
 def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
                      pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,

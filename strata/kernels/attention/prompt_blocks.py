@@ -9,6 +9,17 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   recent window, the heavy blocks), so the merged list is barely longer than one selection.
 - A query's result depends on its block's merged list (the chunk boundaries move with it): the same bytes for the
   same launch, within the parity bounds of any other blocking, not bitwise equal to one query per program.
+- Split-K (`k2` ..): a third grid axis cuts each block's cell list into whole chunks, each program writes its unscaled
+  acc, m and l, and the decode merge (`merge_splits`) joins them in split order: more programs where few queries
+  leave SMs idle; within the parity bounds, not the bytes of one split.
+- `t1`: the cells are resolved through the page table on the host side first (`translate_cells`), so a chunk's rows
+  wait on one load (the ids) instead of two; the same rows in the same order, the same bytes. Why it may matter:
+  Triton's pipeliner leaves a load unpipelined when it is `stages - 1` or more indirections from a dot, so at 3 stages
+  the ids (ids -> page -> K) are loaded synchronously every step; with t1 (ids -> K) every load is pipelined.
+- `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop;
+  the same bytes. Meant for one stage (v2t, no async copies); with the pipeliner these loads no longer reach a dot
+  through the loop body, so it stops prefetching them (the sweep says which wins).
+- `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from strata.kernels.attention.prompt_parts import LOG2E, check_inputs, chunk_row
 
 MAX_QUERIES = 16  # the merge packs the query's slot in a block into 4 bits of its int32 sort key
 MAX_GRID_Y = 65535
+MAX_SPLITS = 64
 MERGE_ENTRIES = 1 << 22  # selected ids merged at a time (about 40 bytes of temporaries each)
 UNUSED = (1 << 27) - 1  # above any cell (contexts stop at 2^19): marks the merge's unused entries
 
@@ -40,18 +52,29 @@ class PromptConfig:
     chunk: int = 32  # cells per step
     warps: int = 4
     stages: int = 3  # software-pipeline depth (1: no async copies, the v2t form)
+    splits: int = 1  # programs per block's cell list (split-K; their partial results merged by a second launch)
+    translate: int = 0  # 1: cell ids resolved through the page table before the launch (one dependent load less)
+    prefetch: int = 0  # 1: each step loads the next chunk's ids and rows (a loop-carried prefetch, by hand)
+    pv: int = 0  # the P.V operands: 0 the variant's own, 16 fp16 hi + lo (v2's form, in imma)
+    maxreg: int = 0  # registers per thread the compiler may use (0: its choice); fewer lets more programs share an SM
 
     @property
     def label(self) -> str:
-        return f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
+        extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
+                 "p": self.pv, "r": self.maxreg}
+        return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
+                + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3`; a part left out keeps `base`'s value (default: the class defaults)."""
-        m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?", text)
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`); a part left out keeps `base`'s value
+        (default: the class defaults)."""
+        m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
+                         r"(?:p(\d+))?(?:r(\d+))?", text)
         if not m or not text:
-            raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3")
-        given = {k: int(v) for k, v in zip(("queries", "heads", "chunk", "warps", "stages"), m.groups()) if v}
+            raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
+                              "(then k2, t1, f1, p16, r128)")
+        given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
     @classmethod
@@ -70,10 +93,18 @@ class PromptConfig:
         if self.chunk < 16 or self.chunk & (self.chunk - 1) or self.warps & (self.warps - 1) or self.stages < 1:
             raise StrataError(f"prompt-attention config {self.label}: chunk and warps powers of two (chunk >= 16), "
                               "stages >= 1")
+        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1) or self.prefetch not in (0, 1) \
+                or self.pv not in (0, 16):
+            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t and f 0 or 1, p 0 or 16")
+        if self.maxreg and not 24 <= self.maxreg <= 255:
+            raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
         return max(16, triton.next_power_of_2(self.queries * self.heads))
+
+
+FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
@@ -130,21 +161,109 @@ def block_rows(block0, n_q, n_kv_heads, G: tl.constexpr, HP: tl.constexpr, BQ: t
 
 @triton.jit
 def block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot, CH: tl.constexpr,
-                BQ: tl.constexpr):
+                BQ: tl.constexpr, TRANSLATED: tl.constexpr = False):
     """Pool rows of merged cells `c0 .. c0 + CH`, which exist, and which rows [BM, CH] attend to each."""
-    rows, valid = chunk_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH)
+    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
+    return rows, valid, cell_attend(members_row, c0, valid, slot, CH, BQ)
+
+
+@triton.jit
+def cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH: tl.constexpr, TRANSLATED: tl.constexpr):
+    """Pool rows (int64) of merged cells `c0 .. c0 + CH` and which exist. TRANSLATED: the cells are already physical
+    (`page * 4 + cell % 4`, `translate_cells`), no page-table load."""
+    if TRANSLATED:
+        j = c0 + tl.arange(0, CH)
+        valid = j < count
+        cell = tl.load(cells_row + j, mask=valid, other=0).to(tl.int64)
+        rows = ((cell >> 2) * n_kv_heads + kvh) * 4 + (cell & 3)
+    else:
+        rows, valid = chunk_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH)
+    return rows, valid
+
+
+@triton.jit
+def cell_attend(members_row, c0, valid, slot, CH: tl.constexpr, BQ: tl.constexpr):
+    """Which rows [BM, CH] attend to each cell of the chunk: a row's query's bit in the cell's members."""
     if BQ == 1:
         attend = valid[None, :] & (slot[:, None] == 0)
     else:
         bits = tl.load(members_row + c0 + tl.arange(0, CH), mask=valid, other=0)
         attend = ((bits[None, :] >> slot[:, None]) & 1) != 0
-    return rows, valid, attend
+    return attend
+
+
+@triton.jit
+def split_range(count, CH: tl.constexpr, SPLITS: tl.constexpr):
+    """The cells `lo .. hi` this program walks: all of them, or its share of whole chunks (split-K, axis 2)."""
+    if SPLITS == 1:
+        return 0, count
+    per = tl.cdiv(tl.cdiv(count, CH), SPLITS) * CH
+    lo = tl.program_id(2) * per
+    return lo, tl.minimum(count, lo + per)
+
+
+@triton.jit
+def block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG: tl.constexpr, SPLITS: tl.constexpr):
+    """The program's result: acc / l into out [n_q * H, D]; with splits, acc, m and l unscaled into the split's
+    partials (parts [n_q * H, SPLITS, D], ml [n_q * H, SPLITS, 2]) for `merge_splits`."""
+    D: tl.constexpr = NG * 64
+    g = tl.arange(0, NG)[:, None, None]
+    d = tl.arange(0, 64)[None, None, :]
+    if SPLITS == 1:
+        out = tl.where(l[None, :, None] > 0, acc / l[None, :, None], 0.0)
+        tl.store(out_ptr + head[None, :, None] * D + g * 64 + d, out, mask=ok[None, :, None])
+    else:
+        part = head * SPLITS + tl.program_id(2)
+        tl.store(parts_ptr + part[None, :, None] * D + g * 64 + d, acc, mask=ok[None, :, None])
+        tl.store(ml_ptr + part * 2, m, mask=ok)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=ok)
+
+
+_LAST = {}  # the last launch's compiled kernel, for `last_resources`
+
+
+def last_resources() -> tuple[int, int, int, int] | None:
+    """(registers per thread, spilled registers, shared memory bytes, warps) of the last blocked launch's compiled
+    kernel; None under the interpreter. The sweep prints them: what limits the programs resident per SM."""
+    compiled = _LAST.get("kernel")
+    if compiled is None or not hasattr(compiled, "n_regs"):
+        return None
+    return compiled.n_regs, compiled.n_spills, compiled.metadata.shared, compiled.metadata.num_warps
+
+
+def translate_cells(cells: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; entries outside the
+    table (padding) become 0, which no kernel reads. One launch (torch's ops would take about six)."""
+    cells = cells.contiguous()
+    out = torch.empty(cells.shape, dtype=torch.int32, device=cells.device)
+    n = cells.numel()
+    if n:
+        _translate_kernel[(triton.cdiv(n, TRANSLATE_BLOCK),)](cells, page_table, out, n, 4 * page_table.shape[0],
+                                                             BLOCK=TRANSLATE_BLOCK)
+    return out
+
+
+TRANSLATE_BLOCK = 1024
+
+
+@triton.jit
+def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    cell = tl.load(cells_ptr + i, mask=live, other=0)
+    inside = (cell >= 0) & (cell < n_cells)
+    cell = tl.where(inside, cell, 0)
+    page = tl.load(table_ptr + cell // 4, mask=live & inside, other=0)
+    tl.store(out_ptr + i, tl.where(inside, page * 4 + cell % 4, 0), mask=live)
 
 
 def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | None, config: PromptConfig,
                    **meta) -> torch.Tensor:
     """The host side of the blocked kernels: check, merge the blocks' selections (more than one query per program),
-    launch `kernel` over (KV heads x head parts, query blocks); `meta` carries the variant's own constexprs."""
+    launch `kernel` over (KV heads x head parts, query blocks, splits) and merge the splits; `meta` carries the
+    variant's own constexprs."""
+    from strata.kernels.attention.decode import merge_splits
+
     n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
     config = config.resolve(group)
     if n_q < config.queries:  # a lone query's merged cells are its own: skip the merge
@@ -162,12 +281,24 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
         cells, members, count = merge_cells_triton(ids, width, config.queries)
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
-    parts, blocks = pool.n_kv_heads * (group // config.heads), count.shape[0]
-    args = (q.float().contiguous(), out, cells, members, count, page_table.to(torch.int32).contiguous(), pool.k, pool.v,
-            pool.k_scale, pool.v_scale)
+    page_table = page_table.to(torch.int32).contiguous()
+    if config.translate:
+        cells = translate_cells(cells, page_table)
+    splits = config.splits
+    parts = ml = out  # unused with one split
+    if splits > 1:
+        parts = torch.empty(n_q * n_heads, splits, dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(n_q * n_heads, splits, 2, dtype=torch.float32, device=q.device)
+    programs, blocks = pool.n_kv_heads * (group // config.heads), count.shape[0]
+    args = (q.float().contiguous(), out, parts, ml, cells, members, count, page_table, pool.k, pool.v, pool.k_scale,
+            pool.v_scale)
+    options = {"maxnreg": config.maxreg} if config.maxreg else {}  # unset: the launch exactly as before
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
-        kernel[(parts, min(MAX_GRID_Y, blocks - block0))](
+        _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
             *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
-            BQ=config.queries, BM=config.rows(), CH=config.chunk, num_warps=config.warps, num_stages=config.stages,
-            **meta)
+            BQ=config.queries, BM=config.rows(), CH=config.chunk, TRANSLATED=bool(config.translate), SPLITS=splits,
+            PREFETCH=bool(config.prefetch),
+            num_warps=config.warps, num_stages=config.stages, **options, **meta)
+    if splits > 1:
+        merge_splits(parts, ml, out.view(n_q * n_heads, dim))
     return out

@@ -9,7 +9,8 @@ sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l
 - P . V: `a = e * v_scale_g` scaled per (row, group) over the chunk's 32 cells to 127 (a per-group scale alone loses
   accuracy); `acc_g = acc_g * alpha + join3 * mx / 127`.
 v2's blocks (prompt_blocks.py: queries x heads as rows, each chunk of their shared cells loaded once), pipeline and
-softmax; int8 pools, sm_80+.
+softmax; int8 pools, sm_80+. Config `p16`: P.V as v2's fp16 hi + lo dots instead (q . k stays int8), to measure what
+the int8 P.V costs: its B operand (V codes, dims contiguous) is not K-contiguous, which int8 MMAs want.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import triton
 import triton.language as tl
 
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_blocks import PromptConfig, block_chunk, block_rows, launch_blocked
+from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
+                                                     cell_attend, cell_rows, launch_blocked, split_range)
 from strata.kernels.attention.prompt_parts import softmax_step_masked
+from strata.kernels.attention.prompt_v1 import pv_hilo
 
 # the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
 DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
@@ -42,10 +45,10 @@ def split3(y):
     """Three signed-byte parts of `round(y * 65536)` for |y| <= 127 (clamped there)."""
     x = tl.floor(y * 65536.0 + 0.5).to(tl.int32)
     x = tl.minimum(tl.maximum(x, -8323072), 8323072)
-    m = ((x + 128) & 255) - 128
-    x1 = (x - m) >> 8
-    low = ((x1 + 128) & 255) - 128
-    return ((x1 - low) >> 8).to(tl.int8), low.to(tl.int8), m.to(tl.int8)
+    m = x.to(tl.int8)  # int32 -> int8 keeps the low byte, read signed: ((x + 128) & 255) - 128 in one step
+    x1 = (x - m.to(tl.int32)) >> 8
+    low = x1.to(tl.int8)
+    return ((x1 - low.to(tl.int32)) >> 8).to(tl.int8), low, m
 
 
 @triton.jit
@@ -57,10 +60,11 @@ def dot3(h, low, m, b):
 
 
 @triton.jit
-def _prompt_imma_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr,
-                        vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
+def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr,
+                        v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                         G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
-                        NG: tl.constexpr):
+                        TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
+                        PV: tl.constexpr = 8):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     gi = tl.arange(0, NG)
@@ -78,21 +82,35 @@ def _prompt_imma_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((NG, BM, 64), tl.float32)
     dk = tl.arange(0, 64)[None, :, None]
-    for c0 in range(0, count, CH):
-        rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot,
-                                          CH, BQ)
+    c_lo, c_hi = split_range(count, CH, SPLITS)
+    if PREFETCH:
+        rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
+    for c0 in range(c_lo, c_hi, CH):
+        if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
+            rows, valid = rows_next, valid_next
+            rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
+                                              TRANSLATED)
+            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+        else:
+            rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
+                                              slot, CH, BQ, TRANSLATED)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         part = dot3(qh, ql, qm, k) * qdown[:, :, None] * ks[:, None, :]  # [NG, BM, CH]
         e, alpha, m, l = softmax_step_masked(tl.sum(part, axis=0), attend, m, l)
-        v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
-        vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-        a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
-        amax = tl.max(a, axis=2)
-        ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax), 0.0)[:, :, None])
-        acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
-    out = tl.where(l[None, :, None] > 0, acc / l[None, :, None], 0.0)
-    tl.store(out_ptr + hd * D + g * 64 + d, out, mask=ok[None, :, None])
+        if PV == 8:
+            v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
+            vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+            a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
+            amax = tl.max(a, axis=2)
+            ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax),
+                                             0.0)[:, :, None])
+            acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
+        elif PV == 16:  # V codes are not K-contiguous: int8 dots may need a byte transpose that fp16 ones do not
+            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True)
+        else:  # 0: no P.V (a probe timing the rest; prompt_probe.py)
+            acc = acc * alpha[None, :, None]
+    block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -100,4 +118,5 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
                      config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
     config = PromptConfig.chosen(config, DEFAULT)
-    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)
+    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
+                          PV=config.pv or 8)

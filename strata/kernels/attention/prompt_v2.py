@@ -21,8 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.errors import StrataError
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_blocks import PromptConfig, block_chunk, block_rows, launch_blocked
+from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
+                                                     cell_attend, cell_rows, launch_blocked, split_range)
 from strata.kernels.attention.prompt_parts import softmax_step_masked
 from strata.kernels.attention.prompt_v1 import pv_hilo, q_exponent, split_hilo
 
@@ -31,10 +33,10 @@ DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
 
 
 @triton.jit
-def _prompt_v2_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr,
-                      vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
+def _prompt_v2_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr,
+                      v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                       G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
-                      NG: tl.constexpr):
+                      TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     g = tl.arange(0, NG)[:, None, None]
@@ -51,9 +53,18 @@ def _prompt_v2_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_ta
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((NG, BM, 64), tl.float32)
     dk = tl.arange(0, 64)[None, :, None]
-    for c0 in range(0, count, CH):
-        rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads, slot,
-                                          CH, BQ)
+    c_lo, c_hi = split_range(count, CH, SPLITS)
+    if PREFETCH:
+        rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
+    for c0 in range(c_lo, c_hi, CH):
+        if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
+            rows, valid = rows_next, valid_next
+            rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
+                                              TRANSLATED)
+            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+        else:
+            rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
+                                              slot, CH, BQ, TRANSLATED)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + tl.arange(0, NG)[:, None], mask=valid[None, :], other=0.0)
         k = k.to(tl.float16)
@@ -61,8 +72,7 @@ def _prompt_v2_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, page_ta
         s = tl.sum(t * ks.to(tl.float32)[:, None, :], axis=0) * qdown[:, None]
         e, alpha, m, l = softmax_step_masked(s, attend, m, l)
         acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True)
-    out = tl.where(l[None, :, None] > 0, acc / l[None, :, None], 0.0)
-    tl.store(out_ptr + hd * D + g * 64 + d, out, mask=ok[None, :, None])
+    block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
 
 
 def prompt_attn_v2(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -70,6 +80,8 @@ def prompt_attn_v2(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids
                    config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention v2 (int8 pool, pipelined): [n_q, H, D] fp32."""
     config = PromptConfig.chosen(config, DEFAULT)
+    if config.pv not in (0, 16):
+        raise StrataError(f"prompt-attention config {config.label}: v2's P.V is fp16 (p16) only")
     return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)
 
 

@@ -39,12 +39,22 @@ def test_tiny_run_passes(capsys):
 
 def test_tiny_sweep_lists_every_config(capsys):
     rc = main(["--ctx", "160", "--queries", "8", "--reps", "1", "--heads", "4", "--kv-heads", "2", "--dim", "64",
-               "--top-k", "29", "--recent", "8", "--variants", "v2", "--sweep", "q1h2c16", "q3h1s1"])
+               "--top-k", "29", "--recent", "8", "--variants", "v2", "--sweep", "q1h2c16", "q3h1s1", "t1"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "merge q3" in text and "x one selection" in text
     for label in ("default q1h0c32w4s3", "q1h2c16w4s3", "q3h1c32w4s1"):
         assert f"PASS v2    {label}" in text, label
+    assert "q1h0c32w4s3t1" in text.split("=bytes")[0].splitlines()[-1]  # t1 reads the same rows: the same bytes
+    assert "~bytes" in text.split("q1h2c16w4s3")[1].splitlines()[0]  # other chunks: other sums
     assert "v2 configs by speed-up over its default q1h0c32w4s3" in text and "imma" not in text
-    assert "  best v2 " in text
+    assert "  best v2 " in text and "info probe gathers only      q1h0c32w4s3 " in text
     assert "defaults PASS" in text
+
+
+def test_programs_per_sm():
+    from strata.bench.prompt_attn_sweep import programs_per_sm
+
+    assert programs_per_sm(168, 25 * 1024, 4) == 3  # the upstream imma kernel: 168 registers, 25.5 KB, 3 a SM
+    assert programs_per_sm(128, 50 * 1024, 4) == 4 and programs_per_sm(255, 0, 4) == 2
+    assert programs_per_sm(64, 120 * 1024, 4) == 1 and programs_per_sm(32, 0, 8) == 8  # smem, then threads bind
