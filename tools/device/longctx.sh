@@ -7,11 +7,12 @@
 # tables.txt, compiled kernels as cache_triton.txz and cache_numba.txz.
 set -uo pipefail
 BUDGET=${BUDGET:-285}
-source tools/device/parts.sh || exit 1
+source tools/device/parts.sh || exit 1  # inside a session batch: nothing installed again (parts.sh says how)
+L=$OUT/longctx_logs; mkdir -p $L  # its own logs, tarred and removed at the end (a call returns at most 8 files)
 part tests 60 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/engine/test_kv_resident.py \
   tests/engine/test_long_decode.py
-python3 -m strata make-model --arch qwen3 --preset small --quant Q8_0 -o $M/small-qwen3.gguf >/dev/null
-python3 -m strata make-model --arch qwen3next --preset small --quant Q8_0 -o $M/small-next.gguf >/dev/null
+[ -f $M/small-qwen3.gguf ] || python3 -m strata make-model --arch qwen3 --preset small --quant Q8_0 -o $M/small-qwen3.gguf >/dev/null
+[ -f $M/small-next.gguf ] || python3 -m strata make-model --arch qwen3next --preset small --quant Q8_0 -o $M/small-next.gguf >/dev/null
 bench() {  # name cap model prompt-tokens
   part "$1" "$2" python3 -m strata bench long-context "$3" --device cuda --prompt-tokens "$4" --gen-tokens 16 \
     --resident 8192
@@ -24,7 +25,8 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 for f in qwen3_16k next_16k qwen3_32k next_32k; do echo "== $f"; cat $L/$f.log 2>/dev/null | grep -v "^strata:"; done \
   > "$OUT/tables.txt"
-tar czf "$OUT/logs.tgz" -C $L .
 cat $L/times.txt
 tail -n 8 $L/tests.log
+tar czf "$OUT/logs.tgz" -C $L .
+rm -rf $L
 cat "$OUT/tables.txt"
