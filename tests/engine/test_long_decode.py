@@ -102,3 +102,19 @@ def test_a_quest_step_reads_nothing_back_and_does_not_grow_with_the_context(wide
     assert short == long and "aten._local_scalar_dense" not in short
     eager = _ops_of_step(engine, 390, lambda token, pos: engine._forward([token], pos, all_logits=False))
     assert eager["aten._local_scalar_dense"] >= engine.model.config.n_layers
+
+
+def test_verify_windows_select_with_quest_like_step_by_step_speculation(model_dir):
+    """MTP speculation over quest: windows of 3 rows in the static step (each row its own selection) accept the
+    tokens step-by-step speculation accepts, past the budget."""
+    from strata.engine.sampling import SamplingParams
+
+    path = model_dir / "longdecode-qwen3next-mtp-hd64.gguf"
+    if not path.exists():
+        make_model(path, arch="qwen3next", preset="tiny", quant="Q8_0", nextn_layers=1, head_dim=64, n_embd=128)
+    options = dict(n_ctx=256, spec=3, **QUEST)
+    eager = Engine(path, EngineConfig(decode_graphs="off", **options))
+    static = Engine(path, EngineConfig(decode_graphs="eager", **options))
+    assert eager.spec.windows is None and static.spec.windows is not None
+    greedy = SamplingParams(temperature=0)
+    assert list(static.generate(IDS[:150], greedy, 8)) == list(eager.generate(IDS[:150], greedy, 8))
