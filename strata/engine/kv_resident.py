@@ -169,7 +169,7 @@ class ResidentInt8KV(PagedInt8KV):
         self.clocks[layer].forget(self.page_table.numpy()[logical].tolist())  # resident copies are stale now
 
     def _write_back(self, layer: int, pool: PagedKV, rows_of: torch.Tensor, logical: np.ndarray) -> None:
-        """Pages `rows_of` (device page ids) of `pool` -> the host pages of `logical`: packed on the device, one copy."""
+        """Pages `rows_of` (page ids) of the device `pool` -> the host pages of `logical`: packed, one copy."""
         n = len(logical)
         packed = torch.empty(n * self.page_bytes, dtype=torch.uint8, device=pool.k.device)
         ids = rows_of.long()

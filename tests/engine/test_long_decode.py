@@ -8,7 +8,6 @@ import os
 from collections import Counter
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)

@@ -11,16 +11,18 @@ source tools/device/parts.sh || exit 1  # inside a session batch: nothing instal
 L=$OUT/longctx_logs; mkdir -p $L  # its own logs, tarred and removed at the end (a call returns at most 8 files)
 part tests 60 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/engine/test_kv_resident.py \
   tests/engine/test_long_decode.py
-[ -f $M/small-qwen3.gguf ] || python3 -m strata make-model --arch qwen3 --preset small --quant Q8_0 -o $M/small-qwen3.gguf >/dev/null
-[ -f $M/small-next.gguf ] || python3 -m strata make-model --arch qwen3next --preset small --quant Q8_0 -o $M/small-next.gguf >/dev/null
+for arch in qwen3 qwen3next; do
+  [ -f $M/small-$arch.gguf ] || python3 -m strata make-model --arch $arch --preset small --quant Q8_0 \
+    -o $M/small-$arch.gguf >/dev/null
+done
 bench() {  # name cap model prompt-tokens
   part "$1" "$2" python3 -m strata bench long-context "$3" --device cuda --prompt-tokens "$4" --gen-tokens 16 \
     --resident 8192
 }
 bench qwen3_16k 70 $M/small-qwen3.gguf 16384
-bench next_16k 60 $M/small-next.gguf 16384
+bench next_16k 60 $M/small-qwen3next.gguf 16384
 bench qwen3_32k 60 $M/small-qwen3.gguf 32768
-bench next_32k 60 $M/small-next.gguf 32768
+bench next_32k 60 $M/small-qwen3next.gguf 32768
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 for f in qwen3_16k next_16k qwen3_32k next_32k; do echo "== $f"; cat $L/$f.log 2>/dev/null | grep -v "^strata:"; done \
