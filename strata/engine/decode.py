@@ -141,9 +141,10 @@ class GraphDecoder:
 
     # ---- host side
 
-    def step(self, tokens: list[int], start: int) -> torch.Tensor:
+    def step(self, tokens: list[int], start: int, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Logits float32 [rows, vocab] (the last row's [1, vocab] when rows == 1) after tokens at start..;
-        a view of a static buffer, valid until the next step."""
+        a view of a static buffer, valid until the next step. `tail` (on the device): the tokens of rows 1.. (a
+        verify window's drafts not yet read by the host), which then stand in for tokens[1:]."""
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
         end = start + self.rows
@@ -155,6 +156,8 @@ class GraphDecoder:
         self.staging[1] = torch.arange(start, end, dtype=torch.long)
         self.tokens.copy_(self.staging[0], non_blocking=True)
         self.positions.copy_(self.staging[1], non_blocking=True)
+        if tail is not None:
+            self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
         if self.device.type == "cuda":
             self.uploaded = torch.cuda.Event()
             self.uploaded.record()

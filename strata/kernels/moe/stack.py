@@ -68,6 +68,12 @@ def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 64 == 0 and k % spec.block_size == 0
 
 
+def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
+    """Whether the decode GEMV kernels (gemv.py, wide_gemv.py) can take dot products of length k: they step whole
+    32-weight units over whole blocks, so an expert of 32 hidden units (the default model's) is one unit."""
+    return k % 32 == 0 and k % spec.block_size == 0
+
+
 @dataclass(frozen=True)
 class Tiles:
     """The launch shape of the expert kernels: outputs per program (BN), warps, Triton's pipeline stages, and the
