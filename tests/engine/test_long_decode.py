@@ -8,6 +8,7 @@ import os
 from collections import Counter
 
 import pytest
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
@@ -117,3 +118,20 @@ def test_verify_windows_select_with_quest_like_step_by_step_speculation(model_di
     assert eager.spec.windows is None and static.spec.windows is not None
     greedy = SamplingParams(temperature=0)
     assert list(static.generate(IDS[:150], greedy, 8)) == list(eager.generate(IDS[:150], greedy, 8))
+
+
+def test_a_step_that_opens_a_page_writes_one_table_entry():
+    """The int8 cache's page table grows in place (a decode step opening a page writes its entry, not the context's
+    whole table); truncating and growing again rewrites only the entries past the kept ones."""
+    from strata.engine.kv_paged import PagedInt8KV
+
+    cache = PagedInt8KV(1, 1, 64, 4096, torch.device("cpu"), initial_tokens=64)
+    cache.reserve(2001)
+    cache.reserve(2005)  # 502 pages: the table's room doubles from 501 to 1002
+    storage = cache.page_table.data_ptr()
+    for n_tokens in (2009, 2013, 1200, 3000):
+        if n_tokens < len(cache.pages) * 4:
+            cache.truncate(n_tokens)
+        cache.reserve(n_tokens)
+        assert torch.equal(cache.page_table, torch.tensor(cache.pages, dtype=torch.int32))
+    assert cache.page_table.data_ptr() == storage
