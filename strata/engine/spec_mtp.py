@@ -146,7 +146,9 @@ class MTPSteps:
             logits, out = model.mtp_step(self.hidden[:rows], self.ids[:rows], ctx)
             row = logits[-1]
             token = torch.argmax(row)  # the sampler's greedy choice: the first of equal maxima, as on the host
-            prob = torch.softmax(row, -1)[token]
+            # The argmax's probability is the softmax's largest: indexing by the 0-dim device tensor `token` reads it
+            # on the host (a sync, which a CUDA graph capture cannot hold: session 5's captures failed there).
+            prob = torch.softmax(row, -1).max()
             stash["pick"] = torch.stack((token.double(), prob.double()))
             stash["logits"], stash["out"] = logits, out
             # The next one-row step (a draft after this draft): its token, its hidden state, its position.

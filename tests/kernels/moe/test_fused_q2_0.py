@@ -15,17 +15,18 @@ from strata.kernels.moe.stack import Tiles
 
 @triton.jit
 def _both_decoders(words, out_bits, out_words, NW: tl.constexpr):
-    r = tl.arange(0, NW)[:, None]
+    r = tl.program_id(0) * NW + tl.arange(0, NW)[:, None]
     w = tl.load(words + r * 4 + tl.arange(0, 4)[None, :])
     j = tl.arange(0, 32)[None, :]
     tl.store(out_bits + r * 32 + j, q2_0_codes(w, NW))
     tl.store(out_words + r * 32 + j, q2_0_codes_words(w, NW))
 
 
-def test_word_decoder_matches_the_code_by_code_one_on_every_word():
-    words = torch.arange(65536, dtype=torch.int32).reshape(16384, 4)  # every 16-bit word, each code value in each slot
-    by_code, by_word = (torch.empty(16384, 32, dtype=torch.int8) for _ in range(2))
-    _both_decoders[(1,)](words, by_code, by_word, NW=16384)
+def test_word_decoder_matches_the_code_by_code_one_on_every_word(device):
+    # every 16-bit word, each code value in each slot; 64 words a program (a GPU compiles the kernel for real)
+    words = torch.arange(65536, dtype=torch.int32, device=device).reshape(16384, 4)
+    by_code, by_word = (torch.empty(16384, 32, dtype=torch.int8, device=device) for _ in range(2))
+    _both_decoders[(16384 // 64,)](words, by_code, by_word, NW=64)
     assert torch.equal(by_code, by_word)
     assert set(by_word.unique().tolist()) == {-1, 0, 1, 2}
 
