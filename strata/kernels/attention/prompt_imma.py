@@ -26,7 +26,8 @@ from strata.kernels.attention.prompt_parts import softmax_step_masked
 from strata.kernels.attention.prompt_v1 import pv_hilo
 
 # the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
-DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
+# H200 sweep (session 5): ids translated first, P.V in fp16 hi + lo, 128 registers a thread: 1.28x, within bounds
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3, translate=1, pv=16, maxreg=128)
 
 SPLIT_LIMIT = 127 * 65536
 

@@ -37,7 +37,12 @@ def test_tiny_run_passes(capsys):
     assert "sdpa-bf16" in text and "all PASS" in text
 
 
-def test_tiny_sweep_lists_every_config(capsys):
+def test_tiny_sweep_lists_every_config(capsys, monkeypatch):
+    from strata.kernels.attention import prompt_imma, prompt_v2
+    from strata.kernels.attention.prompt_blocks import PromptConfig
+
+    for module in (prompt_v2, prompt_imma):  # the labels below read against the plain config
+        monkeypatch.setattr(module, "DEFAULT", PromptConfig())
     rc = main(["--ctx", "160", "--queries", "8", "--reps", "1", "--heads", "4", "--kv-heads", "2", "--dim", "64",
                "--top-k", "29", "--recent", "8", "--variants", "v2", "--sweep", "q1h2c16", "q3h1s1", "t1"])
     text = capsys.readouterr().out

@@ -1,6 +1,8 @@
 """Blocked prompt kernels: the merge of a block's selections, the tunables, and every blocking within the parity
 bounds on neighbouring queries that share most of their cells."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -102,7 +104,7 @@ def test_config_switch_sets_the_default_blocking():
 
     assert PromptConfig.chosen(None, DEFAULT) == DEFAULT  # unset
     with switches.override(STRATA_PA_CONFIG="q2w8"):
-        assert PromptConfig.chosen(None, DEFAULT) == PromptConfig(2, DEFAULT.heads, DEFAULT.chunk, 8, DEFAULT.stages)
+        assert PromptConfig.chosen(None, DEFAULT) == replace(DEFAULT, queries=2, warps=8)  # the rest as the default's
         assert PromptConfig.chosen(PromptConfig(3), DEFAULT) == PromptConfig(3)  # the caller's wins
     with switches.override(STRATA_PA_CONFIG="fast"), pytest.raises(StrataError, match="q5h6c32w4s3"):
         PromptConfig.chosen(None, DEFAULT)
