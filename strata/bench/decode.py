@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from strata.bench.ceilings import copy_bandwidth, host_to_device_bandwidth, sync
+from strata.bench.ceilings import host_to_device_bandwidth, read_bandwidth, sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.experts import CachedExperts
 from strata.engine.sampling import SamplingParams
@@ -51,7 +51,7 @@ def bench_decode(args, placement: dict) -> None:
           f"(step {run.worst_index}{', adapting' if run.adapted[run.worst_index] else ''})")
     expert_each = engine.plan.expert_bytes_each
     dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
-    device_rate = copy_bandwidth(device) / 2  # bytes/s read (a copy reads and writes), measured once
+    device_rate = read_bandwidth(device)  # bytes/s a read-only stream gets: the copy's whole traffic, measured once
     gpu_bytes_floor = dense_read / device_rate
     if not offloaded:
         active = engine.plan.expert_bytes * c.n_experts_used // max(c.n_experts, 1)
@@ -66,7 +66,7 @@ def bench_decode(args, placement: dict) -> None:
           f"{run.bytes_moved / n / 1e6:.1f} MB/token copied into slots); median step "
           f"{_median(adapting) * 1e3:.2f} ms adapting, {_median(others) * 1e3:.2f} ms not")
     hits, misses, cpu_bytes, cpu_seconds, pcie_bytes, cpu_calls = run.counters
-    cpu_rate = device_rate if device.type == "cpu" else copy_bandwidth(torch.device("cpu")) / 2
+    cpu_rate = device_rate if device.type == "cpu" else read_bandwidth(torch.device("cpu"))
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     print(f"experts    hit rate {hit_rate:.1%}; misses {misses / n:.1f} per token = {misses * expert_each / n / 1e6:.1f} MB")
