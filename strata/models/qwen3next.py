@@ -220,7 +220,8 @@ class Qwen3NextLM(DecoderLM):
         if row_states:
             cache.keep_row_states(i, conv, state)
         else:
-            cache.conv[i].copy_(conv)
+            if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
+                cache.conv[i].copy_(conv)
             cache.state[i].copy_(state)
         return out
 

@@ -277,7 +277,8 @@ class Qwen4ExpLM(DecoderLM):
                 if ctx.keep_row_states:
                     cache.keep_row_states(i, conv, state)
                 else:
-                    cache.conv[i].copy_(conv)
+                    if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
+                        cache.conv[i].copy_(conv)
                     cache.state[i].copy_(state)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
