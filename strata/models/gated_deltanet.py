@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.kernels.gdn import gated_delta_rule
+from strata.models.gdn_projections import project_inputs
 from strata.models.layers import _fused, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -68,6 +69,10 @@ class GDNWeights:
     decay_rate: torch.Tensor  # ssm_a = -exp(A_log), [value heads], float32
     out_norm: torch.Tensor  # ssm_norm [v_dim]
     out: QuantWeight  # ssm_out [embd, value heads x v_dim]
+    # On a GPU: qkv, gate (and b, a where they share the format) in one block tensor, they views of its rows
+    # (models/gdn_projections.py), `inputs_parts` of them.
+    inputs: QuantWeight | None = None
+    inputs_parts: int = 0
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
@@ -131,13 +136,13 @@ def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: 
     `x`: h already through the layer's input norm."""
     s, n_tokens = shape, h.shape[0]
     x = rms_norm(h, w.norm, eps) if x is None else x
-    mixed, conv_state, beta, g = conv_and_gates(linear(x, w.qkv), w.conv, conv_state, linear(x, w.b),
-                                                linear(x, w.a), w.dt_bias, w.decay_rate, row_states)
+    qkv, z, b, a = project_inputs(x, w.inputs, w.inputs_parts, (w.qkv, w.gate, w.b, w.a))
+    mixed, conv_state, beta, g = conv_and_gates(qkv, w.conv, conv_state, b, a, w.dt_bias, w.decay_rate, row_states)
     key_dim = s.n_k_heads * s.k_dim
     q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)
     q, k = q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim)
     v = v.reshape(n_tokens, s.n_v_heads, s.v_dim)
     out, state = (delta_rule_rows if row_states else gated_delta_rule)(q, k, v, g, beta, state)
-    z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
+    z = z.view(n_tokens, s.n_v_heads, s.v_dim)
     out = output_gate(out, w.out_norm, z, eps, h.dtype)
     return linear(out.reshape(n_tokens, -1), w.out), conv_state, state
