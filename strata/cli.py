@@ -371,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(b)
     b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
     b.add_argument("--prompt-tokens", type=int, default=64)
+    b.add_argument("--gpu-floor", default="resident", metavar="resident|bytes|MS",
+                   help="offloaded runs: the floor's GPU time a token: the device time of the same model's "
+                        "all-resident step, timed after the run where it fits (resident), estimated from the bytes "
+                        "the GPU reads (bytes), or given in ms (what an all-resident run prints as its GPU step)")
+    b.add_argument("--adapt-sweep", default="", metavar="EVERYxSWAPS,...",
+                   help="offloaded runs: decode again with the expert cache adapting every N steps by up to M swaps "
+                        "(e.g. 2x96,8x96,4x48), one row each beside the default")
     b.set_defaults(func=cmd_bench_decode)
     b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
     b.add_argument("model", help="GGUF file")

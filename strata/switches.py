@@ -32,6 +32,11 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
     Switch("STRATA_CPU_POOL_OLD", False, "CPU expert pool: the numba `blocks` kernels (int16, per-row sums) for parity"),
+    Switch("STRATA_GEMV_STREAM", 0, "decode GEMVs (experts, dense matvec): the streamed kernels on the default tiles, "
+           "persistent programs of N warps an SM in all, -1 as many as stay resident (Q2_0/Q4_0/Q8_0/Q4_K, on a "
+           "GPU); 0: the default kernels"),
+    Switch("STRATA_ADAPT_SYNC", False, "direct misses: the cache's counts read with a host wait when an adapt period "
+           "ends, and the swaps made at once (the previous schedule, for before/after runs)"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

@@ -51,7 +51,8 @@ def test_offload_flags_plan_and_profile(tiny_moe, tmp_path):
     run = strata("run", tiny_moe, "-p", "Hi", "-n", "4", "--temp", "0", "--device", "cpu", "--expert-cache", "3",
                  "--expert-profile", profile)
     assert run.returncode == 0, run.stderr
-    bench = strata("bench", "decode", tiny_moe, "--device", "cpu", "--expert-cache", "4", "--tokens", "4")
+    bench = strata("bench", "decode", tiny_moe, "--device", "cpu", "--expert-cache", "4", "--tokens", "4",
+                   "--gpu-floor", "bytes")
     assert bench.returncode == 0 and "hit rate" in bench.stdout and "floor" in bench.stdout, bench.stderr
     bad = strata("run", tiny_moe, "-p", "Hi", "--expert-cache", "lots")
     assert bad.returncode == 2 and "--expert-cache must be 'auto' or a number" in bad.stderr

@@ -6,7 +6,8 @@ they come from HBM rather than L2), the weight's bytes over the HBM floor of the
 GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
 for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
 
-    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K] [--sweep]
+    python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
+                                  [--sweep [all|words|stream]]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import copy_bandwidth, graph_us
-from strata.bench.gemv_sweep import sweep_configs, time_config
+from strata.bench.gemv_sweep import FAMILIES, sweep_configs, time_config
 from strata.kernels.moe.decode import SPECS
 from strata.kernels.moe.gemv import ERROR_BOUND, ExpertOperand, byte_config, gemv_config, launch_down, relative_error
 from strata.kernels.quant.matvec import one_expert
@@ -28,9 +29,9 @@ from strata.quant import dequantize, get_format, random_blocks
 L2_SPAN = 256 << 20  # bytes of distinct weights per graph replay: several times H200's 50 MB L2
 
 
-def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, sweep: bool = False) -> bool:
+def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, sweep: str | None = None) -> bool:
     """One shape and format: both kernels, timed and checked (a float32 output, so the error is the kernel's own);
-    `sweep`: then every config of `gemv_sweep.sweep_configs`, each checked as well."""
+    `sweep` (a gemv_sweep family): then every config of `gemv_sweep.sweep_configs`, each checked as well."""
     info = get_format(fmt)
     rng = np.random.default_rng(n_in + n_out)
     n_bytes = info.row_bytes(n_in) * n_out
@@ -57,13 +58,14 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
               f"warps={cfg.warps} split={cfg.split}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     if sweep:
-        default_us = None
-        for cfg in sweep_configs("matvec", SPECS[fmt], n_out, n_in, 1):
+        default_us, outputs = None, {}
+        family = sweep if sweep in FAMILIES else "all"
+        for cfg in sweep_configs("matvec", SPECS[fmt], n_out, n_in, 1, family=family):
             def call(i, c=cfg):
                 return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
 
             good, default_us = time_config(f"{n_in}x{n_out} {fmt}", cfg, call, [(i,) for i in range(4 * copies)], want,
-                                           n_bytes, floor_bw, default_us, device, out)
+                                           n_bytes, floor_bw, default_us, device, out, outputs)
             ok &= good
     return ok
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench matvec", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="2048x4096,4096x2048,2048x151936", help="comma-separated n_in x n_out")
     p.add_argument("--formats", default="Q4_0,Q8_0,Q4_K", help="comma-separated, of: " + ", ".join(SPECS))
-    p.add_argument("--sweep", action="store_true",
+    p.add_argument("--sweep", nargs="?", const="all", choices=FAMILIES,
                    help="time launch configurations beside the default (bench/gemv_sweep.py), each checked")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

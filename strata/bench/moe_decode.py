@@ -8,7 +8,7 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 (`ResidentExperts`: a dequantize and matmul per expert) in the same run. Then a CUDA graph of one call is captured
 and replayed with new ids in place, and must match eager calls bit for bit.
 
-    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep]
+    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep [all|words|stream]]
 (also qwen4exp-iq2_xs, -iq3_xxs, -iq3_s: i-quant gate/up, Q2_0 down)
 """
 
@@ -21,7 +21,7 @@ import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
-from strata.bench.gemv_sweep import sweep_configs, time_config
+from strata.bench.gemv_sweep import FAMILIES, sweep_configs, time_config
 from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv,
                                      moe_gemv_float64, relative_error)
 from strata.quant import get_format, random_blocks
@@ -85,7 +85,8 @@ def _read_bytes(stack, ids: torch.Tensor) -> int:
     return ids.unique().numel() * stack.expert_bytes
 
 
-def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: bool, out) -> bool:
+def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: str | None, out) -> bool:
+    """One shape's line; `sweep` (a gemv_sweep family, or None): then its sweep lines."""
     from strata.engine.experts import ResidentExperts
 
     gu, dn, n_embd, n_ff, n_experts, top_k = SHAPES[name]
@@ -124,29 +125,29 @@ def bench_shape(name: str, n_tokens: int, device, floor_bw: float, sweep: bool, 
           f"{n_bytes / us / 1e3:8.0f} {us_slots:8.2f} {err_y:9.2e} {err_h:9.2e} {torch_us:9.0f} {torch_us / us:7.0f}x"
           f"  {'' if ok else 'FAIL'}", file=out, flush=True)
     if sweep:
-        ok &= _sweep(name, experts, calls, device, floor_bw, out, (h64, y64))
+        ok &= _sweep(name, experts, calls, device, floor_bw, out, (h64, y64), sweep)
     return ok
 
 
-def _sweep(name, experts, calls, device, floor_bw, out, want: tuple) -> bool:
-    """Each kernel alone under `gemv_sweep.sweep_configs` (the default first), every line beside the default and
-    with its error against `want` = the float64 (H, y) of the first call."""
+def _sweep(name, experts, calls, device, floor_bw, out, want: tuple, family: str = "all") -> bool:
+    """Each kernel alone under `gemv_sweep.sweep_configs` (the default first), every line beside the default, with
+    its error against `want` = the float64 (H, y) of the first call and whether its output is the default's bytes."""
     top_k = calls[0][1].shape[1]
     g, d = experts.gate, experts.down
     h = [gate_up_swiglu_triton(c[0], c[1], experts) for c in calls]
-    ok = True
+    ok, outputs = True, {}
     for kind, m, target in (("gate_up", g, want[0]), ("down", d, want[1])):
         per_expert = 2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes
         n_bytes = sum(len(c[1].unique()) for c in calls) / len(calls) * per_expert
         default_us = None
-        for cfg in sweep_configs(kind, m.spec, m.rows, m.cols, top_k):
+        for cfg in sweep_configs(kind, m.spec, m.rows, m.cols, top_k, family=family):
             if kind == "gate_up":
                 fn, args = (lambda a, i, c=cfg: gate_up_swiglu_triton(a, i, experts, c)), [(c[0], c[1]) for c in calls]
             else:
                 fn = lambda hh, i, w, c=cfg: down_sum_triton(hh, i, w, experts, torch.float32, c)  # noqa: E731
                 args = [(hh, c[1], c[2]) for hh, c in zip(h, calls)]
             good, default_us = time_config(f"{name} {kind}", cfg, fn, args, target, n_bytes, floor_bw, default_us,
-                                           device, out)
+                                           device, out, outputs)
             ok &= good
     return ok
 
@@ -183,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench moe-decode", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default="1", help="comma-separated T values (1..8)")
-    p.add_argument("--sweep", action="store_true",
-                   help="time each kernel under launch configurations beside the default (bench/gemv_sweep.py)")
+    p.add_argument("--sweep", nargs="?", const="all", choices=FAMILIES,
+                   help="time each kernel under launch configurations beside the default (bench/gemv_sweep.py); "
+                        "'stream': only the streamed kernels' (stream_gemv.py), 'words': all but them")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe-decode: needs a CUDA GPU (the kernels' CPU tests are tests/kernels/moe/test_gemv.py)")

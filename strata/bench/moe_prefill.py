@@ -34,6 +34,12 @@ PAIRS = ["Q2_0 / Q2_0", "IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_
 # [BMx]BNxWARPSxSTAGES; shapes whose sm_90 build spills in the int8 matmul (128x128, 256 at 8 warps) left out.
 SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3", "128x16x2", "128x32x8x2",
          "128x64x8x2", "128x64x8x3"]
+# The fused path's: gate/up features per program (twice as many weight rows) x warps x stages / the down
+# projection's outputs x warps x stages; BM (64 or 128 rows) shared; "s": two 32-value dots a step instead of one
+# block-diagonal 64. Spilling builds (sm_90) left out.
+FUSED_SWEEP = ["32x8x3s/64x8x3s", "32x8x2/64x8x2", "32x8x4/64x8x3", "32x4x2/64x4x2", "32x4x2s/64x4x2s",
+               "64x8x3/128x8x3", "64x16x3/128x16x3", "32x8x3/128x8x3", "128x32x8x2/128x64x8x2",
+               "128x32x8x2s/128x64x8x2s"]
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
 # Strata's bounds (prefill_fused_*_test), applied to every pair.
@@ -168,12 +174,15 @@ def sweep_pair(pair: str, n_tokens: int, args, device: torch.device) -> bool:
     print(f"\n{pair}, {n_tokens} tokens: ms per launch shape (BN x warps x stages)")
     ok = True
     for path in args.paths:
+        shapes = args.sweep if args.sweep != "default" else [Tiles.parse(t) for t in
+                                                              (FUSED_SWEEP if path == "fused" else SWEEP)]
+
         def run(tiles):
             return moe_prefill(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, path, tiles=tiles)
 
         base_ms, base = timed(lambda: run(None), device, args.reps)
         cells = [f"default {base_ms:.3f}"]
-        for tiles in args.sweep:
+        for tiles in shapes:
             try:
                 ms, out = timed(lambda: run(tiles), device, args.reps)
             except Exception as e:  # a shape that does not build (shared memory, registers) is a result, not an end
@@ -203,10 +212,12 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--sweep", nargs="?", const=",".join(SWEEP), metavar="SHAPES",
-                   help=f"time launch shapes [BMx]BNxWARPSxSTAGES instead of checking bounds (default list: {','.join(SWEEP)})")
+    p.add_argument("--sweep", nargs="?", const="default", metavar="SHAPES",
+                   help="time launch shapes [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES for the fused down] instead of "
+                        f"checking bounds (default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
     args = p.parse_args(argv)
-    args.sweep = [Tiles.parse(t.strip()) for t in args.sweep.split(",")] if args.sweep else None
+    if args.sweep and args.sweep != "default":
+        args.sweep = [Tiles.parse(t.strip()) for t in args.sweep.split(",")]
     args.pairs = [pair.strip() for pair in args.only.split(",")] if args.only else PAIRS
     args.tokens = [int(t) for t in str(args.tokens).split(",")]
     args.paths = [q.strip() for q in args.paths.split(",")]

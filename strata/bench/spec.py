@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 from strata.bench.ceilings import sync
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.sampling import SamplingParams
-from strata.engine.spec import MAX_WINDOW, SpecDecoder
+from strata.engine.spec import MAX_WINDOW, SpecDecoder, SpecStats
 from strata.errors import StrataError
 
 
@@ -79,6 +80,33 @@ def _step_ms(engine: Engine, prompt: list[int], reps: int) -> float:
     return min(times[1:]) * 1e3
 
 
+def _phases(engine: Engine, prompt: list[int], n: int) -> tuple[Counter, float, int]:
+    """One more run with the device synced between a window's parts: (seconds by part, decode seconds, windows)."""
+    spec = engine.spec
+    spec.phase_seconds, spec.stats = Counter(), SpecStats(spec.window)
+    try:
+        _, per_token = _decode(engine, prompt, n)
+    finally:
+        parts, spec.phase_seconds = spec.phase_seconds, None
+    return parts, per_token * (n - 1), spec.stats.windows
+
+
+def _print_phases(phases: dict, step_ms: float, engine: Engine) -> None:
+    mtp = engine.spec.mtp_steps if engine.spec is not None else None
+    drafting = "no MTP block" if not engine.spec.has_mtp else "MTP step by step (eager)" if mtp is None else \
+        "MTP through captured graphs" if mtp.capture else "MTP through the static step, uncaptured"
+    print(f"\nwhere a window's time goes (ms per window, device synced between parts; drafts: {drafting}):")
+    print("| --spec | draft | verify | accept + keep | rest (host loop) | window | in decode steps |")
+    print("|---|---|---|---|---|---|---|")
+    for window, (parts, seconds, n_windows) in phases.items():
+        n = max(n_windows, 1)
+        ms = {part: parts[part] * 1e3 / n for part in ("draft", "verify", "accept + keep")}
+        total = seconds * 1e3 / n
+        rest = total - sum(ms.values())
+        print(f"| {window} | {ms['draft']:.2f} | {ms['verify']:.2f} | {ms['accept + keep']:.2f} | {rest:.2f} | "
+              f"{total:.2f} | {total / step_ms:.2f}x |")
+
+
 def _windows_kind(engine: Engine) -> str:
     windows = engine.spec.windows if engine.spec is not None else None
     if windows is None:
@@ -108,16 +136,20 @@ def bench_spec(args, placement: dict) -> None:
     print(f"decode step {step_ms:.2f} ms ({plain}); verify windows through {_windows_kind(engine)}")
     print("verify window: " + ", ".join(f"{r} rows {ms:.2f} ms ({ms / step_ms:.2f}x a decode step)"
                                         for r, ms in window_ms.items()))
-    results, baseline = {}, None
+    results, baseline, phases = {}, None, {}
     for window in windows:
         _use(engine, window, args)
-        _decode(engine, prompt, min(args.gen_tokens, 8))  # warm-up
+        # Warm-up: the very run timed after, so every row count and span it meets is captured (graphs live in the
+        # SpecDecoder's windows, kept for the timed runs); then fresh counters.
+        _decode(engine, prompt, args.gen_tokens)
         if engine.spec is not None:
-            _use(engine, window, args)  # fresh counters
+            engine.spec.stats = SpecStats(window)
         runs = [_decode(engine, prompt, args.gen_tokens) for _ in range(args.reps)]
         tokens, seconds = runs[0][0], min(s for _, s in runs)
         baseline = baseline or (tokens, seconds)
         results[window] = (tokens, seconds, engine.spec.stats if engine.spec else None)
+        if engine.spec is not None:
+            phases[window] = _phases(engine, prompt, args.gen_tokens)  # on counters of its own
     print("\n| --spec | tok/s | vs --spec 1 | tokens/window | acceptance by draft position | greedy = plain |")
     print("|---|---|---|---|---|---|")
     best = 1
@@ -129,6 +161,8 @@ def bench_spec(args, placement: dict) -> None:
         per_window = f"{stats.tokens_per_window:.2f}" if stats else "1.00"
         same = "yes" if tokens == baseline[0] else "NO"
         print(f"| {window} | {1 / seconds:.1f} | {speedup:.2f}x | {per_window} | {acceptance} | {same} |")
+    if phases:
+        _print_phases(phases, step_ms, engine)
     if best == 1:
         print("\nspeculation does not pay here: keep --spec 1 (the default)")
     else:

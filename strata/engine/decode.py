@@ -125,6 +125,7 @@ class GraphDecoder:
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         pin = self.device.type == "cuda"
         self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
+        self.staging_numpy = self.staging.numpy()
         self.uploaded = None  # CUDA event after the last upload from staging
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self.programs: dict[int, StepGraphs] = {}
@@ -141,9 +142,10 @@ class GraphDecoder:
 
     # ---- host side
 
-    def step(self, tokens: list[int], start: int) -> torch.Tensor:
+    def step(self, tokens: list[int], start: int, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Logits float32 [rows, vocab] (the last row's [1, vocab] when rows == 1) after tokens at start..;
-        a view of a static buffer, valid until the next step."""
+        a view of a static buffer, valid until the next step. `tail` (on the device): the tokens of rows 1.. (a
+        verify window's drafts not yet read by the host), which then stand in for tokens[1:]."""
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
         end = start + self.rows
@@ -151,12 +153,14 @@ class GraphDecoder:
         self._reserve(start, end if self.exact_span else self.kv.max_tokens)
         if self.uploaded is not None:
             self.uploaded.synchronize()  # the last step's upload has left the staging buffer
-        self.staging[0] = torch.tensor(tokens, dtype=torch.long)
-        self.staging[1] = torch.arange(start, end, dtype=torch.long)
+        self.staging_numpy[0] = tokens  # through numpy: no tensor made per step
+        self.staging_numpy[1] = range(start, end)
         self.tokens.copy_(self.staging[0], non_blocking=True)
         self.positions.copy_(self.staging[1], non_blocking=True)
+        if tail is not None:
+            self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
         if self.device.type == "cuda":
-            self.uploaded = torch.cuda.Event()
+            self.uploaded = self.uploaded or torch.cuda.Event()  # one event, recorded again each step
             self.uploaded.record()
         if not self.capture:
             runner = StepGraphs(self._program(span), capture=False)

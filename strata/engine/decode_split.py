@@ -134,7 +134,7 @@ class Stage:
             self.tokens.copy_(staging[0], non_blocking=True)
         self.positions.copy_(staging[1], non_blocking=True)
         if self.device.type == "cuda":
-            self.uploaded = torch.cuda.Event()
+            self.uploaded = self.uploaded or torch.cuda.Event()  # one event, recorded again each step
             self.uploaded.record()
 
     def run(self, span: int) -> dict:
@@ -230,6 +230,7 @@ class SplitGraphDecoder:
                 self.stages.append(Stage(self, s, backends[s]))
         pin = self.device.type == "cuda"
         self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)  # tokens, positions
+        self.staging_numpy = self.staging.numpy()
         self.signature = None
         self.steps = 0
 
@@ -258,8 +259,8 @@ class SplitGraphDecoder:
         for stage in self.stages:
             if stage.uploaded is not None:
                 stage.uploaded.synchronize()  # the last step's uploads have left the staging buffer
-        self.staging[0] = torch.tensor(tokens, dtype=torch.long)
-        self.staging[1] = torch.arange(start, end, dtype=torch.long)
+        self.staging_numpy[0] = tokens  # through numpy: no tensor made per step
+        self.staging_numpy[1] = range(start, end)
         self.transport.begin()  # every card's stream after what the caller queued (cache growth)
         stash = None
         for stage in self.stages:

@@ -10,86 +10,235 @@ host stacks (zero-copy: a missed expert's bytes cross PCIe once, at the link's r
 Table upkeep happens on the compute stream between steps, so a step sees one table throughout:
 - an evicted expert's entry turns -1 before the copy stream may overwrite its slot (that copy waits for the
   compute stream, so every step before it still read the old expert, every step after reads the host's bytes);
-- an admitted expert's entry is set once its copy has landed (checked every `adapt_every` steps, with the counts).
-Routing counts accumulate on the device (one index_add a layer); every `adapt_every` steps the host reads them
-(one small copy), counts hits and misses against the table they ran with, decays and adapts as ExpertCache does.
+- an admitted expert's entry is set at the first window end at least a step after its copy was queued, behind a
+  wait of the compute stream for that copy (on the GPU: free once it has landed), so the steps that read it from
+  its slot do not depend on how fast the copy went.
+
+Adapting never makes a step wait (issue 4: reading the counts synchronously drained the GPU's queue every
+`adapt_every` steps, and the host then decided and queued the swaps with the GPU idle). Routing counts accumulate on
+the device (one index_add a layer). A *window* of steps ends with a non-blocking copy of the counts into a pinned
+host buffer and an event (`Readout`); the host takes a readout in at a later step, once its event has completed
+(`query`, never `synchronize`), while the GPU runs that step: hits and misses against the table the window ran
+with, decayed counts, and for the window that ends an adapt period, the swaps. The table only changes right after
+a window ends, so every window ran with one table and the hit counts are exact. Schedule, for adapt_every = 4:
+the window ending at step 4k is taken in at step 4k+1 (a decode step reads its token on the host, so the copy has
+landed by then), which first ends the window (4k, 4k+1]. Decode reads each token before the next step, so the
+schedule, the decayed counts and the swaps depend only on the sequence of steps; on the CPU the copies are done
+when queued (no event) and the same code runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
+from strata import switches
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
+
+
+@dataclasses.dataclass
+class Readout:
+    """A closed window of steps: its device counts on their way to a host buffer, and the slot map they ran with."""
+
+    counts: torch.Tensor  # float32 [layers, experts] on the host (pinned on CUDA); valid once `landed` has fired
+    table: np.ndarray  # int32 [layers, experts]: the table every step of the window ran with
+    landed: "torch.cuda.Event | None"  # None on the CPU: the copy is done when queued
+    steps: int = 0
+    adapt: bool = False  # the window that ends an adapt period: the swaps follow its taking in
+    counted: np.ndarray | None = None  # what `read_stats` already added to the hit counters
+
+    def ready(self) -> bool:
+        return self.landed is None or self.landed.query()
+
+    def wait(self) -> None:
+        if self.landed is not None:
+            self.landed.synchronize()
 
 
 class DeviceTable:
     """The cache's (layer, expert) -> slot map on its device, kept by ExpertCache's admit/evict hooks, plus the
-    per-expert routing counts a captured step adds to."""
+    per-expert routing counts a captured step adds to, read back window by window (`end_step`)."""
 
     def __init__(self, cache):
         self.cache = cache
         self.row = {layer: i for i, layer in enumerate(sorted(cache.stacks))}
         n_experts = max((s.n_experts for s in cache.stacks.values()), default=0)
-        shape = (len(self.row), n_experts)
-        self.host = torch.full(shape, -1, dtype=torch.int32)  # what the device table holds, mirrored
+        self.shape = (len(self.row), n_experts)
+        self.host = torch.full(self.shape, -1, dtype=torch.int32)  # what the device table holds, mirrored
+        self.host_numpy = self.host.numpy()  # the same memory, for element access without torch's per-call cost
+        # `cache.count_table`'s row of each of this table's rows (both one a layer; their orders may differ).
+        self.count_rows = np.array([cache.layer_row[layer] for layer in self.row], dtype=np.int64)
         self.table = self.host.to(cache.device)
-        self.routed = torch.zeros(shape, dtype=torch.float32, device=cache.device)
+        self.cuda = self.table.is_cuda
+        self.routed = torch.zeros(self.shape, dtype=torch.float32, device=cache.device)
         self.expert_ids = torch.arange(n_experts, dtype=torch.int32, device=cache.device)
+        # The table's complement, kept beside it (expert e where the table says -1, else -1): the misses' GEMV reads
+        # it, where working it out in the step took two kernels a layer.
+        self.missing = self.expert_ids.repeat(len(self.row), 1)
         # index_add's source: a step taking this path has < PROMPT_KERNEL_MIN_TOKENS rows of at most n_experts pairs
         self.ones = torch.ones(PROMPT_KERNEL_MIN_TOKENS * n_experts, dtype=torch.float32, device=cache.device)
+        self.minus_one = torch.tensor(-1, dtype=torch.int32, device=cache.device)
         self.waiting = {slot: key for key, slot in cache.slot_of.items()}  # admitted, not yet in the table
+        self.clock = 0  # steps ended
+        self.admitted_at = {slot: 0 for slot in self.waiting}  # the clock when each waiting admit was queued
         self.host_experts: dict = {}  # layer -> its pinned host stack as the decode kernels read it
-        self.steps = 0  # steps ended since the last collect
+        self.window = 0  # steps since the last window ended
+        self.since_adapt = 0  # steps since the last adapt period ended
+        self.pending: list[Readout] = []  # closed windows not yet taken in, oldest first
+        self.spare: list[Readout] = []  # taken-in readouts' buffers, reused (no allocation in steady decode)
+        self.counted: np.ndarray | None = None  # the open window's counts `read_stats` already added
+        self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
         self.publish()
+
+    # ---- the table
 
     def evicted(self, key) -> None:
         """Before the slot of `key` is overwritten (or lent): from now on the step reads it from the host."""
-        layer, e = key
-        row = self.row[layer]
-        if self.host[row, e] >= 0:
-            self.host[row, e] = -1
-            self.table[row, e] = -1
-        self.waiting = {s: k for s, k in self.waiting.items() if k != key}
+        self.evicted_many([key])
+
+    def evicted_many(self, keys) -> None:
+        """Several evictions in one launch (an adapt's swaps), queued on the compute stream."""
+        self._table_changes()
+        gone = set(keys)
+        rows, experts = [], []
+        for layer, e in gone:
+            row = self.row[layer]
+            if self.host_numpy[row, e] >= 0:
+                rows.append(row)
+                experts.append(e)
+        if rows:
+            self.host_numpy[rows, experts] = -1
+            index = (self._upload(rows), self._upload(experts))
+            self.table.index_put_(index, self.minus_one)
+            self.missing.index_put_(index, index[1].to(torch.int32))
+        if self.waiting:
+            self.waiting = {s: k for s, k in self.waiting.items() if k not in gone}
+            self.admitted_at = {s: t for s, t in self.admitted_at.items() if s in self.waiting}
 
     def admitted(self, key, slot: int) -> None:
         self.waiting[slot] = key
+        self.admitted_at[slot] = self.clock
 
-    def publish(self) -> None:
-        """Enter the admitted experts whose copies have landed (one upload)."""
-        landed = [(slot, key) for slot, key in self.waiting.items() if self.cache._landed(slot)]
-        if not landed:
+    def publish(self, min_age: int = 0) -> None:
+        """Enter the admitted experts queued at least `min_age` steps ago (one upload, no host wait). The compute
+        stream waits for their copies first (a wait on the GPU, free once they have landed), so which step first
+        reads an expert from its slot depends on the steps alone, not on how fast the copies went."""
+        entered = [(slot, key) for slot, key in self.waiting.items() if self.clock - self.admitted_at[slot] >= min_age]
+        if not entered:
             return
-        rows = torch.tensor([self.row[key[0]] for _, key in landed])
-        experts = torch.tensor([key[1] for _, key in landed])
-        slots = torch.tensor([slot for slot, _ in landed], dtype=torch.int32)
-        self.host[rows, experts] = slots
-        self.table.index_put_((rows.to(self.table.device), experts.to(self.table.device)), slots.to(self.table.device))
-        for slot, _ in landed:
+        self._table_changes()
+        if self.cuda:
+            events = {id(e): e for e in (self.cache.landing.get(slot) for slot, _ in entered) if e is not None}
+            stream = torch.cuda.current_stream(self.table.device)
+            for event in events.values():
+                stream.wait_event(event)
+        rows = [self.row[key[0]] for _, key in entered]
+        experts = [key[1] for _, key in entered]
+        slots = [slot for slot, _ in entered]
+        self.host_numpy[rows, experts] = slots
+        index = (self._upload(rows), self._upload(experts))
+        self.table.index_put_(index, self._upload(slots, torch.int32))
+        self.missing.index_put_(index, self.minus_one)
+        for slot in slots:
             del self.waiting[slot]
+            del self.admitted_at[slot]
+
+    def _table_changes(self) -> None:
+        """Before the table changes: steps since the last window ran with the table as it is, so end their window
+        (a no-op inside `end_step`, which ends one first; a prompt's lent slots change it between windows)."""
+        if self.window:
+            self._close(adapt=False)
+
+    def _upload(self, values: list[int], dtype=torch.long) -> torch.Tensor:
+        """A small host list onto the table's device without a host wait (pinned, non-blocking: a pageable copy
+        would synchronize the stream, draining the queued steps)."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory().to(self.table.device, non_blocking=True) if self.cuda else t
+
+    # ---- routing counts
 
     def count(self, layer: int, ids: torch.Tensor) -> None:
         """Inside a step: the layer's routing, added to the device counts (capturable: no host work)."""
         flat = ids.reshape(-1)
         self.routed[self.row[layer]].index_add_(0, flat.long(), self.ones[: flat.numel()])
 
-    def collect(self, decay: float) -> None:
-        """Host side, every `adapt_every` steps (and when a benchmark reads the counters): the device counts into
-        the cache's decayed counts and hit statistics (against the table those steps ran with), then the landed
-        admits into the table."""
-        routed = self.routed.cpu().double()
+    def end_step(self, decay: float, adapt_every: int, adapt) -> None:
+        """After each step: take in the readouts that have landed; where one ends an adapt period (or this step
+        ends one), end the open window first, since what follows may change the table; then `adapt()`."""
+        self.window += 1
+        self.since_adapt += 1
+        self.clock += 1
+        if self.sync:
+            if self.since_adapt >= adapt_every:  # wait for this step's counts (draining the queue), adapt at once
+                self._close(adapt=True)
+                self.since_adapt = 0
+                ready, self.pending = self.pending, []
+                for readout in ready:
+                    readout.wait()
+                    self._take_in(readout, decay)
+                adapt()
+                self.publish(min_age=1)
+            return
+        n_ready = 0
+        while n_ready < len(self.pending) and self.pending[n_ready].ready():
+            n_ready += 1
+        ready, self.pending = self.pending[:n_ready], self.pending[n_ready:]
+        adapting = any(r.adapt for r in ready)
+        due = self.since_adapt >= adapt_every
+        if adapting or due:
+            self._close(adapt=due)  # the window's steps all ran with the table as it is now
+            if due:
+                self.since_adapt = 0
+        for readout in ready:
+            self._take_in(readout, decay)
+            if readout.adapt:
+                adapt()
+        if adapting or due:
+            self.publish(min_age=1)  # the admits of earlier steps (this step's own copies have barely started)
+
+    def _close(self, adapt: bool) -> None:
+        """End the open window: its counts copied to the host (non-blocking, then an event), the device's zeroed."""
+        readout = self.spare.pop() if self.spare else Readout(
+            torch.zeros(self.shape, dtype=torch.float32, pin_memory=self.cuda),
+            np.zeros(self.shape, dtype=np.int32), torch.cuda.Event() if self.cuda else None)
+        readout.counts.copy_(self.routed, non_blocking=True)
         self.routed.zero_()
-        cached = self.host >= 0
+        if readout.landed is not None:
+            readout.landed.record(torch.cuda.current_stream(self.table.device))
+        np.copyto(readout.table, self.host_numpy)
+        readout.steps, readout.adapt, readout.counted = self.window, adapt, self.counted
+        self.counted = None
+        self.window = 0
+        self.pending.append(readout)
+
+    def _take_in(self, readout: Readout, decay: float) -> None:
+        """A landed window into the hit counters and the cache's decayed counts."""
+        counts = readout.counts.numpy().astype(np.float64)
+        self._tally(counts if readout.counted is None else counts - readout.counted, readout.table)
+        kept = self.cache.count_table
+        kept *= decay ** readout.steps  # the window's steps, as if decayed one by one
+        kept[self.count_rows] += counts[:, : kept.shape[1]]
+        self.spare.append(readout)
+
+    def _tally(self, routed: np.ndarray, table: np.ndarray) -> None:
+        cached = table >= 0
         stats = self.cache.stats
-        stats.hits += int(routed[cached].sum().item())
-        stats.misses += int(routed[~cached].sum().item())
-        for layer, row in self.row.items():
-            counts = self.cache.counts[layer]
-            counts *= decay ** self.steps  # the steps since the last collect, as if decayed one by one
-            counts += routed[row, : counts.numel()]
-        self.steps = 0
-        self.publish()
+        stats.hits += int(routed[cached].sum())
+        stats.misses += int(routed[~cached].sum())
+
+    def read_stats(self) -> None:
+        """Bring the hit counters up to now for a reader (a benchmark, a test): waits for the device (only when
+        asked), and leaves the windows, the decayed counts and the swaps exactly as they would have been."""
+        for readout in self.pending:
+            readout.wait()
+            counts = readout.counts.numpy().astype(np.float64)
+            self._tally(counts if readout.counted is None else counts - readout.counted, readout.table)
+            readout.counted = counts
+        live = self.routed.cpu().numpy().astype(np.float64)
+        self._tally(live if self.counted is None else live - self.counted, self.host_numpy)
+        self.counted = live
 
 
 def direct_part(backend, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -116,10 +265,10 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
 
     device_table = cache.device_table
-    table = device_table.table[device_table.row[layer]]
+    row = device_table.row[layer]
     top, w = ids.to(torch.int32), weights.float()
-    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, table, stack))
+    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     if layer not in device_table.host_experts:
         device_table.host_experts[layer] = DecodeExperts.of_stack(stack)
-    missing = torch.where(table >= 0, -1, device_table.expert_ids)
+    missing = device_table.missing[row]
     return hits + moe_gemv(x, top, w, dataclasses.replace(device_table.host_experts[layer], slot_of=missing))

@@ -22,6 +22,7 @@ class CacheStats:
     misses: int = 0
     swaps: int = 0
     bytes_moved: int = 0
+    adapts: int = 0  # times `adapt` ran (`strata bench decode` counts the steps that did)
 
     @property
     def hit_rate(self) -> float:
@@ -41,8 +42,14 @@ class ExpertCache:
         self.slots = torch.empty((n_slots, self.slot_bytes), dtype=torch.uint8, device=self.device)
         self.slot_of: dict[Key, int] = {}
         self.owner: list[Key | None] = [None] * n_slots
+        # The owners again as arrays (row of `count_table`, expert; -1 where empty), for adapt's numpy choice.
+        self.owner_row = np.full(n_slots, -1, dtype=np.int64)
+        self.owner_expert = np.full(n_slots, -1, dtype=np.int64)
         n_experts = max((s.n_experts for s in stacks.values()), default=0)
-        self.counts = {layer: torch.zeros(n_experts, dtype=torch.float64) for layer in stacks}
+        # Decayed routing counts, one row a layer (in `stacks` order); `counts[layer]` is a view of its row.
+        self.count_table = np.zeros((len(stacks), n_experts), dtype=np.float64)
+        self.layer_row = {layer: i for i, layer in enumerate(stacks)}
+        self.counts = {layer: torch.from_numpy(self.count_table[i]) for layer, i in self.layer_row.items()}
         self.stats = CacheStats()
         self.steps = 0
         self.in_use: set[Key] = set()
@@ -100,33 +107,51 @@ class ExpertCache:
 
     def admit(self, key: Key, slot: int) -> None:
         """Copy an expert's bytes from the host into `slot`, evicting whatever was there."""
-        layer, e = key
-        old = self.owner[slot]
-        if old is not None:
-            del self.slot_of[old]
-            if self.device_table is not None:
-                self.device_table.evicted(old)
-        stack = self.stacks[layer]
-        parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
-        n = sum(p.numel() for p in parts)
-        if self.copy_stream is None:
-            torch.cat(parts, out=self.slots[slot, :n])
-        else:
-            # Wait for work already queued on the compute stream, which may still read the old expert.
+        self.admit_many([(key, slot)])
+
+    def admit_many(self, placed: list[tuple[Key, int]]) -> None:
+        """Copy experts into slots (distinct slots, experts not cached), evicting what was there: the evictions in
+        one table update, one wait for the compute stream and one event for the whole batch (an adapt's swaps cost
+        the host a few copy launches each, not a stream wait and an event each)."""
+        if not placed:
+            return
+        evicted = []
+        for _, slot in placed:
+            old = self.owner[slot]
+            if old is not None:
+                del self.slot_of[old]
+                evicted.append(old)
+        if evicted and self.device_table is not None:
+            self.device_table.evicted_many(evicted)
+        event = None
+        if self.copy_stream is not None:
+            # Wait for work already queued on the compute stream, which may still read the old experts.
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.copy_stream):
-                offset = 0
-                for p in parts:
-                    self.slots[slot, offset : offset + p.numel()].copy_(p, non_blocking=True)
-                    offset += p.numel()
-                event = torch.cuda.Event()
-                event.record(self.copy_stream)
-            self.landing[slot] = event
-        self.owner[slot] = key
-        self.slot_of[key] = slot
-        if self.device_table is not None:
-            self.device_table.admitted(key, slot)
-        self.stats.bytes_moved += n
+        for key, slot in placed:
+            layer, e = key
+            stack = self.stacks[layer]
+            parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
+            n = sum(p.numel() for p in parts)
+            if self.copy_stream is None:
+                torch.cat(parts, out=self.slots[slot, :n])
+            else:
+                with torch.cuda.stream(self.copy_stream):
+                    offset = 0
+                    for p in parts:
+                        self.slots[slot, offset : offset + p.numel()].copy_(p, non_blocking=True)
+                        offset += p.numel()
+            self.stats.bytes_moved += n
+        if self.copy_stream is not None:
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        for key, slot in placed:
+            if event is not None:
+                self.landing[slot] = event
+            self.owner[slot] = key
+            self.owner_row[slot], self.owner_expert[slot] = self.layer_row[key[0]], key[1]
+            self.slot_of[key] = slot
+            if self.device_table is not None:
+                self.device_table.admitted(key, slot)
 
     def fill(self, ranking: list[Key]) -> None:
         """Fill empty slots in the order given (a routing profile's ranking, or an even spread)."""
@@ -135,7 +160,9 @@ class ExpertCache:
             self.admit(key, slot)
 
     def free_slots(self) -> list[int]:
-        return [s for s in range(self.n_slots) if self.owner[s] is None and s not in self.lent]
+        empty = self.owner_row < 0
+        empty[list(self.lent)] = False
+        return np.flatnonzero(empty).tolist()
 
     # ---- lending slots (the prompt's streaming ring)
 
@@ -173,6 +200,7 @@ class ExpertCache:
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
+                self.owner_row[slot] = self.owner_expert[slot] = -1
                 if self.device_table is not None:
                     self.device_table.evicted(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
@@ -195,19 +223,16 @@ class ExpertCache:
         return [(layer, e) for e in range(n) for layer in sorted(self.stacks)]
 
     def end_step(self) -> None:
-        """Decay counts; every `adapt_every` steps swap hot missing experts in for cold residents."""
+        """Decay counts; every `adapt_every` steps swap hot missing experts in for cold residents. With a device
+        table the counts come back window by window, without a host wait (DeviceTable.end_step)."""
         self.steps += 1
-        if self.device_table is not None:  # the steps counted on the device: read them at each adapt
-            self.device_table.steps += 1
-            if self.steps % self.adapt_every == 0:
-                self.device_table.collect(self.decay)
-                self.adapt()
+        if self.device_table is not None:
+            self.device_table.end_step(self.decay, self.adapt_every, self.adapt)
             self.in_use.clear()
             return
         if self.steps % self.adapt_every == 0:
             self.adapt()
-        for counts in self.counts.values():
-            counts *= self.decay
+        self.count_table *= self.decay  # every layer's row at once
         self.in_use.clear()
 
     def _count_lists(self) -> dict[int, list[float]]:
@@ -217,27 +242,28 @@ class ExpertCache:
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use.
         Candidates go hottest first (count, then layer, then expert, descending), residents coldest first (count,
-        then slot); the choice is made on numpy arrays, not a Python tuple per expert (~100 ms an adapt at the
-        A3B shape's 6,144 experts, every few tokens)."""
+        then slot); the choice is made on numpy arrays (the owners kept as arrays too), not a Python object per
+        expert or slot (~100 ms an adapt at the A3B shape's 6,144 experts with tuples, every few tokens)."""
         layers = list(self.counts)
         if not layers:
             return 0
-        row = {layer: i for i, layer in enumerate(layers)}
-        counts = np.stack([self.counts[layer].numpy() for layer in layers])  # [layers, experts] float64
+        counts = self.count_table  # [layers, experts] float64, rows in `layers` order
+        held = self.owner_row >= 0
         cached = np.zeros(counts.shape, dtype=bool)
-        for layer, e in self.slot_of:
-            cached[row[layer], e] = True
+        cached[self.owner_row[held], self.owner_expert[held]] = True
         rows, experts = np.nonzero((counts > 0) & ~cached)
         wanted, layer_ids = counts[rows, experts], np.asarray(layers, dtype=np.int64)[rows]
         hottest = np.lexsort((experts, layer_ids, wanted))[::-1][: self.adapt_swaps]
         free = self.free_slots()
-        owned = [(s, k) for s, k in enumerate(self.owner) if k is not None and k not in self.in_use]
-        slots = np.array([s for s, _ in owned], dtype=np.int64)
-        resident_counts = counts[np.array([row[k[0]] for _, k in owned], dtype=np.int64),
-                                 np.array([k[1] for _, k in owned], dtype=np.int64)]
+        for key in self.in_use:  # an expert in use keeps its slot
+            slot = self.slot_of.get(key)
+            if slot is not None:
+                held[slot] = False
+        slots = np.flatnonzero(held)
+        resident_counts = counts[self.owner_row[slots], self.owner_expert[slots]]
         coldest = np.lexsort((slots, resident_counts))
         next_cold = 0
-        swaps = 0
+        placed = []
         for i in hottest:
             if free:
                 slot = free.pop()
@@ -246,7 +272,8 @@ class ExpertCache:
                 next_cold += 1
             else:
                 break
-            self.admit((int(layer_ids[i]), int(experts[i])), slot)
-            swaps += 1
-        self.stats.swaps += swaps
-        return swaps
+            placed.append(((int(layer_ids[i]), int(experts[i])), slot))
+        self.admit_many(placed)
+        self.stats.swaps += len(placed)
+        self.stats.adapts += 1
+        return len(placed)

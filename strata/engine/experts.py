@@ -98,16 +98,17 @@ def kernel_path(stack: ExpertStack, x: torch.Tensor) -> str | None:
     from strata.kernels.moe.decode import SPECS
     from strata.quant import get_format
 
-    from strata.kernels.moe.stack import dot_length_fits
+    from strata.kernels.moe.stack import dot_length_fits, gemv_length_fits
 
     matrices = (stack.gate, stack.up, stack.down)
     formats = [get_format(w.ggml_type).name for w in matrices]
     if not all(f in SPECS for f in formats):
         return None
-    if not all(dot_length_fits(SPECS[f], w.shape[-1]) for f, w in zip(formats, matrices)):
-        return None  # small models (an expert of 32 hidden units): the reference loop
     if x.shape[0] >= PROMPT_KERNEL_MIN_TOKENS:
-        return "prompt"
+        # The grouped GEMMs step 64 values at a time: small models (an expert of 32 hidden units) keep the loop.
+        return "prompt" if all(dot_length_fits(SPECS[f], w.shape[-1]) for f, w in zip(formats, matrices)) else None
+    if not all(gemv_length_fits(SPECS[f], w.shape[-1]) for f, w in zip(formats, matrices)):
+        return None
     return "decode" if formats[0] == formats[1] else None
 
 

@@ -82,9 +82,11 @@ class HybridCache:
         recurrent = [i for i, r in enumerate(self.recurrent_layers) if r]
         if n_rows < self.length - self.window_start and set(self.window_rows) != set(recurrent):
             raise StrataError("the last step kept no per-row states (not a verify window): its rows cannot be dropped")
-        for layer, (conv_rows, state_rows) in self.window_rows.items():
-            self.conv[layer].copy_(conv_rows[n_rows - 1])
-            self.state[layer].copy_(state_rows[n_rows - 1])
+        if self.window_rows and n_rows < self.length - self.window_start:  # all rows kept: the last row's are current
+            layers = list(self.window_rows)
+            # Every layer's conv and recurrent state in one multi-tensor copy (a launch or two, not two a layer).
+            torch._foreach_copy_([t for i in layers for t in (self.conv[i], self.state[i])],
+                                 [rows[n_rows - 1] for i in layers for rows in self.window_rows[i]])
         self.window_rows.clear()
         self.length = self.window_start + n_rows
         self.kv.truncate(self.length)

@@ -19,10 +19,14 @@ MTP drafting (models with `blk.{n}.nextn.*` tensors): MTP cell i pairs the trunk
 with the token at i+1 and predicts the token at i+2; cells are computed once per position from the trunk's own
 hidden states (`mtp_cells` of them are current), and a draft after a draft feeds the block its own output. A draft
 whose probability falls below `min_p` ends the MTP draft; prompt-lookup (suffix) drafts may then fill the window.
+Greedy drafts go through the MTP block's static step where the windows have one (engine/spec_mtp.py); without
+min_p they reach the window on the device, and a window costs the host one read (its drafts and rows' argmax).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
@@ -31,6 +35,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.sampling import Sampler, SamplingParams
+from strata.engine.spec_mtp import make_mtp_steps
 from strata.engine.spec_windows import make_windows
 from strata.errors import StrataError
 
@@ -132,8 +137,13 @@ class SpecDecoder:
         if self.has_mtp:
             own = getattr(model, "mtp_cache", None)  # qwen4exp keeps its MTP block's keys in the sequence cache
             self.mtp_cache = own(engine.kv) if own else model.new_mtp_cache(engine.n_ctx, engine.config.kv_dtype)
-        # Windows through the static decode step (captured graphs on CUDA), as the engine's decode_graphs says.
+        # Windows through the static decode step (captured graphs on CUDA), as the engine's decode_graphs says;
+        # greedy MTP drafts through the MTP block's own static step where the windows have one (spec_mtp.py).
         self.windows = make_windows(engine, window, self.has_mtp)
+        self.mtp_steps = make_mtp_steps(self) if self.has_mtp and self.windows is not None else None
+        # Seconds by part of a window (draft, verify, accept + keep), the device synced at each boundary: set to a
+        # Counter to measure (`strata bench spec`); None costs nothing.
+        self.phase_seconds: Counter | None = None
 
     @property
     def wants_hidden(self) -> bool:
@@ -156,6 +166,8 @@ class SpecDecoder:
         """Up to k MTP drafts after `history` (its last token not yet through the trunk)."""
         model, device = self.engine.model, self.engine.device
         start = len(history) - 1
+        if self.mtp_steps is not None and _plain_greedy(sampler) and 1 <= start - self.mtp_cells <= self.window:
+            return self._static_mtp_drafts(history, k)
         # Catch up: cells mtp_cells..start-1 from the trunk's hidden states (the last one is the first draft's).
         first = self.mtp_cells
         step = max(1, self.engine.prefill_chunk)
@@ -190,6 +202,19 @@ class SpecDecoder:
             row = logits[-1]
         return drafts
 
+    def _static_mtp_drafts(self, history: list[int], k: int) -> list[Draft]:
+        """_mtp_drafts (greedy, no penalty) through the MTP block's static step: the catch-up's cells and the k-1
+        drafts after drafts on the device, their picks read at once; those past a min_p stop are dropped."""
+        first, start = self.mtp_cells, len(history) - 1
+        picks = self.mtp_steps.draft(self.hidden[first:start], history[first + 1:start + 1], first, k)
+        self.mtp_cells = start
+        drafts: list[Draft] = []
+        for token, prob in picks:
+            if prob < self.min_p:
+                break
+            drafts.append(Draft(token, None, "mtp"))
+        return drafts
+
     def propose(self, history: list[int], k: int, sampler: Sampler) -> list[Draft]:
         """Up to k drafts to follow `history`: MTP first, then prompt lookup where the MTP draft stopped."""
         drafts = self._mtp_drafts(history, k, sampler) if self.has_mtp and k > 0 else []
@@ -199,13 +224,14 @@ class SpecDecoder:
 
     # ---------------------------------------------------------------------------------------------- checking
 
-    def verify(self, window: list[int], start: int) -> torch.Tensor:
+    def verify(self, window: list[int], start: int, tail: torch.Tensor | None = None) -> torch.Tensor:
         """The trunk over `window` at positions start..: logits [rows, vocab] (through the static decode step when
         the engine has one: valid until the next window); every row's recurrent state is kept until keep_rows.
-        Keys of the cache's tokens before `start` must be those of the caller's history."""
+        Keys of the cache's tokens before `start` must be those of the caller's history. `tail` (static windows
+        only): window[1:] still on the device, window's own entries there being placeholders."""
         engine = self.engine
         if self.windows is not None:
-            logits, hidden = self.windows.run(window, start)
+            logits, hidden = self.windows.run(window, start, tail)
         else:
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
                                  keep_row_states=True)
@@ -220,12 +246,20 @@ class SpecDecoder:
         keep_rows(self.engine.kv, start, n_rows)
         self.engine.cached_tokens = self.engine.cached_tokens[:start + n_rows]
 
-    def accept(self, rows: torch.Tensor, drafts: list[Draft], history: list[int], sampler: Sampler) -> list[int]:
-        """The tokens this window produces: the accepted drafts, then one chosen by the model."""
+    def accept(self, rows: torch.Tensor, drafts: list[Draft], history: list[int], sampler: Sampler,
+               argmax: list[int] | None = None) -> list[int]:
+        """The tokens this window produces: the accepted drafts, then one chosen by the model (`argmax`: the rows'
+        argmax, already read)."""
         out: list[int] = []
+        # Greedy without a penalty: every row's choice is its argmax, read from the device at once.
+        if argmax is None and _plain_greedy(sampler):
+            argmax = rows[:len(drafts) + 1].argmax(-1).tolist()
         for j, draft in enumerate(drafts):
             context = history + out
-            if sampler.params.greedy:
+            if argmax is not None:
+                choice = argmax[j]
+                ok = choice == draft.token
+            elif sampler.params.greedy:
                 choice = sampler(rows[j], context)
                 ok = choice == draft.token
             else:
@@ -245,7 +279,7 @@ class SpecDecoder:
             self.stats.accepted[j] += 1
             self.stats.accepted_by[draft.source] += 1
             out.append(draft.token)
-        return out + [sampler(rows[len(drafts)], history + out)]
+        return out + [argmax[len(drafts)] if argmax is not None else sampler(rows[len(drafts)], history + out)]
 
     # ---------------------------------------------------------------------------------------------- the loop
 
@@ -267,12 +301,18 @@ class SpecDecoder:
             start = len(history) - 1
             # Drafts past max_tokens or the context would be computed for nothing.
             k = min(self.window - 1, max_tokens - produced - 1, engine.n_ctx - len(history))
-            drafts = self.propose(history, k, sampler) if k > 0 else []
+            lap = self._lap()
+            if self._pipelined(sampler, history, k):
+                drafts, chosen, lap = self._pipelined_window(history, k, sampler, lap)
+            else:
+                drafts = self.propose(history, k, sampler) if k > 0 else []
+                window = [token] + [d.token for d in drafts]
+                lap = self._lap(lap, "draft")
+                rows = self.verify(window, start)
+                lap = self._lap(lap, "verify")
+                chosen = self.accept(rows, drafts, history, sampler)
             for j in range(len(drafts)):
                 self.stats.proposed[j] += 1
-            window = [token] + [d.token for d in drafts]
-            rows = self.verify(window, start)
-            chosen = self.accept(rows, drafts, history, sampler)
             emitted = []
             for token in chosen:
                 emitted.append(token)
@@ -281,11 +321,47 @@ class SpecDecoder:
                     break
             # The cache holds every emitted token but the last, as after plain decoding.
             self.keep(start, len(emitted))
+            self._lap(lap, "accept + keep")
             self.stats.windows += 1
             self.stats.tokens += len(emitted)
             for token in emitted:
                 history.append(token)
                 yield token
+
+    def _pipelined(self, sampler: Sampler, history: list[int], k: int) -> bool:
+        """Whether this window's drafts can go from the MTP graphs into the verify window without the host reading
+        them first: greedy, no penalty, no min_p (so the MTP block drafts all k: no prompt-lookup draft follows),
+        both static, and the cells to catch up fit one MTP step."""
+        return (k > 0 and self.mtp_steps is not None and self.min_p == 0 and _plain_greedy(sampler)
+                and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
+
+    def _pipelined_window(self, history: list[int], k: int, sampler: Sampler, lap):
+        """A greedy window with one host read: the MTP picks feed the verify window on the device; then the drafts
+        and every row's argmax come back together. Returns (drafts, chosen tokens, lap)."""
+        engine, steps = self.engine, self.mtp_steps
+        first, start = self.mtp_cells, len(history) - 1
+        steps.launch(self.hidden[first:start], history[first + 1:start + 1], first, k)
+        self.mtp_cells = start
+        lap = self._lap(lap, "draft")
+        drafted = steps.picks[:k, 0]
+        rows = self.verify([history[-1]] + [0] * k, start, tail=drafted)  # placeholders: the device has the drafts
+        lap = self._lap(lap, "verify")
+        values = [int(v) for v in torch.cat((drafted, rows[:k + 1].argmax(-1).double())).tolist()]
+        drafts = [Draft(t, None, "mtp") for t in values[:k]]
+        engine.cached_tokens[start + 1:start + 1 + k] = values[:k]
+        return drafts, self.accept(rows, drafts, history, sampler, argmax=values[k:]), lap
+
+    def _lap(self, since: float | None = None, part: str | None = None) -> float | None:
+        """When measuring (phase_seconds): the device synced, the time now, and the time since `since` added to
+        `part`."""
+        if self.phase_seconds is None:
+            return None
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+        now = time.perf_counter()
+        if part is not None:
+            self.phase_seconds[part] += now - since
+        return now
 
     def teacher_forced(self, ids: list[int], prefix: int, n: int) -> Iterator[tuple[int, torch.Tensor]]:
         """(position, logits that predict it) for positions prefix+1..prefix+n-1, the text's own tokens read a verify
@@ -300,6 +376,11 @@ class SpecDecoder:
             for r in range(len(window)):
                 yield start + 1 + r, rows[r]
             pos += len(window)
+
+
+def _plain_greedy(sampler: Sampler) -> bool:
+    """Greedy with no repetition penalty: the choice is the logits' argmax, which the device can take itself."""
+    return sampler.params.greedy and sampler.params.repetition_penalty == 1.0
 
 
 def _point_mass(token: int, like: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ decode steps (`strata bench spec` prints both); it pays when the first outgrows 
 - the drafts: an MTP head drafts free text; prompt lookup alone pays only on text that repeats itself (opt-in,
   --suffix-draft), so without an MTP head: 1;
 - the window's cost: on CUDA plain decode replays captured graphs, and an eager window loses to them on launch
-  overhead alone; so windows must run through graphs too (decode_graphs on, a model with a static step);
+  overhead alone; so windows must run through graphs too (decode_graphs on, a model with a static step: the trained
+  default model's too, since its 32-unit experts take the decode GEMVs; its MTP drafts then capture as well);
 - experts offloaded: a window's misses are the union over its rows, so the CPU pool's share grows with T while
   one-row decode's does not; until the --vram-budget rows of tools/device/spec.sh show a window paying: 1.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 AUTO_WINDOW = 1  # set from tools/device/spec.sh's tables: the best --spec, MTP head, captured, all resident
 
 
-def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int = AUTO_WINDOW) -> int:
-    """The --spec that `auto` picks: `best` where speculation can pay (see above), else 1 (off)."""
+def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int | None = None) -> int:
+    """The --spec that `auto` picks: `best` (AUTO_WINDOW, read now) where speculation can pay (see above), else 1."""
+    best = AUTO_WINDOW if best is None else best
     return best if has_mtp and captured_windows and all_resident else 1

@@ -45,11 +45,13 @@ class VerifyWindows:
         """Windows run so far, by row count."""
         return {rows: d.steps for rows, d in self.decoders.items()}
 
-    def run(self, tokens: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, tokens: list[int], start: int, tail: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits float32 [rows, vocab], final hidden states [rows, ...] or None) of the window `tokens` at
-        start..; views of static buffers, valid until the next window of the same row count."""
+        start..; views of static buffers, valid until the next window of the same row count. `tail`: the drafts
+        still on the device (GraphDecoder.step)."""
         decoder = self.decoders[len(tokens)]
-        logits = decoder.step(tokens, start)
+        logits = decoder.step(tokens, start, tail)
         return logits, decoder.hidden
 
 

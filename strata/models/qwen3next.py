@@ -237,12 +237,17 @@ class Qwen3NextLM(DecoderLM):
         the token at i+2. hidden [n, embd], ids [n] -> (logits float32 [n, vocab], the block's output [n, embd])."""
         if not self.mtp:
             raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
+        cache.reserve(start + ids.shape[0])
+        return self.mtp_step(hidden, ids, ForwardContext(cache, start, ids.shape[0]), block)
+
+    def mtp_step(self, hidden: torch.Tensor, ids: torch.Tensor, ctx: ForwardContext,
+                 block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mtp_forward`'s work over a context the caller set up (its cache reserved): the eager step's, or a
+        static one whose positions are a device tensor (engine/spec_mtp.py captures it)."""
         w, c = self.mtp[block], self.config
         on = w.eh_proj.device  # a layer split keeps the MTP blocks with the head, on the last card
         embedded = rms_norm(self.embed_tokens(ids).to(on), w.enorm, c.rms_eps)
         x = linear(torch.cat((embedded, rms_norm(hidden.to(on, self.dtype), w.hnorm, c.rms_eps)), dim=-1), w.eh_proj)
-        ctx = ForwardContext(cache, start, ids.shape[0])
-        cache.reserve(start + ids.shape[0])
         cos, sin = (t.to(on) for t in self.rope.cos_sin(ctx.positions(self.device), self.dtype))
         x = x + self._gated_attention(w.attention, block, x, ctx, cos, sin)
         x = x + self._ffn(self.n_main + block, x, w.ffn)

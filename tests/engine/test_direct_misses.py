@@ -44,12 +44,13 @@ def test_the_device_table_follows_the_cache_and_counts_exactly(tiny_moe, monkeyp
     engine, tokens, _ = _decode(tiny_moe, steps=13, expert_cache=4, misses="direct")
     cache = engine.model.experts.cache
     table = cache.device_table
-    table.collect(cache.decay)
+    table.read_stats()
     table.publish()
     landed = {(layer, e): slot for (layer, e), slot in cache.slot_of.items()}
     entries = {(layer, e): int(table.host[row, e]) for layer, row in table.row.items()
                for e in range(table.host.shape[1]) if table.host[row, e] >= 0}
     assert entries == landed and torch.equal(table.table.cpu(), table.host)
+    assert torch.equal(table.missing, torch.where(table.table >= 0, -1, table.expert_ids))  # its complement
     c = engine.model.config
     assert sum(pairs) >= (len(PROMPT) + len(tokens)) * c.n_experts_used * len(table.row)  # every token, every layer
     assert cache.stats.hits + cache.stats.misses == sum(pairs) and cache.stats.hits > 0 and cache.stats.swaps > 0

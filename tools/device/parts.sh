@@ -7,9 +7,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 if [ -n "${STRATA_PARTS:-}" ]; then
   NESTED=1; L=$OUT/logs; mkdir -p $L
 else
-  export STRATA_PARTS=1
   L=/tmp/logs; mkdir -p $L
   source tools/device/wheels.sh || exit 1
+  export STRATA_PARTS=1
   export PYTHONUNBUFFERED=1
   # A part cut by its cap first gets SIGUSR1, which makes Python print every thread's stack into its log (where it
   # was stuck), then SIGKILL 5 s later.

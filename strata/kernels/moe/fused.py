@@ -1,7 +1,9 @@
 """The fused int8 gate/up kernel of STRATA_PF_FUSED=1: both projections, SwiGLU and H's int8 rounding in one pass.
 
-A program owns 64 grouped rows of one expert and BN features: it reads each 64-value step of the token's int8
-activations once for the gate and the up rows, keeps both accumulators in registers, and in its epilogue computes
+Q2_0 weights take the kernels of `fused_q2_0` (gate and up rows as one tile, a wide down projection); this module
+launches them and holds the kernel of the other formats. There a program owns 64 grouped rows of one expert and BN
+features: it reads each 64-value step of the token's int8 activations once for the gate and the up rows, keeps both
+accumulators in registers, and in its epilogue computes
 `h = g / (1 + exp(-g)) * u` and rounds h to int8 per 32 features (`round_groups`), in the layout the down
 projection reads (`mmq.grouped_mm_int8` with gather=False). H never exists in float in memory.
 """
@@ -13,10 +15,12 @@ import triton
 import triton.language as tl
 
 from strata.errors import StrataError
-from strata.kernels.moe.decode import code_tables, q2_0_words
+from strata.kernels.moe.decode import code_tables
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.fused_q2_0 import _down_q2_0_kernel, _gate_up_q2_0_kernel
 from strata.kernels.moe.grouping import Grouping
-from strata.kernels.moe.mmq import expert_rows, load_step, q2_0_step, weights_step
+from strata.kernels.moe.mmq import (expert_rows, grouped_mm_int8_ref, grouped_mm_int8_triton, load_step,
+                                    weights_step)
 from strata.kernels.moe.quantize32 import (GROUP, dequantize_rows_int8, quantize_rows_ref, round_groups,
                                           rounded_rows_buffers)
 from strata.kernels.moe.stack import ExpertMatrix, Tiles, tile_config
@@ -45,28 +49,12 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
     wu_e = wu + expert * expert_bytes
     acc_g = tl.zeros((BM, BN), tl.float32)
     acc_u = tl.zeros((BM, BN), tl.float32)
-    if FMT == 0:  # Q2_0: code words loaded one step ahead, as in mmq.q2_0_loop
-        at_g = wg_e + w_row
-        at_u = wu_e + w_row
-        dg, g0, g1 = q2_0_words(at_g, fm)
-        du, u0, u1 = q2_0_words(at_u, fm)
-        for k0 in range(0, K, 64):
-            more = TS * (k0 + 64 < K)
-            at_g += more
-            at_u += more
-            ndg, ng0, ng1 = q2_0_words(at_g, fm)
-            ndu, nu0, nu1 = q2_0_words(at_u, fm)
-            xc0, xc1, dx0, dx1, _, _ = load_step(a, a_scale, a_sum, a_row, am, k0, K, False)
-            acc_g = q2_0_step(acc_g, xc0, xc1, dx0, dx1, dg, g0, g1, BN, SHARED64)
-            acc_u = q2_0_step(acc_u, xc0, xc1, dx0, dx1, du, u0, u1, BN, SHARED64)
-            dg, g0, g1, du, u0, u1 = ndg, ng0, ng1, ndu, nu0, nu1
-    else:
-        for k0 in range(0, K, 64):
-            xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
-            acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg_e, w_row, fm, k0, tab,
-                                 FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
-            acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu_e, w_row, fm, k0, tab,
-                                 FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+    for k0 in range(0, K, 64):
+        xc0, xc1, dx0, dx1, xs0, xs1 = load_step(a, a_scale, a_sum, a_row, am, k0, K, HAS_MIN)
+        acc_g = weights_step(acc_g, xc0, xc1, dx0, dx1, xs0, xs1, wg_e, w_row, fm, k0, tab,
+                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
+        acc_u = weights_step(acc_u, xc0, xc1, dx0, dx1, xs0, xs1, wu_e, w_row, fm, k0, tab,
+                             FMT, QK, TS, SPLIT16, HAS_MIN, SHARED64)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     codes, scales, sums = round_groups(h, BM, BN)
     r64 = rows.to(tl.int64)[:, None]
@@ -90,18 +78,26 @@ def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMat
 
 
 def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
-    if (gate.qtype, gate.rows, gate.cols) != (up.qtype, up.rows, up.cols):
-        raise StrataError("the fused gate/up kernel needs gate and up experts of one format and shape")
+    if (gate.qtype, gate.rows, gate.cols, gate.expert_stride) != (up.qtype, up.rows, up.cols, up.expert_stride):
+        raise StrataError("the fused gate/up kernel needs gate and up experts of one format, shape and stride")
     k, n_ff = codes.shape[1], gate.rows
     gate.check_dot_length(k)
+    up.check_dot_length(k)
     if n_ff % GROUP:
         raise StrataError(f"H is rounded per {GROUP} features: {n_ff} is not a multiple")
     spec = gate.spec
     device = codes.device
     hq, hs, hsum = out if out is not None else rounded_rows_buffers(AllocatorScratch(device), grouping.max_rows, n_ff)
     t = tile_config("gate_up", spec, n_ff, codes.is_cuda, tiles)
+    if t.bn % GROUP:
+        raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
-    if grid[0]:
+    if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
+        _gate_up_q2_0_kernel[grid](
+            codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
+            n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
+            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+    elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
             code_tables(device), hq, hs, hsum, n_ff, gate.expert_stride, gate.row_bytes,
@@ -120,3 +116,32 @@ def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None,
         g, u = a @ gate.expert(e).double().T, a @ up.expert(e).double().T
         h[rows] = (torch.nn.functional.silu(g) * u).float()
     return quantize_rows_ref(h, out)
+
+
+def down_int8(codes, scales, sums, grouping: Grouping, down: ExpertMatrix, tiles: Tiles | None = None, out=None):
+    """The fused path's down projection of H's int8 rows (one per grouped row): float32 [max_rows, down.rows],
+    padding rows unwritten. Q2_0 through the wide kernel of `fused_q2_0`, the other formats through the int8 matmul."""
+    fn = down_int8_triton if use_triton(codes) else down_int8_ref
+    return fn(codes, scales, sums, grouping, down, tiles, out)
+
+
+def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
+    spec = down.spec
+    if not spec.scale_per_64:
+        return grouped_mm_int8_triton(codes, scales, sums, grouping, down, False, True, out, tiles)
+    k = codes.shape[1]
+    down.check_dot_length(k)
+    if out is None:
+        out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
+    t = tile_config("down", spec, down.rows, codes.is_cuda, tiles if tiles is None else tiles.down or tiles)
+    grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
+    if grid[0]:
+        _down_q2_0_kernel[grid](
+            codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
+            down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
+            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+    return out
+
+
+def down_int8_ref(codes, scales, sums, grouping, down, tiles=None, out=None):
+    return grouped_mm_int8_ref(codes, scales, sums, grouping, down, False, True, out)

@@ -33,9 +33,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.stream_gemv import (FIT, STREAM_FORMATS, launch_stream_down, launch_stream_gate_up,
+                                             stream_applies)
 from strata.kernels.moe.wide_gemv import (UNIT, WORDS, cover, launch_word_down, launch_word_gate_up,
                                            word_gemv_applies, word_tile)
 from strata.quant import dequantize, get_format
@@ -237,7 +240,8 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
 
 
 # Tiles the H200 sweep measured faster than word_tile's reasoned ones (`bench moe-decode --sweep`, session 4's middle
-# call, commit 31c71d1): gate_up Q4_K 1.28x, Q4_0 1.23x, Q2_0 1.17x; down Q4_K 1.21x. (ns: at most.)
+# call, commit 31c71d1): gate_up Q4_K 1.28x, Q4_0 1.23x, Q2_0 1.17x; down Q4_K 1.21x. (ns: at most, unless the entry
+# sets `stream`, e.g. dict(bn=4, ns=32, warps=8, stream=-1) from a `--sweep stream` line: then the tile as given.)
 MEASURED_TILES = {
     ("gate_up", "Q4_0"): dict(ns=32, warps=8),
     ("gate_up", "Q4_K"): dict(warps=4),
@@ -250,7 +254,10 @@ MEASURED_TILES = {
 class GemvConfig:
     """A program's tile: BN output rows x NS blocks per step (x KC experts at once in the down kernel), warps;
     `wide`: the word kernels (`wide_gemv.py`: NS counts their units) where the format and alignment allow, the
-    input then cut in `split` slices (a program each, summed in order by a second launch)."""
+    input then cut in `split` slices (a program each, summed in order by a second launch); `stream` != 0: the
+    streamed word kernels (`stream_gemv.py`: that many persistent programs an SM, or with -1 as many as stay
+    resident, the next step loaded ahead; Q2_0 / Q4_0 / Q8_0 / Q4_K, `split` then unused) where the format
+    allows, else the word kernels."""
 
     bn: int
     ns: int
@@ -258,6 +265,7 @@ class GemvConfig:
     kc: int = 1
     wide: bool = False
     split: int = 1
+    stream: int = 0
 
 
 def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
@@ -278,7 +286,13 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         bn, nu, warps, split = word_tile(spec, n_out, n_units, on_gpu, top_k if kind == "gate_up" else 1)
         cfg = GemvConfig(bn, nu, warps, 1, True, split)
         measured = MEASURED_TILES.get((kind, spec.name)) if on_gpu else None
-        return replace(cfg, **{**measured, "ns": min(nu, measured.get("ns", nu))}) if measured else cfg
+        if measured:  # ns at most word_tile's; a streamed tile's (a sweep line copied whole) as measured
+            ns = measured.get("ns", nu)
+            cfg = replace(cfg, **{**measured, "ns": ns if measured.get("stream") else min(nu, ns)})
+        warps_an_sm = switches.get("STRATA_GEMV_STREAM") if on_gpu else 0
+        if warps_an_sm and spec.name in STREAM_FORMATS:  # < 0: as many programs as stay resident
+            cfg = replace(cfg, stream=FIT if warps_an_sm < 0 else max(1, warps_an_sm // cfg.warps))
+        return cfg
     return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
 
 
@@ -313,6 +327,12 @@ def _takes_words(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
     return cfg.wide and all(word_gemv_applies(m.spec, m.raw.data_ptr(), m.stride, m.row_bytes) for m in operands)
 
 
+def _takes_stream(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
+    """Whether a launch of cfg takes the streamed word kernels: asked for, and the format and alignment fit."""
+    return cfg.wide and cfg.stream != 0 and all(stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
+                                               for m in operands)
+
+
 def _check_routing(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExperts) -> None:
     if x.dim() != 2 or x.shape[1] != experts.n_embd:
         raise StrataError(f"x of shape {tuple(x.shape)} does not match experts of {experts.n_embd} inputs")
@@ -331,7 +351,9 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     slots = experts.slot_of is not None
     if cfg.wide and not _takes_words(cfg, g, u):  # operands at odd offsets: the byte kernel's own tiles
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
-    if h.numel() and _takes_words(cfg, g, u):
+    if h.numel() and _takes_stream(cfg, g, u):
+        launch_stream_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
+    elif h.numel() and _takes_words(cfg, g, u):
         launch_word_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)
     elif h.numel():
         _gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, cfg.bn))](
@@ -357,7 +379,9 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     slots = slot_of is not None
     if cfg.wide and not _takes_words(cfg, d):
         cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
-    if y.numel() and _takes_words(cfg, d):
+    if y.numel() and _takes_stream(cfg, d):
+        launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
+    elif y.numel() and _takes_words(cfg, d):
         launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)
     elif y.numel():
         _down_kernel[(n_tokens, triton.cdiv(d.rows, cfg.bn))](

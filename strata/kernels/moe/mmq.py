@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.moe.decode import code_tables, decode32, q2_0_codes, q2_0_words
+from strata.kernels.moe.decode import code_tables, decode32, q2_0_codes_words, q2_0_words
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.quantize32 import dequantize_rows_int8
@@ -75,8 +75,8 @@ def weights_step(acc, xc0, xc1, dx0, dx1, xs0, xs1, w, w_row, nm, k0, tab, FMT: 
 @triton.jit
 def q2_0_step(acc, xc0, xc1, dx0, dx1, d, words0, words1, BN: tl.constexpr, SHARED64: tl.constexpr):
     """weights_step for Q2_0 from its code words: the same products in the same order, without byte gathers."""
-    dot0 = tl.dot(xc0, tl.trans(q2_0_codes(words0, BN))).to(tl.float32)
-    dot1 = tl.dot(xc1, tl.trans(q2_0_codes(words1, BN))).to(tl.float32)
+    dot0 = tl.dot(xc0, tl.trans(q2_0_codes_words(words0, BN))).to(tl.float32)
+    dot1 = tl.dot(xc1, tl.trans(q2_0_codes_words(words1, BN))).to(tl.float32)
     if SHARED64:
         acc += d[None, :] * (dx0[:, None] * dot0 + dx1[:, None] * dot1)
     else:
@@ -95,8 +95,9 @@ def q2_0_loop(acc, a, a_scale, a_row, am, w, w_row, nm, K: tl.constexpr, TS: tl.
     at = w + w_row
     d, words0, words1 = q2_0_words(at, nm)
     for k0 in range(0, K, 64):
-        at += TS * (k0 + 64 < K)  # the last step reloads its own block rather than branch
-        nd, nwords0, nwords1 = q2_0_words(at, nm)
+        # The next block (the last step reloads its own rather than branch), at a scalar offset from the first:
+        # no pointer carried through the loop, whose 64-bit update per element cost more than the loads.
+        nd, nwords0, nwords1 = q2_0_words(at + (tl.minimum(k0 + 64, K - 64) // 64) * TS, nm)
         xc0, xc1, dx0, dx1, _, _ = load_step(a, a_scale, a_scale, a_row, am, k0, K, False)
         acc = q2_0_step(acc, xc0, xc1, dx0, dx1, d, words0, words1, BN, SHARED64)
         d, words0, words1 = nd, nwords0, nwords1

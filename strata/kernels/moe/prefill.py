@@ -90,6 +90,7 @@ def _ops(triton: bool):
         "mm_int8": pick(mmq, "grouped_mm_int8"),
         "mm_fp16": pick(dense, "grouped_mm_fp16"),
         "gate_up": pick(fused, "gate_up_swiglu_int8"),
+        "down": pick(fused, "down_int8"),
         "combine": pick(combine, "combine"),
     }
 
@@ -136,7 +137,7 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
     else:
         xq = op["quantize"](x, rounded(*x.shape))
         h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff))
-        rows_out = op["mm_int8"](*h, group, experts.down, False, True, rows_of(n_embd), tiles)
+        rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd))
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 
 

@@ -68,42 +68,77 @@ def dot_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 64 == 0 and k % spec.block_size == 0
 
 
+def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
+    """Whether the decode GEMV kernels (gemv.py, wide_gemv.py) can take dot products of length k: they step whole
+    32-weight units over whole blocks, so an expert of 32 hidden units (the default model's) is one unit."""
+    return k % 32 == 0 and k % spec.block_size == 0
+
+
 @dataclass(frozen=True)
 class Tiles:
-    """The launch shape of the expert kernels: outputs per program (BN), warps, Triton's pipeline stages, and the
-    grouped rows per tile (BM; the grouping pads each expert's rows to a multiple of it)."""
+    """The launch shape of the expert kernels: outputs per program (BN; features for the fused gate/up kernel),
+    warps, Triton's pipeline stages, and the grouped rows per tile (BM; the grouping pads each expert's rows to a
+    multiple of it). `down`: another shape for the fused path's down projection (same rows), else it takes this one.
+    `split` (a trailing "s"; the fused Q2_0 kernels only): two dots of 32 values a step instead of one of 64."""
 
     bn: int
     warps: int
     stages: int
     rows: int = 64
+    down: "Tiles | None" = None
+    split: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
-        """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"."""
+        """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"; then
+        optionally "/BNxWARPSxSTAGES" for the fused down projection, e.g. "128x64x8x2/128x8x2"; "s" after a
+        shape: `split`."""
+        first, _, down = text.partition("/")
+        tiles = cls._parse_one(first, text)
+        if down:
+            d = cls._parse_one(down, text)
+            if len(down.split("x")) == 4 and d.rows != tiles.rows:
+                raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
+            tiles = cls(tiles.bn, tiles.warps, tiles.stages, tiles.rows,
+                        cls(d.bn, d.warps, d.stages, tiles.rows, split=d.split), tiles.split)
+        return tiles
+
+    @classmethod
+    def _parse_one(cls, part: str, text: str) -> "Tiles":
+        part = part.strip().lower()
+        split = part.endswith("s")
         try:
-            values = [int(v) for v in text.lower().split("x")]
+            values = [int(v) for v in part.removesuffix("s").split("x")]
             rows, (bn, warps, stages) = (64, values) if len(values) == 3 else (values[0], values[1:])
         except ValueError:
-            raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES, e.g. 128x8x2") from None
+            raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES], "
+                              "e.g. 128x8x2") from None
         if bn < 16 or bn & (bn - 1) or rows not in (64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
             raise StrataError(f"tile config {text!r}: BM 64 or 128, BN a power of two >= 16, warps 4, 8 or 16, "
                               "stages 1 to 5")
-        return cls(bn, warps, stages, rows)
+        return cls(bn, warps, stages, rows, split=split)
 
     def __str__(self) -> str:
-        return f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
+        own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
             f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
+        own += "s" if self.split else ""
+        if self.down is None:
+            return own
+        return f"{own}/{self.down.bn}x{self.down.warps}x{self.down.stages}{'s' if self.down.split else ''}"
 
 
 # Q2_0's launch shapes from `bench moe-prefill --sweep` on the H200 (16,384 tokens, one layer): the int8 matmul at
-# 64 outputs x 4 warps x 2 stages (the quantized path 19.3 -> 16.6 ms), the fused gate/up at 64 x 8 x 3 (fused
-# 20.1 -> 18.5 ms, its down through the matmul's shape), the dense fp16 path at 128 x 8 x 3 (37.7 -> 24.0 ms).
-MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "gate_up": Tiles(64, 8, 3), "dense": Tiles(128, 8, 3)}
+# 64 outputs x 4 warps x 2 stages (the quantized path 19.3 -> 16.6 ms), the dense fp16 path at 128 x 8 x 3
+# (37.7 -> 24.0 ms). The fused kernels of `fused_q2_0` (gate/up: 32 features = 64 weight rows a program; down: 64
+# outputs), reasoned from their sm_90 builds before any device run: 8 warps at 114 / 128 registers let two programs
+# share an SM, so one's barrier and wgmma waits overlap the other's decode and epilogue; 3 stages of activations.
+MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "dense": Tiles(128, 8, 3), "gate_up": Tiles(32, 8, 3),
+                 "down": Tiles(64, 8, 3)}
 
 
 def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Tiles | None = None) -> Tiles:
-    """The launch shape of the expert kernels ("mm", "gate_up", "dense"); `tiles` overrides it (sweeps, tests).
+    """The launch shape of the expert kernels ("mm", "gate_up", "down", "dense"); `tiles` overrides it (sweeps,
+    tests). "gate_up" and "down" are the fused path's (its down is "mm" for the formats other than Q2_0).
 
     On a GPU, Q2_0 (decoded from code words, weights of the next step loaded ahead): the shapes the H200 sweep
     measured fastest (MEASURED_Q2_0; the fused gate/up kernel's two accumulators spill at 128 outputs).
@@ -117,4 +152,4 @@ def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Ti
         return Tiles(min(256, max(32, 1 << (n_out - 1).bit_length())), 4, 1)
     if spec.scale_per_64:  # Q2_0: the H200 sweep at 16,384 tokens (BENCHMARKS, session 4's middle call)
         return MEASURED_Q2_0[kind]
-    return Tiles(32 if kind == "gate_up" else 64, 8, 3)
+    return Tiles(32 if kind == "gate_up" else 64, 8, 3)  # "down" of those formats runs the "mm" kernel

@@ -16,7 +16,7 @@ import triton  # noqa: E402  (before strata.kernels, which would switch the inte
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from strata.kernels.moe import combine, dense, fused, grouping, mmq, quantize32  # noqa: E402
+from strata.kernels.moe import combine, dense, fused, fused_q2_0, grouping, mmq, quantize32  # noqa: E402
 from strata.kernels.moe.decode import SPECS  # noqa: E402
 from strata.kernels.moe.stack import tile_config  # noqa: E402
 
@@ -54,14 +54,34 @@ def expert_kernels(name: str, n_embd: int = 2560, n_ff: int = 640):
     if spec.block_size <= 64:  # a format the down projection (K = 640) can use
         yield build(mmq._grouped_int8_kernel, mm, dict(K=n_ff, GATHER=False, SHARED64=spec.scale_per_64, BM=64,
                                                        BN=t.bn, **int8), num_warps=t.warps, num_stages=t.stages)
+    if spec.scale_per_64:  # Q2_0 takes the fused path's own kernels
+        yield from fused_q2_0_kernels(spec, n_embd, n_ff)
     t = tile_config("gate_up", spec, n_ff, True)
     gate_up = {**INT8_ROWS, **GROUPED, "wg": "*u8", "wu": "*u8", "tab": "*i8", "hq": "*i8", "hs": "*fp32",
                "hsum": "*i32", "n_ff": "i32", **sizes}
-    yield build(fused._gate_up_kernel, gate_up, dict(K=n_embd, SHARED64=spec.scale_per_64, BM=64, BN=t.bn, **int8),
-                num_warps=t.warps, num_stages=t.stages)
+    if not spec.scale_per_64:
+        yield build(fused._gate_up_kernel, gate_up, dict(K=n_embd, SHARED64=False, BM=64, BN=t.bn, **int8),
+                    num_warps=t.warps, num_stages=t.stages)
     t = tile_config("dense", spec, n_ff, True)
     fp16 = {"a": "*fp32", **GROUPED, **weights, "out": "*fp32", "n_out": "i32", **sizes}
     yield build(dense._grouped_fp16_kernel, fp16, dict(K=n_embd, GATHER=True, BM=64, BN=t.bn, **fmt),
+                num_warps=t.warps, num_stages=t.stages)
+
+
+def fused_q2_0_kernels(spec, n_embd: int, n_ff: int, tiles=None):
+    """The fused path's Q2_0 gate/up and down kernels at their default shapes (or `tiles`, for the sweep lists)."""
+    rows = {"row_token": "*i32", "tile_expert": "*i32", "n_tiles": "*i32"}
+    sizes = {"expert_bytes": "i64", "row_bytes": "i32"}
+    t = tiles or tile_config("gate_up", spec, n_ff, True)
+    gate_up = {"a": "*i8", "a_scale": "*fp32", **rows, "wg": "*u8", "wu": "*u8", "hq": "*i8", "hs": "*fp32",
+               "hsum": "*i32", "n_ff": "i32", **sizes}
+    yield build(fused_q2_0._gate_up_q2_0_kernel, gate_up, dict(K=n_embd, TS=spec.type_size, BM=t.rows, BN=t.bn,
+                                                               ONE_DOT=not t.split),
+                num_warps=t.warps, num_stages=t.stages)
+    t = (tiles.down or tiles) if tiles else tile_config("down", spec, n_embd, True)
+    down = {"h": "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32", "n_out": "i32", **sizes}
+    yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=t.rows, BN=t.bn,
+                                                         ONE_DOT=not t.split),
                 num_warps=t.warps, num_stages=t.stages)
 
 
@@ -79,6 +99,12 @@ def helper_kernels():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--fused-shapes"]:  # the fused sweep's shapes: registers and spills of each
+        from strata.kernels.moe.stack import Tiles
+        for text in sys.argv[2:]:
+            for result in fused_q2_0_kernels(SPECS["Q2_0"], 2560, 640, Tiles.parse(text)):
+                print(json.dumps({"shape": text, **result}), flush=True)
+        sys.exit(0)
     for name in sys.argv[1:]:
         for result in (helper_kernels() if name == "helpers" else expert_kernels(name)):
             print(json.dumps(result), flush=True)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from strata.bench.moe_prefill import main, make_layer, parse_args
+from strata.bench.moe_prefill import FUSED_SWEEP, main, make_layer, parse_args
 from strata.errors import StrataError
 from strata.kernels.moe.stack import Tiles
 
@@ -46,5 +46,12 @@ def test_sweep_shapes_are_checked():
         parse_args(["--sweep", "128x8"])
     with pytest.raises(StrataError, match="power of two"):
         parse_args(["--sweep", "96x8x2"])
-    assert [str(t) for t in parse_args(["--sweep"]).sweep][:2] == ["64x8x2", "64x8x3"]
+    assert parse_args(["--sweep"]).sweep == "default"  # each path's own list (FUSED_SWEEP for fused)
     assert parse_args(["--sweep", "128x64x8x2"]).sweep[0] == Tiles(64, 8, 2, rows=128)
+    fused = parse_args(["--sweep", "128x32x8x3/64x4x2"]).sweep[0]
+    assert fused == Tiles(32, 8, 3, rows=128, down=Tiles(64, 4, 2, rows=128)) and str(fused) == "128x32x8x3/64x4x2"
+    split = parse_args(["--sweep", "32x8x3s/64x8x3s"]).sweep[0]
+    assert split.split and split.down.split and str(split) == "32x8x3s/64x8x3s"
+    with pytest.raises(StrataError, match="rows"):
+        parse_args(["--sweep", "128x32x8x3/64x64x4x2"])
+    assert all(Tiles.parse(t).bn % 32 == 0 for t in FUSED_SWEEP)  # H is rounded per 32 features of a program

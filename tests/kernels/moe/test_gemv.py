@@ -156,8 +156,9 @@ DOWN_SIG = {"h": "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "
 
 def _jobs():
     """(label, kernel, signature, constants, config) of every build: the byte kernels on their own tiles (every
-    format: the word formats fall back to them at odd offsets) and the word kernels on `gemv_config`'s."""
-    from strata.kernels.moe import gemv, wide_gemv
+    format: the word formats fall back to them at odd offsets), the word kernels on `gemv_config`'s, and the
+    streamed kernels on the same tiles (their formats)."""
+    from strata.kernels.moe import gemv, stream_gemv, wide_gemv
     from strata.kernels.moe.decode import SPECS
 
     byte_down_sig = {**{k: v for k, v in DOWN_SIG.items() if k != "n_out"}, "tab": "*i8", "n_embd": "i32"}
@@ -189,6 +190,17 @@ def _jobs():
             yield f"words {kind}", wide_gemv._word_gate_up_kernel, signature, constants, cfg
         else:
             yield f"words {kind}", wide_gemv._word_down_kernel, {**DOWN_SIG, "h": x_type, **tab}, constants, cfg
+        if name not in stream_gemv.STREAM_FORMATS:
+            continue
+        constants = stream_gemv._constants(spec, n_out, n_in, top_k, True, cfg.bn, cfg.ns)
+        shapes_given = ("n_ff", "n_out", "row_bytes")  # compile-time constants of the streamed kernels
+        if kind == "gate_up":
+            signature = {("hid" if k == "h" else k): v for k, v in {**GATE_UP_SIG, "n_items": "i32"}.items()
+                         if k not in shapes_given}
+            yield f"stream {kind}", stream_gemv._stream_gate_up_kernel, signature, constants, cfg
+        else:
+            signature = {k: v for k, v in {**DOWN_SIG, "h": x_type, "n_items": "i32"}.items() if k not in shapes_given}
+            yield f"stream {kind}", stream_gemv._stream_down_kernel, signature, constants, cfg
 
 
 def _build_sm90() -> None:
@@ -218,12 +230,16 @@ def _build_sm90() -> None:
 @pytest.mark.skipif(not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
                     reason="this Triton build carries no ptxas")
 def test_kernels_build_for_sm90_without_spills():
+    from strata.kernels.moe.stream_gemv import STREAM_FORMATS
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(builds) == len(list(_jobs())) == 4 * len(BUILDS) + 2 * len(MATVEC_BUILDS)  # every format has words
+    streamed = sum(name in STREAM_FORMATS for name, *_ in BUILDS) * 2 + sum(name in STREAM_FORMATS
+                                                                          for name, *_ in MATVEC_BUILDS)
+    assert len(builds) == len(list(_jobs())) == 4 * len(BUILDS) + 2 * len(MATVEC_BUILDS) + streamed  # all have words
     assert not [b for b in builds if b["stack"]], builds
 
 

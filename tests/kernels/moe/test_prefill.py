@@ -116,3 +116,6 @@ def test_launch_shapes_give_the_same_bytes(device):
         default = moe_prefill_triton(*args, path)
         assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(32, 4, 2))), path
         assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(64, 8, 2, rows=128))), path
+    # The fused Q2_0 kernels: two 32-value dots a step instead of one block-diagonal 64, gate/up and down shapes apart.
+    split = Tiles(32, 4, 2, down=Tiles(64, 4, 2, split=True), split=True)
+    assert torch.equal(moe_prefill_triton(*args, "fused"), moe_prefill_triton(*args, "fused", tiles=split))

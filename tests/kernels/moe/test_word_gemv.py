@@ -111,7 +111,7 @@ def test_moe_decode_sweep_times_and_checks_each_config(device, monkeypatch):
                       torch.float32))
     want = moe_gemv_float64(calls[0][0].cpu(), calls[0][1].cpu(), calls[0][2].cpu(), _cpu_experts(_to_cpu(stack)))
     # Interpreter-sized tiles in place of the GPU's (whose many small programs the interpreter runs slowly).
-    monkeypatch.setattr(moe_decode, "sweep_configs", lambda kind, spec, n_out, n_in, top_k: [
+    monkeypatch.setattr(moe_decode, "sweep_configs", lambda kind, spec, n_out, n_in, top_k, family="all": [
         GemvConfig(bn=128, ns=2, warps=4, wide=True, split=2), byte_config(kind, spec, n_out, n_in, top_k, False)])
     out = io.StringIO()
     assert moe_decode._sweep("tiny", experts, calls, device, 1e9, out, want), out.getvalue()

@@ -15,10 +15,10 @@ def test_matvec_sweep_checks_every_config_against_float64():
     from strata.bench.gemv_sweep import sweep_configs
     from strata.kernels.moe.decode import SPECS
 
-    configs = sweep_configs("matvec", SPECS["Q2_0"], 24, 256, 1)
+    configs = sweep_configs("matvec", SPECS["Q2_0"], 24, 256, 1, family="words")  # (streams: test_stream_gemv.py)
     assert configs[0].wide and not configs[-1].wide  # the default first, the byte kernel last
     assert len(set(configs)) == len(configs) and {c.split for c in configs} >= {1, 2, 4}
     out = io.StringIO()
-    assert bench_one(256, 24, "Q2_0", DEVICE, 1e9, out, sweep=True), out.getvalue()
+    assert bench_one(256, 24, "Q2_0", DEVICE, 1e9, out, sweep="words"), out.getvalue()
     sweeps = [line for line in out.getvalue().splitlines() if line.lstrip().startswith("sweep")]
     assert len(sweeps) == len(configs) and "1.00x default" in sweeps[0] and "FAIL" not in out.getvalue()
