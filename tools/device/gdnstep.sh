@@ -8,24 +8,10 @@
 # 4. profile_decode.py on the A3B-shape qwen3next (Q4_0, the session batches' $M/next-a3b.gguf, made if absent):
 #    GPU ms per token and kernels per token (before: 5.55 ms captured, qwen3moe of the shape 3.26 ms).
 # Under 3 minutes when the A3B file exists (BUDGET 175 s, +150 s to make it); carry .whl (and .devcache).
-# Files: summary.txt, logs.tgz.
+# Files: gdnstep_summary.txt, gdnstep_logs.tgz (and the compile caches when run alone).
 set -uo pipefail
 BUDGET=${BUDGET:-175}
-if [[ ":${PYTHONPATH:-}:" == *":/tmp/site:"* ]]; then
-  # inside a session batch: wheels installed and caches set already; only `part` is needed (as parts.sh has it).
-  part() {
-    local name=$1 cap=$2; shift 2
-    local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-    if [ "$cap" -lt 20 ]; then echo "$name: skipped, out of time" | tee -a "$L/times.txt"; return; fi
-    local t0=$SECONDS
-    timeout -s USR1 -k 5 "$cap" "$@" > "$L/$name.log" 2>&1
-    echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
-  }
-  M=/tmp/models; mkdir -p $M
-else
-  source tools/device/parts.sh || exit 1
-fi
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source tools/device/parts.sh || exit 1  # nested in a session batch: its setup, logs in $OUT/logs
 L=$OUT/gdnstep_logs; mkdir -p $L
 part tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise
 part sweep 40 python3 -m strata bench gdn-step --sweep
@@ -47,8 +33,8 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
   cat $L/sweep.log $L/sweep4.log
   grep -h "tok/s\|ms per token\|kernels per token\|FAIL\|Error" $L/graphs_next.log $L/graphs_qwen4exp.log \
     $L/profile_a3b.log | head -n 40
-} > "$OUT/summary.txt" 2>&1
-cat "$OUT/summary.txt"
-tar czf "$OUT/logs.tgz" -C $L . && rm -rf $L
-[ -z "${NESTED:-}" ] && type save_cache >/dev/null 2>&1 && save_cache
+} > "$OUT/gdnstep_summary.txt" 2>&1
+cat "$OUT/gdnstep_summary.txt"
+tar czf "$OUT/gdnstep_logs.tgz" -C $L .
+save_cache
 exit 0
