@@ -197,6 +197,8 @@ class GraphDecoder:
             states = tuple(t.data_ptr() for t in (*cache.conv.values(), *cache.state.values()))
             cache = cache.kv
         cache.reserve(n_tokens)
+        if getattr(cache, "selector", None) is not None:
+            cache.selector.cover(n_tokens)  # Quest's bounds tables for every block the step's span may reach
         signature = _storage_signature(cache) + states
         if signature != self.signature:  # the cache moved (it grew, or pages were handed out anew): recapture
             self.programs.clear()
@@ -340,6 +342,9 @@ def _storage_signature(cache) -> tuple:
         tensors += getattr(cache, name, [])
     for pool in getattr(cache, "pools", []):
         tensors += [t for t in (pool.k, pool.v, pool.k_scale, pool.v_scale) if t is not None]
+    selector = getattr(cache, "selector", None)
+    if selector is not None:
+        tensors += [*selector.kmin, *selector.kmax]
     table = getattr(cache, "page_table", None)
     if table is not None:
         tensors.append(table)

@@ -125,11 +125,11 @@ class Engine:
             raise StrataError("checkpoints and checkpoint_gib must be >= 0")
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
             if config.checkpoints else None
-        own_selection = config.qsa != "none" or config.kv_resident is not None
-        if own_selection and config.decode_graphs == "on":
-            raise StrataError("decode graphs do not run --qsa quest or --kv-resident yet (their static views attend "
-                              "densely from VRAM): use decode_graphs off")
-        self.graphs_option = "off" if own_selection else config.decode_graphs  # verify windows follow it too
+        host_pages = config.kv_resident is not None  # fetched by the host as the step selects: not capturable
+        if host_pages and config.decode_graphs == "on":
+            raise StrataError("decode graphs do not run --kv-resident (its pages are fetched by the host as each "
+                              "step selects them): use decode_graphs off")
+        self.graphs_option = "off" if host_pages else config.decode_graphs  # verify windows follow it too
         if self.pipeline is not None:
             from strata.engine.decode_split import make_split_decoder
 
@@ -207,7 +207,7 @@ class Engine:
         equal = isinstance(self.config.prefill_chunk, str)  # "auto": equal chunks; a number: chunks of that size
         # The cache holds whole chunks only: a progress hook may stop the prompt between two (a cancelled
         # request), and then the cache must say what it holds; a chunk cut short by an error is not whole.
-        self.cached_tokens = self.cached_tokens[:start]
+        del self.cached_tokens[start:]  # in place, not a copy of the context per step
         streamer = self._prompt_streamer()
         chunks = prompt_chunks(len(ids), self.prefill_chunk, equal)
         try:
@@ -302,5 +302,6 @@ class Engine:
         if self.decoder is None:
             return self._forward([token], position, all_logits=False)
         logits = self.decoder.step([token], position)
-        self.cached_tokens = self.cached_tokens[:position] + [token]
+        del self.cached_tokens[position:]  # in place: a step's host work must not grow with the context
+        self.cached_tokens.append(token)
         return logits

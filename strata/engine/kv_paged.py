@@ -37,7 +37,9 @@ class PagedInt8KV(KVBackend):
         self.pools = [self._new_pool(n_pages) for _ in range(n_layers)]
         self.free = list(range(n_pages - 1, -1, -1))  # physical pages not in use; pop() hands out the lowest
         self.pages: list[int] = []  # the sequence's page table: logical page -> physical page (every layer)
-        self.page_table = torch.zeros(0, dtype=torch.int32, device=device)
+        self._table = torch.zeros(0, dtype=torch.int32, device=device)  # capacity; page_table is its prefix
+        self._table_valid = 0  # entries of _table that hold self.pages
+        self.page_table = self._table[:0]
 
     def _new_pool(self, n_pages: int) -> PagedKV:
         return PagedKV.empty(n_pages, self.n_kv_heads, self.head_dim, int8=True, device=self.device)
@@ -82,7 +84,18 @@ class PagedInt8KV(KVBackend):
         self.free = list(range(n_pages - 1, old - 1, -1)) + self.free
 
     def _set_table(self) -> None:
-        self.page_table = torch.tensor(self.pages, dtype=torch.int32, device=self.device)
+        """page_table after self.pages grew or shrank at its end: only the new entries are written (a decode
+        step that opens a page must not copy the whole context's table), in a buffer that doubles."""
+        n = len(self.pages)
+        if n > self._table.shape[0]:
+            grown = torch.zeros(min(max(n, 2 * self._table.shape[0]), self.max_pages), dtype=torch.int32,
+                                device=self.device)
+            grown[: self._table_valid] = self._table[: self._table_valid]
+            self._table = grown
+        if n > self._table_valid:
+            self._table[self._table_valid : n] = torch.tensor(self.pages[self._table_valid : n], dtype=torch.int32)
+        self._table_valid = n
+        self.page_table = self._table[:n]
 
     def truncate(self, length: int) -> None:
         """Keep positions 0..length-1: whole pages past them go back to the free list; the rest of the last kept

@@ -4,6 +4,10 @@ The backend calls `observe` after it stores a step's keys: the Quest blocks the 
 recomputed from the keys as stored (read back, so a block rewritten after a truncate forgets its old cells), in
 float16 tables that grow with the sequence like the cache. `select` then gives each query its cells, or None while
 every query sees at most `budget` cells (the dense path: the same bytes as without Quest).
+
+A captured decode step (engine/static_kv.py) uses the static forms: `cover` sizes the tables for the whole context
+before capture, `observe_cells` refreshes the blocks of the step's positions (a device tensor) and `select_span`
+scores a fixed span of cells, so neither reads anything back to the host nor changes shape with the position.
 """
 
 from __future__ import annotations
@@ -51,6 +55,39 @@ class QuestSelector:
                 tables[layer] = grown
         self.kmin[layer][first:n_blocks] = lo.half()
         self.kmax[layer][first:n_blocks] = hi.half()
+
+    def cover(self, n_tokens: int) -> None:
+        """Tables for the blocks of positions 0..n_tokens-1, allocated now (a captured step cannot grow them)."""
+        n_blocks = -(-n_tokens // self.block)
+        for layer in range(len(self.kmin)):
+            if n_blocks > self.kmin[layer].shape[0]:
+                for tables in (self.kmin, self.kmax):
+                    grown = torch.zeros((n_blocks, *self.shape), dtype=torch.float16, device=self.device)
+                    grown[: tables[layer].shape[0]] = tables[layer]
+                    tables[layer] = grown
+
+    def observe_cells(self, layer: int, positions: torch.Tensor,
+                      read_cells: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """`observe` of a step whose (contiguous, ascending) positions [T] are a device tensor: each row's block
+        from its cells up to the step's last position. `read_cells(cells [T, block])` gives their keys as stored
+        [T, block, Hkv, D] float32; cells past the last position are read clamped and then ignored."""
+        last = positions[-1:]
+        blocks = positions // self.block
+        cells = blocks[:, None] * self.block + torch.arange(self.block, device=positions.device)
+        past = (cells > last)[:, :, None, None]
+        keys = read_cells(torch.minimum(cells, last))
+        lo = keys.masked_fill(past, float("inf")).amin(1)
+        hi = keys.masked_fill(past, float("-inf")).amax(1)
+        self.kmin[layer].index_copy_(0, blocks, lo.half())  # rows of one block write the same bounds
+        self.kmax[layer].index_copy_(0, blocks, hi.half())
+
+    def select_span(self, layer: int, q: torch.Tensor, n_kv: torch.Tensor, span: int,
+                    kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select`'s cells for queries seeing n_kv [T] (a device tensor) cells, at most `span`: the scores of a
+        fixed span (the cells past n_kv score -inf), so the same cells as `select` and static shapes."""
+        n_blocks = -(-span // self.block)
+        return quest_select(q, self.kmin[layer][:n_blocks], self.kmax[layer][:n_blocks], n_kv, self.block,
+                            self.window, self.budget, n_cols=-(-span // 4), kernels=kernels)
 
     def select(self, layer: int, q: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The cells of queries q [T, H, D] at positions start.. (each sees start+i+1 cells), or None if all fit."""

@@ -7,6 +7,8 @@ keeps the host-side bookkeeping (reserve, a hybrid cache's length) outside the c
 the step's end (what the CPU form uses) every view computes exactly what the cache's own `attend` does, byte for
 byte; a larger span adds only masked cells. A step may pass a cell selection (ids [T, W], width [T] on the device,
 qwen4exp's indexer): the view then attends over those cells of its span instead of every cell up to the position.
+An int8 cache with a Quest selector (`--qsa quest`) selects on the device too: the step's blocks' bounds refreshed
+and a fixed span scored (engine/quest.py's static forms), dense while the span fits the budget, as the cache does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from strata.engine.kv import KVBackend, KVCache, attend_selected, check_selectio
 from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton
-from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton
-from strata.kernels.attention.paged import PAGE
+from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
+from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
 from strata.models.layers import _fused
@@ -120,21 +122,39 @@ class StaticPagedKV(StaticView):
         pos32, width = self.step_positions(layer)
         (append_kv_triton if kernels else append_kv_ref)(pool, table, pos32 if kernels else self.positions, k, v)
         ids = self.ids
+        if c.selector is not None:
+            selection = self._quest(layer, q, width, kernels, selection)
         if selection is not None:
             ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
             return decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype)
         return prompt_attention(q.float(), pool, table, ids, width, reference=True).to(q.dtype)
 
+    def _quest(self, layer, q, width, kernels, selection):
+        """As the cache's `own_selection`: the bounds of the step's blocks refreshed, then the caller's selection,
+        else the Quest selector's cells (None: dense, while the span fits the budget, as the selector's `select`)."""
+        c, selector = self.cache, self.cache.selector
+        pool, table = c.pools[layer], c.page_table
+
+        def read_cells(cells):  # [T, block] -> keys as stored [T, block, Hkv, D] float32
+            rows = kv_rows(table, cells[..., None], torch.arange(c.n_kv_heads, device=cells.device), c.n_kv_heads)
+            return dequantize_int8(pool.k[rows], pool.k_scale[rows])
+
+        selector.observe_cells(layer, self.positions, read_cells)
+        if selection is not None or self.span <= selector.budget:
+            return selection
+        return selector.select_span(layer, q, width, self.span, kernels)
+
 
 def check_static(cache) -> None:
     """A StrataError unless `static_kv` has a view of this cache: the dense or int8 paged backend (not a subclass,
-    such as the host-resident one, whose reads it would skip), alone or in a plain HybridCache, with no selector."""
+    such as the host-resident one, whose reads it would skip), alone or in a plain HybridCache; a selector only
+    on the int8 cache."""
     inner = cache.kv if type(cache) is HybridCache else cache
     if type(inner) not in (KVCache, PagedInt8KV):
         raise StrataError(f"no static decode view for the cache {type(cache).__name__} / {type(inner).__name__}")
-    if inner.selector is not None:
-        raise StrataError("a static decode step attends densely; this cache selects cells (--qsa quest)")
+    if inner.selector is not None and type(inner) is not PagedInt8KV:
+        raise StrataError("a static decode step selects cells (--qsa quest) only over the int8 KV cache")
 
 
 def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:

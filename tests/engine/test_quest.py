@@ -80,8 +80,9 @@ def test_qsa_names_are_checked(model_dir):
         strata.LLM(path, device="cpu", qsa="indexer")
     with pytest.raises(StrataError, match="qsa_budget 20 is below the cells always kept"):
         strata.LLM(path, device="cpu", qsa="quest", qsa_budget=20)
-    with pytest.raises(StrataError, match="decode graphs do not run --qsa quest or --kv-resident yet"):
-        strata.LLM(path, device="cpu", qsa="quest", decode_graphs="on")  # "auto" decodes step by step instead
+    with pytest.raises(StrataError, match="decode graphs do not run --kv-resident"):
+        strata.LLM(_tiny(model_dir, "qwen3", 64), device="cpu", kv_dtype="int8", qsa="quest", kv_resident=64,
+                   decode_graphs="on")
 
 
 def test_a_restored_checkpoint_gets_its_bounds_back(model_dir):

@@ -171,10 +171,14 @@ def test_decode_graphs_governs_windows(tiny_moe, wide_moe_int8):
     assert Engine(tiny_moe, EngineConfig(device="cpu", spec=3)).spec.windows is None  # auto on the CPU: eager
     assert Engine(tiny_moe, EngineConfig(device="cpu", spec=3, decode_graphs="off")).spec.windows is None
     assert Engine(tiny_moe, EngineConfig(device="cpu", spec=3, decode_graphs="eager")).spec.windows is not None
-    # a cache without a static view (quest selection): eager windows, said in one line
-    quest = Engine(wide_moe_int8, EngineConfig(device="cpu", spec=3, decode_graphs="eager", kv_dtype="int8",
+    # a cache without a static view (quest selection over the dense cache): eager windows, said in one line
+    quest = Engine(wide_moe_int8, EngineConfig(device="cpu", spec=3, decode_graphs="eager", kv_dtype="float16",
                                                qsa="quest"))
     assert quest.spec.windows is None
+    # over the int8 cache quest selects inside the static step: captured-form windows
+    quest = Engine(wide_moe_int8, EngineConfig(device="cpu", spec=3, decode_graphs="eager", kv_dtype="int8",
+                                               qsa="quest"))
+    assert quest.spec.windows is not None
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.kernels.select.topk import select_cells
+from strata.kernels.select.topk import select_cells, select_cells_ref, select_cells_triton
 
 SCORE_ELEMENTS = 1 << 24  # (query, head, block) bounds computed at once
 
@@ -47,15 +47,16 @@ def upper_bounds_f64(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) ->
 
 
 def quest_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, n_kv: torch.Tensor, block: int,
-                 window: int) -> torch.Tensor:
-    """Scores [T, ceil(max n_kv / 4)] per 4-cell column for `select_cells`: +inf for kept cells, -inf past n_kv."""
+                 window: int, n_cols: int | None = None) -> torch.Tensor:
+    """Scores [T, n_cols] per 4-cell column for `select_cells`: +inf for kept cells, -inf past n_kv. `n_cols`
+    (default ceil(max n_kv / 4), read from the device) fixed by the caller keeps the shapes static (a captured step)."""
     n_kv = n_kv.long().to(q.device)
     n_blocks = kmin.shape[0]
     bound = upper_bounds(q, kmin, kmax)
     in_view = (torch.arange(n_blocks, device=q.device)[None] * block < n_kv[:, None])[:, None]  # [T, 1, B]
     bound = bound.masked_fill(~in_view, float("-inf"))
     score = (bound - bound.amax(2, keepdim=True)).amax(1)  # [T, B]: best over heads, below each head's best
-    n_cols = -(-int(n_kv.max()) // 4)
+    n_cols = -(-int(n_kv.max()) // 4) if n_cols is None else n_cols
     col = torch.arange(n_cols, device=q.device)[None]
     score = score.repeat_interleave(block // 4, 1)[:, :n_cols]
     kept = (col < block // 4) | (4 * col + 3 >= n_kv[:, None] - window)
@@ -64,11 +65,14 @@ def quest_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, n_kv: 
 
 
 def quest_select(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, n_kv: torch.Tensor, block: int,
-                 window: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 window: int, budget: int, n_cols: int | None = None,
+                 kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids [T, budget] int32 ascending, padded with -1; width [T] = min(n_kv, budget)) of queries q [T, H, D] that
-    see `n_kv` [T] cells, from the Quest block bounds kmin/kmax [n_blocks, Hkv, D]."""
+    see `n_kv` [T] cells, from the Quest block bounds kmin/kmax [n_blocks, Hkv, D]. `n_cols`: as quest_scores;
+    `kernels`: the Triton top-k (default on the GPU), or its reference."""
     n_tokens, n_heads = q.shape[:2]
     step = max(1, SCORE_ELEMENTS // max(1, n_heads * kmin.shape[0]))
-    parts = [select_cells(quest_scores(q[t0 : t0 + step], kmin, kmax, n_kv[t0 : t0 + step], block, window),
-                          n_kv[t0 : t0 + step], top_k=budget - 3) for t0 in range(0, n_tokens, step)]
+    top = select_cells if kernels is None else (select_cells_triton if kernels else select_cells_ref)
+    parts = [top(quest_scores(q[t0 : t0 + step], kmin, kmax, n_kv[t0 : t0 + step], block, window, n_cols),
+                 n_kv[t0 : t0 + step], top_k=budget - 3) for t0 in range(0, n_tokens, step)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

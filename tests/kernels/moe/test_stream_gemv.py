@@ -150,8 +150,11 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
     import io
 
     from strata.bench import gemv_sweep, moe_decode
+    from strata.kernels.moe import gemv
     from strata.kernels.moe.decode import SPECS
 
+    # the word kernels' tile of session 4 as the default (8 warps: 32 warps an SM are 4 programs)
+    monkeypatch.setitem(gemv.MEASURED_TILES, ("gate_up", "Q4_0"), dict(ns=32, warps=8))
     a3b = gemv_sweep.sweep_configs("gate_up", SPECS["Q4_0"], 768, 2048, 8, family="stream")
     assert a3b[0].stream == 0 and all(c.stream != 0 and c.split == 1 for c in a3b[1:])
     assert {c.stream for c in a3b} >= {-1, 1, 4, 8, gemv_sweep.ONE_TILE_EACH} and len(set(a3b)) == len(a3b)  # 8 warps
@@ -180,10 +183,13 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
         assert "same bytes" in lines[1]
 
 
-def test_the_stream_switch_picks_the_streamed_kernels_on_a_gpu_only():
+def test_the_stream_switch_picks_the_streamed_kernels_on_a_gpu_only(monkeypatch):
     from strata import switches
+    from strata.kernels.moe import gemv
     from strata.kernels.moe.decode import SPECS
     from strata.kernels.moe.gemv import gemv_config
+
+    monkeypatch.delitem(gemv.MEASURED_TILES, ("gate_up", "Q4_0"))  # a word-kernel default for the switch to turn
 
     default = gemv_config("gate_up", SPECS["Q4_0"], 768, 2048, 8, True)
     assert default.stream == 0  # unset: the word kernels' default, output bytes unchanged
@@ -225,6 +231,7 @@ def test_a_measured_streamed_tile_is_taken_whole(monkeypatch):
     from strata.kernels.moe import gemv
     from strata.kernels.moe.decode import SPECS
 
+    monkeypatch.delitem(gemv.MEASURED_TILES, ("down", "Q2_0"))
     word = gemv.gemv_config("down", SPECS["Q2_0"], 2560, 640, 10, True)
     assert word.ns == 16  # word_tile's (cover pads 100 units by at most a quarter)
     monkeypatch.setitem(gemv.MEASURED_TILES, ("down", "Q2_0"), dict(bn=8, ns=32, warps=8, stream=-1))
