@@ -115,7 +115,8 @@ class Qwen4ExpDecoder(GraphDecoder):
             x, w = mixed.to(dtype), model.mixers[i]
             if model.recurrent[i]:
                 y, conv, state = qwen4exp_gdn(w, model.gdn, x, cache.conv[i], cache.state[i], eps)
-                cache.conv[i].copy_(conv)
+                if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
+                    cache.conv[i].copy_(conv)
                 cache.state[i].copy_(state)
             else:
                 keys = cache.indexer[i]

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from strata.kernels.gdn import gated_delta_rule
-from strata.models.layers import rms_norm
+from strata.models.gdn_projections import project_inputs
+from strata.models.layers import _fused, rms_norm
 from strata.models.weights import QuantWeight, linear
 
 
@@ -68,6 +69,10 @@ class GDNWeights:
     decay_rate: torch.Tensor  # ssm_a = -exp(A_log), [value heads], float32
     out_norm: torch.Tensor  # ssm_norm [v_dim]
     out: QuantWeight  # ssm_out [embd, value heads x v_dim]
+    # On a GPU: qkv, gate (and b, a where they share the format) in one block tensor, they views of its rows
+    # (models/gdn_projections.py), `inputs_parts` of them.
+    inputs: QuantWeight | None = None
+    inputs_parts: int = 0
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
@@ -80,6 +85,35 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
     if row_states:
         return F.silu(out), window.unfold(0, kernel - 1, 1)[1:].transpose(1, 2)
     return F.silu(out), window[window.shape[0] - (kernel - 1):]
+
+
+CONV_STEP_MAX_TOKENS = 8  # decode steps: one launch unrolled over the rows; prompt chunks keep torch's conv
+
+
+def conv_and_gates(mixed: torch.Tensor, conv_weight: torch.Tensor, past: torch.Tensor, b: torch.Tensor,
+                   a: torch.Tensor, dt_bias: torch.Tensor, decay_rate: torch.Tensor, row_states: bool = False):
+    """(SiLU(causal conv) [T, C], new past, beta = sigmoid(b), g = decay_rate * softplus(a + dt_bias)), beta and g
+    float32. A decode step on the GPU takes one launch (kernels/pointwise/gdn_conv_step.py), which writes the new
+    past over `past` and returns it; otherwise torch, `past` untouched."""
+    if (not row_states and _fused(mixed) and mixed.shape[0] <= CONV_STEP_MAX_TOKENS and past.is_contiguous()
+            and past.device == mixed.device):
+        from strata.kernels.pointwise.gdn_conv_step import conv_step_triton
+
+        return conv_step_triton(mixed, conv_weight, past, b, a, dt_bias, decay_rate)
+    mixed, past = causal_conv(mixed, conv_weight, past, row_states)
+    beta = torch.sigmoid(b.float())
+    return mixed, past, beta, decay_rate * F.softplus(a.float() + dt_bias.float())
+
+
+def output_gate(out: torch.Tensor, norm_weight: torch.Tensor, z: torch.Tensor, eps: float, dtype: torch.dtype,
+                sigmoid: bool = False) -> torch.Tensor:
+    """rms_norm(out, norm_weight) * SiLU(z) (or sigmoid(z)) in float32, rounded once to `dtype`."""
+    if dtype == out.dtype and _fused(out, norm_weight, z):
+        from strata.kernels.pointwise.gdn_out_gate import out_gate_triton
+
+        return out_gate_triton(out, norm_weight, z, eps, sigmoid)
+    act = torch.sigmoid if sigmoid else F.silu
+    return (rms_norm(out, norm_weight, eps).float() * act(z.float())).to(dtype)
 
 
 def delta_rule_rows(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,14 +136,13 @@ def gated_deltanet(w: GDNWeights, shape: GDNShape, h: torch.Tensor, conv_state: 
     `x`: h already through the layer's input norm."""
     s, n_tokens = shape, h.shape[0]
     x = rms_norm(h, w.norm, eps) if x is None else x
-    mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state, row_states)
+    qkv, z, b, a = project_inputs(x, w.inputs, w.inputs_parts, (w.qkv, w.gate, w.b, w.a))
+    mixed, conv_state, beta, g = conv_and_gates(qkv, w.conv, conv_state, b, a, w.dt_bias, w.decay_rate, row_states)
     key_dim = s.n_k_heads * s.k_dim
     q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)
-    beta = torch.sigmoid(linear(x, w.b).float())
-    g = w.decay_rate * F.softplus(linear(x, w.a).float() + w.dt_bias.float())
     q, k = q.reshape(n_tokens, s.n_k_heads, s.k_dim), k.reshape(n_tokens, s.n_k_heads, s.k_dim)
     v = v.reshape(n_tokens, s.n_v_heads, s.v_dim)
     out, state = (delta_rule_rows if row_states else gated_delta_rule)(q, k, v, g, beta, state)
-    z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
-    out = (rms_norm(out, w.out_norm, eps).float() * F.silu(z.float())).to(h.dtype)
+    z = z.view(n_tokens, s.n_v_heads, s.v_dim)
+    out = output_gate(out, w.out_norm, z, eps, h.dtype)
     return linear(out.reshape(n_tokens, -1), w.out), conv_state, state

@@ -23,6 +23,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
+from strata.models.gdn_projections import stack_projections
 from strata.models.layers import Rope, qk_norm_rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -118,17 +119,21 @@ class Qwen3NextLM(DecoderLM):
         else:
             qkv = load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd)
             gate = load.quant(p + "attn_gate.weight", value_dim, c.n_embd)
+        # A decode step on the GPU reads qkv, gate (and b, a) through one matvec: one block tensor, these views.
+        inputs, parts, (qkv, gate, b, a) = stack_projections(p + "gdn_inputs", qkv, gate, ba[b_rows], ba[a_rows])
         return GDNWeights(
             norm=load.dense(p + "attn_norm.weight", c.n_embd),
             qkv=qkv,
             gate=gate,
-            b=ba[b_rows],
-            a=ba[a_rows],
+            b=b,
+            a=a,
             conv=load.dense(p + "ssm_conv1d.weight", s.conv_channels, s.conv_kernel),
             dt_bias=load.dense(p + "ssm_dt.bias", s.n_v_heads),
             decay_rate=load.quant(p + "ssm_a", s.n_v_heads).dequantize(torch.float32),
             out_norm=load.dense(p + "ssm_norm.weight", s.v_dim),
             out=load.quant(p + "ssm_out.weight", c.n_embd, value_dim),
+            inputs=inputs,
+            inputs_parts=parts,
         )
 
     def _load_attention(self, load: WeightLoader, p: str) -> GatedAttentionWeights:
@@ -220,7 +225,8 @@ class Qwen3NextLM(DecoderLM):
         if row_states:
             cache.keep_row_states(i, conv, state)
         else:
-            cache.conv[i].copy_(conv)
+            if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
+                cache.conv[i].copy_(conv)
             cache.state[i].copy_(state)
         return out
 

@@ -27,6 +27,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape
+from strata.models.gdn_projections import stack_projections
 from strata.models.hyper_connections import HyperConnectionWeights, hc_read, hc_write
 from strata.models.layers import Rope
 from strata.models.ngram_embedding import (
@@ -130,16 +131,24 @@ class Qwen4ExpLM(DecoderLM):
     def _load_gdn(self, load: WeightLoader, p: str) -> Qwen4ExpGDNWeights:
         c, s = self.config, self.gdn
         value_dim = s.n_v_heads * s.v_dim
+        # A decode step on the GPU reads qkv, gate (and beta, alpha) through one matvec: one block tensor, views.
+        inputs, parts, (qkv, gate, beta, alpha) = stack_projections(
+            p + "gdn_inputs", load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
+            load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
+            load.quant(p + "ssm_beta.weight", s.n_v_heads, c.n_embd),
+            load.quant(p + "ssm_alpha.weight", s.n_v_heads, c.n_embd))
         return Qwen4ExpGDNWeights(
-            qkv=load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
-            gate=load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
-            alpha=load.quant(p + "ssm_alpha.weight", s.n_v_heads, c.n_embd),
-            beta=load.quant(p + "ssm_beta.weight", s.n_v_heads, c.n_embd),
+            qkv=qkv,
+            gate=gate,
+            alpha=alpha,
+            beta=beta,
             conv=load.dense(p + "ssm_conv1d.weight", s.conv_channels, s.conv_kernel),
             dt_bias=load.dense(p + "ssm_dt.bias", s.n_v_heads),
             decay_rate=load.quant(p + "ssm_a", s.n_v_heads).dequantize(torch.float32).to(self.device),
             out_norm=load.dense(p + "ssm_norm.weight", s.v_dim),
             out=load.quant(p + "ssm_out.weight", c.n_embd, value_dim),
+            inputs=inputs,
+            inputs_parts=parts,
         )
 
     def _load_qsa(self, load: WeightLoader, p: str, indexer: bool = True) -> QSAWeights:
@@ -277,7 +286,8 @@ class Qwen4ExpLM(DecoderLM):
                 if ctx.keep_row_states:
                     cache.keep_row_states(i, conv, state)
                 else:
-                    cache.conv[i].copy_(conv)
+                    if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
+                        cache.conv[i].copy_(conv)
                     cache.state[i].copy_(state)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],

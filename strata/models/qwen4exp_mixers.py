@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from strata.kernels.gdn import gated_delta_rule
 from strata.kernels.select.keys import rope_neox
 from strata.kernels.select.scores import block_scores
 from strata.kernels.select.topk import select_cells
-from strata.models.gated_deltanet import GDNShape, causal_conv, delta_rule_rows
+from strata.models.gated_deltanet import GDNShape, conv_and_gates, delta_rule_rows, output_gate
+from strata.models.gdn_projections import project_inputs
 from strata.models.layers import Rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -74,6 +74,10 @@ class Qwen4ExpGDNWeights:
     decay_rate: torch.Tensor  # ssm_a, used as stored, float32
     out_norm: torch.Tensor  # [v_dim]
     out: QuantWeight  # [embd, value heads x v_dim]
+    # On a GPU: qkv, gate (and beta, alpha where they share the format) in one block tensor, they views of its rows
+    # (models/gdn_projections.py), `inputs_parts` of them.
+    inputs: QuantWeight | None = None
+    inputs_parts: int = 0
 
 
 def qsa_selection(w: QSAWeights, s: QSAShape, x: torch.Tensor, start: int, positions: torch.Tensor, keys,
@@ -120,17 +124,16 @@ def qwen4exp_gdn(w: Qwen4ExpGDNWeights, s: GDNShape, x: torch.Tensor, conv_state
     """One Gated DeltaNet layer over x [T, embd] -> (output [T, embd], new conv state, new recurrent state);
     with row_states (a verify window) the states after each row, [T, ...]."""
     n_tokens = x.shape[0]
-    mixed, conv_state = causal_conv(linear(x, w.qkv), w.conv, conv_state, row_states)
+    qkv, z, b, a = project_inputs(x, w.inputs, w.inputs_parts, (w.qkv, w.gate, w.beta, w.alpha))
+    mixed, conv_state, beta, g = conv_and_gates(qkv, w.conv, conv_state, b, a, w.dt_bias, w.decay_rate, row_states)
     key_dim = s.n_k_heads * s.k_dim
     q, k, v = mixed.split([key_dim, key_dim, s.n_v_heads * s.v_dim], dim=-1)
     # Value head h reads q/k head h % Hk: tile the key heads up to Hv so the kernel pairs them one to one.
     tile = s.n_v_heads // s.n_k_heads
     q = q.reshape(n_tokens, s.n_k_heads, s.k_dim).repeat(1, tile, 1)
     k = k.reshape(n_tokens, s.n_k_heads, s.k_dim).repeat(1, tile, 1)
-    beta = torch.sigmoid(linear(x, w.beta).float())
-    g = w.decay_rate * F.softplus(linear(x, w.alpha).float() + w.dt_bias.float())
     rule = delta_rule_rows if row_states else gated_delta_rule
     out, state = rule(q, k, v.reshape(n_tokens, s.n_v_heads, s.v_dim), g, beta, state)
-    z = linear(x, w.gate).view(n_tokens, s.n_v_heads, s.v_dim)
-    out = (rms_norm(out, w.out_norm, eps).float() * torch.sigmoid(z.float())).to(x.dtype)
+    z = z.view(n_tokens, s.n_v_heads, s.v_dim)
+    out = output_gate(out, w.out_norm, z, eps, x.dtype, sigmoid=True)
     return linear(out.reshape(n_tokens, -1), w.out), conv_state, state
