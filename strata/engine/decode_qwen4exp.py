@@ -34,7 +34,7 @@ from strata.engine.static_kv import StaticHybrid, check_static, static_kv
 from strata.errors import StrataError
 from strata.kernels.select.keys import BLOCK, pool_keys_at
 from strata.models.hyper_connections import hc_read, hc_write
-from strata.models.layers import router_topk
+from strata.models.layers import route_topk
 from strata.models.ngram_embedding import ple_block
 from strata.models.qwen4exp_mixers import indexer_select, qsa_attention, qwen4exp_gdn
 from strata.models.weights import linear
@@ -140,7 +140,7 @@ class Qwen4ExpDecoder(GraphDecoder):
                 mixed, inject = hc_read(residual, model.hc_ffn[stop], eps)
                 x = mixed.to(dtype)
                 stash["inject"] = inject
-                publish(stash, x, *router_topk(x, model.ffn[stop].router, c.n_experts_used, c.norm_topk_prob))
+                publish(stash, x, *route_topk(linear(x, model.ffn[stop].router), c.n_experts_used, c.norm_topk_prob))
             stash["h"] = residual
             if stop >= n_layers:
                 stash["logits"] = model.logits(residual, ctx)

@@ -16,7 +16,7 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, router_topk, swiglu
+from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
 from strata.models.weights import QuantWeight, linear, stacked_rows
 
 
@@ -190,7 +190,7 @@ class DecoderLM:
         gives other weights for the same expert layer index (an MTP block); `x`, h already normed."""
         w, c = w or self.ffn[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
-        weights, ids = router_topk(x, w.router, c.n_experts_used, c.norm_topk_prob)
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob)
         return x, weights, ids
 
     def shared_swiglu(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor | None:
@@ -220,7 +220,7 @@ class DecoderLM:
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         # int32 ids where the routing kernel runs: what the expert kernels read, without a conversion launch.
-        weights, ids = router_topk(x, w.router, c.n_experts_used, c.norm_topk_prob, torch.int32)
+        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)

@@ -114,21 +114,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     return out.transpose(0, 1)
 
 
-ROUTER_KERNEL_MAX_TOKENS = 8  # decode steps and short verify windows: beyond, a GEMM reads the router once for all
-
-
-def router_topk(x: torch.Tensor, router: QuantWeight, k: int, normalize: bool,
-                kernel_ids: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route_topk(linear(x, router), ...)`: in one launch for a decode step's few rows of a float router."""
-    from strata.models.weights import FLOAT_VIEWS
-
-    if _fused(x) and x.shape[0] <= ROUTER_KERNEL_MAX_TOKENS and router.ggml_type in FLOAT_VIEWS:
-        from strata.kernels.pointwise.router_topk import router_topk_triton
-
-        return router_topk_triton(x, router.dequantize(x.dtype), k, normalize, kernel_ids)
-    return route_topk(linear(x, router), k, normalize, kernel_ids)
-
-
 ROUTE_KERNEL_MAX_TOKENS = 64  # decode steps and verify windows; a prompt chunk keeps torch's top-k (one program a row)
 
 

@@ -150,21 +150,3 @@ def test_qk_norm_rope_is_the_two_kernels_it_replaces(dim, n_rot, dtype):
         turned = torch.cat((-normed[..., half:n_rot], normed[..., :half]), dim=-1)
         exact = torch.cat((normed[..., :n_rot] * c + turned * s, normed[..., n_rot:]), dim=-1)
         assert ((got.double().cpu() - exact).abs().max() / exact.abs().max()).item() < (STEPS + 3) * ulp
-
-
-@pytest.mark.parametrize("n_tokens,n_experts,dim,k", [(1, 128, 512, 8), (3, 40, 300, 4)])
-def test_router_topk_is_the_gemm_and_the_routing_it_replaces(n_tokens, n_experts, dim, k):
-    """Operands of -1/8, 0, 1/8: every logit is exact in float32 and in bf16 whatever the summation order, so the
-    one launch must give route_topk's bytes on the logits `linear` returns, ties (many here) to the lower id."""
-    from strata.kernels.pointwise.route_topk import route_topk_triton
-    from strata.kernels.pointwise.router_topk import router_topk_triton, tickets
-
-    gen = torch.Generator().manual_seed(16)
-    x, router = ((torch.randint(-1, 2, shape, generator=gen) / 8).to(torch.bfloat16).to(DEVICE)
-                 for shape in ((n_tokens, dim), (n_experts, dim)))
-    logits = (x.double() @ router.double().T).to(torch.bfloat16)
-    want_w, want_ids = route_topk_triton(logits, k, True, torch.int32)
-    for _ in range(2):  # the last program of each token resets its ticket: a second launch (a replay) is the same
-        weights, ids = router_topk_triton(x, router, k, True, torch.int32)
-        assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
-        assert not tickets(x.device, n_tokens)[:n_tokens].any()
