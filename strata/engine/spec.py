@@ -332,8 +332,11 @@ class SpecDecoder:
         """Whether this window's drafts can go from the MTP graphs into the verify window without the host reading
         them first: greedy, no penalty, no min_p (so the MTP block drafts all k: no prompt-lookup draft follows),
         both static, and the cells to catch up fit one MTP step."""
-        return (k > 0 and self.mtp_steps is not None and self.min_p == 0 and _plain_greedy(sampler)
-                and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
+        from strata import switches
+
+        # Opt-in (STRATA_SPEC_PIPELINE): on the H200 this path's 2- and 4-row windows failed to capture.
+        return (switches.get("STRATA_SPEC_PIPELINE") and k > 0 and self.mtp_steps is not None and self.min_p == 0
+                and _plain_greedy(sampler) and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
 
     def _pipelined_window(self, history: list[int], k: int, sampler: Sampler, lap):
         """A greedy window with one host read: the MTP picks feed the verify window on the device; then the drafts

@@ -68,12 +68,15 @@ def test_static_mtp_drafts_are_the_eager_ones(next_mtp, min_p):
     assert any(source == "mtp" for window in drafts for _, source in window)
 
 
-@pytest.mark.parametrize("min_p", [0.0, 0.0034])
-def test_host_reads_per_window(next_mtp, monkeypatch, min_p):
+@pytest.mark.parametrize("min_p,pipeline", [(0.0, True), (0.0, False), (0.0034, False)])
+def test_host_reads_per_window(next_mtp, monkeypatch, min_p, pipeline):
     """Reads of tensor values (item, int, float, tolist) made by the speculation loop's own code, per window: one
-    (the drafts, which went from the MTP graphs into the window on the device, with every row's argmax); with
-    min_p, two (the MTP picks, whose probabilities decide the window's rows, then the argmax). (The model's CPU
-    reference loops are not the loop's.)"""
+    (the drafts, which went from the MTP graphs into the window on the device, with every row's argmax: the opt-in
+    STRATA_SPEC_PIPELINE); else two (the MTP picks, whose probabilities decide the window's rows, then the argmax).
+    (The model's CPU reference loops are not the loop's.)"""
+    from strata import switches
+
+    monkeypatch.setattr(switches, "_values", {**switches._values, "STRATA_SPEC_PIPELINE": pipeline})
     llm = strata.LLM(next_mtp, device="cpu", spec=4, spec_min_p=min_p, decode_graphs="eager")
     prompt = _tokens(9, seed=2)
     reads: Counter = Counter()
@@ -98,7 +101,7 @@ def test_host_reads_per_window(next_mtp, monkeypatch, min_p):
     assert windows >= 4 and len(out) == 14
     # Only the first window drafts eagerly (the prompt's cells, one chunk, then 2 drafts after drafts).
     assert eager_calls["mtp_forward"] <= 3
-    assert reads["tolist"] <= (1 if min_p == 0 else 2) * windows, reads
+    assert reads["tolist"] <= (1 if pipeline else 2) * windows, reads
     assert reads["__int__"] + reads["__float__"] <= 2 * 3 and not reads["item"], reads  # that window's 3 drafts
 
 
