@@ -54,9 +54,11 @@ def test_config_labels_and_errors():
 
 
 def test_translated_cells_equal_the_page_table_rows():
-    table = torch.tensor([5, 0, 3, 1, 2, 4], dtype=torch.int32)
-    cells = torch.tensor([[0, 3, 4, 9, 23, -1], [22, 7, 24, 1 << 27, 0, 5]], dtype=torch.int32)
-    got = translate_cells(cells, table)
+    # on the test's device: a GPU runs the translating kernel compiled, which reads device memory only
+    table = torch.tensor([5, 0, 3, 1, 2, 4], dtype=torch.int32, device=DEVICE)
+    cells = torch.tensor([[0, 3, 4, 9, 23, -1], [22, 7, 24, 1 << 27, 0, 5]], dtype=torch.int32, device=DEVICE)
+    got = translate_cells(cells, table).cpu()
+    table, cells = table.cpu(), cells.cpu()
     for c, p in zip(cells.flatten().tolist(), got.flatten().tolist()):
         assert p == (int(table[c // 4]) * 4 + c % 4 if 0 <= c < 24 else 0)
 
