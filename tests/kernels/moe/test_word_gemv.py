@@ -73,10 +73,14 @@ def test_q2_0_at_odd_offsets_takes_the_byte_kernels(device):
     assert relative_error(gate_up_swiglu_triton(x.to(device), ids.to(device), odd_experts, cfg), h64) <= ERROR_BOUND
 
 
-def test_gpu_defaults_split_only_the_starved_grid():
-    # A3B's Q4_0 gate/up takes the H200 sweep's tile (gemv.MEASURED_TILES), its down the reasoned one; qwen4exp's
-    # Q2_0 down projection (2560 rows, 100 units of 16: 640 programs of 4 warps, 19 warps an SM) is cut in two
-    # slices of 4 and 3 steps.
+def test_gpu_defaults_split_only_the_starved_grid(monkeypatch):
+    # The word kernels' tiles (session 4's MEASURED_TILES; the streamed kernels' since session 5 take no split): A3B's
+    # Q4_0 gate/up takes the sweep's tile, its down the reasoned one; qwen4exp's Q2_0 down projection (2560 rows,
+    # 100 units of 16: 640 programs of 4 warps, 19 warps an SM) is cut in two slices of 4 and 3 steps.
+    from strata.kernels.moe import gemv
+
+    monkeypatch.setattr(gemv, "MEASURED_TILES", {("gate_up", "Q4_0"): dict(ns=32, warps=8), ("gate_up", "Q4_K"):
+                        dict(warps=4), ("gate_up", "Q2_0"): dict(ns=8, warps=2), ("down", "Q4_K"): dict(bn=8)})
     a3b = [gemv_config(kind, SPECS["Q4_0"], n_out, n_in, 8, True)
            for kind, n_out, n_in in (("gate_up", 768, 2048), ("down", 2048, 768))]
     assert [(c.bn, c.ns, c.warps, c.split, c.wide) for c in a3b] == [(4, 32, 8, 1, True), (4, 64, 16, 1, True)]
