@@ -11,13 +11,16 @@ decode steps (`strata bench spec` prints both); it pays when the first outgrows 
 - experts offloaded: a window's misses are the union over its rows, so the CPU pool's share grows with T while
   one-row decode's does not; until the --vram-budget rows of tools/device/spec.sh show a window paying: 1.
 
-Where all three hold, AUTO_WINDOW is the window the device numbers found fastest (docs/BENCHMARKS.md). It stays 1
-until they are in: `auto` changes nothing yet, and the engine's default stays --spec 1.
+Where all three hold, AUTO_WINDOW is the window the device numbers found fastest (docs/BENCHMARKS.md). The H200
+numbers of session 5 found none: on the trained default model, everything captured, a 2-row window costs 2.78
+decode steps (MTP drafts 0.54 ms, the window 0.62 ms, a step 0.46 ms) for 1.61 tokens (--spec 2: 0.68x), and the
+A3B shape's random MTP head is never accepted. So AUTO_WINDOW is 1 and the engine's default stays --spec 1; a model
+whose MTP step costs a small share of a decode step (many layers) is where to measure again.
 """
 
 from __future__ import annotations
 
-AUTO_WINDOW = 1  # set from tools/device/spec.sh's tables: the best --spec, MTP head, captured, all resident
+AUTO_WINDOW = 1  # from tools/device/spec.sh's tables (H200, session 5): no --spec > 1 paid
 
 
 def auto_spec(has_mtp: bool, captured_windows: bool, all_resident: bool, best: int | None = None) -> int:
