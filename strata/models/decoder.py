@@ -17,7 +17,8 @@ from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
-from strata.models.weights import QuantWeight, linear, stacked_rows
+from strata.models.stacked_projections import project_inputs, stack_projections
+from strata.models.weights import QuantWeight, linear
 
 
 @dataclass
@@ -32,7 +33,7 @@ class AttentionWeights:
     v_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
-    qkv: QuantWeight | None = None  # on a GPU, q, k and v's rows in one block tensor (q, k, v are views of it)
+    qkv: QuantWeight | None = None  # on a GPU, q, k and v's rows in one block tensor (q, k, v: views of it)
 
 
 @dataclass
@@ -104,8 +105,7 @@ class DecoderLM:
             q, k, v = (load.quant(p + f"attn_{x}.weight", rows, c.n_embd)
                        for x, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
             # A decode step on the GPU reads the three through one matvec launch instead of three.
-            stacked = stacked_rows(p + "attn_qkv", q, k, v) if q.device.type == "cuda" else None
-            qkv, (q, k, v) = (stacked[0], stacked[1:]) if stacked else (None, (q, k, v))
+            qkv, _, (q, k, v) = stack_projections(p + "attn_qkv", (q, k, v), (3,))
             self.attention.append(AttentionWeights(
                 norm=load.dense(p + "attn_norm.weight", c.n_embd),
                 q=q, k=k, v=v, qkv=qkv,
@@ -161,7 +161,7 @@ class DecoderLM:
                    x: torch.Tensor | None = None) -> torch.Tensor:
         w, c = self.attention[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
-        q, k, v = self._qkv(w, x)
+        q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if w.q_norm is not None:
             q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
@@ -169,17 +169,6 @@ class DecoderLM:
             q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
         out = ctx.kv.attend(i, q, k, v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
-
-    @staticmethod
-    def _qkv(w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The attention's q, k and v projections of x: one matvec over the stacked rows where a decode step takes
-        the matvec kernel, else one linear each."""
-        from strata.kernels.quant.matvec import matvec_applies
-
-        if w.qkv is not None and matvec_applies(x, w.qkv.ggml_type):
-            q, k, v = linear(x, w.qkv).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=-1)
-            return tuple(t if b is None else t + b for t, b in ((q, w.q_bias), (k, w.k_bias), (v, w.v_bias)))
-        return linear(x, w.q, w.q_bias), linear(x, w.k, w.k_bias), linear(x, w.v, w.v_bias)
 
     def is_moe(self, i: int) -> bool:
         return self.ffn[i].router is not None

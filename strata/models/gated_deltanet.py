@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.kernels.gdn import gated_delta_rule
-from strata.models.gdn_projections import project_inputs
+from strata.models.stacked_projections import project_inputs
 from strata.models.layers import _fused, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -70,7 +70,7 @@ class GDNWeights:
     out_norm: torch.Tensor  # ssm_norm [v_dim]
     out: QuantWeight  # ssm_out [embd, value heads x v_dim]
     # On a GPU: qkv, gate (and b, a where they share the format) in one block tensor, they views of its rows
-    # (models/gdn_projections.py), `inputs_parts` of them.
+    # (models/stacked_projections.py), `inputs_parts` of them.
     inputs: QuantWeight | None = None
     inputs_parts: int = 0
 

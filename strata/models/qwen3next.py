@@ -23,7 +23,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
-from strata.models.gdn_projections import stack_projections
+from strata.models.stacked_projections import stack_projections
 from strata.models.layers import Rope, qk_norm_rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -120,7 +120,8 @@ class Qwen3NextLM(DecoderLM):
             qkv = load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd)
             gate = load.quant(p + "attn_gate.weight", value_dim, c.n_embd)
         # A decode step on the GPU reads qkv, gate (and b, a) through one matvec: one block tensor, these views.
-        inputs, parts, (qkv, gate, b, a) = stack_projections(p + "gdn_inputs", qkv, gate, ba[b_rows], ba[a_rows])
+        inputs, parts, (qkv, gate, b, a) = stack_projections(p + "gdn_inputs", (qkv, gate, ba[b_rows], ba[a_rows]),
+                                                             (4, 2))
         return GDNWeights(
             norm=load.dense(p + "attn_norm.weight", c.n_embd),
             qkv=qkv,

@@ -27,7 +27,7 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape
-from strata.models.gdn_projections import stack_projections
+from strata.models.stacked_projections import stack_projections
 from strata.models.hyper_connections import HyperConnectionWeights, hc_read, hc_write
 from strata.models.layers import Rope
 from strata.models.ngram_embedding import (
@@ -133,10 +133,10 @@ class Qwen4ExpLM(DecoderLM):
         value_dim = s.n_v_heads * s.v_dim
         # A decode step on the GPU reads qkv, gate (and beta, alpha) through one matvec: one block tensor, views.
         inputs, parts, (qkv, gate, beta, alpha) = stack_projections(
-            p + "gdn_inputs", load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
-            load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
-            load.quant(p + "ssm_beta.weight", s.n_v_heads, c.n_embd),
-            load.quant(p + "ssm_alpha.weight", s.n_v_heads, c.n_embd))
+            p + "gdn_inputs", (load.quant(p + "attn_qkv.weight", s.conv_channels, c.n_embd),
+                               load.quant(p + "attn_gate.weight", value_dim, c.n_embd),
+                               load.quant(p + "ssm_beta.weight", s.n_v_heads, c.n_embd),
+                               load.quant(p + "ssm_alpha.weight", s.n_v_heads, c.n_embd)), (4, 2))
         return Qwen4ExpGDNWeights(
             qkv=qkv,
             gate=gate,

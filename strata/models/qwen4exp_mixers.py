@@ -26,7 +26,7 @@ from strata.kernels.select.keys import rope_neox
 from strata.kernels.select.scores import block_scores
 from strata.kernels.select.topk import select_cells
 from strata.models.gated_deltanet import GDNShape, conv_and_gates, delta_rule_rows, output_gate
-from strata.models.gdn_projections import project_inputs
+from strata.models.stacked_projections import project_inputs
 from strata.models.layers import Rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
@@ -75,7 +75,7 @@ class Qwen4ExpGDNWeights:
     out_norm: torch.Tensor  # [v_dim]
     out: QuantWeight  # [embd, value heads x v_dim]
     # On a GPU: qkv, gate (and beta, alpha where they share the format) in one block tensor, they views of its rows
-    # (models/gdn_projections.py), `inputs_parts` of them.
+    # (models/stacked_projections.py), `inputs_parts` of them.
     inputs: QuantWeight | None = None
     inputs_parts: int = 0
 
