@@ -12,6 +12,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tools/ (the transformers exporter) lives beside the package
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For a module of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): tiny tensors gain
+    nothing from intra-op threads, and on a shared 2-core machine their spinning costs seconds (~40x)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

@@ -17,13 +17,7 @@ PROMPT = [5, 17, 99, 3, 250, 7, 31]
 STEPS = 6  # positions 7..12: one pooled block completes on the way (cells 8..11)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors gain nothing from intra-op threads, and on a shared machine their spinning costs seconds.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

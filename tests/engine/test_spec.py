@@ -17,13 +17,7 @@ from tests.engine.cache_compare import assert_close, assert_same_hybrid_state
 GREEDY = dict(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one torch thread is ~40x faster than several fighting over a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tokens(n: int, seed: int, vocab: int = 512) -> list[int]:

@@ -17,12 +17,7 @@ GREEDY = dict(temperature=0)
 SPEC_FILES = ("spec.py", "spec_mtp.py", "spec_windows.py")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is much faster on a shared 2-core machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

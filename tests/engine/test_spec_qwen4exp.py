@@ -15,12 +15,7 @@ from tests.engine.cache_compare import assert_close, assert_same_hybrid_state
 GREEDY = dict(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is much faster on a shared 2-core machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

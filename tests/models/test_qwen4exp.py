@@ -21,13 +21,7 @@ from strata.models.synthetic_qwen4exp import shard_paths
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors gain nothing from intra-op threads, and on a shared machine their spinning costs seconds.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
