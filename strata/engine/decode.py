@@ -31,6 +31,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.experts import CachedExperts, ResidentExperts, kernel_path
 from strata.engine.hybrid_cache import HybridCache
+from strata.engine.staging import TokenUpload
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
@@ -123,10 +124,7 @@ class GraphDecoder:
                                   "their reference loop cannot be captured")
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
-        pin = self.device.type == "cuda"
-        self.staging = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)
-        self.staging_numpy = self.staging.numpy()
-        self.uploaded = None  # CUDA event after the last upload from staging
+        self.upload = TokenUpload(rows, self.device)
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self.programs: dict[int, StepGraphs] = {}
         self.signature = None
@@ -151,17 +149,9 @@ class GraphDecoder:
         end = start + self.rows
         span = end if self.exact_span else span_for(end, self.kv.max_tokens)
         self._reserve(start, end if self.exact_span else self.kv.max_tokens)
-        if self.uploaded is not None:
-            self.uploaded.synchronize()  # the last step's upload has left the staging buffer
-        self.staging_numpy[0] = tokens  # through numpy: no tensor made per step
-        self.staging_numpy[1] = range(start, end)
-        self.tokens.copy_(self.staging[0], non_blocking=True)
-        self.positions.copy_(self.staging[1], non_blocking=True)
+        self.upload(tokens, start, self.tokens, self.positions)
         if tail is not None:
             self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
-        if self.device.type == "cuda":
-            self.uploaded = self.uploaded or torch.cuda.Event()  # one event, recorded again each step
-            self.uploaded.record()
         if not self.capture:
             runner = StepGraphs(self._program(span), capture=False)
             self._execute(runner)

@@ -69,8 +69,7 @@ class Qwen4ExpDecoder(GraphDecoder):
         if start != self.kv.length:  # before the n-gram window moves (the hybrid cache would say it too late)
             raise StrataError(f"a recurrent state holds {self.kv.length} tokens and cannot continue at position "
                               f"{start}")
-        if self.uploaded is not None:
-            self.uploaded.synchronize()  # the last step's uploads have left the staging buffers
+        self.upload.wait()  # the last step's uploads have left the staging buffers
         self.ngram_staging.copy_(self.model.ngram_rows(np.asarray(tokens, dtype=np.int64), self.kv))
         self.ngram.copy_(self.ngram_staging, non_blocking=True)  # before the token's upload, whose event covers it
         logits = super().step(tokens, start)

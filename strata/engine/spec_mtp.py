@@ -26,6 +26,7 @@ import torch
 
 from strata.engine.decode import StaticContext, _storage_signature
 from strata.engine.experts import CachedExperts, ResidentExperts, kernel_path
+from strata.engine.staging import TokenUpload
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 
@@ -56,8 +57,7 @@ class MTPSteps:
         self.ids = torch.zeros(max_rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(max_rows, dtype=torch.long, device=self.device)
         self.picks = torch.zeros(max(max_drafts, 1), 2, dtype=torch.float64, device=self.device)  # token, probability
-        self.staging = torch.zeros(2, max_rows, dtype=torch.long, pin_memory=self.device.type == "cuda")
-        self.uploaded = None  # CUDA event after the last upload from staging
+        self.upload = TokenUpload(max_rows, self.device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.programs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, dict]] = {}
         self.signature = None
@@ -81,15 +81,7 @@ class MTPSteps:
         # All programs of this call share one span (captured) or each attends over exactly its cells (CPU form).
         span = None if exact else span_for(start + rows + k - 1, self.cache.max_tokens)
         self._reserve(start + rows + k - 1)
-        if self.uploaded is not None:
-            self.uploaded.synchronize()  # the last call's upload has left the staging buffer
-        self.staging[0, :rows] = torch.tensor(next_ids, dtype=torch.long)
-        self.staging[1, :rows] = torch.arange(start, start + rows, dtype=torch.long)
-        self.ids[:rows].copy_(self.staging[0, :rows], non_blocking=True)
-        self.positions[:rows].copy_(self.staging[1, :rows], non_blocking=True)
-        if self.device.type == "cuda":
-            self.uploaded = torch.cuda.Event()
-            self.uploaded.record()
+        self.upload(next_ids, start, self.ids, self.positions)
         self.hidden[:rows].copy_(trunk_hidden)
         self._run(rows, span or start + rows, 0)
         for j in range(1, k):  # the program left the next step's inputs in place: nothing to upload
