@@ -1,0 +1,82 @@
+"""On the GPU: is a verify window's row the very step plain decoding takes at that position (issue 10's greedy
+exactness)? For each small synthetic model and placement: a plain engine's captured decode gives the logits at every
+position of a greedy continuation; a --spec 4 engine then reads the same continuation in windows of 4, 3, 2, 1 rows
+(drafts = the true tokens, so every row is kept) and each row's logits are compared with plain's at that position:
+rows bit-equal, worst relative error, and the smallest top-2 logit margin seen (how near a tie the run came). Then
+free-running greedy --spec 2/3/4 against plain. Exit 1 when a row differs in its argmax.
+
+    python3 tools/device/spec_exact_check.py MODEL_DIR [N] [PRESET]
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from strata.engine.sampling import SamplingParams  # noqa: E402
+from strata.models.synthetic import make_model  # noqa: E402
+
+DEVICE, GRAPHS = ("cuda", "on") if torch.cuda.is_available() else ("cpu", "eager")  # the CPU: a dry run
+models = Path(sys.argv[1])
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+preset = sys.argv[3] if len(sys.argv) > 3 else "small"
+prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+K = "Q4_0" if preset == "tiny" else "Q4_K"  # tiny rows are shorter than a Q4_K block
+cases = [("qwen3moe", K, {}, {}), ("qwen3moe", K, {}, {"decode_graphs": "off"}),
+         ("qwen3next", "Q4_0", {"nextn_layers": 1}, {}),
+         ("qwen3next", "Q4_0", {"nextn_layers": 1}, {"expert_cache": 40}),
+         ("qwen3next", "Q4_0", {"nextn_layers": 1}, {"expert_cache": 40, "misses": "cpu"})]
+greedy = SamplingParams(temperature=0)
+ok = True
+print("| model | options | rows | bit-equal rows | argmax agree | max rel err | min top-2 margin | greedy = plain "
+      "(--spec 2/3/4) |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+for arch, quant, shape, options in cases:
+    path = models / f"exact-{arch}-{preset}-{quant}.gguf"
+    if not path.exists():
+        make_model(path, arch=arch, preset=preset, quant=quant, **shape)
+    options = {"decode_graphs": GRAPHS, **options}
+    try:
+        plain = Engine(path, EngineConfig(device=DEVICE, n_ctx=1024, **options))
+        logits = plain.prefill(prompt)[-1:].float().clone()
+        truth, steps = [], []
+        for i in range(n):
+            token = int(logits[-1].argmax())
+            truth.append(token)
+            steps.append(logits[-1].clone())
+            logits = plain.decode(token, len(prompt) + i).float()
+        spec = Engine(path, EngineConfig(device=DEVICE, n_ctx=1024, spec=4, **options))
+        spec.prefill(prompt)
+        pos, windows, rows, equal, agree, worst, margin = 1, 0, 0, 0, 0, 0.0, float("inf")
+        while pos + 4 < n:
+            size = 4 - windows % 4
+            window = truth[pos - 1:pos - 1 + size]
+            got = spec.spec.verify(window, len(prompt) + pos - 1).float()
+            for r in range(size):
+                want = steps[pos + r]
+                rows += 1
+                equal += int(torch.equal(got[r], want))
+                agree += int(int(got[r].argmax()) == int(want.argmax()))
+                worst = max(worst, ((got[r] - want).abs().max() / want.abs().max()).item())
+                top = want.topk(2).values
+                margin = min(margin, (top[0] - top[1]).item())
+            spec.spec.keep(len(prompt) + pos - 1, size)
+            pos += size
+            windows += 1
+        same = []
+        for w in (2, 3, 4):
+            e = Engine(path, EngineConfig(device=DEVICE, n_ctx=1024, spec=w, **options))
+            same.append("yes" if list(e.generate(prompt, greedy, n)) == truth else "NO")
+        good = agree == rows
+        ok &= good
+        label = " ".join(f"{k}={v}" for k, v in options.items())
+        print(f"| {arch} {quant} | {label} | {rows} | {equal}/{rows} | {agree}/{rows} | {worst:.1e} | {margin:.3g} | "
+              f"{'/'.join(same)}{'' if good else ' FAIL'} |", flush=True)
+    except Exception as exc:  # one case's failure must not hide the others'
+        ok = False
+        print(f"| {arch} {quant} | {options} | error: {type(exc).__name__}: {str(exc)[:160]} |", flush=True)
+print("ALL OK" if ok else "FAILURES")
+sys.exit(0 if ok else 1)
