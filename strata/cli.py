@@ -406,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("moe-decode", "moe_decode", "parity and speed of the decode expert GEMV kernels against float64"),
         ("matvec", "matvec", "GB/s of the dense quantized decode matvec beside the HBM floor, against float64"),
         ("gdn-step", "gdn_step", "the GatedDeltaNet decode step's conv and gate kernels against torch (--sweep)"),
+        ("hc-read", "hc_read", "qwen4exp's hyper-connection read kernels (few rows) against torch (--sweep)"),
         ("cpu-experts", "cpu_experts", "GB/s of the CPU expert kernels beside host memory bandwidth"),
         ("long-context", "long_context", "a long prompt through int8 KV: dense vs --qsa quest vs --kv-resident"),
         ("checkpoints", "checkpoints", "what a conversation checkpoint costs (copy out and back) and saves"),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata import switches
 from strata.models import layers
 from strata.models.weights import FLOAT_VIEWS, QuantWeight, linear
 
@@ -82,7 +83,7 @@ def _on_kernels(residual: torch.Tensor, compute_dtype: torch.dtype) -> bool:
     """On CUDA (or FUSED_ON_CPU), a float32 stack, a model computing below float32 (the exact mode stays torch's, as
     models/layers.py `_fused` keeps it)."""
     return ((residual.is_cuda or layers.FUSED_ON_CPU) and residual.dtype == torch.float32 and residual.dim() == 3
-            and compute_dtype in (torch.bfloat16, torch.float16))
+            and compute_dtype in (torch.bfloat16, torch.float16) and not switches.get("STRATA_HC_TORCH"))
 
 
 def _fused_read(residual: torch.Tensor, w: HyperConnectionWeights, dtype: torch.dtype) -> bool:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from strata import switches
 from strata.kernels.hc.down_inject import down_inject_triton
 from strata.kernels.hc.read import hc_read_triton
 from strata.kernels.hc.write_stats import write_stats_triton
@@ -138,7 +139,7 @@ def test_down_inject_tiles_and_masks():
 
 def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
     """hc_write_read: few rows of a bf16/fp16 model take the kernels (same bytes as calling them); a float32 model
-    (the exact mode) and a prompt's rows keep the torch reference, byte for byte."""
+    (the exact mode), a prompt's rows and STRATA_HC_TORCH keep the torch reference, byte for byte."""
     import strata.kernels.hc.read as read
 
     calls = []
@@ -149,9 +150,11 @@ def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
     assert calls == [1]
     for a, b in zip(got, _fused_read(residual[:4], w, (pending[0][:4], pending[1][:4]), torch.bfloat16)):
         assert torch.equal(a, b)
-    pending32 = (pending[0].float(), pending[1])
-    for rows, dtype, y in ((4, torch.float32, pending32[0]), (5, torch.bfloat16, pending[0])):
-        got = hc_write_read(residual[:rows], w, EPS, (y[:rows], pending[1][:rows]), dtype)
+    cases = ((4, torch.float32, pending[0].float(), False), (5, torch.bfloat16, pending[0], False),
+             (4, torch.bfloat16, pending[0], True))
+    for rows, dtype, y, torch_switch in cases:
+        with switches.override(STRATA_HC_TORCH=torch_switch):
+            got = hc_write_read(residual[:rows], w, EPS, (y[:rows], pending[1][:rows]), dtype)
         layers.FUSED_ON_CPU = False
         written = residual[:rows] + y[:rows].float()[:, None, :] * (
             2 * torch.sigmoid(pending[1][:rows] / HC))[:, :, None]
@@ -159,3 +162,15 @@ def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
         layers.FUSED_ON_CPU = True
         assert calls == [1] and torch.equal(got[0], written)
         assert torch.equal(got[1], mixed.to(dtype)) and torch.equal(got[2], inject)
+
+
+def test_f32_weights_read_as_stored():
+    """A file may keep the hyper-connection matrices in F32 (type 0): the kernels read them as they are."""
+    w = _weights(60)
+    as_f32 = [QuantWeight(m.name, 0, m.shape, m.dequantize(torch.float32).contiguous().view(torch.uint8)
+                          .reshape(m.shape[0], -1)) for m in (w.down, w.up, w.inject)]
+    w32 = HyperConnectionWeights(w.norm, *as_f32)
+    residual = _stack(2, 15)
+    got = hc_write_read(residual, w32, EPS, None, torch.bfloat16)
+    want = _fused_read(residual, w, None, torch.bfloat16)  # the same values, read from BF16
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
