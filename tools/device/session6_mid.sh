@@ -17,6 +17,7 @@ script() {  # script NAME CAP: a branch's device script, its files in $L/NAME
  F=$M/q4x12-00001-of-00002.gguf
  part prompt_resident 70 python3 tools/device/profile_prompt.py $F --tokens 4096 --rows 30
  part prompt_budget 90 python3 tools/device/profile_prompt.py $F --tokens 4096 --rows 30 --vram-budget 4.4
+ part decode_budget 60 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 30 --vram-budget 4.4
  script hcfuse 200) &
 (export CUDA_VISIBLE_DEVICES=1
  script attnshort 130
