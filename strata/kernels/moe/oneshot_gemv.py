@@ -107,10 +107,14 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
-        weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
         xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
-        part = step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk) * weight[:, None, None]
-        out = _row_sums(part)
+        if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
+        else:  # an expert's weight scales its activations: fewer products than its partial dots
+            weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
+            xa = xa.to(tl.float32) * weight
+            xb = xb.to(tl.float32) * weight
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
         at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + token).to(tl.int64) * N_OUT
         tl.store(y + at + rows, out, mask=rows < N_OUT)
 
@@ -165,8 +169,8 @@ def oneshot_tile(spec: DecodeSpec, n_out: int, n_units: int, programs: int, oper
     """(BN rows, warps, SPLIT) of a one-shot program over `n_units` units (all chosen experts' for the down kernel)
     for n_out rows, `programs` programs a row tile (pairs or tokens), `operands` matrices read (gate/up: 2).
 
-    On a GPU the limit at these sizes is issuing instructions as much as HBM (sm_90 builds: 944 instructions a
-    thread for A3B's q/k/v tile, 7.4 a weight, against the word kernel's 16.5): more rows a program share each
+    On a GPU the limit at these sizes is issuing instructions as much as HBM (sm_90 builds: 904 instructions a
+    thread for A3B's q/k/v tile, 7.1 a weight, against the word kernel's 16.5): more rows a program share each
     activation and the reduction, so rows start at 8, and a thread keeps at most WORDS_PER_THREAD code words (warps
     4, 8 or 16, then the input cut in slices). Rows halve only while the grid gives fewer than MIN_WARPS_PER_SM warps
     an SM of an H200. Under the interpreter, whose cost is per operation: the widest tiles, no split."""
