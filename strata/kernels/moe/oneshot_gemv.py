@@ -214,7 +214,8 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
     groups = 1 if shared else n_tokens
     _oneshot_down_kernel[(groups, triton.cdiv(d.rows, bn), split)](
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
-        **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens, SHARED=shared, num_warps=warps)
+        **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
+        num_warps=warps)  # (ROWS only where shared: routed calls of any T share one build)
     if split > 1:
         _sum_slices(out, y, split, False)
     return y
