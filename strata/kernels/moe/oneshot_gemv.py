@@ -1,26 +1,30 @@
 """One-shot decode GEMVs (Q2_0, Q4_0, Q8_0, Q4_K): a program loads every weight of its rows at once, then multiplies.
 
 At decode sizes (a few MB a matrix, 1-2 us of HBM time) the word kernels (`wide_gemv.py`) and the streamed ones
-(`stream_gemv.py`) are bound by latency, not bandwidth: a program loads a step of NU units, waits, multiplies and
-loads the next, so an SM has one step of each resident program in flight, and a tail of partly filled waves follows.
-Here a program owns a small tile of BN rows (1-8) and its whole slice of the input (all of it unless SPLIT cuts it):
-the code words, scales and activations of every unit are loaded by one burst of independent loads with nothing in
-between, so each SM can hold its whole share of the matrix in flight at once (~45 KB for A3B's q/k/v: about five
-programs of 4 warps an SM, one wave). The grid is rows / BN programs (times pairs or tokens), enough to fill every
-SM several times; there is no loop over the input at all.
+(`stream_gemv.py`) are bound by latency and by instruction issue, not bandwidth: a program loads a step of NU units,
+waits, multiplies and loads the next, so an SM has one step of each resident program in flight, and a tail of partly
+filled waves follows. Here a program owns a small tile of BN rows (1-16) and its whole slice of the input (all of it
+unless SPLIT cuts it): the code words, scales and activations of every unit are loaded by one burst of independent
+loads with nothing in between, so each SM can hold its whole share of the matrix in flight at once (~45 KB for A3B's
+q/k/v: about five programs of 4 warps an SM, one wave). The grid is rows / BN programs (times pairs or tokens);
+there is no loop over the input at all.
 
 The tile is `stream_steps`' ([NU units, BN rows, NT words], a thread per uint16 / uint32 of codes, rows wrapped
-inside each thread so an activation serves all BN rows) and so is the arithmetic (`fetch_words` / `fetch_x` only
-load, `step_dot` only computes): only the schedule differs. Q4_K's words are uint32 runs of 32 bytes, 16-byte
-aligned (its 144-byte super-blocks keep rows 16-byte aligned), so its loads may go out 16 bytes wide; the 18- and
-34-byte blocks of Q2_0 / Q4_0 / Q8_0 are only 2-byte aligned in GGUF order, so their words stay uint16 loads.
+inside each thread so an activation serves all BN rows) and so is the arithmetic (`step_dot`); loads are addressed
+in bytes from each block (`_fetch`), the sums reduced once over units and words (`_row_sums`). In sm_90 builds that
+is ~7 instructions a weight against the word kernels' ~16 (issuing them is the larger part of these calls' time at
+~4 warp-instructions a cycle an SM). Q4_K's words are uint32 runs of 32 bytes, 16-byte aligned (its 144-byte
+super-blocks keep rows 16-byte aligned): they load 16 bytes wide (LDG.128); the 18- and 34-byte blocks of Q2_0 /
+Q4_0 / Q8_0 are only 2-byte aligned in GGUF order, so their words stay uint16 loads.
 
-Contracts are gemv.py's (slot table, a slot < 0 adding exactly zero, combine weights applied per unit before the
-sum over experts, no atomics). The dense matvec (one "expert" at stride 0: every token reads the same bytes) loads
-the weights once for all of a verify window's 1..4 rows; each row then runs the same code on the same registers, so
-its sums and their order do not depend on how many rows the call has (`SHARED`). Where SPLIT > 1 (inputs too long
-for one program's registers), slice s writes float32 partial sums that `wide_gemv._sum_slices` adds in slice order
-(gate/up: then SwiGLU): deterministic. Precision: float32 sums of exact products, within gemv.ERROR_BOUND of float64.
+Contracts are gemv.py's (slot table, a slot < 0 adding exactly zero, no atomics): an expert's combine weight scales
+its activations before the dots (several experts) or the row sums (one: exact for the dense matvec's ones). The dense
+matvec (one "expert" at stride 0: every token reads the same bytes) loads the weights once for all of a verify
+window's 1..4 rows; each row then runs the same code on the same registers, so its sums and their order do not
+depend on how many rows the call has (`SHARED`); routed calls run a program per token or pair, so neither do theirs.
+Where SPLIT > 1 (inputs too long for one program's registers), slice s writes float32 partial sums that
+`wide_gemv._sum_slices` adds in slice order (gate/up: then SwiGLU): deterministic. Precision: float32 sums of exact
+products, within gemv.ERROR_BOUND of float64.
 """
 
 from __future__ import annotations
