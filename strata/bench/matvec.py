@@ -2,10 +2,11 @@
 
 For each shape (n_in -> n_out: 2048x4096, 4096x2048 and the head 2048x151936; A3B's stacked q/k/v is 2048x5120,
 qwen4exp's Q2_0 GDN projections 2560x10240, 2560x6144, 6144x2560) and format (Q4_0, Q8_0, Q4_K), `--rows` bf16 rows
-(1; up to 4: a verify window, the weight read once by the one-shot kernel) times the weight: microseconds per call replayed from a CUDA graph (enough distinct weights per replay that
-they come from HBM rather than L2), the weight's bytes over the HBM floor of the same run (`read_bandwidth`),
-GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
-for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
+(1; up to 4: a verify window, whose weight the one-shot kernel reads once) times the weight: microseconds per call
+replayed from a CUDA graph (enough distinct weights per replay that they come from HBM rather than L2), the
+weight's bytes over the HBM floor of the same run (`read_bandwidth`), GB/s, and the error against float64 (bf16 x,
+float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default for these formats) and once with
+the byte kernel it replaces (gemv.py's `byte_config`).
 
     python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
                                   [--rows 1] [--sweep [all|words|stream|oneshot]]
