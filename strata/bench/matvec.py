@@ -57,7 +57,8 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
         ok &= err <= ERROR_BOUND
         us = graph_us(call, [(i,) for i in range(4 * copies)], device)
         floor_us = n_bytes / floor_bw * 1e6
-        print(f"{n_in}x{n_out:<7} {fmt:<5} {('oneshot' if cfg.oneshot else 'words') if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
+        loads = ("oneshot" if cfg.oneshot else "words") if cfg.wide else "bytes"
+        print(f"{n_in}x{n_out:<7} {fmt:<5} {loads:<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
               f"warps={cfg.warps} split={cfg.split}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     if sweep:
