@@ -5,7 +5,7 @@
 #    a window's rows bit-equal to one-row calls);
 # 2. `strata bench hc-read --sweep`: torch vs the kernels per read at the full shape (embd 2,560, hc 4, rank 320)
 #    for 1, 2 and 4 rows, and each kernel's configs beside its default;
-# 3. profile_decode.py on 4 full-size qwen4exp layers (make-model --layers 4): GPU ms and kernels per token with
+# 3. profile_decode.py on 4 full-size qwen4exp layers (make-model --layers 4; a batch's 12 if there): GPU ms and kernels per token with
 #    the kernels, then with STRATA_HC_TORCH=1 (the torch reads, as before this branch);
 # 4. captured decode against step by step on the tiny qwen4exp (qwen4exp_check.py graphs): must capture and agree.
 # Under 4 minutes (BUDGET 230 s); carry .whl (and .devcache). Files: hcfuse_summary.txt, hcfuse_logs.tgz (and the
@@ -16,8 +16,11 @@ source tools/device/parts.sh || exit 1  # nested in a session batch: its setup, 
 L=$OUT/hcfuse_logs; mkdir -p $L
 part tests 30 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_hc_kernels.py
 part sweep 40 python3 -m strata bench hc-read --rows 1,2,4 --sweep
-F=$M/q4x4-00001-of-00002.gguf
-[ -f $F ] || part make_q4x4 80 python3 -m strata make-model --arch qwen4exp --preset full --layers 4 -o $M/q4x4.gguf
+F=$M/q4x12-00001-of-00002.gguf  # a session batch's 12 full-size layers when it made them, else 4 made here
+if [ ! -f $F ]; then
+  F=$M/q4x4-00001-of-00002.gguf
+  [ -f $F ] || part make_q4x4 80 python3 -m strata make-model --arch qwen4exp --preset full --layers 4 -o $M/q4x4.gguf
+fi
 part profile_kernels 30 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 16
 part profile_torch 30 env STRATA_HC_TORCH=1 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 16
 Q=$(mktemp -d /tmp/hcfuse-q4.XXXX)
