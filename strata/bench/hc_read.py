@@ -3,7 +3,10 @@ up + gate + mix; the previous write folded in) against the torch reference it re
 hc_write then hc_read, about 25 launches), at the full shape (embd 2,560, hc 4, rank 320, BF16 weights): microseconds
 per read replayed from a CUDA graph, the weights' HBM floor, and the largest error against float64.
 
-    python -m strata.bench.hc_read [--rows 1,4] [--sweep]
+    python -m strata.bench.hc_read [--rows 1,4] [--prompt 4096] [--sweep]
+
+`--prompt T` also times a prompt chunk's read of T rows: torch against the two row-wise kernels around the same
+GEMMs (models/hyper_connections.py `_read_many_rows`).
 
 `--sweep` also times each kernel alone under its launch configurations, the default first, each with its ratio
 to the default's time.
@@ -87,7 +90,7 @@ def bench_rows(rows: int, embd: int, hc: int, rank: int, device, bandwidth: floa
           f"inject {_err(inject, exact_inject):.1e}")
     if not sweep:
         return
-    residual2, rstd = write_stats.write_stats_triton(residual, EPS, *pending)
+    residual2, rstd, _ = write_stats.write_stats_triton(residual, EPS, *pending)
     lo, _ = down_inject.down_inject_triton(residual2, rstd, w.norm, mats[0], mats[2])
     default = None
     for warps in STATS_SWEEP:
@@ -116,12 +119,32 @@ def bench_rows(rows: int, embd: int, hc: int, rank: int, device, bandwidth: floa
               f"{default / us:5.2f}x default  {'ok' if ok else 'WRONG'}")
 
 
+def bench_prompt(rows: int, embd: int, hc: int, rank: int, device) -> None:
+    """A prompt chunk's read: torch's passes against the two row-wise kernels around the same GEMMs."""
+    from strata.models.hyper_connections import _read_many_rows
+
+    w, residual, pending = _inputs(rows, embd, hc, rank, device)
+
+    def torch_form():
+        gate = 2 * torch.sigmoid(pending[1].float() / hc)
+        mixed, inject = hc_read(residual + pending[0].float()[:, None, :] * gate[:, :, None], w, EPS)
+        return mixed.to(torch.bfloat16), inject
+
+    _, got, _ = _read_many_rows(residual, w, EPS, pending, torch.bfloat16)
+    want, _ = torch_form()
+    torch_us = graph_us(torch_form, [()] * 2, device)
+    fused_us = graph_us(lambda: _read_many_rows(residual, w, EPS, pending, torch.bfloat16), [()] * 2, device)
+    print(f"prompt, {rows} rows: torch {torch_us / 1e3:7.3f} ms, GEMMs + row-wise kernels {fused_us / 1e3:7.3f} ms "
+          f"({torch_us / fused_us:4.2f}x); mixed (bf16) vs torch {_err(got, want.double()):.1e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench hc-read", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="1,4", help="rows a read (1: decode; up to 4, a verify window)")
     p.add_argument("--embd", type=int, default=2560)
     p.add_argument("--hc", type=int, default=4)
     p.add_argument("--rank", type=int, default=320)
+    p.add_argument("--prompt", type=int, default=4096, help="rows of the prompt read timed (0: none)")
     p.add_argument("--sweep", action="store_true", help="time each kernel's launch configurations beside the default")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -133,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
           f"/ max|float64|")
     for rows in (int(r) for r in args.rows.split(",")):
         bench_rows(rows, args.embd, args.hc, args.rank, device, bandwidth, args.sweep)
+    if args.prompt:
+        bench_prompt(args.prompt, args.embd, args.hc, args.rank, device)
     return 0
 
 

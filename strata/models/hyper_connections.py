@@ -10,8 +10,9 @@ back into every stream (Strata's `gr_read` / `gr_write`, include/strata/kernels/
     R[c]   += y * 2 * sigmoid(inject[c] / hc)         2*sigmoid centres the gate on 1
 
 On few rows (a decode step, a verify window: at most MAX_ROWS) on a GPU, and on the CPU under FUSED_ON_CPU, a read
-runs as three Triton launches (kernels/hc) with the previous write folded in: hc_write_read. These functions
-are the torch reference, which the CPU and the prompt keep.
+runs as three Triton launches (kernels/hc) with the previous write folded in: hc_write_read. A prompt's read keeps
+torch's GEMMs with the elementwise work in two row-wise kernels. hc_read, hc_write's torch lines and
+grouped_rms_norm are the reference, which the CPU and the float32 (exact) mode keep.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def hc_read(residual: torch.Tensor, w: HyperConnectionWeights, eps: float) -> tu
 
 def hc_write(residual: torch.Tensor, y: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
     """The residual with y [T, embd] added to every stream c, scaled by 2 * sigmoid(inject[:, c] / hc)."""
-    if _on_kernels(residual, y.dtype) and residual.shape[0] <= MAX_ROWS:
+    if _on_kernels(residual, y.dtype):  # one pass, any row count
         from strata.kernels.hc.write_stats import write_stats_triton
 
         return write_stats_triton(residual.contiguous(), 0.0, y, inject)[0]
@@ -73,10 +74,28 @@ def hc_write_read(residual: torch.Tensor, w: HyperConnectionWeights, eps: float,
 
         return hc_read_triton(residual, w.norm, _matrix(w.down), _matrix(w.up),
                               None if w.inject is None else _matrix(w.inject), eps, dtype, pending)
+    if _on_kernels(residual, dtype) and residual.shape[0] > MAX_ROWS:
+        return _read_many_rows(residual, w, eps, pending, dtype)
     if pending is not None:
         residual = hc_write(residual, *pending)
     mixed, inject = hc_read(residual, w, eps)
     return residual, mixed.to(dtype), inject
+
+
+def _read_many_rows(residual: torch.Tensor, w: HyperConnectionWeights, eps: float,
+                    pending: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A prompt's read: the GEMMs as hc_read runs them, the elementwise work around them in two row-wise kernels
+    (the write + statistics + normalised stack; the gate + mean + cast) instead of about twenty passes."""
+    from strata.kernels.hc.gate_mix import gate_mix_triton
+    from strata.kernels.hc.write_stats import write_stats_triton
+
+    y, gate = pending if pending is not None else (None, None)
+    residual, _, xn = write_stats_triton(residual.contiguous(), eps, y, gate, norm=w.norm.contiguous())
+    flat = xn.view(residual.shape[0], -1)
+    low = F.silu(linear(flat, w.down) / residual.shape[1])
+    mixed = gate_mix_triton(xn, linear(low, w.up), dtype)
+    return residual, mixed, (linear(flat, w.inject) if w.inject is not None else None)
 
 
 def _on_kernels(residual: torch.Tensor, compute_dtype: torch.dtype) -> bool:

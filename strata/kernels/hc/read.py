@@ -19,7 +19,7 @@ def hc_read_triton(residual: torch.Tensor, norm: torch.Tensor, down: torch.Tenso
     [T, embd] in `dtype`, inject [T, hc] float32 or None)."""
     residual = residual.contiguous()
     y, gate = pending if pending is not None else (None, None)
-    residual, rstd = write_stats_triton(residual, eps, y, gate)
+    residual, rstd, _ = write_stats_triton(residual, eps, y, gate)
     norm = norm.contiguous()
     lo, injected = down_inject_triton(residual, rstd, norm, down.contiguous(),
                                       None if inject is None else inject.contiguous())

@@ -72,13 +72,13 @@ def _rel(got, want):
 def test_write_stats_matches_float64(n_rows):
     residual, y = _stack(n_rows, 1), rand((n_rows, EMBD), 2, torch.bfloat16, 3)
     inject = rand((n_rows, HC), 3, torch.float32, 4)
-    got, rstd = write_stats_triton(residual, EPS, y, inject)
+    got, rstd, _ = write_stats_triton(residual, EPS, y, inject)
     exact = residual.double() + y.double()[:, None, :] * (2 * torch.sigmoid(inject.double() / HC))[:, :, None]
     assert _rel(got, exact) < BOUND
     want_rstd = torch.rsqrt(exact.square().mean(-1) + EPS)
     assert ((rstd.double() - want_rstd).abs() <= BOUND * want_rstd).all()
     assert torch.allclose(got, hc_write(residual, y, inject), rtol=1e-6, atol=1e-6)
-    same, rstd_alone = write_stats_triton(residual, EPS)  # no pending write: statistics only, R untouched
+    same, rstd_alone, _ = write_stats_triton(residual, EPS)  # no pending write: statistics only, R untouched
     assert same is residual
     assert torch.allclose(rstd_alone.double(), torch.rsqrt(residual.double().square().mean(-1) + EPS), rtol=BOUND)
 
@@ -128,7 +128,7 @@ def test_down_inject_tiles_and_masks():
     """An embd that no tile divides (48: 192 inputs, 128 a step) and output tiles straddling down and inject."""
     embd, rank = 48, 12
     w, residual = _weights(40, embd=embd, rank=rank), _stack(2, 11, embd=embd)
-    _, rstd = write_stats_triton(residual, EPS)
+    _, rstd, _ = write_stats_triton(residual, EPS)
     down, inject = (m.dequantize(torch.bfloat16) for m in (w.down, w.inject))
     lo, injected = down_inject_triton(residual, rstd, w.norm, down, inject, block_n=8, block_k=128)
     x = residual.double()
@@ -139,7 +139,7 @@ def test_down_inject_tiles_and_masks():
 
 def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
     """hc_write_read: few rows of a bf16/fp16 model take the kernels (same bytes as calling them); a float32 model
-    (the exact mode), a prompt's rows and STRATA_HC_TORCH keep the torch reference, byte for byte."""
+    (the exact mode) and STRATA_HC_TORCH keep the torch reference, byte for byte."""
     import strata.kernels.hc.read as read
 
     calls = []
@@ -150,8 +150,7 @@ def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
     assert calls == [1]
     for a, b in zip(got, _fused_read(residual[:4], w, (pending[0][:4], pending[1][:4]), torch.bfloat16)):
         assert torch.equal(a, b)
-    cases = ((4, torch.float32, pending[0].float(), False), (5, torch.bfloat16, pending[0], False),
-             (4, torch.bfloat16, pending[0], True))
+    cases = ((4, torch.float32, pending[0].float(), False), (4, torch.bfloat16, pending[0], True))
     for rows, dtype, y, torch_switch in cases:
         with switches.override(STRATA_HC_TORCH=torch_switch):
             got = hc_write_read(residual[:rows], w, EPS, (y[:rows], pending[1][:rows]), dtype)
@@ -174,3 +173,30 @@ def test_f32_weights_read_as_stored():
     got = hc_write_read(residual, w32, EPS, None, torch.bfloat16)
     want = _fused_read(residual, w, None, torch.bfloat16)  # the same values, read from BF16
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("with_inject", [True, False])
+def test_prompt_read_matches_float64(monkeypatch, with_inject):
+    """Past MAX_ROWS (a prompt): the GEMMs as torch runs them, the write + statistics + normalised stack in one
+    row-wise kernel and the gate + mean + cast in another."""
+    import strata.kernels.hc.gate_mix as gate_mix
+    from strata.models.hyper_connections import _read_many_rows
+
+    calls = []
+    kernel = gate_mix.gate_mix_triton
+    monkeypatch.setattr(gate_mix, "gate_mix_triton", lambda *a, **k: calls.append(a[0].shape[0]) or kernel(*a, **k))
+    w, residual = _weights(70, inject=with_inject), _stack(7, 16)
+    pending = (rand((7, EMBD), 17, torch.bfloat16, 2), rand((7, HC), 18, torch.float32, 3))
+    new_residual, mixed, inject = _read_many_rows(residual, w, EPS, pending, torch.float32)  # float32 to check
+    assert calls == [7]
+    exact_residual = residual.double() + pending[0].double()[:, None, :] * (
+        2 * torch.sigmoid(pending[1].double() / HC))[:, :, None]
+    assert _rel(new_residual, exact_residual) < BOUND
+    exact_mixed, exact_inject = _read_float64(exact_residual, w, EPS)
+    assert mixed.dtype == torch.float32 and _rel(mixed, exact_mixed) < BOUND
+    assert (inject is None) == (not with_inject)
+    if with_inject:
+        assert _rel(inject, exact_inject) < BOUND
+    _, mixed16, _ = hc_write_read(residual, w, EPS, pending, torch.bfloat16)  # a bf16 model's prompt takes it
+    assert calls == [7, 7] and mixed16.dtype == torch.bfloat16
+    assert ((mixed16.float() - mixed).abs() <= 2 ** -7 * mixed.abs()).all()
