@@ -90,30 +90,29 @@ def bench_rows(rows: int, embd: int, hc: int, rank: int, device, bandwidth: floa
           f"inject {_err(inject, exact_inject):.1e}")
     if not sweep:
         return
-    residual2, rstd, _ = write_stats.write_stats_triton(residual, EPS, *pending)
-    lo, _ = down_inject.down_inject_triton(residual2, rstd, w.norm, mats[0], mats[2])
+    _, _, xn = write_stats.write_stats_triton(residual, EPS, *pending, norm=w.norm)
+    lo, _ = down_inject.down_inject_triton(xn, mats[0], mats[2])
     default = None
     for warps in STATS_SWEEP:
-        us = graph_us(lambda: write_stats.write_stats_triton(residual, EPS, *pending, num_warps=warps), [()] * CALLS,
-                      device)
+        us = graph_us(lambda: write_stats.write_stats_triton(residual, EPS, *pending, num_warps=warps, norm=w.norm),
+                      [()] * CALLS, device)
         default = default or us
         print(f"  write+stats warps={warps:<2}                     {us:7.2f} us  {default / us:5.2f}x default")
     default = None
     for block_n, block_k, warps, stages in DOWN_SWEEP:
-        got, got_inject = down_inject.down_inject_triton(residual2, rstd, w.norm, mats[0], mats[2], block_n, block_k,
-                                                         warps, stages)
+        got, got_inject = down_inject.down_inject_triton(xn, mats[0], mats[2], block_n, block_k, warps, stages)
         ok = torch.allclose(got, lo, rtol=1e-4, atol=1e-5) and _err(got_inject, exact_inject) < 1e-4
         us = graph_us(lambda c=(block_n, block_k, warps, stages): down_inject.down_inject_triton(
-            residual2, rstd, w.norm, mats[0], mats[2], *c), [()] * CALLS, device)
+            xn, mats[0], mats[2], *c), [()] * CALLS, device)
         default = default or us
         print(f"  down+inject n={block_n:<2} k={block_k:<5} warps={warps:<2} stages={stages} {us:7.2f} us  "
               f"{default / us:5.2f}x default  {'ok' if ok else 'WRONG'}")
     default = None
     for block_e, warps in UP_SWEEP:
-        got = up_mix.up_mix_triton(residual2, rstd, w.norm, mats[1], lo, torch.bfloat16, block_e, warps)
+        got = up_mix.up_mix_triton(xn, mats[1], lo, torch.bfloat16, block_e, warps)
         ok = torch.equal(got, mixed) or _err(got, exact_mixed) < 2 ** -7
-        us = graph_us(lambda c=(block_e, warps): up_mix.up_mix_triton(residual2, rstd, w.norm, mats[1], lo,
-                                                                       torch.bfloat16, *c), [()] * CALLS, device)
+        us = graph_us(lambda c=(block_e, warps): up_mix.up_mix_triton(xn, mats[1], lo, torch.bfloat16, *c),
+                      [()] * CALLS, device)
         default = default or us
         print(f"  up+mix block_e={block_e:<3} warps={warps:<2}              {us:7.2f} us  "
               f"{default / us:5.2f}x default  {'ok' if ok else 'WRONG'}")

@@ -1,5 +1,5 @@
-"""The read's first matvecs on the normalised stack, which is never stored: xn = R * rstd[stream] * norm is made
-tile by tile from R as the weights stream past, then lo = silu((down @ xn) / hc) and inject = inject_w @ xn.
+"""The read's first matvecs on the normalised stack xn (write_stats.py stores it, float32):
+lo = silu((down @ xn) / hc) and inject = inject_w @ xn.
 down [rank, hc*embd] and inject [hc, hc*embd] are float tensors (BF16 in the files); their rows are one output
 range, so one launch reads both (the final read has no inject).
 
@@ -20,11 +20,10 @@ NUM_STAGES = 3  # Triton's default on sm_90: the loop's loads issued ahead
 
 
 @triton.jit
-def _down_inject_kernel(r_ptr, rstd_ptr, norm_ptr, down_ptr, inj_w_ptr, lo_ptr, inj_ptr, rank, n_inject, embd,
+def _down_inject_kernel(xn_ptr, down_ptr, inj_w_ptr, lo_ptr, inj_ptr, rank, n_inject, n_in,
                         HC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    n_in = HC * embd
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     is_down = n < rank
     is_inject = (n >= rank) & (n < rank + n_inject)
@@ -34,9 +33,7 @@ def _down_inject_kernel(r_ptr, rstd_ptr, norm_ptr, down_ptr, inj_w_ptr, lo_ptr, 
     for k0 in range(0, n_in, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < n_in
-        rstd = tl.load(rstd_ptr + row * HC + k // embd, mask=k_mask, other=0.0)
-        x = tl.load(r_ptr + row * n_in + k, mask=k_mask, other=0.0) * rstd
-        x = x * tl.load(norm_ptr + k, mask=k_mask, other=0.0)  # torch's order: (R * rstd) * norm
+        x = tl.load(xn_ptr + row * n_in + k, mask=k_mask, other=0.0)
         w = tl.load(down_ptr + down_rows[:, None] + k[None, :], mask=is_down[:, None] & k_mask[None, :], other=0.0)
         w += tl.load(inj_w_ptr + inject_rows[:, None] + k[None, :], mask=is_inject[:, None] & k_mask[None, :],
                      other=0.0)
@@ -47,19 +44,18 @@ def _down_inject_kernel(r_ptr, rstd_ptr, norm_ptr, down_ptr, inj_w_ptr, lo_ptr, 
     tl.store(inj_ptr + row * n_inject + (n - rank), total, mask=is_inject)
 
 
-def down_inject_triton(residual: torch.Tensor, rstd: torch.Tensor, norm: torch.Tensor, down: torch.Tensor,
-                       inject: torch.Tensor | None, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
-                       num_warps: int = NUM_WARPS,
+def down_inject_triton(xn: torch.Tensor, down: torch.Tensor, inject: torch.Tensor | None, block_n: int = BLOCK_N,
+                       block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
                        num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """residual [T, hc, embd] float32, rstd [T, hc] float32, norm [hc*embd], down [rank, hc*embd], inject
-    [hc', hc*embd] or None (float tensors, contiguous) -> (lo [T, rank] float32, inject [T, hc'] float32 or None)."""
-    n_rows, hc, embd = residual.shape
+    """xn [T, hc, embd] float32, down [rank, hc*embd], inject [hc', hc*embd] or None (float tensors, contiguous)
+    -> (lo [T, rank] float32, inject [T, hc'] float32 or None)."""
+    n_rows, hc, embd = xn.shape
     rank, n_inject = down.shape[0], 0 if inject is None else inject.shape[0]
-    lo = torch.empty(n_rows, rank, dtype=torch.float32, device=residual.device)
-    injected = torch.empty(n_rows, max(n_inject, 1), dtype=torch.float32, device=residual.device)
+    lo = torch.empty(n_rows, rank, dtype=torch.float32, device=xn.device)
+    injected = torch.empty(n_rows, max(n_inject, 1), dtype=torch.float32, device=xn.device)
     if n_rows:
         grid = (triton.cdiv(rank + n_inject, block_n), n_rows)
-        _down_inject_kernel[grid](residual, rstd, norm, down, down if inject is None else inject, lo, injected,
-                                  rank, n_inject, embd, HC=hc, BLOCK_N=block_n, BLOCK_K=block_k,
-                                  num_warps=num_warps, num_stages=num_stages)
+        _down_inject_kernel[grid](xn, down, down if inject is None else inject, lo, injected, rank, n_inject,
+                                  hc * embd, HC=hc, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+                                  num_stages=num_stages)
     return lo, (injected if n_inject else None)

@@ -1,5 +1,5 @@
 """The read's last step: gate = sigmoid(up @ lo) [hc*embd], then mixed[e] = mean_c xn[c, e] * gate[c*embd + e]
-with xn = R * rstd * norm remade from R. A program owns BLOCK_E columns of one row and reads the hc rows of `up`
+from the normalised stack xn [T, hc, embd] (write_stats.py's). A program owns BLOCK_E columns of one row and reads the hc rows of `up`
 that gate them, so the mean over streams needs nothing from another program. mixed is stored in the dtype the
 step computes in (the cast torch does after the read)."""
 
@@ -14,7 +14,7 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _up_mix_kernel(r_ptr, rstd_ptr, norm_ptr, up_ptr, lo_ptr, out_ptr, embd, rank,
+def _up_mix_kernel(xn_ptr, up_ptr, lo_ptr, out_ptr, embd, rank,
                    HC: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -30,22 +30,19 @@ def _up_mix_kernel(r_ptr, rstd_ptr, norm_ptr, up_ptr, lo_ptr, out_ptr, embd, ran
                     other=0.0)
         logit = tl.sum(w.to(tl.float32) * lo[None, :], axis=1)
         gate = 1.0 / (1.0 + tl.exp(-logit))
-        x = tl.load(r_ptr + row * HC * embd + cols, mask=e_mask, other=0.0) * tl.load(rstd_ptr + row * HC + c)
-        x = x * tl.load(norm_ptr + cols, mask=e_mask, other=0.0)  # torch's order: (R * rstd) * norm
-        total += x * gate
+        total += tl.load(xn_ptr + row * HC * embd + cols, mask=e_mask, other=0.0) * gate
     tl.store(out_ptr + row * embd + e, (total / HC).to(out_ptr.dtype.element_ty), mask=e_mask)
 
 
-def up_mix_triton(residual: torch.Tensor, rstd: torch.Tensor, norm: torch.Tensor, up: torch.Tensor, lo: torch.Tensor,
-                  dtype: torch.dtype = torch.float32, block_e: int = BLOCK_E,
-                  num_warps: int = NUM_WARPS) -> torch.Tensor:
-    """residual [T, hc, embd] float32, rstd [T, hc], norm [hc*embd], up [hc*embd, rank] (float, contiguous), lo
-    [T, rank] float32 -> mixed [T, embd] in `dtype`."""
-    n_rows, hc, embd = residual.shape
+def up_mix_triton(xn: torch.Tensor, up: torch.Tensor, lo: torch.Tensor, dtype: torch.dtype = torch.float32,
+                  block_e: int = BLOCK_E, num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """xn [T, hc, embd] float32, up [hc*embd, rank] (float, contiguous), lo [T, rank] float32 -> mixed [T, embd] in
+    `dtype`."""
+    n_rows, hc, embd = xn.shape
     rank = up.shape[1]
-    mixed = torch.empty(n_rows, embd, dtype=dtype, device=residual.device)
+    mixed = torch.empty(n_rows, embd, dtype=dtype, device=xn.device)
     if n_rows:
-        _up_mix_kernel[(triton.cdiv(embd, block_e), n_rows)](residual, rstd, norm, up, lo, mixed, embd, rank, HC=hc,
-                                                             BLOCK_E=block_e, BLOCK_R=triton.next_power_of_2(rank),
+        _up_mix_kernel[(triton.cdiv(embd, block_e), n_rows)](xn, up, lo, mixed, embd, rank, HC=hc, BLOCK_E=block_e,
+                                                             BLOCK_R=triton.next_power_of_2(rank),
                                                              num_warps=num_warps)
     return mixed

@@ -128,9 +128,9 @@ def test_down_inject_tiles_and_masks():
     """An embd that no tile divides (48: 192 inputs, 128 a step) and output tiles straddling down and inject."""
     embd, rank = 48, 12
     w, residual = _weights(40, embd=embd, rank=rank), _stack(2, 11, embd=embd)
-    _, rstd, _ = write_stats_triton(residual, EPS)
+    _, _, xn = write_stats_triton(residual, EPS, norm=w.norm)
     down, inject = (m.dequantize(torch.bfloat16) for m in (w.down, w.inject))
-    lo, injected = down_inject_triton(residual, rstd, w.norm, down, inject, block_n=8, block_k=128)
+    lo, injected = down_inject_triton(xn, down, inject, block_n=8, block_k=128)
     x = residual.double()
     flat = (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * w.norm.double().view(HC, embd)).flatten(1)
     assert _rel(lo, F.silu(flat @ down.double().T / HC)) < BOUND
