@@ -74,7 +74,7 @@ def hc_write_read(residual: torch.Tensor, w: HyperConnectionWeights, eps: float,
 
         return hc_read_triton(residual, w.norm, _matrix(w.down), _matrix(w.up),
                               None if w.inject is None else _matrix(w.inject), eps, dtype, pending)
-    if _on_kernels(residual, dtype) and residual.shape[0] > MAX_ROWS:
+    if _on_kernels(residual, dtype):  # a prompt's rows, or quantized matrices
         return _read_many_rows(residual, w, eps, pending, dtype)
     if pending is not None:
         residual = hc_write(residual, *pending)
@@ -85,8 +85,9 @@ def hc_write_read(residual: torch.Tensor, w: HyperConnectionWeights, eps: float,
 def _read_many_rows(residual: torch.Tensor, w: HyperConnectionWeights, eps: float,
                     pending: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A prompt's read: the GEMMs as hc_read runs them, the elementwise work around them in two row-wise kernels
-    (the write + statistics + normalised stack; the gate + mean + cast) instead of about twenty passes."""
+    """A prompt's read (or one whose matrices are quantized): the GEMMs (matvecs) as hc_read runs them, the
+    elementwise work around them in two row-wise kernels (the write + statistics + normalised stack; the gate + mean
+    + cast) instead of about twenty passes."""
     from strata.kernels.hc.gate_mix import gate_mix_triton
     from strata.kernels.hc.write_stats import write_stats_triton
 

@@ -200,3 +200,22 @@ def test_prompt_read_matches_float64(monkeypatch, with_inject):
     _, mixed16, _ = hc_write_read(residual, w, EPS, pending, torch.bfloat16)  # a bf16 model's prompt takes it
     assert calls == [7, 7] and mixed16.dtype == torch.bfloat16
     assert ((mixed16.float() - mixed).abs() <= 2 ** -7 * mixed.abs()).all()
+
+
+def test_quantized_matrices_take_the_row_wise_kernels():
+    """Q8_0 hyper-connection matrices on few rows: the matvecs as `linear` runs them (no float view to stream), the
+    elementwise work still in the two row-wise kernels; the same values as the torch lines."""
+    from strata.quant.registry import quantize
+
+    def q8(m):
+        values = m.dequantize(torch.float32)
+        return QuantWeight(m.name, 8, m.shape, torch.from_numpy(quantize(values.cpu().numpy(), 8)).to(values.device))
+
+    w = _weights(80, rank=32)  # Q8_0 blocks are 32 wide
+    wq = HyperConnectionWeights(w.norm, q8(w.down), q8(w.up), q8(w.inject))
+    residual = _stack(3, 19)
+    pending = (rand((3, EMBD), 20, torch.bfloat16, 2), rand((3, HC), 21, torch.float32, 3))
+    new_residual, mixed, inject = hc_write_read(residual, wq, EPS, pending, torch.bfloat16)
+    exact_mixed, exact_inject = _read_float64(new_residual.double(), wq, EPS)
+    assert mixed.dtype == torch.bfloat16 and _rel(mixed, exact_mixed) < 2 ** -7
+    assert _rel(inject, exact_inject) < BOUND
