@@ -47,6 +47,10 @@ class StaticContext(ForwardContext):
     def positions(self, device: torch.device) -> torch.Tensor:
         return self.position_tensor
 
+    def attend(self, layer, q, k, v, selection=None):
+        """The static views take a window's rows at once, each row as its one-token step (static_kv.py)."""
+        return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
+
 
 @dataclass
 class Published:
@@ -249,7 +253,7 @@ class GraphDecoder:
 
     def _program(self, span: int) -> Program:
         model, rows = self.model, self.rows
-        view = static_kv(self.kv, self.positions, span)
+        view = static_kv(self.kv, self.positions, span, self.exact_span)
         ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
                             keep_row_states=self.keep_row_states, position_tensor=self.positions)
         routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []

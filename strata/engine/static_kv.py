@@ -42,7 +42,9 @@ def span_for(end: int, max_tokens: int) -> int:
 class StaticView(KVBackend):
     """Common part: the positions [T] (int64, on the device) and the span; growing or rewinding is the runner's."""
 
-    def __init__(self, cache: KVBackend, positions: torch.Tensor, span: int):
+    def __init__(self, cache: KVBackend, positions: torch.Tensor, span: int, exact: bool = False):
+        """`exact`: the span is the step's end (the CPU form), so a window's row r ends at span - rows + 1 + r."""
+        self.exact = exact
         if span > cache.max_tokens:
             raise StrataError(f"attention span {span} exceeds the context of {cache.max_tokens}")
         self.cache, self.positions, self.span = cache, positions, span
@@ -92,12 +94,25 @@ class StaticDenseKV(StaticView):
             # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
             return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype)
-        # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
-        keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
-        values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
         if selection is not None:
+            keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
+            values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
             return attend_selected(q, keys, values, *check_selection(selection, q.shape[0]))
-        allowed = self.cells[None, :] <= pos[:, None]
+        if q.shape[0] == 1:
+            return self._masked(layer, q, k, v, pos, self.span)
+        # A verify window: each row as the one-token step at its position (its own span when exact: the window's
+        # positions end at the span), reading the earlier rows' keys as the cache stored them.
+        n = q.shape[0]
+        return torch.cat([self._masked(layer, q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1],
+                                       self.span - n + 1 + r if self.exact else self.span) for r in range(n)])
+
+    def _masked(self, layer, q, k, v, pos, span):
+        """As KVCache.attend: cells 0..span-1 from the cache, this step's keys and values at full precision, cells
+        past each row's position masked."""
+        c = self.cache
+        keys = c.keys[layer][:span].to(q.dtype).index_copy(0, pos, k)
+        values = c.values[layer][:span].to(q.dtype).index_copy(0, pos, v)
+        allowed = self.cells[None, :span] <= pos[:, None]
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                              attn_mask=allowed, enable_gqa=True)
         return out.transpose(0, 1)
@@ -109,8 +124,8 @@ class StaticPagedKV(StaticView):
 
     cache: PagedInt8KV
 
-    def __init__(self, cache: PagedInt8KV, positions: torch.Tensor, span: int):
-        super().__init__(cache, positions, span)
+    def __init__(self, cache: PagedInt8KV, positions: torch.Tensor, span: int, exact: bool = False):
+        super().__init__(cache, positions, span, exact)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
     def attend(self, layer, q, k, v, start, selection=None):
@@ -157,14 +172,15 @@ def check_static(cache) -> None:
         raise StrataError("a static decode step selects cells (--qsa quest) only over the int8 KV cache")
 
 
-def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:
-    """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
+def static_kv(cache, positions: torch.Tensor, span: int, exact: bool = False) -> KVBackend:
+    """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells
+    (`exact`: the span is the step's end)."""
     check_static(cache)
     if type(cache) is HybridCache:
-        return StaticHybrid(cache, static_kv(cache.kv, positions, span))
+        return StaticHybrid(cache, static_kv(cache.kv, positions, span, exact))
     if type(cache) is KVCache:
-        return StaticDenseKV(cache, positions, span)
-    return StaticPagedKV(cache, positions, span)
+        return StaticDenseKV(cache, positions, span, exact)
+    return StaticPagedKV(cache, positions, span, exact)
 
 
 class StaticHybrid(HybridCache):

@@ -85,11 +85,20 @@ def stacked_rows(name: str, *weights: QuantWeight) -> tuple[QuantWeight, ...] | 
     return (stack, *views)
 
 
+# Steps of up to this many rows (a verify window) run torch's matmul one row at a time: a GEMM of M rows may take
+# another algorithm (another summation order) than M = 1, and a window's row must be plain decode's step bit for bit.
+ROW_BY_ROW_MAX_ROWS = 4
+
+
 def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if x.is_cuda and weight.ggml_type not in FLOAT_VIEWS:
         from strata.kernels.quant.matvec import matvec_applies, quant_matvec
 
         if matvec_applies(x, weight.ggml_type):  # a decode step: read the blocks once instead of dequantizing
-            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)
+            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)  # each row its own programs: row-exact
             return y if bias is None else y + bias
-    return torch.nn.functional.linear(x, weight.dequantize(x.dtype), bias)
+    dense = weight.dequantize(x.dtype)
+    rows = x.numel() // max(x.shape[-1], 1)
+    if x.dim() == 2 and 1 < rows <= ROW_BY_ROW_MAX_ROWS:
+        return torch.cat([torch.nn.functional.linear(x[r:r + 1], dense, bias) for r in range(rows)])
+    return torch.nn.functional.linear(x, dense, bias)
