@@ -1,0 +1,96 @@
+"""Issue 10's greedy exactness by construction: every row of a verify window computes, bit for bit, what plain
+decoding's one-token step computes at that position (logits, final hidden states, and the recurrent states kept
+after keep_rows), so no near-tie of the logits can split --spec from plain greedy decoding. On the CPU's float32
+paths (the eager forward, decode_graphs off, and the static step's CPU form, eager) and, through Triton's
+interpreter, the GPU's bf16 kernels (FUSED_ON_CPU: the split-K decode attention, the conv step, the fused norms)."""
+
+import pytest
+import torch
+
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.hybrid_cache import HybridCache
+from strata.models import layers
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WINDOWS = ((4, 2), (3, 3), (2, 1), (4, 4))  # (rows, rows kept): rejections and full acceptances
+
+
+@pytest.fixture(scope="module")
+def next_mtp(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "exact-qwen3next-mtp.gguf", arch="qwen3next", preset="tiny", quant="Q8_0",
+                      nextn_layers=1)
+
+
+@pytest.fixture
+def model(request, tiny_moe, next_mtp):
+    return {"qwen3moe": tiny_moe, "qwen3next": next_mtp}[request.param]
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _states(engine) -> dict:
+    kv = engine.kv
+    if not isinstance(kv, HybridCache):
+        return {}
+    return {layer: (kv.conv[layer].clone(), kv.state[layer].clone()) for layer in kv.conv}
+
+
+def _one_row_steps(path, options, prompt, text):
+    """Plain decoding's logits at every position of `text` after the prompt, and a --spec engine's windows of one
+    row over the same text: (logits, hidden states, recurrent states after each position)."""
+    plain = Engine(path, EngineConfig(device="cpu", **options))
+    plain.prefill(prompt)
+    ones = Engine(path, EngineConfig(device="cpu", spec=4, **options))
+    ones.prefill(prompt)
+    logits, hidden, states = [], [], []
+    for i, token in enumerate(text):
+        want = plain.decode(token, len(prompt) + i).clone()
+        got = ones.spec.verify([token], len(prompt) + i).clone()
+        assert torch.equal(got, want)  # a window of one row is plain decoding's step
+        ones.spec.keep(len(prompt) + i, 1)
+        logits.append(got[0])
+        hidden.append(None if ones.spec.hidden is None else ones.spec.hidden[len(prompt) + i].clone())
+        states.append(_states(ones))
+    return logits, hidden, states
+
+
+def _check_windows(path, options, prompt_len: int = 9, windows=WINDOWS):
+    prompt = _tokens(prompt_len, seed=1)
+    text = _tokens(sum(rows for rows, _ in windows) + 1, seed=2)
+    logits, hidden, states = _one_row_steps(path, options, prompt, text)
+    spec = Engine(path, EngineConfig(device="cpu", spec=4, **options))
+    spec.prefill(prompt)
+    at = 0  # text position of the window's first row
+    for rows, keep in windows:
+        got = spec.spec.verify(text[at:at + rows], len(prompt) + at)
+        for r in range(rows):
+            assert torch.equal(got[r], logits[at + r]), f"window of {rows} at {at}: row {r}'s logits"
+            if hidden[at + r] is not None:
+                assert torch.equal(spec.spec.hidden[len(prompt) + at + r], hidden[at + r]), f"row {r}'s hidden"
+        spec.spec.keep(len(prompt) + at, keep)
+        for layer, (conv, state) in _states(spec).items():
+            want_conv, want_state = states[at + keep - 1][layer]
+            assert torch.equal(conv, want_conv) and torch.equal(state, want_state), f"layer {layer} after keep"
+        at += keep
+
+
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+@pytest.mark.parametrize("model", ["qwen3moe", "qwen3next"], indirect=True)
+def test_window_rows_are_plain_decode_steps_bit_for_bit_float32(model, graphs):
+    """float32 with the default fp16 KV cache: a window row reads the earlier rows' keys as the cache stores them."""
+    _check_windows(model, dict(decode_graphs=graphs))
+
+
+def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
+    """bf16 through the GPU's fused kernels (interpreted): the split-K attention takes each row's own split, the
+    GatedDeltaNet conv step runs the window's rows as its steps, and row counts never change a reduction."""
+    layers.FUSED_ON_CPU = True
+    try:
+        _check_windows(next_mtp, dict(decode_graphs="eager", dtype="bfloat16"), prompt_len=4, windows=((3, 2),))
+    finally:
+        layers.FUSED_ON_CPU = False
