@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.kv import KVBackend
+from strata.engine.kv import KVBackend, attend_as_steps
 
 
 @dataclass
@@ -24,14 +24,7 @@ class ForwardContext:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                selection: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """`kv.attend` of this step. A verify window's rows go one at a time, each the one-token step plain decoding
-        takes at its position: it reads the window's earlier rows' keys as the cache stored them (fp16 or int8),
-        not at full precision as a prompt chunk does, and attends with one query's arithmetic."""
-        if not self.keep_row_states or q.shape[0] == 1:
-            return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
-        rows = []
-        for r in range(q.shape[0]):
-            one = None if selection is None else (selection[0][r:r + 1], selection[1][r:r + 1])
-            rows.append(self.kv.attend(layer, q[r:r + 1], k[r:r + 1], v[r:r + 1], self.start + r,
-                                       *(() if one is None else (one,))))
-        return torch.cat(rows)
+        """`kv.attend` of this step; a verify window's rows one at a time (`attend_as_steps`)."""
+        if self.keep_row_states:
+            return attend_as_steps(self.kv, layer, q, k, v, self.start, selection)
+        return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))

@@ -24,9 +24,18 @@ def next_mtp(model_dir):
                       nextn_layers=1)
 
 
+@pytest.fixture(scope="module")
+def q4(model_dir):
+    """qwen4exp with its MTP block; top_k 8, so QSA selects cells past 11 (the windows here reach 22)."""
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "exact-qwen4exp-mtp.gguf", arch="qwen4exp", preset="tiny", quant="F32", mtp=True,
+                      top_k=8)
+
+
 @pytest.fixture
-def model(request, tiny_moe, next_mtp):
-    return {"qwen3moe": tiny_moe, "qwen3next": next_mtp}[request.param]
+def model(request, tiny_moe, next_mtp, q4):
+    return {"qwen3moe": tiny_moe, "qwen3next": next_mtp, "qwen4exp": q4}[request.param]
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -80,9 +89,10 @@ def _check_windows(path, options, prompt_len: int = 9, windows=WINDOWS):
 
 
 @pytest.mark.parametrize("graphs", ["off", "eager"])
-@pytest.mark.parametrize("model", ["qwen3moe", "qwen3next"], indirect=True)
+@pytest.mark.parametrize("model", ["qwen3moe", "qwen3next", "qwen4exp"], indirect=True)
 def test_window_rows_are_plain_decode_steps_bit_for_bit_float32(model, graphs):
-    """float32 with the default fp16 KV cache: a window row reads the earlier rows' keys as the cache stores them."""
+    """float32 with the default fp16 KV cache: a window row reads the earlier rows' keys as the cache stores them.
+    (qwen4exp's windows run its eager forward, its plain steps the static step's CPU form when eager.)"""
     _check_windows(model, dict(decode_graphs=graphs))
 
 
