@@ -36,6 +36,7 @@ from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
 from strata.models.layers import add_rms_norm, rms_norm
+from strata.models.weights import rows_as_steps
 
 
 @dataclass
@@ -156,16 +157,17 @@ class GraphDecoder:
         self.upload(tokens, start, self.tokens, self.positions)
         if tail is not None:
             self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
-        if not self.capture:
-            runner = StepGraphs(self._program(span), capture=False)
-            self._execute(runner)
-        elif span not in self.programs:  # a span's first step runs eagerly (compiling every kernel); then capture
-            runner = StepGraphs(self._program(span), capture=False)
-            self._execute(runner)
-            self._capture(span)
-        else:
-            runner = self.programs[span]
-            self._execute(runner)
+        with rows_as_steps(self.rows > 1):  # a window's rows compute as one-token steps (what the graphs record)
+            if not self.capture:
+                runner = StepGraphs(self._program(span), capture=False)
+                self._execute(runner)
+            elif span not in self.programs:  # a span's first step runs eagerly (compiling every kernel); capture
+                runner = StepGraphs(self._program(span), capture=False)
+                self._execute(runner)
+                self._capture(span)
+            else:
+                runner = self.programs[span]
+                self._execute(runner)
         self.model.experts.end_step()
         self.steps += 1
         stash = runner.program.stash

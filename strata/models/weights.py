@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import torch
@@ -85,9 +87,26 @@ def stacked_rows(name: str, *weights: QuantWeight) -> tuple[QuantWeight, ...] | 
     return (stack, *views)
 
 
-# Steps of up to this many rows (a verify window) run torch's matmul one row at a time: a GEMM of M rows may take
-# another algorithm (another summation order) than M = 1, and a window's row must be plain decode's step bit for bit.
+# Inside a verify window (`rows_as_steps`), steps of up to this many rows run torch's matmul one row at a time: a
+# GEMM of M rows may sum in another order than M = 1, and a window's row must be plain decode's step bit for bit.
 ROW_BY_ROW_MAX_ROWS = 4
+_ROWS_AS_STEPS: ContextVar[bool] = ContextVar("rows_as_steps", default=False)
+
+
+@contextmanager
+def rows_as_steps(on: bool = True):
+    """Within: the step being computed is a verify window, each of whose rows must compute as the one-token step at
+    its position (torch's matmuls row by row). Prompt chunks stay outside, as fast and as they were."""
+    token = _ROWS_AS_STEPS.set(on)
+    try:
+        yield
+    finally:
+        _ROWS_AS_STEPS.reset(token)
+
+
+def row_by_row(x: torch.Tensor) -> bool:
+    """Whether torch's matmuls over x [rows, ...] go one row at a time: in a verify window of 2..4 rows."""
+    return _ROWS_AS_STEPS.get() and x.dim() == 2 and 1 < x.shape[0] <= ROW_BY_ROW_MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,7 +117,6 @@ def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = Non
             y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)  # each row its own programs: row-exact
             return y if bias is None else y + bias
     dense = weight.dequantize(x.dtype)
-    rows = x.numel() // max(x.shape[-1], 1)
-    if x.dim() == 2 and 1 < rows <= ROW_BY_ROW_MAX_ROWS:
-        return torch.cat([torch.nn.functional.linear(x[r:r + 1], dense, bias) for r in range(rows)])
+    if row_by_row(x):
+        return torch.cat([torch.nn.functional.linear(x[r:r + 1], dense, bias) for r in range(x.shape[0])])
     return torch.nn.functional.linear(x, dense, bias)

@@ -76,8 +76,10 @@ def test_a_window_row_is_its_own_one_query_launch_bit_for_bit(monkeypatch):
     values = torch.randn(cells, n_kv, dim, generator=gen).to(torch.bfloat16)
     q = torch.randn(4, 2 * n_kv, dim, generator=gen).to(torch.bfloat16)
     width = torch.tensor([255, 256, 257, 258])  # rows on both sides of a span boundary
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU runs the compiled kernels (a device script)
+    keys, values, q, width = (t.to(device) for t in (keys, values, q, width))
     assert decode.dense_split(256, n_kv, 1) == 64 and decode.dense_split(512, n_kv, 1) == 128
-    table, host = static_kv.split_table(n_kv, cells, exact=False, device=torch.device("cpu"))
+    table, host = static_kv.split_table(n_kv, cells, exact=False, device=torch.device(device))
     n_splits = int(((torch.arange(1, 513) + host[1:] - 1) // host[1:]).max())
     window = decode.decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32,
                                              row_split=(table, n_splits))
