@@ -104,3 +104,44 @@ def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
         _check_windows(next_mtp, dict(decode_graphs="eager", dtype="bfloat16"), prompt_len=4, windows=((3, 2),))
     finally:
         layers.FUSED_ON_CPU = False
+
+
+@pytest.fixture(scope="module")
+def moe_f32(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "exact-qwen3moe-f32.gguf", arch="qwen3moe", preset="tiny", quant="F32")
+
+
+def _near_ties(engine) -> None:
+    """Every head row becomes row 0 plus ~10 ulps of noise: all 512 logits lie within rounding of each other, so
+    greedy decoding picks by the last bits of the logits (a tie at every step)."""
+    c = engine.model.config
+    rows = engine.model.output.raw.view(torch.float32).view(c.vocab_size, c.n_embd)
+    noise = torch.randn(rows.shape, generator=torch.Generator().manual_seed(5)) * rows[0].abs().mean() * 2**-20
+    rows.copy_(rows[0] + noise)
+
+
+@pytest.mark.parametrize("window", [2, 3, 4])
+def test_greedy_spec_equals_plain_where_every_step_is_a_near_tie(moe_f32, window):
+    """Drafts that follow plain greedy's tokens but for two wrong ones (windows of every size, rejections): the
+    output is plain's token for token, though any rounding difference in a row would flip its argmax."""
+    from strata.engine.sampling import SamplingParams
+    from strata.engine.spec import Draft
+
+    prompt, n = _tokens(6, seed=3), 14
+    plain = Engine(moe_f32, EngineConfig(device="cpu", decode_graphs="eager"))
+    _near_ties(plain)
+    truth = list(plain.generate(prompt, SamplingParams(temperature=0), n))
+    spec = Engine(moe_f32, EngineConfig(device="cpu", decode_graphs="eager", spec=window))
+    _near_ties(spec)
+    wrong = {len(prompt) + 3, len(prompt) + 8}
+
+    def propose(history, k, sampler):
+        at = range(len(history), min(len(history) + k, len(prompt) + n))
+        return [Draft(truth[p - len(prompt)] if p not in wrong else (truth[p - len(prompt)] + 1) % 512, None,
+                      "suffix") for p in at]
+
+    spec.spec.propose = propose
+    assert list(spec.generate(prompt, SamplingParams(temperature=0), n)) == truth
+    assert spec.spec.stats.windows < n  # windows of several rows ran
