@@ -18,6 +18,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.decode import code_tables
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.fused_q2_0 import _down_q2_0_kernel, _gate_up_q2_0_kernel
+from strata.kernels.moe.fused_q2_0_fp16 import rounded_fp16
 from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import (expert_rows, grouped_mm_int8_ref, grouped_mm_int8_triton, load_step,
                                     weights_step)
@@ -93,10 +94,14 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
+        h16 = _down_tiles(spec, k, codes.is_cuda, tiles).fp16  # H as fp16 values for the fp16 down kernel
+        if h16:
+            hq = torch.empty(grouping.max_rows, n_ff, dtype=torch.float16, device=device)
+        a = rounded_fp16(codes, scales) if t.fp16 else codes
         _gate_up_q2_0_kernel[grid](
-            codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
+            a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, H16=h16, num_warps=t.warps, num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -128,19 +133,30 @@ def down_int8(codes, scales, sums, grouping: Grouping, down: ExpertMatrix, tiles
 def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     spec = down.spec
     if not spec.scale_per_64:
+        if codes.dtype == torch.float16:
+            raise StrataError(f"fp16 H (an fp16 fused shape, 'h') needs Q2_0 down experts, not {spec.name}")
         return grouped_mm_int8_triton(codes, scales, sums, grouping, down, False, True, out, tiles)
     k = codes.shape[1]
     down.check_dot_length(k)
     if out is None:
         out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
-    t = tile_config("down", spec, down.rows, codes.is_cuda, tiles if tiles is None else tiles.down or tiles)
+    t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
+    if t.fp16 and codes.dtype != torch.float16:  # int8 H (e.g. from the reference gate/up): its fp16 values
+        codes = rounded_fp16(codes, scales)
+    elif not t.fp16 and codes.dtype == torch.float16:
+        raise StrataError("the int8 down kernel needs H as int8 codes, got fp16 values (an fp16 gate/up shape)")
     grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
     if grid[0]:
         _down_q2_0_kernel[grid](
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, num_warps=t.warps, num_stages=t.stages)
     return out
+
+
+def _down_tiles(spec, n_out: int, on_gpu: bool, tiles: Tiles | None) -> Tiles:
+    """The fused down projection's launch shape: `tiles.down`, else `tiles`, else the default."""
+    return tile_config("down", spec, n_out, on_gpu, tiles if tiles is None else tiles.down or tiles)
 
 
 def down_int8_ref(codes, scales, sums, grouping, down, tiles=None, out=None):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,12 +74,18 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
+VARIANTS = "smh"  # the letters a shape may end with (Tiles)
+
+
 @dataclass(frozen=True)
 class Tiles:
     """The launch shape of the expert kernels: outputs per program (BN; features for the fused gate/up kernel),
     warps, Triton's pipeline stages, and the grouped rows per tile (BM; the grouping pads each expert's rows to a
     multiple of it). `down`: another shape for the fused path's down projection (same rows), else it takes this one.
-    `split` (a trailing "s"; the fused Q2_0 kernels only): two dots of 32 values a step instead of one of 64."""
+    The fused Q2_0 kernels' variants, as letters after a shape (`VARIANTS`): `split` ("s"), two dots of 32 values a
+    step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
+    bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
+    against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes)."""
 
     bn: int
     warps: int
@@ -87,28 +93,29 @@ class Tiles:
     rows: int = 64
     down: "Tiles | None" = None
     split: bool = False
+    magic: bool = False
+    fp16: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
         """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"; then
-        optionally "/BNxWARPSxSTAGES" for the fused down projection, e.g. "128x64x8x2/128x8x2"; "s" after a
-        shape: `split`."""
+        optionally "/BNxWARPSxSTAGES" for the fused down projection, e.g. "128x64x8x2/128x8x2"; letters after a
+        shape: its variants ("s", "m", "h"; e.g. "32x4x2sm")."""
         first, _, down = text.partition("/")
         tiles = cls._parse_one(first, text)
         if down:
             d = cls._parse_one(down, text)
             if len(down.split("x")) == 4 and d.rows != tiles.rows:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
-            tiles = cls(tiles.bn, tiles.warps, tiles.stages, tiles.rows,
-                        cls(d.bn, d.warps, d.stages, tiles.rows, split=d.split), tiles.split)
+            tiles = replace(tiles, down=replace(d, rows=tiles.rows))
         return tiles
 
     @classmethod
     def _parse_one(cls, part: str, text: str) -> "Tiles":
         part = part.strip().lower()
-        split = part.endswith("s")
+        letters = part[len(part.rstrip(VARIANTS)):]
         try:
-            values = [int(v) for v in part.removesuffix("s").split("x")]
+            values = [int(v) for v in part.removesuffix(letters).split("x")]
             rows, (bn, warps, stages) = (64, values) if len(values) == 3 else (values[0], values[1:])
         except ValueError:
             raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES], "
@@ -116,15 +123,26 @@ class Tiles:
         if bn < 16 or bn & (bn - 1) or rows not in (64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
             raise StrataError(f"tile config {text!r}: BM 64 or 128, BN a power of two >= 16, warps 4, 8 or 16, "
                               "stages 1 to 5")
-        return cls(bn, warps, stages, rows, split=split)
+        if "h" in letters and ("s" in letters or "m" in letters):
+            raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
+        return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters)
+
+    @property
+    def letters(self) -> str:
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16
+
+    @property
+    def same_bytes(self) -> bool:
+        """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs round differently."""
+        return not (self.fp16 or (self.down is not None and self.down.fp16))
 
     def __str__(self) -> str:
         own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
             f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
-        own += "s" if self.split else ""
+        own += self.letters
         if self.down is None:
             return own
-        return f"{own}/{self.down.bn}x{self.down.warps}x{self.down.stages}{'s' if self.down.split else ''}"
+        return f"{own}/{self.down.bn}x{self.down.warps}x{self.down.stages}{self.down.letters}"
 
 
 # Q2_0's launch shapes from `bench moe-prefill --sweep` on the H200 (16,384 tokens, one layer): the int8 matmul at

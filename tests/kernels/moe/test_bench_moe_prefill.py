@@ -55,3 +55,12 @@ def test_sweep_shapes_are_checked():
     with pytest.raises(StrataError, match="rows"):
         parse_args(["--sweep", "128x32x8x3/64x64x4x2"])
     assert all(Tiles.parse(t).bn % 32 == 0 for t in FUSED_SWEEP)  # H is rounded per 32 features of a program
+
+
+def test_sweep_checks_the_fp16_shapes_against_the_bounds_not_the_bytes(capsys):
+    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "16", "--experts", "16", "--embd", "64", "--ff", "64",
+                 "--reps", "1", "--device", "cpu", "--paths", "fused", "--sweep", "32x4x2h/64x4x2h,32x4x2m/64x4x2m"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "32x4x2h/64x4x2h: vs rounded rms" in out and "zero token 0" in out
+    assert "DIFFERENT" not in out and "OUT OF BOUNDS" not in out and "32x4x2m/64x4x2m:" not in out
