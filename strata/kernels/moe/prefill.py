@@ -136,7 +136,7 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         rows_out = op["mm_int8"](*h, group, experts.down, False, False, rows_of(n_embd), tiles)
     else:
         xq = op["quantize"](x, rounded(*x.shape))
-        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff))
+        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff), scratch)
         rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd))
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 
@@ -144,7 +144,8 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
 def prompt_work_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
                         tile_rows: int = grouping.TILE_ROWS):
     """(shape, dtype) of the buffers `_run` takes from its scratch for a chunk of n_tokens, on the path that takes
-    the most (mmq: x's codes, gate and up in float32, H's codes, the down rows); the others take a subset."""
+    the most (mmq: x's codes, gate and up in float32, H's codes, the down rows); the others take a subset, or (the
+    fused fp16 shapes: x and H as fp16 besides) fewer bytes than the two float32 buffers they skip."""
     rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, tile_rows) * tile_rows
 
     def rounded(n_rows, k):
