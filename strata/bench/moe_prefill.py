@@ -240,7 +240,9 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sweep", nargs="?", const="default", metavar="SHAPES",
                    help="time launch shapes [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES for the fused down] instead of "
-                        f"checking bounds (default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
+                        "checking bounds; fused Q2_0 letters after a shape: s (two 32-value dots), m (int32 dots to "
+                        "float by MMA from a float's bits), h (fp16 MMAs, checked against the bounds) "
+                        f"(default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
     args = p.parse_args(argv)
     if args.sweep and args.sweep != "default":
         args.sweep = [Tiles.parse(t.strip()) for t in args.sweep.split(",")]
