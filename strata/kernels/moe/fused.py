@@ -67,19 +67,25 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
 
 
 def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix,
-                        tiles: Tiles | None = None, out=None, scratch=None):
+                        tiles: Tiles | None = None, out=None, scratch=None, h16: bool = False):
     """H = silu(x Wg^T) * (x Wu^T) of every grouped row, rounded to int8 per 32 features.
 
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
     [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten;
-    into `out` (those three tensors) when given. Under an fp16 down shape (`Tiles.fp16`, Q2_0) the first is H's
-    values as fp16 instead (from `scratch`, as the fp16 copy of x an fp16 gate/up shape reads).
+    into `out` (those three tensors) when given. `h16` (Q2_0 gate/up, for an fp16 down kernel: `fp16_h`): the first
+    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads).
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
-    return fn(codes, scales, sums, grouping, gate, up, tiles, out, scratch)
+    return fn(codes, scales, sums, grouping, gate, up, tiles, out, scratch, h16)
 
 
-def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None):
+def fp16_h(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> bool:
+    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape."""
+    return down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16
+
+
+def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None,
+                               h16=False):
     if (gate.qtype, gate.rows, gate.cols, gate.expert_stride) != (up.qtype, up.rows, up.cols, up.expert_stride):
         raise StrataError("the fused gate/up kernel needs gate and up experts of one format, shape and stride")
     k, n_ff = codes.shape[1], gate.rows
@@ -96,7 +102,6 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
-        h16 = _down_tiles(spec, k, codes.is_cuda, tiles).fp16  # H as fp16 values for the fp16 down kernel
         a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if t.fp16 else codes
         if h16:
             hq = scratch.empty((grouping.max_rows, n_ff), torch.float16)
@@ -114,7 +119,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
     return hq, hs, hsum
 
 
-def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None):
+def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None, h16=False):
     """float64 gate and up products of the dequantized activations, SwiGLU in float64, H rounded from float32."""
     h = torch.zeros(grouping.max_rows, gate.rows, dtype=torch.float32, device=codes.device)
     x = dequantize_rows_int8(codes, scales)

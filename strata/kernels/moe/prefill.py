@@ -136,7 +136,8 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         rows_out = op["mm_int8"](*h, group, experts.down, False, False, rows_of(n_embd), tiles)
     else:
         xq = op["quantize"](x, rounded(*x.shape))
-        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff), scratch)
+        h16 = triton and fused.fp16_h(experts.down, tiles, x.is_cuda)  # H as fp16 values for an fp16 down kernel
+        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff), scratch, h16)
         rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd))
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 

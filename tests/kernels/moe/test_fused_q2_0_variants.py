@@ -101,3 +101,11 @@ def test_shape_letters():
 def _cpu_experts(e):
     from strata.kernels.moe.prefill import PromptExperts
     return PromptExperts(*(type(m)(m.raw.cpu(), m.qtype, m.rows, m.cols) for m in (e.gate, e.up, e.down)))
+
+
+def test_an_fp16_shape_keeps_int8_h_for_a_down_projection_of_another_format(device):
+    # Q2_0 gate/up (fp16 kernel) before IQ4_NL down experts (the int8 matmul): H stays int8 codes for it
+    layer = make_layer("Q2_0 / IQ4_NL", 64, n_experts=12, n_embd=128, n_ff=64, top_k=4, seed=5, device=device)
+    out, base = _run(layer, Tiles.parse("32x4x2h/64x4x2h")), _run(layer, None)
+    rms, worst = errors(out.cpu(), base.cpu())
+    assert rms < 3e-3 and worst < 3e-2 and (out[layer.zero_token] == 0).all()
