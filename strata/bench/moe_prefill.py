@@ -38,11 +38,11 @@ SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3"
 # The fused path's: gate/up features per program (twice as many weight rows) x warps x stages / the down
 # projection's outputs x warps x stages; BM (64 or 128 rows) shared. Letters (`Tiles`): "s" two 32-value dots a step
 # instead of one block-diagonal 64; "m" int32 dots made floats by an MMA started from a float's bits; "h" fp16 MMAs
-# on exactly decoded weights, no per-step epilogue (within the bounds, not the default's bytes). Spilling builds
-# (sm_90) left out.
-FUSED_SWEEP = ["32x4x2sm/64x4x2sm", "32x4x2m/64x4x2m", "32x4x2h/64x4x2h", "32x4x3h/64x4x3h", "64x8x3h/128x8x3h",
+# on exactly decoded weights, no per-step epilogue (within the bounds, not the default's bytes); "w" (with "h") two
+# blocks a step. Spilling builds (sm_90) left out.
+FUSED_SWEEP = ["32x4x2sm/64x4x2sm", "32x4x2h/64x4x2h", "32x4x3h/64x4x3h", "32x4x3hw/64x4x3hw", "64x8x3h/128x8x3h",
                "128x32x4x3h/128x64x4x3h", "128x64x8x3h/128x128x8x3h", "128x64x8x4h/128x128x8x4h",
-               "128x64x8x3h/128x64x4x3h", "32x4x2s/64x4x2h"]
+               "128x64x8x3hw/128x128x8x3hw", "32x4x2s/64x4x2h"]
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
 # Strata's bounds (prefill_fused_*_test), applied to every pair.
@@ -241,7 +241,8 @@ def parse_args(argv):
     p.add_argument("--sweep", nargs="?", const="default", metavar="SHAPES",
                    help="time launch shapes [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES for the fused down] instead of "
                         "checking bounds; fused Q2_0 letters after a shape: s (two 32-value dots), m (int32 dots to "
-                        "float by MMA from a float's bits), h (fp16 MMAs, checked against the bounds) "
+                        "float by MMA from a float's bits), h (fp16 MMAs, checked against the bounds), w (with h: "
+                        "two blocks a step) "
                         f"(default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
     args = p.parse_args(argv)
     if args.sweep and args.sweep != "default":

@@ -92,7 +92,8 @@ def _tile_rows(row_token, tile_expert, tile, BM: tl.constexpr):
 def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq, hs, hsum,
                          n_ff, expert_bytes, row_bytes,
                          K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, H16: tl.constexpr):
+                         ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr,
+                         H16: tl.constexpr):
     """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused. H16: H is
     stored as fp16 values (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
     pid = tl.program_id(0)
@@ -109,7 +110,7 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
     offset = expert * expert_bytes + f * row_bytes
     at = tl.where(c % 2 == 0, wg + offset, wu + offset)
     if FP16:
-        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM)
+        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE)
     else:
         acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, BM, ONE_DOT, MAGIC)
     g, u = tl.split(tl.reshape(acc, (BM, BN, 2)))
@@ -131,7 +132,7 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
 @triton.jit
 def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out, expert_bytes, row_bytes,
                       K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr,
-                      MAGIC: tl.constexpr, FP16: tl.constexpr):
+                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
     """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_out, BN)
@@ -145,7 +146,7 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
     nm = n < n_out
     at = w + expert * expert_bytes + n * row_bytes
     if FP16:
-        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM)
+        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
     else:
         acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, BM, ONE_DOT, MAGIC)
     tl.store(out + r64[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])

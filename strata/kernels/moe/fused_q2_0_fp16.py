@@ -55,20 +55,40 @@ def q2_0_fp16_weights(words, d, NW: tl.constexpr):
 
 
 @triton.jit
-def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: tl.constexpr, BM: tl.constexpr):
+def _block_fp16(d, words0, words1, NW: tl.constexpr):
+    """The 64 weights of one Q2_0 block of each of NW rows, fp16 [NW, 64] (both halves of `q2_0_words`)."""
+    d16 = d.to(tl.float16)  # exact: d was an fp16
+    w = tl.join(q2_0_fp16_weights(words0, d16, NW), q2_0_fp16_weights(words1, d16, NW))
+    return tl.reshape(tl.permute(w, (0, 2, 1)), (NW, 64))
+
+
+@triton.jit
+def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: tl.constexpr, BM: tl.constexpr,
+                   WIDE: tl.constexpr):
     """float32 [BM, NW]: the dots of the NW Q2_0 weight rows whose blocks start at byte pointers `at` with the fp16
-    rows a_row of `a` (K values each). Weight words are loaded one step ahead (registers double-buffer them)."""
+    rows a_row of `a` (K values each). Weight words are loaded one step ahead (registers double-buffer them).
+    WIDE: two blocks a step (K a multiple of 128): half the barriers and MMA waits, twice the registers."""
     acc = tl.zeros((BM, NW), tl.float32)
     d, words0, words1 = q2_0_words(at, nm)
-    for k0 in range(0, K, 64):
-        # The next step's block (the last step reloads its own), at a scalar offset from the first block.
-        nd, nwords0, nwords1 = q2_0_words(at + (tl.minimum(k0 + 64, K - 64) // 64) * TS, nm)
-        d16 = d.to(tl.float16)  # exact: d was an fp16
-        w = tl.join(q2_0_fp16_weights(words0, d16, NW), q2_0_fp16_weights(words1, d16, NW))
-        w = tl.reshape(tl.permute(w, (0, 2, 1)), (NW, 64))
-        x = tl.load(a + a_row[:, None] * K + k0 + tl.arange(0, 64)[None, :], mask=am[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-        d, words0, words1 = nd, nwords0, nwords1
+    if WIDE:
+        e, words2, words3 = q2_0_words(at + TS, nm)
+        for k0 in range(0, K, 128):
+            # The next step's blocks (the last step reloads its own), at scalar offsets from the first block.
+            nxt = tl.minimum(k0 + 128, K - 128) // 64
+            nd, nwords0, nwords1 = q2_0_words(at + nxt * TS, nm)
+            ne, nwords2, nwords3 = q2_0_words(at + (nxt + 1) * TS, nm)
+            w = tl.join(_block_fp16(d, words0, words1, NW), _block_fp16(e, words2, words3, NW))
+            w = tl.reshape(tl.permute(w, (0, 2, 1)), (NW, 128))
+            x = tl.load(a + a_row[:, None] * K + k0 + tl.arange(0, 128)[None, :], mask=am[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+            d, words0, words1, e, words2, words3 = nd, nwords0, nwords1, ne, nwords2, nwords3
+    else:
+        for k0 in range(0, K, 64):
+            # The next step's block (the last step reloads its own), at a scalar offset from the first block.
+            nd, nwords0, nwords1 = q2_0_words(at + (tl.minimum(k0 + 64, K - 64) // 64) * TS, nm)
+            x = tl.load(a + a_row[:, None] * K + k0 + tl.arange(0, 64)[None, :], mask=am[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(_block_fp16(d, words0, words1, NW)), acc)
+            d, words0, words1 = nd, nwords0, nwords1
     return acc
 
 

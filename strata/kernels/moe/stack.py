@@ -74,7 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smh"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhw"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ class Tiles:
     The fused Q2_0 kernels' variants, as letters after a shape (`VARIANTS`): `split` ("s"), two dots of 32 values a
     step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
     bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
-    against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes)."""
+    against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes); `wide`
+    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128."""
 
     bn: int
     warps: int
@@ -95,6 +96,7 @@ class Tiles:
     split: bool = False
     magic: bool = False
     fp16: bool = False
+    wide: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -125,11 +127,14 @@ class Tiles:
                               "stages 1 to 5")
         if "h" in letters and ("s" in letters or "m" in letters):
             raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
-        return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters)
+        if "w" in letters and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
+        return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
+                   wide="w" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide
 
     @property
     def same_bytes(self) -> bool:

@@ -62,7 +62,7 @@ def test_rounded_fp16_is_code_times_scale_rounded_once(device):
 
 
 @pytest.mark.parametrize("shape", ["32x4x2h/64x4x2h", "128x32x4x2h/128x64x4x2h", "32x4x2s/64x4x2h",
-                                   "32x4x2h/64x4x2s"])
+                                   "32x4x2hw/64x4x2s"])
 def test_fp16_shapes_stay_within_the_bounds_of_the_int8_ones(device, shape):
     tiles = Tiles.parse(shape)
     layer, _ = _layer(device, tiles.rows)
@@ -96,6 +96,9 @@ def test_shape_letters():
     assert str(t) == "128x32x4x2h/64x4x2sm" and Tiles.parse("32x4x2sm").same_bytes
     with pytest.raises(StrataError, match="fp16 variant"):
         Tiles.parse("32x4x2hs")
+    with pytest.raises(StrataError, match="form of the fp16"):
+        Tiles.parse("32x4x2sw")
+    assert Tiles.parse("32x4x2hw").wide and str(Tiles.parse("32x4x2hw")) == "32x4x2hw"
 
 
 def _cpu_experts(e):
