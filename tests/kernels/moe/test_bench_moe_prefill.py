@@ -63,4 +63,5 @@ def test_sweep_checks_the_fp16_shapes_against_the_bounds_not_the_bytes(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "32x4x2h/64x4x2h: vs rounded rms" in out and "zero token 0" in out
+    assert out.count("[gate-up ") == 3  # the default and both shapes: the two kernels timed alone
     assert "DIFFERENT" not in out and "OUT OF BOUNDS" not in out and "32x4x2m/64x4x2m:" not in out
