@@ -9,13 +9,13 @@
 # Parts capped by tools/device/parts.sh, under 4 minutes in all; carry .whl (and .devcache).
 # Files: summary.txt (the tables, one shape a line), logs.tgz.
 set -uo pipefail
-BUDGET=${BUDGET:-225}
+BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L/gpu.txt 2>&1
-part parity_q2_0_16k 45 python3 -m strata.bench.moe_prefill --only "Q2_0 / Q2_0" --tokens 16384 --paths mmq,fused
-part sweep_fused 125 python3 -m strata.bench.moe_prefill --only "Q2_0 / Q2_0" --tokens 2048,16384 --paths fused \
+part parity_q2_0_16k 40 python3 -m strata.bench.moe_prefill --only "Q2_0 / Q2_0" --tokens 16384 --paths mmq,fused
+part sweep_fused 150 python3 -m strata.bench.moe_prefill --only "Q2_0 / Q2_0" --tokens 2048,16384 --paths fused \
   --sweep --reps 3
-part fused_tests_cuda 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_variants.py \
+part fused_tests_cuda 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_variants.py \
   tests/kernels/moe/test_fused_q2_0.py --durations=5
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 # The sweep prints a path's shapes on one line (" | " between them): one a line here.
