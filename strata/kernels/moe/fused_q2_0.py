@@ -13,6 +13,8 @@ have to spare, for half the synchronisation. ONE_DOT=False (`Tiles.split`) issue
 A 64-value step is two exact int32 dots scaled once: `acc = fma(d, fma(dx1, dot1, dx0 * dot0), acc)`, with explicit
 fused multiply-adds so that no launch shape changes the arithmetic (the bytes are the same for every tile).
 The down projection (`_down_q2_0_kernel`) is the same loop over BN weight rows of one matrix, stored as float32.
+Variants (`Tiles` letters): MAGIC ("m") makes the int32 dots floats without conversions (the same bytes); FP16
+("h") runs the loop of `fused_q2_0_fp16` instead (fp16 MMAs, no per-step scaling; H then stored as fp16 values).
 """
 
 from __future__ import annotations
