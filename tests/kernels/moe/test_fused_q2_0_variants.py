@@ -112,3 +112,11 @@ def test_an_fp16_shape_keeps_int8_h_for_a_down_projection_of_another_format(devi
     out, base = _run(layer, Tiles.parse("32x4x2h/64x4x2h")), _run(layer, None)
     rms, worst = errors(out.cpu(), base.cpu())
     assert rms < 3e-3 and worst < 3e-2 and (out[layer.zero_token] == 0).all()
+
+
+def test_an_fp16_down_shape_takes_int8_h_from_a_gate_up_of_another_format(device):
+    # IQ4_XS gate/up (the generic int8 kernel writes H's codes) before Q2_0 down experts under an fp16 shape
+    layer = make_layer("IQ4_XS / Q2_0", 32, n_experts=12, n_embd=256, n_ff=64, top_k=4, seed=5, device=device)
+    out, base = _run(layer, Tiles.parse("32x4x2/64x4x2h")), _run(layer, None)
+    rms, worst = errors(out.cpu(), base.cpu())
+    assert rms < 1e-3 and worst < 1e-2 and (out[layer.zero_token] == 0).all()
