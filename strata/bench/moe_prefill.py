@@ -41,8 +41,8 @@ SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3"
 # instead of one block-diagonal 64; "m" int32 dots made floats by an MMA started from a float's bits; "h" fp16 MMAs
 # on exactly decoded weights, no per-step epilogue (within the bounds, not the default's bytes); "w" (with "h") two
 # blocks a step. Spilling builds (sm_90) left out.
-FUSED_SWEEP = ["128x64x8x3h/128x128x8x3h", "32x4x3h/64x4x3h", "64x8x3h/128x8x3h", "32x4x3hw/64x4x3hw",
-               "128x32x4x3h/128x64x4x3h", "32x4x2h/64x4x2h", "128x64x8x4h/128x128x8x4h", "128x64x8x3hw/128x128x8x3hw",
+FUSED_SWEEP = ["128x64x8x3h/128x128x8x3h", "32x4x3h/64x4x3h", "64x8x3h/128x8x3h", "128x16x3h/256x16x3h",
+               "32x4x3hw/64x4x3hw", "128x32x4x3h/128x64x4x3h", "128x8x3h/256x8x3h", "128x64x8x3hw/128x128x8x3hw",
                "32x4x2s/64x4x2h", "32x4x2sm/64x4x2sm"]  # the likeliest first: a run cut by its cap keeps them
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
