@@ -154,7 +154,8 @@ class Tiles:
 # 64 outputs x 4 warps x 2 stages (the quantized path 19.3 -> 16.6 ms), the dense fp16 path at 128 x 8 x 3
 # (37.7 -> 24.0 ms). The fused kernels of `fused_q2_0` (gate/up: 32 features = 64 weight rows a program; down: 64
 # outputs) from session 5's sweep: 4 warps, 2 stages, two dots of 32 values a step ("32x4x2s/64x4x2s"): 14.56 ->
-# 12.65 ms at 16K tokens, the same bytes.
+# 12.65 ms at 16K tokens, the same bytes. A fused shape here may be an fp16 one ("h") or of 128 rows: the grouping
+# takes the gate/up shape's rows (prefill._group_rows) and prompt_work_bytes covers its buffers.
 MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "dense": Tiles(128, 8, 3), "gate_up": Tiles(32, 4, 2, split=True),
                  "down": Tiles(64, 4, 2, split=True)}
 
