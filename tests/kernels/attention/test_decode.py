@@ -58,6 +58,11 @@ def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
     for span in (256, 4096, 32768, 524288):
         split = dense_split(span, 2, 4)
         assert split % CHUNK == 0 and -(-span // split) <= 256  # the merge's width stays bounded
+    from strata.kernels.attention.decode import dense_split_table
+
+    spans = [1, 31, 256, 300, 4096, 5000, 32768, 524288]  # the table the static views read: dense_split's values
+    for heads in (1, 4, 32):
+        assert dense_split_table(torch.tensor(spans), heads).tolist() == [dense_split(s, heads, 1) for s in spans]
 
 
 def test_a_window_row_is_its_own_one_query_launch_bit_for_bit(monkeypatch):
