@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 10, verify windows bit for bit (branch specexact), one H200, under 8 minutes; carry .whl (and .devcache).
 # 1) the window-exactness tests on the GPU's own kernels where they run on CUDA tensors: the decode attention's
-#    per-row split against one-query launches (tests/kernels/attention/test_decode.py);
+#    per-row split against one-query launches, and the dense form against float64 (tests/kernels/attention/
+#    test_decode.py: the tests that put their tensors on CUDA there);
 # 2) tools/device/spec_exact_check.py on the small synthetic models: every verify-window row against plain decode's
 #    step at that position, captured (graphs on), eager static, --no-graphs, and behind a 40-slot expert cache
 #    (direct and CPU-pool misses) adapting (reported) and frozen (exact). Its exit status is 1 when a case marked
@@ -12,7 +13,7 @@
 set -uo pipefail
 BUDGET=${BUDGET:-450}
 source tools/device/parts.sh || exit 1
-part kernels 120 python3 -m pytest -q -p no:warnings tests/kernels/attention/test_decode.py
+part kernels 120 python3 -m pytest -q -p no:warnings tests/kernels/attention/test_decode.py -k "window_row or dense"
 part exact_small 240 python3 tools/device/spec_exact_check.py $M 40 small
 part exact_tiny 90 python3 tools/device/spec_exact_check.py $M 24 tiny
 echo "total ${SECONDS}s" | tee -a $L/times.txt
