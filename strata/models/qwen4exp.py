@@ -294,7 +294,8 @@ class Qwen4ExpLM(DecoderLM):
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)
-                y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps)
+                y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps,
+                                  ctx.keep_row_states)
             residual, x, inject = hc_write_read(residual, self.hc_ffn[i], c.rms_eps, (y, inject), self.dtype)
             pending = (self._feed_forward(i, x), inject)
         return hc_write(residual, *pending) if pending else residual
