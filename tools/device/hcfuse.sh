@@ -7,14 +7,15 @@
 #    for 1, 2 and 4 rows, and each kernel's configs beside its default;
 # 3. profile_decode.py on 4 full-size qwen4exp layers (make-model --layers 4; a batch's 12 if there): GPU ms and kernels per token with
 #    the kernels, then with STRATA_HC_TORCH=1 (the torch reads, as before this branch);
-# 4. captured decode against step by step on the tiny qwen4exp (qwen4exp_check.py graphs): must capture and agree.
-# Under 4 minutes (BUDGET 230 s); carry .whl (and .devcache). Files: hcfuse_summary.txt, hcfuse_logs.tgz (and the
+# 4. a verify window's rows against one-token steps on the tiny qwen4exp (hc_window_check.py): 4/4 bit-equal;
+# 5. captured decode against step by step on the tiny qwen4exp (qwen4exp_check.py graphs): must capture and agree.
+# Under 4 minutes (BUDGET 235 s; 190 s nested in session6_mid.sh, which makes the 12 layers); carry .whl (and .devcache). Files: hcfuse_summary.txt, hcfuse_logs.tgz (and the
 # compile caches when run alone).
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1  # nested in a session batch: its setup, logs in $OUT/logs
 L=$OUT/hcfuse_logs; mkdir -p $L
-part tests 30 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_hc_kernels.py
+part tests 25 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_hc_kernels.py
 part sweep 40 python3 -m strata bench hc-read --rows 1,2,4 --sweep
 F=$M/q4x12-00001-of-00002.gguf  # a session batch's 12 full-size layers when it made them, else 4 made here
 if [ ! -f $F ]; then
@@ -24,13 +25,15 @@ fi
 part profile_kernels 30 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 16
 part profile_torch 30 env STRATA_HC_TORCH=1 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 16
 Q=$(mktemp -d /tmp/hcfuse-q4.XXXX)
-part graphs_qwen4exp 45 python3 tools/device/qwen4exp_check.py $Q graphs
+part window 25 python3 tools/device/hc_window_check.py $Q
+part graphs_qwen4exp 40 python3 tools/device/qwen4exp_check.py $Q graphs
 rm -rf "$Q"
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
   tail -n 3 $L/tests.log
   cat $L/sweep.log
+  tail -n 2 $L/window.log
   grep -h "tok/s\|FAIL\|Error\|error" $L/graphs_qwen4exp.log | head -n 20
   for p in profile_kernels profile_torch; do echo "== $p"; head -n 30 $L/$p.log; done
 } > "$OUT/hcfuse_summary.txt" 2>&1
