@@ -4,13 +4,13 @@
 # 1. the kernels' tests compiled on CUDA (tests/kernels/pointwise/test_hc_kernels.py: against torch and float64,
 #    a window's rows bit-equal to one-row calls);
 # 2. `strata bench hc-read --sweep`: torch vs the kernels per read at the full shape (embd 2,560, hc 4, rank 320)
-#    for 1, 2 and 4 rows, and each kernel's configs beside its default;
-# 3. profile_decode.py on 4 full-size qwen4exp layers (make-model --layers 4; a batch's 12 if there): GPU ms and kernels per token with
-#    the kernels, then with STRATA_HC_TORCH=1 (the torch reads, as before this branch);
+#    for 1, 2 and 4 rows, each kernel's configs beside its default, and a 4,096-row prompt read;
+# 3. profile_decode.py on full-size qwen4exp layers (a batch's 12 if there, else 4 made here): GPU ms and kernels
+#    per token with the kernels, then with STRATA_HC_TORCH=1 (the torch reads, as before this branch);
 # 4. a verify window's rows against one-token steps on the tiny qwen4exp (hc_window_check.py): 4/4 bit-equal;
 # 5. captured decode against step by step on the tiny qwen4exp (qwen4exp_check.py graphs): must capture and agree.
-# Under 4 minutes (BUDGET 235 s; 190 s nested in session6_mid.sh, which makes the 12 layers); carry .whl (and .devcache). Files: hcfuse_summary.txt, hcfuse_logs.tgz (and the
-# compile caches when run alone).
+# Under 4 minutes (BUDGET 235 s; 190 s nested in session6_mid.sh, which makes the 12 layers); carry .whl (and
+# .devcache). Files: hcfuse_summary.txt, hcfuse_logs.tgz (and the compile caches when run alone).
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1  # nested in a session batch: its setup, logs in $OUT/logs
