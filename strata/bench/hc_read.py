@@ -8,8 +8,8 @@ per read replayed from a CUDA graph, the weights' HBM floor, and the largest err
 `--prompt T` also times a prompt chunk's read of T rows: torch against the two row-wise kernels around the same
 GEMMs (models/hyper_connections.py `_read_many_rows`).
 
-`--sweep` also times each kernel alone under its launch configurations, the default first, each with its ratio
-to the default's time.
+`--sweep` also times each kernel alone under its launch configurations at the first row count (the decode step's),
+the default first, each with its ratio to the default's time.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(device)
     print(f"{torch.cuda.get_device_name(device)}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; error = max|x - float64| "
           f"/ max|float64|")
-    for rows in (int(r) for r in args.rows.split(",")):
-        bench_rows(rows, args.embd, args.hc, args.rank, device, bandwidth, args.sweep)
+    for j, rows in enumerate(int(r) for r in args.rows.split(",")):
+        bench_rows(rows, args.embd, args.hc, args.rank, device, bandwidth, args.sweep and j == 0)
     if args.prompt:
         bench_prompt(args.prompt, args.embd, args.hc, args.rank, device)
     return 0

@@ -16,7 +16,7 @@ BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1  # nested in a session batch: its setup, logs in $OUT/logs
 L=$OUT/hcfuse_logs; mkdir -p $L
 part tests 25 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_hc_kernels.py
-part sweep 40 python3 -m strata bench hc-read --rows 1,2,4 --sweep
+part sweep 55 python3 -m strata bench hc-read --rows 1,2,4 --sweep
 F=$M/q4x12-00001-of-00002.gguf  # a session batch's 12 full-size layers when it made them, else 4 made here
 if [ ! -f $F ]; then
   F=$M/q4x4-00001-of-00002.gguf
