@@ -28,9 +28,12 @@ from strata.models.hyper_connections import HyperConnectionWeights, hc_read
 from strata.models.weights import QuantWeight
 
 STATS_SWEEP = [write_stats.NUM_WARPS, 1, 2, 8]
-DOWN_SWEEP = [(down_inject.BLOCK_N, down_inject.BLOCK_K, down_inject.NUM_WARPS, down_inject.NUM_STAGES),
-              (1, 2048, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 3), (2, 2048, 8, 3), (2, 2048, 4, 1), (4, 1024, 4, 3),
-              (4, 2048, 8, 3), (1, 512, 2, 3), (8, 512, 4, 3), (2, 4096, 8, 2)]
+# (rows a program, inputs a step, warps, stages, unrolled)
+DOWN_SWEEP = [(down_inject.BLOCK_N, down_inject.BLOCK_K, down_inject.NUM_WARPS, down_inject.NUM_STAGES,
+               down_inject.UNROLL),
+              (2, 2048, 4, 3, True), (1, 2048, 4, 3, False), (1, 2048, 4, 3, True), (2, 1024, 4, 3, False),
+              (2, 1024, 4, 3, True), (2, 2048, 8, 3, False), (2, 2048, 4, 1, False), (4, 1024, 4, 3, False),
+              (4, 2048, 8, 3, True), (8, 512, 4, 3, False), (2, 4096, 8, 2, False)]
 UP_SWEEP = [(up_mix.BLOCK_E, up_mix.NUM_WARPS), (4, 1), (4, 2), (8, 2), (8, 4), (16, 2), (16, 8), (32, 4), (32, 8),
             (64, 8)]
 CALLS = 32  # reads per graph replay
@@ -99,13 +102,15 @@ def bench_rows(rows: int, embd: int, hc: int, rank: int, device, bandwidth: floa
         default = default or us
         print(f"  write+stats warps={warps:<2}                     {us:7.2f} us  {default / us:5.2f}x default")
     default = None
-    for block_n, block_k, warps, stages in DOWN_SWEEP:
-        got, got_inject = down_inject.down_inject_triton(xn, mats[0], mats[2], block_n, block_k, warps, stages)
+    for block_n, block_k, warps, stages, unroll in DOWN_SWEEP:
+        got, got_inject = down_inject.down_inject_triton(xn, mats[0], mats[2], block_n, block_k, warps, stages,
+                                                         unroll)
         ok = torch.allclose(got, lo, rtol=1e-4, atol=1e-5) and _err(got_inject, exact_inject) < 1e-4
-        us = graph_us(lambda c=(block_n, block_k, warps, stages): down_inject.down_inject_triton(
+        us = graph_us(lambda c=(block_n, block_k, warps, stages, unroll): down_inject.down_inject_triton(
             xn, mats[0], mats[2], *c), [()] * CALLS, device)
         default = default or us
-        print(f"  down+inject n={block_n:<2} k={block_k:<5} warps={warps:<2} stages={stages} {us:7.2f} us  "
+        print(f"  down+inject n={block_n:<2} k={block_k:<5} warps={warps:<2} stages={stages} unroll={int(unroll)} "
+              f"{us:7.2f} us  "
               f"{default / us:5.2f}x default  {'ok' if ok else 'WRONG'}")
     default = None
     for block_e, warps in UP_SWEEP:

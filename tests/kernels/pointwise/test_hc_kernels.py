@@ -135,6 +135,8 @@ def test_down_inject_tiles_and_masks():
     flat = (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * w.norm.double().view(HC, embd)).flatten(1)
     assert _rel(lo, F.silu(flat @ down.double().T / HC)) < BOUND
     assert _rel(injected, flat @ inject.double().T) < BOUND
+    unrolled = down_inject_triton(xn, down, inject, block_n=8, block_k=128, unroll=True)
+    assert torch.equal(unrolled[0], lo) and torch.equal(unrolled[1], injected)  # the same sums in the same order
 
 
 def test_dispatch_takes_the_kernels_below_float32_only(monkeypatch):
