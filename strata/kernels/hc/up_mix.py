@@ -1,7 +1,7 @@
 """The read's last step: gate = sigmoid(up @ lo) [hc*embd], then mixed[e] = mean_c xn[c, e] * gate[c*embd + e]
-from the normalised stack xn [T, hc, embd] (write_stats.py's). A program owns BLOCK_E columns of one row and reads the hc rows of `up`
-that gate them, so the mean over streams needs nothing from another program. mixed is stored in the dtype the
-step computes in (the cast torch does after the read)."""
+from the normalised stack xn [T, hc, embd] (write_stats.py's). A program owns BLOCK_E columns of one row and reads
+the hc rows of `up` that gate them, so the mean over streams needs nothing from another program. mixed is stored
+in the dtype the step computes in (the cast torch does after the read)."""
 
 from __future__ import annotations
 
