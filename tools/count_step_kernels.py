@@ -4,7 +4,8 @@ run under torch.profiler, leaf aten ops listed by count and name per token. On a
 segments count: the host's uploads and, behind an expert cache, its lookups and the CPU pool do not.
 
 `--fused` also takes the one-launch pointwise kernels (models/layers.py `_fused`: RMSNorm, q/k norm + RoPE, routing,
-the residual add + norm, the KV write, the shared-expert gate, the GatedDeltaNet conv + gates and output gate) and
+the residual add + norm, the KV write, the shared-expert gate, the GatedDeltaNet conv + gates and output gate,
+qwen4exp's hyper-connection reads: kernels/hc) and
 the dense decode attention on the CPU, run by Triton's interpreter and counted as one launch each, as the GPU runs
 them; the GatedDeltaNet input projections are stacked into one matvec as on the GPU (models/stacked_projections.py).
 The GEMV, expert GEMV and delta-rule calls keep their torch references here and count once a call (STAND_INS).
