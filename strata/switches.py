@@ -28,6 +28,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap; parts left out keep the default's)"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
+    Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
+           "(the default takes short spans in one launch, decode_short.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),

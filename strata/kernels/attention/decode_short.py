@@ -1,0 +1,178 @@
+"""Decode attention for short spans in one launch: the split and its merge in the same kernel.
+
+A decode step's attention over a few hundred cells reads ~0.5 MB: its time is latency, and the split-K kernel and
+its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query): the query's
+`width` cells are shared evenly among SPLITS programs (whole chunks each), read on the device, so every program has
+work whatever the position; tensor-core dots (below). With SPLITS > 1 each program writes its partial (max `m`,
+sum `l` in base 2, the unnormalized accumulator) and counts itself in a per-(query, KV head) counter; the last to
+arrive merges the SPLITS partials in split order (a fixed sequence of ops: the same bytes whichever program is
+last) and resets the counter for the next launch. The counters live in one zeroed buffer per device that every
+launch leaves zero again (so a captured graph replays them).
+
+Dots: QK and PV each "ieee" (fp32 FMA), "tf32" or "tf32x3" (3 tensor-core passes, ~fp32). A fp16/bf16 query against
+a fp16/bf16 cache is exact in tf32 (at most 11 significant bits each), so QK takes tf32 there and tf32x3 otherwise
+(int8 codes times their scale, fp32 queries); PV takes tf32x3 (the probabilities have 24 bits). Bound against
+float64: the split-K kernel's (tests/kernels/attention/test_decode_short.py states it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.attention.prompt_parts import LOG2E, chunk_rows, rows_block, softmax_step
+
+
+@dataclass(frozen=True)
+class ShortConfig:
+    """The kernel's tunables (`strata bench decode-attn --sweep` times the alternatives)."""
+
+    cells: int = 64  # cells a program aims at: SPLITS = span / cells, a power of two in 1..max_splits
+    max_splits: int = 16  # programs per (KV head, query); past span = cells * max_splits the split-K kernel runs
+    chunk: int = 32  # cells a loop step
+    warps: int = 4
+    stages: int = 2
+    qk: str = ""  # dot precision of q.K ("" : tf32 where exact, else tf32x3)
+    pv: str = "tf32x3"
+
+    def splits(self, span: int) -> int:
+        """Programs per (KV head, query) for a launch over `span` cells (at capture: the span bucket)."""
+        want = max(1, span // self.cells)
+        return min(self.max_splits, triton.next_power_of_2(want))
+
+    def takes(self, span: int) -> bool:
+        """Whether a span is short enough for this kernel (longer ones: split-K, many more programs, and its merge)."""
+        return span <= self.cells * self.max_splits
+
+    def label(self) -> str:
+        return (f"cells={self.cells} max_splits={self.max_splits} chunk={self.chunk} warps={self.warps} "
+                f"stages={self.stages} qk={self.qk or 'auto'} pv={self.pv}")
+
+
+DEFAULT = ShortConfig()
+
+
+@triton.jit
+def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
+                         count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
+                         D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
+                         DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr):
+    sp = tl.program_id(0)
+    kvh = tl.program_id(1)
+    qi = tl.program_id(2)
+    r = tl.arange(0, BM)
+    d = tl.arange(0, D)
+    live = r < G
+    head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
+    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    width = tl.load(width_ptr + qi)
+    per = ((width + SPLITS - 1) // SPLITS + CH - 1) // CH * CH  # this program's share, whole chunks
+    begin = sp * per
+    end = tl.minimum(width, begin + per)
+    ids_row = ids_ptr + qi.to(tl.int64) * cap
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    for c0 in range(begin, end, CH):
+        if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
+            cells = c0 + tl.arange(0, CH)
+            valid = cells < end
+            rows = cells.to(tl.int64) * n_kv_heads + kvh
+        else:
+            rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+        k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
+        v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        if INT8:
+            k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
+            v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, k, input_precision=QK) * scale_log2
+        e, alpha, m, l = softmax_step(s, valid, m, l)
+        acc = acc * alpha[:, None] + tl.dot(e, v, input_precision=PV)
+    out_rows = out_ptr + head[:, None] * D + d[None, :]
+    if SPLITS == 1:
+        tl.store(out_rows, tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                 mask=live[:, None])
+    else:
+        part = head * SPLITS + sp  # (query, head, split)
+        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
+        tl.store(ml_ptr + part * 2, m, mask=live)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=live)
+        tl.debug_barrier()  # every thread's partial is written before the program counts itself (release)
+        counter = count_ptr + qi.to(tl.int64) * n_kv_heads + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            # The last program: the others' partials are visible (acquire); .cg reads them from L2, not a stale L1.
+            first = head * SPLITS
+            s = tl.arange(0, SPLITS)
+            ms = tl.load(ml_ptr + (first[:, None] + s[None, :]) * 2, mask=live[:, None], other=float("-inf"),
+                         cache_modifier=".cg")
+            top = tl.max(ms, axis=1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            total = tl.zeros((BM,), tl.float32)
+            merged = tl.zeros((BM, D), tl.float32)
+            for j in tl.static_range(SPLITS):  # in split order: the same sums whichever program merges
+                m_j = tl.load(ml_ptr + (first + j) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")
+                l_j = tl.load(ml_ptr + (first + j) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+                acc_j = tl.load(acc_ptr + (first + j)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                                cache_modifier=".cg")
+                w = tl.where(m_j == float("-inf"), 0.0, tl.exp2(m_j - top))
+                total += w * l_j
+                merged += w[:, None] * acc_j
+            tl.store(out_rows, tl.where(total[:, None] > 0, merged / total[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                     mask=live[:, None])
+            tl.store(counter, 0)  # ready for the next launch (a graph's next replay)
+
+
+COUNTERS = 4096  # (query, KV head) pairs one launch may count: verify windows of 64 rows x 64 KV heads
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, needed: int) -> torch.Tensor | None:
+    """The device's zeroed counters (made on first use, before any capture: a span's first step runs eagerly);
+    None if a launch needs more than it holds (the caller takes the split-K path)."""
+    if needed > COUNTERS:
+        return None
+    counters = _counters.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # memory made inside a capture belongs to its graph
+        counters = _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+def qk_precision(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -> str:
+    if config.qk:
+        return config.qk
+    exact = q.dtype in (torch.float16, torch.bfloat16) and cache_dtype in (torch.float16, torch.bfloat16)
+    return "tf32" if exact else "tf32x3"
+
+
+def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
+                 cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
+                 config: ShortConfig = DEFAULT) -> torch.Tensor | None:
+    """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
+    v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
+    count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing)."""
+    n_q, n_heads, dim = q.shape
+    splits = config.splits(span)
+    out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
+    if n_q == 0:
+        return out
+    counters = arrival_counters(q.device, n_q * n_kv_heads)
+    if counters is None:
+        return None
+    if splits > 1:
+        acc = torch.empty(n_q, n_heads, splits, dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(n_q, n_heads, splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        acc = ml = out  # unused
+    group = n_heads // n_kv_heads
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    _decode_short_kernel[(splits, n_kv_heads, n_q)](
+        q.contiguous(), *pointers, acc, ml, counters, out, span, n_kv_heads, scale * LOG2E, G=group,
+        BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
+        QK=qk_precision(q, cache_dtype, config), PV=config.pv, num_warps=config.warps, num_stages=config.stages)
+    return out

@@ -1,0 +1,97 @@
+"""The one-launch decode attention for short spans (decode_short.py) against float64 and the split-K kernel.
+
+Bound, stated once: within max(4 x the fp32 split-K kernel's error, 2e-6 x the output's largest value) of the float64
+reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for fp16/bf16 inputs and tf32x3 holds
+~fp32 accuracy).
+"""
+
+import pytest
+import torch
+
+from strata import switches
+from strata.kernels.attention import decode_short
+from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split
+from strata.kernels.attention.decode_short import ShortConfig
+from strata.kernels.attention.prompt_ref import prompt_attn_ref
+from tests.kernels import DEVICE
+from tests.kernels.attention.common import queries, random_pool, selections
+
+SMALL = ShortConfig(cells=32, max_splits=4, chunk=16)  # tiny spans still split 1, 2 and 4 ways
+
+
+def _dense_float64(q, keys, values, width):
+    n_q, n_heads, dim = q.shape
+    group = n_heads // keys.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for i, w in enumerate(width.tolist()):
+        k = keys[:w].double().cpu().repeat_interleave(group, dim=1)
+        v = values[:w].double().cpu().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[i].double().cpu(), k) / dim ** 0.5
+        out[i] = torch.einsum("hs,shd->hd", scores.softmax(-1), v) if w else 0.0
+    return out
+
+
+def _within(got, want, split_k):
+    scale = want.abs().max().item()
+    bound = max(4 * (split_k.double().cpu() - want).abs().max().item(), 2e-6 * scale)
+    return (got.double().cpu() - want).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("span", [16, 64, 128])  # SMALL: 1, 2 and 4 programs per (KV head, query)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dense_form_against_float64(span, dtype):
+    gen = torch.Generator().manual_seed(span)
+    keys = (torch.randn(160, 2, 64, generator=gen) * 1.5).to(dtype).to(DEVICE)
+    values = torch.randn(160, 2, 64, generator=gen).to(dtype).to(DEVICE)
+    q = (torch.randn(4, 8, 64, generator=gen) * 2).to(dtype).to(DEVICE)
+    width = torch.tensor([0, 1, span // 2 + 3, span], device=DEVICE).clamp(max=span)  # a window's rows differ
+    got = decode_attn_dense_triton(q, keys, values, width, span, short=SMALL)
+    split_k = decode_attn_dense_triton(q, keys, values, width, span, split=16)
+    want = _dense_float64(q, keys, values, width)
+    assert _within(got, want, split_k)
+    assert got[0].abs().max().item() == 0  # no cells: zeros, as the split-K kernel gives
+    assert torch.equal(got, decode_attn_dense_triton(q, keys, values, width, span, short=SMALL))  # the same bytes
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_paged_selection_against_float64(int8):
+    pool, table = random_pool(300, 2, 128, int8, seed=5)
+    ids, width = selections([0, 40, 150, 299], cap=128, seed=5)
+    q = queries(4, 8, 128, seed=5).bfloat16()
+    config = ShortConfig(cells=32, max_splits=4, chunk=32)
+    got = decode_attn_triton(q, pool, table, ids, width, short=config)
+    split_k = decode_attn_triton(q, pool, table, ids, width, split=32)
+    assert _within(got, prompt_attn_ref(q.float(), pool, table, ids, width).cpu(), split_k)
+
+
+def test_counters_are_left_zero_for_the_next_launch():
+    keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)
+    first = decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL)
+    counters = decode_short._counters[torch.device(DEVICE)]
+    assert counters.abs().sum().item() == 0
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), first)
+
+
+def test_output_in_the_activation_dtype_is_the_fp32_result_rounded_once():
+    gen = torch.Generator().manual_seed(3)
+    keys, values = (torch.randn(96, 2, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(2, 4, 64, generator=gen).bfloat16().to(DEVICE), torch.tensor([7, 96], device=DEVICE)
+    fp32 = decode_attn_dense_triton(q, keys, values, width, 96, short=SMALL)
+    rounded = decode_attn_dense_triton(q, keys, values, width, 96, short=SMALL, out_dtype=torch.bfloat16)
+    # Compiled, the store rounds to nearest as torch's .to does; the interpreter truncates: one step apart at most.
+    bound = 0 if DEVICE == "cuda" else 2.0 ** -7 * fp32.abs()
+    assert ((rounded.float() - fp32.to(torch.bfloat16).float()).abs() <= bound).all()
+
+
+def test_split_choice_follows_the_span_and_long_spans_keep_split_k():
+    config = ShortConfig(cells=64, max_splits=16)
+    assert [config.splits(s) for s in (64, 256, 512, 1024, 2048)] == [1, 4, 8, 16, 16]
+    assert config.takes(1024) and not config.takes(2048)
+    keys, values = (torch.randn(256, 1, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 2, 64).half().to(DEVICE), torch.tensor([200], device=DEVICE)
+    split_k = decode_attn_dense_triton(q, keys, values, width, 256, split=dense_split(256, 1, 1))
+    # Past the config's reach, and under the switch, the call is the split-K kernel's, byte for byte.
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256, short=ShortConfig(8, 2, 16)), split_k)
+    with switches.override(STRATA_DECODE_ATTN_SPLITK=True):
+        assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256), split_k)
