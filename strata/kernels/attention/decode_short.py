@@ -1,9 +1,10 @@
 """Decode attention for short spans in one launch: the split and its merge in the same kernel.
 
 A decode step's attention over a few hundred cells reads ~0.5 MB: its time is latency, and the split-K kernel and
-its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query): the query's
-`width` cells are shared evenly among SPLITS programs (whole chunks each), read on the device, so every program has
-work whatever the position; tensor-core dots (below). With SPLITS > 1 each program writes its partial (max `m`,
+its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query) and SPLITS
+programs share a query's cells: over a dense cache each takes a fixed share of the span, its loads issued before the
+width (read on the device) is known and the cells past it masked after (`by_span`); otherwise (a page table, or
+`by_span` off) the query's `width` cells are shared evenly, whole chunks each. Tensor-core dots (below). With SPLITS > 1 each program writes its partial (max `m`,
 sum `l` in base 2, the unnormalized accumulator) and counts itself in a per-(query, KV head) counter; the last to
 arrive merges the SPLITS partials in split order (a fixed sequence of ops: the same bytes whichever program is
 last) and resets the counter for the next launch. The counters live in one zeroed buffer per device that every
@@ -38,6 +39,11 @@ class ShortConfig:
     stages: int = 2
     qk: str = ""  # dot precision of q.K ("" : tf32 where exact, else tf32x3)
     pv: str = "tf32x3"
+    by_span: bool = True  # dense caches: each program a fixed share of the span, loads not waiting on the width
+
+    def per_program(self, span: int) -> int:
+        """Cells of the span each program reads when split by span (whole chunks)."""
+        return triton.cdiv(triton.cdiv(span, self.splits(span)), self.chunk) * self.chunk
 
     def splits(self, span: int) -> int:
         """Programs per (KV head, query) for a launch over `span` cells (at capture: the span bucket)."""
@@ -50,17 +56,26 @@ class ShortConfig:
 
     def label(self) -> str:
         return (f"cells={self.cells} max_splits={self.max_splits} chunk={self.chunk} warps={self.warps} "
-                f"stages={self.stages} qk={self.qk or 'auto'} pv={self.pv}")
+                f"stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} by_span={int(self.by_span)}")
 
 
 DEFAULT = ShortConfig()
 
 
 @triton.jit
+def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.constexpr):
+    """One chunk of the online softmax: k [D, CH], v [CH, D] fp32 -> (m, l, acc) updated."""
+    s = tl.dot(q, k, input_precision=QK) * scale_log2
+    e, alpha, m, l = softmax_step(s, valid, m, l)
+    return m, l, acc * alpha[:, None] + tl.dot(e, v, input_precision=PV)
+
+
+@triton.jit
 def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
                          count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
-                         DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr):
+                         DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
+                         PER: tl.constexpr):
     sp = tl.program_id(0)
     kvh = tl.program_id(1)
     qi = tl.program_id(2)
@@ -70,28 +85,36 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
     q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     width = tl.load(width_ptr + qi)
-    per = ((width + SPLITS - 1) // SPLITS + CH - 1) // CH * CH  # this program's share, whole chunks
-    begin = sp * per
-    end = tl.minimum(width, begin + per)
     ids_row = ids_ptr + qi.to(tl.int64) * cap
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, D), tl.float32)
-    for c0 in range(begin, end, CH):
-        if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
-            cells = c0 + tl.arange(0, CH)
-            valid = cells < end
+    if BY_SPAN:  # dense: PER cells of the span each, loaded whatever the width (no wait on it), masked after
+        for c in tl.static_range(PER // CH):
+            cells = sp * PER + c * CH + tl.arange(0, CH)
+            valid = cells < width
             rows = cells.to(tl.int64) * n_kv_heads + kvh
-        else:
-            rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
-        k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
-        v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        if INT8:
-            k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
-            v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, k, input_precision=QK) * scale_log2
-        e, alpha, m, l = softmax_step(s, valid, m, l)
-        acc = acc * alpha[:, None] + tl.dot(e, v, input_precision=PV)
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=cells[None, :] < cap, other=0).to(tl.float32)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=cells[:, None] < cap, other=0).to(tl.float32)
+            v = tl.where(valid[:, None], v, 0.0)  # cells past the width may hold anything (0 x NaN is NaN)
+            m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
+    else:  # the width's cells shared evenly, whole chunks each
+        per = ((width + SPLITS - 1) // SPLITS + CH - 1) // CH * CH
+        begin = sp * per
+        end = tl.minimum(width, begin + per)
+        for c0 in range(begin, end, CH):
+            if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
+                cells = c0 + tl.arange(0, CH)
+                valid = cells < end
+                rows = cells.to(tl.int64) * n_kv_heads + kvh
+            else:
+                rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
+            if INT8:
+                k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
+                v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
+            m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
     out_rows = out_ptr + head[:, None] * D + d[None, :]
     if SPLITS == 1:
         tl.store(out_rows, tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty),
@@ -171,8 +194,10 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
         acc = ml = out  # unused
     group = n_heads // n_kv_heads
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    by_span = dense and config.by_span
     _decode_short_kernel[(splits, n_kv_heads, n_q)](
         q.contiguous(), *pointers, acc, ml, counters, out, span, n_kv_heads, scale * LOG2E, G=group,
         BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
-        QK=qk_precision(q, cache_dtype, config), PV=config.pv, num_warps=config.warps, num_stages=config.stages)
+        QK=qk_precision(q, cache_dtype, config), PV=config.pv, BY_SPAN=by_span,
+        PER=config.per_program(span) if by_span else 0, num_warps=config.warps, num_stages=config.stages)
     return out

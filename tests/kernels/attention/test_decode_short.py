@@ -5,6 +5,8 @@ reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for f
 ~fp32 accuracy).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -38,19 +40,33 @@ def _within(got, want, split_k):
 
 
 @pytest.mark.parametrize("span", [16, 64, 128])  # SMALL: 1, 2 and 4 programs per (KV head, query)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_dense_form_against_float64(span, dtype):
+@pytest.mark.parametrize("dtype,by_span", [(torch.float16, True), (torch.bfloat16, True), (torch.bfloat16, False)])
+def test_dense_form_against_float64(span, dtype, by_span):
     gen = torch.Generator().manual_seed(span)
     keys = (torch.randn(160, 2, 64, generator=gen) * 1.5).to(dtype).to(DEVICE)
     values = torch.randn(160, 2, 64, generator=gen).to(dtype).to(DEVICE)
     q = (torch.randn(4, 8, 64, generator=gen) * 2).to(dtype).to(DEVICE)
+    keys[span:] = values[span:] = float("nan")  # past the span: never read
     width = torch.tensor([0, 1, span // 2 + 3, span], device=DEVICE).clamp(max=span)  # a window's rows differ
-    got = decode_attn_dense_triton(q, keys, values, width, span, short=SMALL)
+    config = dataclasses.replace(SMALL, by_span=by_span)
+    got = decode_attn_dense_triton(q, keys, values, width, span, short=config)
     split_k = decode_attn_dense_triton(q, keys, values, width, span, split=16)
     want = _dense_float64(q, keys, values, width)
     assert _within(got, want, split_k)
     assert got[0].abs().max().item() == 0  # no cells: zeros, as the split-K kernel gives
-    assert torch.equal(got, decode_attn_dense_triton(q, keys, values, width, span, short=SMALL))  # the same bytes
+    assert torch.equal(got, decode_attn_dense_triton(q, keys, values, width, span, short=config))  # the same bytes
+
+
+@pytest.mark.parametrize("by_span", [True, False])
+def test_cells_past_the_width_change_nothing(by_span):
+    """By span, a program loads its whole share before it knows the width: what lies past it (here NaN) is masked."""
+    gen = torch.Generator().manual_seed(11)
+    keys, values = (torch.randn(64, 2, 64, generator=gen).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 4, 64, generator=gen).half().to(DEVICE), torch.tensor([37], device=DEVICE)
+    config = dataclasses.replace(SMALL, by_span=by_span)
+    clean = decode_attn_dense_triton(q, keys, values, width, 64, short=config)
+    keys[37:], values[37:] = float("nan"), float("inf")
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=config), clean)
 
 
 @pytest.mark.parametrize("int8", [True, False])
