@@ -24,6 +24,7 @@ from strata.kernels.attention.decode import decode_attn_dense_triton, decode_att
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
+from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense, qk_norm_rope_store_paged
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
 from strata.models.layers import _fused
 
@@ -79,17 +80,31 @@ class StaticDenseKV(StaticView):
 
     cache: KVCache
 
+    def _check_capacity(self) -> None:
+        if self.cache.capacity < self.span:
+            raise StrataError(f"the KV cache holds {self.cache.capacity} cells, the static span needs {self.span}")
+
+    def attend_normed(self, layer, q, k, v, start, norm):
+        """The q/k norm + RoPE, the keys' and values' store and (one more launch) the attention over the cache."""
+        if not (norm.fused(q, k, v) and k.shape[0]):
+            return super().attend_normed(layer, q, k, v, start, norm)
+        c = self.cache
+        self._check_capacity()
+        pos32, width = self.step_positions(layer)
+        q = qk_norm_rope_store_dense(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
+                                     c.keys[layer], c.values[layer], pos32)
+        return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype)
+
     def attend(self, layer, q, k, v, start, selection=None):
         c, pos = self.cache, self.positions
-        if c.capacity < self.span:
-            raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
+        self._check_capacity()
         pos32, width = self.step_positions(layer)
         if _fused(k, v) and k.shape[0]:
             store_kv_triton(c.keys[layer], c.values[layer], pos32, k, v)  # one launch for both casts and stores
         else:
             store_kv_ref(c.keys[layer], c.values[layer], pos, k, v)
         if selection is None and _fused(q):
-            # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
+            # One decode kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
             return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype)
         # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
@@ -113,14 +128,34 @@ class StaticPagedKV(StaticView):
         super().__init__(cache, positions, span)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
-    def attend(self, layer, q, k, v, start, selection=None):
+    def _kernels(self, q) -> bool:
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
-        pool, table = c.pools[layer], c.page_table
-        kernels = q.is_cuda if c.kernels is None else c.kernels
+        return q.is_cuda if c.kernels is None else c.kernels
+
+    def attend_normed(self, layer, q, k, v, start, norm):
+        """The q/k norm + RoPE and the keys' and values' store in one launch, then the attention over the pool."""
+        kernels = self._kernels(q)
+        if not (kernels and norm.fused(q, k, v) and k.shape[0]):
+            return super().attend_normed(layer, q, k, v, start, norm)
         pos32, width = self.step_positions(layer)
-        (append_kv_triton if kernels else append_kv_ref)(pool, table, pos32 if kernels else self.positions, k, v)
+        q = qk_norm_rope_store_paged(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
+                                     self.cache.pools[layer], self.cache.page_table, pos32)
+        return self._attend_stored(layer, q, width, kernels, None)
+
+    def attend(self, layer, q, k, v, start, selection=None):
+        c = self.cache
+        kernels = self._kernels(q)
+        pos32, width = self.step_positions(layer)
+        (append_kv_triton if kernels else append_kv_ref)(c.pools[layer], c.page_table,
+                                                         pos32 if kernels else self.positions, k, v)
+        return self._attend_stored(layer, q, width, kernels, selection)
+
+    def _attend_stored(self, layer, q, width, kernels, selection):
+        """The attention once this step's keys and values are in the pool."""
+        c = self.cache
+        pool, table = c.pools[layer], c.page_table
         ids = self.ids
         if c.selector is not None:
             selection = self._quest(layer, q, width, kernels, selection)

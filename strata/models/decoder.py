@@ -16,7 +16,7 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
+from strata.models.layers import QKNorm, Rope, add_gated_shared, add_rms_norm, rms_norm, route_topk, swiglu
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -163,11 +163,10 @@ class DecoderLM:
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
-        if w.q_norm is not None:
-            q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
+        if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch
+            out = ctx.kv.attend_normed(i, q, k, v, ctx.start, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         else:
-            q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
-        out = ctx.kv.attend(i, q, k, v, ctx.start)
+            out = ctx.kv.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v, ctx.start)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def is_moe(self, i: int) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -95,6 +97,25 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     if n_rot == q.shape[-1]:
         return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
     return Rope.apply_partial(q, cos, sin, n_rot), Rope.apply_partial(k, cos, sin, n_rot)
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """What an attention layer's q/k norm + RoPE needs, handed to the KV backend (`attend_normed`) so that a
+    backend storing the turned keys itself may do both in one launch."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qk_norm_rope(q, k, self.q_weight, self.k_weight, self.eps, self.cos, self.sin)
+
+    def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether the one-launch kernels take these operands (as `qk_norm_rope` would)."""
+        return _fused(q, k, v, self.q_weight, self.k_weight, self.cos, self.sin)
 
 
 def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""The static decode step's q/k norm + RoPE + KV write in one launch (StaticDenseKV / StaticPagedKV
+`attend_normed`, kernels/pointwise/qk_norm_rope_store.py), taken on the CPU through Triton's interpreter as a GPU
+takes it: the same logits, byte for byte, as the step with the separate launches (norm + RoPE, then the store)."""
+
+import os
+
+import pytest
+import torch
+
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.kv import KVBackend
+from strata.engine.static_kv import StaticDenseKV, StaticPagedKV
+from strata.kernels.pointwise import qk_norm_rope_store
+from strata.models import layers
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="CPU tensors take Triton only interpreted")]
+PROMPT = [5, 17, 99, 3]
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_hd64(model_dir):
+    """The tiny qwen3moe with heads of 64 values: what the int8 pool quantizes."""
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "tiny-qwen3moe-hd64.gguf", arch="qwen3moe", preset="tiny", quant="Q8_0",
+                      head_dim=64, n_embd=128)
+
+
+def _static_logits(path, kv_dtype: str) -> torch.Tensor:
+    layers.FUSED_ON_CPU = True
+    try:
+        engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", kv_dtype=kv_dtype, decode_graphs="eager"))
+        logits = engine.prefill(PROMPT)
+        if kv_dtype == "int8":
+            engine.kv.kernels = True  # the pool's Triton kernels, as on a GPU
+        out = []
+        for step in range(2):
+            logits = engine.decode(int(logits[-1].argmax()), len(PROMPT) + step)
+            out.append(logits.clone())
+        assert engine.decoder is not None and engine.decoder.steps == 2
+        return torch.cat(out)
+    finally:
+        layers.FUSED_ON_CPU = False
+
+
+@pytest.mark.parametrize("kv_dtype,view", [("float16", StaticDenseKV), ("int8", StaticPagedKV)])
+def test_one_launch_gives_the_bytes_of_the_separate_ones(tiny_moe_hd64, kv_dtype, view, monkeypatch):
+    launches = []
+    for name in ("qk_norm_rope_store_dense", "qk_norm_rope_store_paged"):
+        real = getattr(qk_norm_rope_store, name)
+        monkeypatch.setattr(f"strata.engine.static_kv.{name}",
+                            lambda *a, real=real: launches.append(1) or real(*a))
+    fused = _static_logits(tiny_moe_hd64, kv_dtype)
+    assert launches  # the one-launch kernel ran
+    monkeypatch.setattr(view, "attend_normed", KVBackend.attend_normed)  # norm + RoPE, then the view's attend
+    separate = _static_logits(tiny_moe_hd64, kv_dtype)
+    assert torch.equal(fused, separate)
