@@ -19,12 +19,14 @@ float64: the split-K kernel's (tests/kernels/attention/test_decode_short.py stat
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from strata.kernels import capability
 from strata.kernels.attention.prompt_parts import LOG2E, chunk_rows, rows_block, softmax_step
 
 
@@ -166,11 +168,36 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor | None:
     return counters
 
 
-def qk_precision(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -> str:
-    if config.qk:
-        return config.qk
+def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -> tuple[str, str]:
+    """(QK, PV) dot precisions: the config's, QK's default tf32 where its inputs are exact in it; ieee (fp32 FMA)
+    before sm_80, which has no tf32."""
+    if capability(q) < (8, 0):
+        return "ieee", "ieee"
     exact = q.dtype in (torch.float16, torch.bfloat16) and cache_dtype in (torch.float16, torch.bfloat16)
-    return "tf32" if exact else "tf32x3"
+    return config.qk or ("tf32" if exact else "tf32x3"), config.pv
+
+
+_compiled: set[tuple] = set()  # launch shapes that compiled and ran once
+_failed: set[tuple] = set()
+
+
+def _launch_once_guarded(key: tuple, launch) -> bool:
+    """Run `launch`; the first time for `key` (eager: a span's first step runs before its capture), a failure to
+    compile is reported in one line and the key left to split-K from then on. False when it did not run."""
+    if key in _compiled:
+        launch()
+        return True
+    if key in _failed:
+        return False
+    try:
+        launch()
+    except Exception as exc:  # noqa: BLE001  (Triton's compile and ptxas errors have no common base)
+        _failed.add(key)
+        print(f"strata: decode_short {key} failed to compile ({str(exc).splitlines()[0][:160]}); split-K instead",
+              file=sys.stderr)
+        return False
+    _compiled.add(key)
+    return True
 
 
 def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
@@ -178,7 +205,8 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
                  config: ShortConfig = DEFAULT) -> torch.Tensor | None:
     """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
     v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
-    count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing)."""
+    count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
+    config failed to compile: the caller runs split-K then."""
     n_q, n_heads, dim = q.shape
     splits = config.splits(span)
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
@@ -195,9 +223,13 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     group = n_heads // n_kv_heads
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     by_span = dense and config.by_span
-    _decode_short_kernel[(splits, n_kv_heads, n_q)](
-        q.contiguous(), *pointers, acc, ml, counters, out, span, n_kv_heads, scale * LOG2E, G=group,
-        BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
-        QK=qk_precision(q, cache_dtype, config), PV=config.pv, BY_SPAN=by_span,
-        PER=config.per_program(span) if by_span else 0, num_warps=config.warps, num_stages=config.stages)
-    return out
+    meta = dict(G=group, BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
+                QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
+                PER=config.per_program(span) if by_span else 0, num_warps=config.warps, num_stages=config.stages)
+    key = (q.device.type, q.dtype, cache_dtype, *meta.values())
+
+    def launch():
+        _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, span,
+                                                        n_kv_heads, scale * LOG2E, **meta)
+
+    return out if _launch_once_guarded(key, launch) else None

@@ -111,3 +111,22 @@ def test_split_choice_follows_the_span_and_long_spans_keep_split_k():
     assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256, short=ShortConfig(8, 2, 16)), split_k)
     with switches.override(STRATA_DECODE_ATTN_SPLITK=True):
         assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256), split_k)
+
+
+def test_a_config_that_fails_to_compile_falls_back_to_split_k(monkeypatch, capsys):
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                raise RuntimeError("ptxas: out of registers\nmore")
+            return launch
+
+    monkeypatch.setattr(decode_short, "_decode_short_kernel", Broken())
+    monkeypatch.setattr(decode_short, "_compiled", set())
+    monkeypatch.setattr(decode_short, "_failed", set())
+    keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 4, 64).half().to(DEVICE), torch.tensor([50], device=DEVICE)
+    split_k = decode_attn_dense_triton(q, keys, values, width, 64, split=dense_split(64, 2, 1))
+    for _ in range(2):
+        assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), split_k)
+    err = capsys.readouterr().err
+    assert err.count("failed to compile (ptxas: out of registers)") == 1
