@@ -4,13 +4,14 @@ A decode step's attention over a few hundred cells reads ~0.5 MB: its time is la
 its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query) and SPLITS
 programs share a query's cells: over a dense cache each takes a fixed share of the span, its loads issued before the
 width (read on the device) is known and the cells past it masked after (`by_span`); otherwise (a page table, or
-`by_span` off) the query's `width` cells are shared evenly, whole chunks each. Tensor-core dots (below). With SPLITS > 1 each program writes its partial (max `m`,
-sum `l` in base 2, the unnormalized accumulator) and counts itself in a per-(query, KV head) counter; the last to
-arrive merges the SPLITS partials in split order (a fixed sequence of ops: the same bytes whichever program is
-last) and resets the counter for the next launch. The counters live in one zeroed buffer per device that every
-launch leaves zero again (so a captured graph replays them).
+`by_span` off) the query's `width` cells are shared evenly, whole chunks each. With SPLITS > 1 each program writes
+its partial (max `m`, sum `l` in base 2, the unnormalized accumulator) and counts itself in a per-(query, KV head)
+counter; the last to arrive merges the SPLITS partials in split order (a fixed sequence of ops: the same bytes
+whichever program is last) and resets the counter for the next launch. The counters live in one zeroed buffer per
+device that every launch leaves zero again (so a captured graph replays them).
 
-Dots: QK and PV each "ieee" (fp32 FMA), "tf32" or "tf32x3" (3 tensor-core passes, ~fp32). A fp16/bf16 query against
+Dots: QK and PV each "ieee" (fp32 FMA), "tf32", "tf32x3" (3 tensor-core passes, ~fp32) or "native" (the other
+operand rounded to the fp16/bf16 cache's dtype: one half-precision pass; for the sweep). A fp16/bf16 query against
 a fp16/bf16 cache is exact in tf32 (at most 11 significant bits each), so QK takes tf32 there and tf32x3 otherwise
 (int8 codes times their scale, fp32 queries); PV takes tf32x3 (the probabilities have 24 bits). Bound against
 float64: the split-K kernel's (tests/kernels/attention/test_decode_short.py states it).
@@ -39,8 +40,8 @@ class ShortConfig:
     chunk: int = 32  # cells a loop step
     warps: int = 4
     stages: int = 2
-    qk: str = ""  # dot precision of q.K ("" : tf32 where exact, else tf32x3)
-    pv: str = "tf32x3"
+    qk: str = ""  # q.K: "ieee", "tf32", "tf32x3" or "native" (q rounded to the cache's dtype); "": tf32 where exact
+    pv: str = "tf32x3"  # P.V the same way ("native": P rounded to the cache's dtype)
     by_span: bool = True  # dense caches: each program a fixed share of the span, loads not waiting on the width
 
     def per_program(self, span: int) -> int:
@@ -66,10 +67,18 @@ DEFAULT = ShortConfig()
 
 @triton.jit
 def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.constexpr):
-    """One chunk of the online softmax: k [D, CH], v [CH, D] fp32 -> (m, l, acc) updated."""
-    s = tl.dot(q, k, input_precision=QK) * scale_log2
-    e, alpha, m, l = softmax_step(s, valid, m, l)
-    return m, l, acc * alpha[:, None] + tl.dot(e, v, input_precision=PV)
+    """One chunk of the online softmax: q [BM, D] fp32, k [D, CH] and v [CH, D] (fp32, or the cache's fp16/bf16
+    for a "native" dot: the other operand rounded to it) -> (m, l, acc) updated."""
+    if QK == "native":
+        s = tl.dot(q.to(k.dtype), k)
+    else:
+        s = tl.dot(q, k.to(tl.float32), input_precision=QK)
+    e, alpha, m, l = softmax_step(s * scale_log2, valid, m, l)
+    if PV == "native":
+        pv = tl.dot(e.to(v.dtype), v)
+    else:
+        pv = tl.dot(e, v.to(tl.float32), input_precision=PV)
+    return m, l, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -96,9 +105,9 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             cells = sp * PER + c * CH + tl.arange(0, CH)
             valid = cells < width
             rows = cells.to(tl.int64) * n_kv_heads + kvh
-            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=cells[None, :] < cap, other=0).to(tl.float32)
-            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=cells[:, None] < cap, other=0).to(tl.float32)
-            v = tl.where(valid[:, None], v, 0.0)  # cells past the width may hold anything (0 x NaN is NaN)
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=cells[None, :] < cap, other=0)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=cells[:, None] < cap, other=0)
+            v = tl.where(valid[:, None], v, tl.zeros_like(v))  # cells past the width may hold anything (0 x NaN)
             m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
     else:  # the width's cells shared evenly, whole chunks each
         per = ((width + SPLITS - 1) // SPLITS + CH - 1) // CH * CH
@@ -111,9 +120,11 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                 rows = cells.to(tl.int64) * n_kv_heads + kvh
             else:
                 rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
-            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
-            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
-            if INT8:
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+            if INT8:  # the codes times their scales, in fp32
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
                 k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
                 v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
             m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
@@ -173,8 +184,12 @@ def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -
     before sm_80, which has no tf32."""
     if capability(q) < (8, 0):
         return "ieee", "ieee"
-    exact = q.dtype in (torch.float16, torch.bfloat16) and cache_dtype in (torch.float16, torch.bfloat16)
-    return config.qk or ("tf32" if exact else "tf32x3"), config.pv
+    halves = (torch.float16, torch.bfloat16)
+    exact = q.dtype in halves and cache_dtype in halves
+    qk, pv = config.qk or ("tf32" if exact else "tf32x3"), config.pv
+    if cache_dtype not in halves:  # int8 codes are scaled in fp32; a float32 cache has no narrower dtype
+        qk, pv = ("tf32x3" if p == "native" else p for p in (qk, pv))
+    return qk, pv
 
 
 _compiled: set[tuple] = set()  # launch shapes that compiled and ran once

@@ -39,8 +39,9 @@ def _within(got, want, split_k):
     return (got.double().cpu() - want).abs().max().item() <= bound
 
 
-@pytest.mark.parametrize("span", [16, 64, 128])  # SMALL: 1, 2 and 4 programs per (KV head, query)
-@pytest.mark.parametrize("dtype,by_span", [(torch.float16, True), (torch.bfloat16, True), (torch.bfloat16, False)])
+@pytest.mark.parametrize("span,dtype,by_span", [  # SMALL: 1, 2 and 4 programs per (KV head, query)
+    (16, torch.float16, True), (64, torch.bfloat16, True), (64, torch.float16, False), (128, torch.float16, True),
+    (128, torch.bfloat16, False)])
 def test_dense_form_against_float64(span, dtype, by_span):
     gen = torch.Generator().manual_seed(span)
     keys = (torch.randn(160, 2, 64, generator=gen) * 1.5).to(dtype).to(DEVICE)
@@ -67,6 +68,19 @@ def test_cells_past_the_width_change_nothing(by_span):
     clean = decode_attn_dense_triton(q, keys, values, width, 64, short=config)
     keys[37:], values[37:] = float("nan"), float("inf")
     assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=config), clean)
+
+
+def test_native_dots_within_the_half_precision_bound():
+    """"native" (the sweep's): q and P rounded to the fp16 cache's dtype, 2^-11 relative each: within 2e-3 of the
+    output's largest value."""
+    gen = torch.Generator().manual_seed(4)
+    keys, values = (torch.randn(128, 2, 64, generator=gen).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEVICE), torch.tensor([77, 128], device=DEVICE)
+    want = _dense_float64(q, keys, values, width)
+    for by_span in (True, False):
+        config = dataclasses.replace(SMALL, qk="native", pv="native", by_span=by_span)
+        got = decode_attn_dense_triton(q, keys, values, width, 128, short=config)
+        assert (got.double().cpu() - want).abs().max().item() <= 2e-3 * want.abs().max().item()
 
 
 @pytest.mark.parametrize("int8", [True, False])
