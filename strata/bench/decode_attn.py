@@ -36,7 +36,9 @@ SWEEP = [  # around the default (64 cells a program, at most 16 programs per KV 
     _R(DEFAULT, max_splits=8), _R(DEFAULT, max_splits=32), _R(DEFAULT, cells=32, max_splits=32),
     _R(DEFAULT, cells=128, max_splits=32), _R(DEFAULT, cells=256, max_splits=64, chunk=64),
     _R(DEFAULT, warps=2), _R(DEFAULT, warps=8), _R(DEFAULT, stages=1), _R(DEFAULT, stages=3),
-    _R(DEFAULT, qk="ieee", pv="ieee"), _R(DEFAULT, qk="tf32x3"), _R(DEFAULT, pv="tf32"), _R(DEFAULT, by_span=False),
+    _R(DEFAULT, qk="ieee", pv="ieee"), _R(DEFAULT, qk="tf32x3"), _R(DEFAULT, pv="tf32"), _R(DEFAULT, qk="native"),
+    _R(DEFAULT, qk="native", pv="native"), _R(DEFAULT, qk="native", pv="native", chunk=64),
+    _R(DEFAULT, by_span=False),
 ]
 CALLS = 32  # calls per graph replay
 
