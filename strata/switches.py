@@ -30,6 +30,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
            "(the default takes short spans in one launch, decode_short.py)"),
+    Switch("STRATA_ROUTE_SEPARATE", False, "MoE layers: the residual add + norm, the router and the top-k as three "
+           "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),

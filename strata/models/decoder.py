@@ -16,7 +16,8 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import QKNorm, Rope, add_gated_shared, add_rms_norm, rms_norm, route_topk, swiglu
+from strata.models.layers import (QKNorm, Rope, add_gated_shared, add_norm_route, add_rms_norm, rms_norm, route_topk,
+                                  swiglu)
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -202,13 +203,15 @@ class DecoderLM:
         w = w or self.ffn[i]
         return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps) if x is None else x, w)
 
-    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
-        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
+    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None,
+                      routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x; `routing`
+        (weights, ids) when already computed with the norm (`add_norm_route`)."""
         w, c = w or self.ffn[i], self.config
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         # int32 ids where the routing kernel runs: what the expert kernels read, without a conversion launch.
-        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
+        weights, ids = routing or route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)
@@ -242,9 +245,18 @@ class DecoderLM:
               sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i from the residual h and its normed form x: (the new residual, its norm by `norm_after(i)`).
         Each residual add runs with the norm that reads it (one launch on the GPU)."""
-        eps = self.config.rms_eps
-        h, x = add_rms_norm(h, self.mixer(i, h, ctx, cos, sin, x), self.ffn[i].norm, eps)
-        return add_rms_norm(h, self._ffn(i, h, x=x), self.norm_after(i), eps)
+        c, w = self.config, self.ffn[i]
+        delta = self.mixer(i, h, ctx, cos, sin, x)
+        # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
+        routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
+                                                               c.n_experts_used, c.norm_topk_prob)
+        if routed is None:
+            h, x = add_rms_norm(h, delta, w.norm, c.rms_eps)
+            ffn = self._ffn(i, h, x=x)
+        else:
+            h, x, weights, ids = routed
+            ffn = self._feed_forward(i, x, routing=(weights, ids))
+        return add_rms_norm(h, ffn, self.norm_after(i), c.rms_eps)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""

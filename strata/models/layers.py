@@ -43,6 +43,23 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     return h, rms_norm(h, weight, eps)
 
 
+def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, router: QuantWeight, eps: float,
+                   k: int, normalize: bool):
+    """An MoE layer's residual add + norm, router and top-k in one launch (kernels/pointwise/add_norm_route.py):
+    (h + delta, its norm, weights [T, k] float32, int32 ids [T, k]); None where it does not apply (the caller
+    runs `add_rms_norm`, the router and `route_topk`): not a fused dtype, a quantized router, a prompt chunk, or
+    STRATA_ROUTE_SEPARATE."""
+    from strata import switches
+    from strata.models.weights import FLOAT_VIEWS
+
+    if not (_fused(h, delta, weight) and router.ggml_type in FLOAT_VIEWS and h.dim() == 2
+            and h.shape[0] <= ROUTE_KERNEL_MAX_TOKENS) or switches.get("STRATA_ROUTE_SEPARATE"):
+        return None
+    from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
+
+    return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize)
+
+
 def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
                      gate_weight: torch.Tensor) -> torch.Tensor:
     """routed + shared * sigmoid(x @ gate_weight): the sigmoid-gated shared expert joining the routed experts' sum."""
