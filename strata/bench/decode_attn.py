@@ -9,8 +9,9 @@ largest difference from float64 in units of the output's largest value.
 Per span: the split-K kernel with its merge (decode.py: what the step ran before session 6), then the one-launch
 kernel (decode_short.py) at its default config, where the span is short enough for it; `--sweep` adds one line per
 alternative config (decode_short.ShortConfig: cells a program, most programs, chunk, warps, stages, dot precisions,
-split by span or by width), each with its ratio to the split-K kernel and to the default. Last, q/k norm + RoPE and
-the KV write: the two launches against the one of qk_norm_rope_store.py.
+split by span or by width), each with its ratio to the split-K kernel and to the default. First the launches around
+it: q/k norm + RoPE and the KV write (two launches against the one of qk_norm_rope_store.py), and an MoE layer's
+add + norm, router and top-k (three against the one of add_norm_route.py, and its configs under --sweep).
 """
 
 from __future__ import annotations
@@ -174,6 +175,42 @@ def bench_norm_store(rows: int, device) -> None:
           f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
 
 
+ROUTE_SWEEP = [(2, 0), (8, 0), (16, 0), (1, 0), (4, 4), (8, 4), (2, 4)]  # (experts a program, warps; 0: the norm's)
+
+
+def bench_route(rows: int, device, sweep: bool, n_embd=2048, n_experts=128, k=8) -> None:
+    """An MoE layer's add + norm, router and top-k: the three launches (add_rms_norm_triton, the bf16 router's
+    F.linear, route_topk_triton) against the one of add_norm_route.py, per config."""
+    from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE_DEFAULT
+    from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
+    from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
+    from strata.kernels.pointwise.route_topk import route_topk_triton
+
+    gen = torch.Generator().manual_seed(1)
+    h, delta = ((torch.randn(rows, n_embd, generator=gen) * 2).bfloat16().to(device) for _ in range(2))
+    norm = (1 + 0.1 * torch.randn(n_embd, generator=gen)).bfloat16().to(device)
+    router = (torch.randn(n_experts, n_embd, generator=gen) * 0.02).bfloat16().to(device)
+
+    def three():
+        residual, x = add_rms_norm_triton(h, delta, norm, 1e-6)
+        return residual, x, *route_topk_triton(torch.nn.functional.linear(x, router), k, True, torch.int32)
+
+    want = three()
+    three_us = graph_us(three, [()] * CALLS, device)
+    print(f"add + norm, router ({n_experts} x {n_embd}) and top-{k}, {rows} row(s): three launches {three_us:6.2f} us")
+    configs = [ROUTE_DEFAULT] + ([RouteConfig(*c) for c in ROUTE_SWEEP] if sweep else [])
+    for config in configs:
+        got = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True, config=config)
+        us = graph_us(lambda c=config: add_norm_route_triton(h, delta, norm, router, 1e-6, k, True, config=c),
+                      [()] * CALLS, device)
+        same_ids = all(sorted(a) == sorted(b) for a, b in zip(got[3].tolist(), want[3].tolist()))
+        print(f"  {'default ' if config == ROUTE_DEFAULT else ''}experts_per_program={config.experts_per_program:<3} "
+              f"warps={config.warps or 'norm'!s:<5} {us:6.2f} us  {three_us / us:5.2f}x three  residual "
+              f"{'=' if torch.equal(got[0], want[0]) else '!='}  x {'=' if torch.equal(got[1], want[1]) else '!='}  "
+              f"experts {'same' if same_ids else 'DIFFER'}  max weight diff "
+              f"{(got[2] - want[2]).abs().max().item():.1e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench decode-attn", description=__doc__.split("\n")[0])
     p.add_argument("--spans", default="64,256,512,1024,2048,4096,16384,32768", help="comma-separated span buckets")
@@ -181,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1, help="query rows (1: decode; a verify window's T)")
     p.add_argument("--kv", default="float16", choices=("float16", "bfloat16", "int8"))
     p.add_argument("--sweep", action="store_true", help="time the one-launch kernel's configs beside the default")
-    p.add_argument("--sweep-spans", default="256,512,1024,2048,4096", help="the spans --sweep times them at")
+    p.add_argument("--sweep-spans", default="512,1024,2048", help="the spans --sweep times them at")
     args = p.parse_args(argv)
     sweep = [int(s) for s in args.sweep_spans.split(",")] if args.sweep else []
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: Triton's interpreter, a smoke run
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreted: times mean nothing)"
     print(name + "; err = max|kernel - float64| / max|float64| of the fp32 output")
+    bench_norm_store(args.rows, device)  # the quick ones first: a long sweep cut short still leaves them
+    bench_route(args.rows, device, bool(sweep))
     bench_attention([int(s) for s in args.spans.split(",")], args.fill, args.rows, args.kv, device, sweep)
-    bench_norm_store(args.rows, device)
     return 0
 
 

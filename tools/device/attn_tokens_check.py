@@ -1,8 +1,9 @@
-"""On the GPU: the captured decode with the one-launch decode attention (kernels/attention/decode_short.py, the
-default) against the same model with STRATA_DECODE_ATTN_SPLITK (split-K + merge, the kernel before it): greedy
-tokens free-running with the default, then the split-K engine fed the same tokens: where its argmax first differs
-is where its own greedy run would part (argmax agreement, the largest logit difference in units of the largest
-logit), for each prompt length (its span bucket).
+"""On the GPU: the captured decode with session 6's kernels (the one-launch decode attention of
+kernels/attention/decode_short.py, the MoE add + norm + router + top-k of kernels/pointwise/add_norm_route.py: the
+defaults) against the same model with STRATA_DECODE_ATTN_SPLITK and STRATA_ROUTE_SEPARATE (the kernels before
+them): greedy tokens free-running with the defaults, then the previous kernels fed the same tokens: where their
+argmax first differs is where their own greedy run would part (argmax agreement, the largest logit difference in
+units of the largest logit), for each prompt length (its span bucket). `--only attn|route` switches one back only.
 
     python3 tools/device/attn_tokens_check.py MODEL.gguf [--tokens 32] [--prompts 300,900] [--kv-dtype float16]
 
@@ -47,14 +48,17 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompts", default="300,900")
     parser.add_argument("--kv-dtype", default="float16")
+    parser.add_argument("--only", choices=("attn", "route"), default=None, help="switch back only this kernel")
     args = parser.parse_args()
+    before = {"STRATA_DECODE_ATTN_SPLITK": args.only != "route", "STRATA_ROUTE_SEPARATE": args.only != "attn"}
     lengths = [int(p) for p in args.prompts.split(",")]
     prompts = [torch.randint(0, 4096, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
     short, graphs = run(args.model, args.kv_dtype, prompts, args.tokens, None)
-    with switches.override(STRATA_DECODE_ATTN_SPLITK=True):  # split-K fed the one-launch run's tokens
+    with switches.override(**before):  # the previous kernels fed the new ones' tokens
         split, _ = run(args.model, args.kv_dtype, prompts, args.tokens, [tokens for tokens, _ in short])
     ok = True
-    print(f"graphs {graphs}; logits before each greedy pick (the prompt's last, then every decode step's)")
+    print(f"graphs {graphs}; against {' + '.join(k for k, v in before.items() if v)}; logits before each greedy "
+          "pick (the prompt's last, then every decode step's)")
     print("| prompt | kv | greedy tokens equal | first difference | its top-2 gap / max | argmax agree | "
           "max logit diff / max |")
     print("|---:|---|---|---:|---:|---:|---:|")
