@@ -35,11 +35,13 @@ SWEEP = [  # around the default (64 cells a program, at most 16 programs per KV 
     _R(DEFAULT, chunk=16), _R(DEFAULT, chunk=64), _R(DEFAULT, cells=32), _R(DEFAULT, cells=32, chunk=16),
     _R(DEFAULT, cells=128), _R(DEFAULT, cells=128, chunk=64), _R(DEFAULT, cells=256, chunk=64),
     _R(DEFAULT, max_splits=8), _R(DEFAULT, max_splits=32), _R(DEFAULT, cells=32, max_splits=32),
-    _R(DEFAULT, cells=128, max_splits=32), _R(DEFAULT, cells=256, max_splits=64, chunk=64),
     _R(DEFAULT, warps=2), _R(DEFAULT, warps=8), _R(DEFAULT, stages=1), _R(DEFAULT, stages=3),
     _R(DEFAULT, qk="ieee", pv="ieee"), _R(DEFAULT, qk="tf32x3"), _R(DEFAULT, pv="tf32"), _R(DEFAULT, qk="native"),
     _R(DEFAULT, qk="native", pv="native"), _R(DEFAULT, qk="native", pv="native", chunk=64),
     _R(DEFAULT, by_span=False),
+    # longer spans than the default takes: where the one launch stops paying
+    _R(DEFAULT, max_splits=32, max_span=8192), _R(DEFAULT, max_splits=64, max_span=16384, chunk=64),
+    _R(DEFAULT, cells=128, max_splits=32, max_span=16384, chunk=64),
 ]
 CALLS = 32  # calls per graph replay
 
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1, help="query rows (1: decode; a verify window's T)")
     p.add_argument("--kv", default="float16", choices=("float16", "bfloat16", "int8"))
     p.add_argument("--sweep", action="store_true", help="time the one-launch kernel's configs beside the default")
-    p.add_argument("--sweep-spans", default="512,1024,2048", help="the spans --sweep times them at")
+    p.add_argument("--sweep-spans", default="512,1024,2048,8192", help="the spans --sweep times them at")
     args = p.parse_args(argv)
     sweep = [int(s) for s in args.sweep_spans.split(",")] if args.sweep else []
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: Triton's interpreter, a smoke run

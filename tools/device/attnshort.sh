@@ -6,7 +6,7 @@
 # 1. the kernels' tests compiled on CUDA (each against float64 / the kernels it replaces, byte for byte);
 # 2. `strata bench decode-attn --sweep`: the norm + store launches (two against one, the same bytes?), the routing
 #    launches (three against one, per config); per span 64..32K split-K + merge against the one-launch default (us,
-#    % of the byte floor, error vs float64) and, at 512..2K, each config of the sweep beside them;
+#    % of the byte floor, error vs float64) and, at 512..8K, each config of the sweep beside them;
 # 3. profile_decode.py on the A3B-shape qwen3moe (Q4_0, $M/a3b.gguf as session5_final.sh makes it, made here if
 #    absent: +150 s), prompt 300 (span 512), default then STRATA_DECODE_ATTN_SPLITK=1 STRATA_ROUTE_SEPARATE=1 (the
 #    kernels before): per layer _decode_short_kernel against _decode_split_kernel + _decode_merge_kernel, and

@@ -36,7 +36,8 @@ class ShortConfig:
     """The kernel's tunables (`strata bench decode-attn --sweep` times the alternatives)."""
 
     cells: int = 64  # cells a program aims at: SPLITS = span / cells, a power of two in 1..max_splits
-    max_splits: int = 16  # programs per (KV head, query); past span = cells * max_splits the split-K kernel runs
+    max_splits: int = 16  # programs per (KV head, query): each merge reads this many partials
+    max_span: int = 2048  # longer spans run split-K (many more programs, and its merge)
     chunk: int = 32  # cells a loop step
     warps: int = 4
     stages: int = 2
@@ -44,22 +45,22 @@ class ShortConfig:
     pv: str = "tf32x3"  # P.V the same way ("native": P rounded to the cache's dtype)
     by_span: bool = True  # dense caches: each program a fixed share of the span, loads not waiting on the width
 
-    def per_program(self, span: int) -> int:
-        """Cells of the span each program reads when split by span (whole chunks)."""
-        return triton.cdiv(triton.cdiv(span, self.splits(span)), self.chunk) * self.chunk
-
     def splits(self, span: int) -> int:
         """Programs per (KV head, query) for a launch over `span` cells (at capture: the span bucket)."""
         want = max(1, span // self.cells)
         return min(self.max_splits, triton.next_power_of_2(want))
 
+    def per_program(self, span: int) -> int:
+        """Cells of the span each program reads when split by span (whole chunks)."""
+        return triton.cdiv(triton.cdiv(span, self.splits(span)), self.chunk) * self.chunk
+
     def takes(self, span: int) -> bool:
-        """Whether a span is short enough for this kernel (longer ones: split-K, many more programs, and its merge)."""
-        return span <= self.cells * self.max_splits
+        """Whether a span is short enough for this kernel."""
+        return span <= self.max_span
 
     def label(self) -> str:
-        return (f"cells={self.cells} max_splits={self.max_splits} chunk={self.chunk} warps={self.warps} "
-                f"stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} by_span={int(self.by_span)}")
+        return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} chunk={self.chunk} "
+                f"warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} by_span={int(self.by_span)}")
 
 
 DEFAULT = ShortConfig()

@@ -115,14 +115,15 @@ def test_output_in_the_activation_dtype_is_the_fp32_result_rounded_once():
 
 
 def test_split_choice_follows_the_span_and_long_spans_keep_split_k():
-    config = ShortConfig(cells=64, max_splits=16)
+    config = ShortConfig(cells=64, max_splits=16, max_span=1024)
     assert [config.splits(s) for s in (64, 256, 512, 1024, 2048)] == [1, 4, 8, 16, 16]
+    assert config.per_program(1024) == 64 and config.per_program(2048) == 128  # past cells x max_splits: longer
     assert config.takes(1024) and not config.takes(2048)
     keys, values = (torch.randn(256, 1, 64).half().to(DEVICE) for _ in range(2))
     q, width = torch.randn(1, 2, 64).half().to(DEVICE), torch.tensor([200], device=DEVICE)
     split_k = decode_attn_dense_triton(q, keys, values, width, 256, split=dense_split(256, 1, 1))
     # Past the config's reach, and under the switch, the call is the split-K kernel's, byte for byte.
-    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256, short=ShortConfig(8, 2, 16)), split_k)
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256, short=ShortConfig(max_span=128)), split_k)
     with switches.override(STRATA_DECODE_ATTN_SPLITK=True):
         assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256), split_k)
 
