@@ -90,7 +90,8 @@ def merge_splits(parts: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> No
 
 
 def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
-                     pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32,
+                     ids_stride: int | None = None) -> torch.Tensor:
     """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,
     v scales), then the merge: [n_q, H, D] of out_dtype (the fp32 result rounded once; q is read in its own dtype,
     exact in fp32, so neither side needs a conversion launch)."""
@@ -104,7 +105,8 @@ def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, s
     ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
     group = n_heads // n_kv_heads
     _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
-        q.contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
+        q.contiguous(), *pointers, acc, ml, cells if ids_stride is None else ids_stride, n_kv_heads, n_splits,
+        scale * LOG2E, G=group,
         BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2)
     _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
                                            num_warps=4)
@@ -129,16 +131,18 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
     if split is not None and split % CHUNK:
         raise ValueError(f"split {split} is not a multiple of {CHUNK}")
     scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
-    pointers = (ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
-                page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales)
+    # Rows read at a stride: the static view's ids (every query the same cells, an expanded row) need no copy.
+    ids = ids if ids.dtype == torch.int32 and ids.stride(-1) == 1 else ids.to(torch.int32).contiguous()
+    pointers = (ids, width.to(torch.int32).contiguous(), page_table.to(torch.int32).contiguous(), pool.k, pool.v,
+                *scales)
     config = short_config(split, short, ids.shape[1])
     if config is not None:
         out = decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False, pool.k.dtype, sm_scale,
-                           out_dtype, config)
+                           out_dtype, config, ids_stride=ids.stride(0))
         if out is not None:
             return out
     return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split or SPLIT, sm_scale, pointers, pool.int8,
-                            dense=False, out_dtype=out_dtype)
+                            dense=False, out_dtype=out_dtype, ids_stride=ids.stride(0))
 
 
 PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it

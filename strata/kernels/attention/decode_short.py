@@ -218,7 +218,7 @@ def _launch_once_guarded(key: tuple, launch) -> bool:
 
 def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
                  cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
-                 config: ShortConfig = DEFAULT) -> torch.Tensor | None:
+                 config: ShortConfig = DEFAULT, ids_stride: int | None = None) -> torch.Tensor | None:
     """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
     v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
     count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
@@ -245,7 +245,9 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
     def launch():
-        _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, span,
+        # cap: the span (dense: loads past it masked) or the ids' row stride (paged)
+        cap = span if dense or ids_stride is None else ids_stride
+        _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, cap,
                                                         n_kv_heads, scale * LOG2E, **meta)
 
     return out if _launch_once_guarded(key, launch) else None

@@ -145,3 +145,13 @@ def test_a_config_that_fails_to_compile_falls_back_to_split_k(monkeypatch, capsy
         assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), split_k)
     err = capsys.readouterr().err
     assert err.count("failed to compile (ptxas: out of registers)") == 1
+
+
+@pytest.mark.parametrize("short", [ShortConfig(cells=32, max_splits=2), None])
+def test_an_expanded_ids_row_is_read_in_place(short):
+    """The static paged view's ids: one row expanded over the queries (stride 0), read without a copy."""
+    pool, table = random_pool(64, 2, 64, True, seed=6)
+    q, width = queries(3, 4, 64, seed=6), torch.tensor([10, 40, 64], dtype=torch.int32, device=DEVICE)
+    expanded = torch.arange(64, dtype=torch.int32, device=DEVICE)[None].expand(3, 64)
+    got = decode_attn_triton(q, pool, table, expanded, width, short=short)
+    assert torch.equal(got, decode_attn_triton(q, pool, table, expanded.contiguous(), width, short=short))
