@@ -119,8 +119,9 @@ class StaticDenseKV(StaticView):
 
 
 class StaticPagedKV(StaticView):
-    """The int8 paged cache: append at the device positions, then the split-K decode kernel (the reference on the
-    CPU) over cells 0..span-1 with each row's width pos + 1 read on the device."""
+    """The int8 paged cache: append at the device positions (with the q/k norm + RoPE, in one launch, through
+    `attend_normed`), then the decode kernel (the reference on the CPU) over cells 0..span-1 with each row's width
+    pos + 1 read on the device."""
 
     cache: PagedInt8KV
 
