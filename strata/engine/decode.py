@@ -35,7 +35,7 @@ from strata.engine.staging import TokenUpload
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
-from strata.models.layers import add_rms_norm, rms_norm
+from strata.models.layers import add_norm_route, add_rms_norm, rms_norm
 
 
 @dataclass
@@ -270,8 +270,14 @@ class GraphDecoder:
             for i in range(first, min(stop, model.n_main_layers)):
                 h, normed = model.layer(i, h, normed, ctx, cos, sin)
             if stop < model.n_main_layers:
-                h, normed = add_rms_norm(h, model.mixer(stop, h, ctx, cos, sin, normed), model.ffn[stop].norm, eps)
-                publish(stash, *model.route(stop, h, x=normed))
+                delta, w, c = model.mixer(stop, h, ctx, cos, sin, normed), model.ffn[stop], model.config
+                routed = add_norm_route(h, delta, w.norm, w.router, eps, c.n_experts_used, c.norm_topk_prob)
+                if routed is None:  # the add + norm, router and top-k as three launches
+                    h, normed = add_rms_norm(h, delta, w.norm, eps)
+                    publish(stash, *model.route(stop, h, x=normed))
+                else:
+                    h, normed, weights, ids = routed
+                    publish(stash, normed, weights, ids)
             stash["h"], stash["normed"] = h, normed
 
         def finish() -> None:

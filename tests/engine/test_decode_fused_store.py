@@ -1,6 +1,8 @@
-"""The static decode step's q/k norm + RoPE + KV write in one launch (StaticDenseKV / StaticPagedKV
-`attend_normed`, kernels/pointwise/qk_norm_rope_store.py), taken on the CPU through Triton's interpreter as a GPU
-takes it: the same logits, byte for byte, as the step with the separate launches (norm + RoPE, then the store)."""
+"""The static decode step's one-launch kernels of session 6, taken on the CPU through Triton's interpreter as a GPU
+takes them: the q/k norm + RoPE + KV write (StaticDenseKV / StaticPagedKV `attend_normed`,
+kernels/pointwise/qk_norm_rope_store.py) gives the same logits, byte for byte, as the separate launches (norm + RoPE,
+then the store); the MoE add + norm + router + top-k (kernels/pointwise/add_norm_route.py) the same tokens as the
+three launches, in the resident step and in the segments of an expert cache."""
 
 import os
 
@@ -28,10 +30,11 @@ def tiny_moe_hd64(model_dir):
                       head_dim=64, n_embd=128)
 
 
-def _static_logits(path, kv_dtype: str) -> torch.Tensor:
+def _static_logits(path, kv_dtype: str, **options) -> torch.Tensor:
     layers.FUSED_ON_CPU = True
     try:
-        engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", kv_dtype=kv_dtype, decode_graphs="eager"))
+        engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", kv_dtype=kv_dtype, decode_graphs="eager",
+                                           **options))
         logits = engine.prefill(PROMPT)
         if kv_dtype == "int8":
             engine.kv.kernels = True  # the pool's Triton kernels, as on a GPU
@@ -57,3 +60,20 @@ def test_one_launch_gives_the_bytes_of_the_separate_ones(tiny_moe_hd64, kv_dtype
     monkeypatch.setattr(view, "attend_normed", KVBackend.attend_normed)  # norm + RoPE, then the view's attend
     separate = _static_logits(tiny_moe_hd64, kv_dtype)
     assert torch.equal(fused, separate)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "cached-experts"])
+def test_routing_in_one_launch_keeps_the_tokens(tiny_moe_hd64, options, monkeypatch):
+    from strata import switches
+    from strata.kernels.pointwise import add_norm_route
+
+    launches = []
+    real = add_norm_route.add_norm_route_triton
+    monkeypatch.setattr(add_norm_route, "add_norm_route_triton", lambda *a, **k: launches.append(1) or real(*a, **k))
+    fused = _static_logits(tiny_moe_hd64, "float16", **options)
+    assert launches
+    with switches.override(STRATA_ROUTE_SEPARATE=True):
+        separate = _static_logits(tiny_moe_hd64, "float16", **options)
+    assert torch.equal(fused.argmax(-1), separate.argmax(-1))
+    # The logits' sums in another order than the router's matmul (and rounded by truncation here): a few bf16 steps.
+    assert (fused - separate).abs().max() <= 3e-2 * separate.abs().max()
