@@ -1,8 +1,8 @@
 """The one-launch decode attention for short spans (decode_short.py) against float64 and the split-K kernel.
 
-Bound, stated once: within max(4 x the fp32 split-K kernel's error, 2e-6 x the output's largest value) of the float64
-reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for fp16/bf16 inputs and tf32x3 holds
-~fp32 accuracy).
+Bound, stated once: within max(4 x the fp32 split-K kernel's error, 1e-5 x the output's largest value) of the
+float64 reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for fp16/bf16 inputs and tf32x3
+holds ~fp32 accuracy, 2^-22 a product before the tensor cores' fp32 sums; the step rounds the output to bf16, 2^-9).
 """
 
 import dataclasses
@@ -35,7 +35,7 @@ def _dense_float64(q, keys, values, width):
 
 def _within(got, want, split_k):
     scale = want.abs().max().item()
-    bound = max(4 * (split_k.double().cpu() - want).abs().max().item(), 2e-6 * scale)
+    bound = max(4 * (split_k.double().cpu() - want).abs().max().item(), 1e-5 * scale)
     return (got.double().cpu() - want).abs().max().item() <= bound
 
 
@@ -98,7 +98,7 @@ def test_counters_are_left_zero_for_the_next_launch():
     keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
     q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)
     first = decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL)
-    counters = decode_short._counters[torch.device(DEVICE)]
+    counters = decode_short.arrival_counters(first.device, 1)  # the device's own (cuda:0, not "cuda")
     assert counters.abs().sum().item() == 0
     assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), first)
 
