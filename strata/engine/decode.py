@@ -299,8 +299,8 @@ class GraphDecoder:
 
             def combine_segment(layer=layer, after=after) -> None:
                 part = stash["part"]
-                ffn = model.with_shared(layer, part + stash["cpu"].to(part.dtype), stash["shared"], stash["x"])
-                stash["h"], stash["normed"] = add_rms_norm(stash["h"], ffn, model.norm_after(layer), eps)
+                stash["h"], stash["normed"] = model.join_add_norm(layer, stash["h"], part + stash["cpu"].to(part.dtype),
+                                                                  stash["shared"], stash["x"])
                 layers(layer + 1, after)
                 if after >= model.n_main_layers:
                     finish()

@@ -17,7 +17,7 @@ from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.layers import (QKNorm, Rope, add_gated_shared, add_norm_route, add_rms_norm, rms_norm, route_topk,
-                                  swiglu)
+                                  shared_gate_add_rms_norm, swiglu)
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -204,9 +204,10 @@ class DecoderLM:
         return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps) if x is None else x, w)
 
     def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None,
-                      routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      routing: tuple[torch.Tensor, torch.Tensor] | None = None, joined: bool = True):
         """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x; `routing`
-        (weights, ids) when already computed with the norm (`add_norm_route`)."""
+        (weights, ids) when already computed with the norm (`add_norm_route`); `joined=False` (an MoE layer): the
+        routed sum and the shared expert's output apart, for `join_add_norm`."""
         w, c = w or self.ffn[i], self.config
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
@@ -215,7 +216,18 @@ class DecoderLM:
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)
-        return self.with_shared(i, pending.finish(), shared, x, w)
+        return self.with_shared(i, pending.finish(), shared, x, w) if joined else (pending.finish(), shared)
+
+    def join_add_norm(self, i: int, h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor | None,
+                      x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The end of MoE layer i: the routed sum joined by the shared expert (`with_shared`), added to the residual h
+        and normed by `norm_after(i)`; one launch for a gated shared expert where the kernel takes it."""
+        w, eps = self.ffn[i], self.config.rms_eps
+        if shared is not None and w.shared_router is not None:
+            done = shared_gate_add_rms_norm(h, routed, shared, x, w.shared_router, self.norm_after(i), eps)
+            if done is not None:
+                return done
+        return add_rms_norm(h, self.with_shared(i, routed, shared, x, w), self.norm_after(i), eps)
 
     @property
     def n_main_layers(self) -> int:
@@ -244,7 +256,8 @@ class DecoderLM:
     def layer(self, i: int, h: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, cos,
               sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i from the residual h and its normed form x: (the new residual, its norm by `norm_after(i)`).
-        Each residual add runs with the norm that reads it (one launch on the GPU)."""
+        Each residual add runs with the norm that reads it (one launch on the GPU), with an MoE layer's routing and
+        its shared expert's gate where their kernels take them."""
         c, w = self.config, self.ffn[i]
         delta = self.mixer(i, h, ctx, cos, sin, x)
         # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
@@ -252,11 +265,13 @@ class DecoderLM:
                                                                c.n_experts_used, c.norm_topk_prob)
         if routed is None:
             h, x = add_rms_norm(h, delta, w.norm, c.rms_eps)
-            ffn = self._ffn(i, h, x=x)
+            if w.router is None:  # a dense FFN
+                return add_rms_norm(h, self._feed_forward(i, x), self.norm_after(i), c.rms_eps)
+            routing = None
         else:
             h, x, weights, ids = routed
-            ffn = self._feed_forward(i, x, routing=(weights, ids))
-        return add_rms_norm(h, ffn, self.norm_after(i), c.rms_eps)
+            routing = (weights, ids)
+        return self.join_add_norm(i, h, *self._feed_forward(i, x, routing=routing, joined=False), x)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""

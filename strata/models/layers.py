@@ -60,6 +60,18 @@ def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, r
     return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize)
 
 
+def shared_gate_add_rms_norm(h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
+                             gate_weight: torch.Tensor, norm_weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`add_rms_norm(h, add_gated_shared(routed, shared, x, gate_weight), norm_weight, eps)` in one launch, the same
+    bytes (kernels/pointwise/shared_gate_add_norm.py); None where the kernel does not apply (the caller runs the two)."""
+    if not (_fused(h, routed, shared, x, gate_weight, norm_weight) and h.dim() == 2):
+        return None
+    from strata.kernels.pointwise.shared_gate_add_norm import shared_gate_add_norm_triton
+
+    return shared_gate_add_norm_triton(h, routed, shared, x, gate_weight, norm_weight, eps)
+
+
 def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
                      gate_weight: torch.Tensor) -> torch.Tensor:
     """routed + shared * sigmoid(x @ gate_weight): the sigmoid-gated shared expert joining the routed experts' sum."""

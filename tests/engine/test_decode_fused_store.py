@@ -77,3 +77,25 @@ def test_routing_in_one_launch_keeps_the_tokens(tiny_moe_hd64, options, monkeypa
     assert torch.equal(fused.argmax(-1), separate.argmax(-1))
     # The logits' sums in another order than the router's matmul (and rounded by truncation here): a few bf16 steps.
     assert (fused - separate).abs().max() <= 3e-2 * separate.abs().max()
+
+
+@pytest.fixture(scope="module")
+def tiny_next(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "tiny-qwen3next-join.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
+
+
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache=3)], ids=["resident", "cached-experts"])
+def test_shared_gate_add_norm_in_one_launch_gives_the_same_bytes(tiny_next, options, monkeypatch):
+    from strata.kernels.pointwise import shared_gate_add_norm
+    from strata.models import decoder
+
+    launches = []
+    real = shared_gate_add_norm.shared_gate_add_norm_triton
+    monkeypatch.setattr(shared_gate_add_norm, "shared_gate_add_norm_triton",
+                        lambda *a: launches.append(1) or real(*a))
+    joined = _static_logits(tiny_next, "float16", **options)
+    assert launches
+    monkeypatch.setattr(decoder, "shared_gate_add_rms_norm", lambda *a: None)  # the gate kernel, then add + norm
+    assert torch.equal(_static_logits(tiny_next, "float16", **options), joined)
