@@ -11,7 +11,8 @@ kernel (decode_short.py) at its default config, where the span is short enough f
 alternative config (decode_short.ShortConfig: cells a program, most programs, chunk, warps, stages, dot precisions,
 split by span or by width), each with its ratio to the split-K kernel and to the default. First the launches around
 it: q/k norm + RoPE and the KV write (two launches against the one of qk_norm_rope_store.py), and an MoE layer's
-add + norm, router and top-k (three against the one of add_norm_route.py, and its configs under --sweep).
+add + norm, router and top-k (three against the one of add_norm_route.py, and its configs under --sweep), and a
+gated shared expert's join + add + norm (two against the one of shared_gate_add_norm.py).
 """
 
 from __future__ import annotations
@@ -177,6 +178,28 @@ def bench_norm_store(rows: int, device) -> None:
           f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
 
 
+def bench_shared_join(rows: int, device, n_embd=2048) -> None:
+    """A gated-shared-expert MoE layer's end: the shared gate's join then the add + norm, against one launch."""
+    from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
+    from strata.kernels.pointwise.shared_gate import shared_gate_triton
+    from strata.kernels.pointwise.shared_gate_add_norm import shared_gate_add_norm_triton
+
+    gen = torch.Generator().manual_seed(2)
+    h, routed, shared, x = ((torch.randn(rows, n_embd, generator=gen) * 2).bfloat16().to(device) for _ in range(4))
+    gate, norm = ((torch.randn(n_embd, generator=gen) * 0.05).bfloat16().to(device) for _ in range(2))
+
+    def two():
+        return add_rms_norm_triton(h, shared_gate_triton(routed, shared, x, gate), norm, 1e-6)
+
+    def one():
+        return shared_gate_add_norm_triton(h, routed, shared, x, gate, norm, 1e-6)
+
+    same = all(torch.equal(a, b) for a, b in zip(two(), one()))
+    two_us, one_us = (graph_us(fn, [()] * CALLS, device) for fn in (two, one))
+    print(f"shared gate + add + norm, {rows} row(s): two launches {two_us:6.2f} us, one {one_us:6.2f} us "
+          f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
+
+
 ROUTE_SWEEP = [(2, 0), (8, 0), (16, 0), (1, 0), (4, 4), (8, 4), (2, 4)]  # (experts a program, warps; 0: the norm's)
 
 
@@ -228,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print(name + "; err = max|kernel - float64| / max|float64| of the fp32 output")
     bench_norm_store(args.rows, device)  # the quick ones first: a long sweep cut short still leaves them
     bench_route(args.rows, device, bool(sweep))
+    bench_shared_join(args.rows, device)
     bench_attention([int(s) for s in args.spans.split(",")], args.fill, args.rows, args.kv, device, sweep)
     return 0
 

@@ -2,11 +2,13 @@
 # On the GPU machine (H200, Triton 3.6), from the repo root; issue 4, session 6 (`attnshort`): a decode step's
 # attention in one launch for short spans (kernels/attention/decode_short.py), q/k norm + RoPE + the KV write in one
 # launch (kernels/pointwise/qk_norm_rope_store.py), an MoE layer's add + norm, router and top-k in one launch
-# (kernels/pointwise/add_norm_route.py). The most telling first:
+# (kernels/pointwise/add_norm_route.py), a gated shared expert's join + add + norm in one launch
+# (kernels/pointwise/shared_gate_add_norm.py). The most telling first:
 # 1. the kernels' tests compiled on CUDA (each against float64 / the kernels it replaces, byte for byte);
 # 2. `strata bench decode-attn --sweep`: the norm + store launches (two against one, the same bytes?), the routing
-#    launches (three against one, per config); per span 64..32K split-K + merge against the one-launch default (us,
-#    % of the byte floor, error vs float64) and, at 512..8K, each config of the sweep beside them;
+#    launches (three against one, per config), the shared join (two against one); per span 64..32K split-K + merge
+#    against the one-launch default (us, % of the byte floor, error vs float64) and, at 512..8K, each config of the
+#    sweep beside them;
 # 3. profile_decode.py on the A3B-shape qwen3moe (Q4_0, $M/a3b.gguf as session5_final.sh makes it, made here if
 #    absent: +150 s), prompt 300 (span 512), default then STRATA_DECODE_ATTN_SPLITK=1 STRATA_ROUTE_SEPARATE=1 (the
 #    kernels before): per layer _decode_short_kernel against _decode_split_kernel + _decode_merge_kernel, and
@@ -24,7 +26,8 @@ BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
 part tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py \
   tests/kernels/attention/test_decode.py tests/kernels/pointwise/test_qk_norm_rope_store.py \
-  tests/kernels/pointwise/test_fused_step_kernels.py tests/kernels/pointwise/test_add_norm_route.py
+  tests/kernels/pointwise/test_fused_step_kernels.py tests/kernels/pointwise/test_add_norm_route.py \
+  tests/kernels/pointwise/test_shared_gate_add_norm.py
 part sweep 75 python3 -m strata bench decode-attn --sweep
 A=$M/a3b.gguf
 if [ ! -f $A ]; then
