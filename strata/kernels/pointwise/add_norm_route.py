@@ -11,7 +11,7 @@ itself on a per-token counter; the last to arrive reads every logit back and run
 router rows are read in the activation dtype (the model's converted copy). The logits' sums run in another order
 than cuBLAS's: within an fp32 rounding of each other before the rounding to the activation dtype, so a logit may
 sit one step of that dtype away and an expert at a near-tie may change (bound: tests/kernels/pointwise/
-test_add_norm_route.py; greedy tokens: tools/device/attn_tokens_check.py --route).
+test_add_norm_route.py; greedy tokens: tools/device/attn_tokens_check.py --only route).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from strata.kernels.pointwise.route_topk import softmax_topk
 
 @dataclass(frozen=True)
 class RouteConfig:
-    """Tunables (`strata bench decode-attn --route-sweep` times the alternatives)."""
+    """Tunables (`strata bench decode-attn --sweep` times the alternatives)."""
 
     experts_per_program: int = 4  # 128 experts: 32 programs, 16 KB of bf16 router rows each
     warps: int = 0  # 0: add_rms_norm_triton's (the norm's sums, and so its bytes, follow the warps)
