@@ -39,7 +39,7 @@ SWEEP = [  # around the default (64 cells a program, at most 16 programs per KV 
     _R(DEFAULT, warps=2), _R(DEFAULT, warps=8), _R(DEFAULT, stages=1), _R(DEFAULT, stages=3),
     _R(DEFAULT, qk="ieee", pv="ieee"), _R(DEFAULT, qk="tf32x3"), _R(DEFAULT, pv="tf32"), _R(DEFAULT, qk="native"),
     _R(DEFAULT, qk="native", pv="native"), _R(DEFAULT, qk="native", pv="native", chunk=64),
-    _R(DEFAULT, by_span=False),
+    _R(DEFAULT, by_span=True), _R(DEFAULT, by_span=True, chunk=64),
     # longer spans than the default takes: where the one launch stops paying
     _R(DEFAULT, max_splits=32, max_span=8192), _R(DEFAULT, max_splits=64, max_span=16384, chunk=64),
     _R(DEFAULT, cells=128, max_splits=32, max_span=16384, chunk=64),

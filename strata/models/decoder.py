@@ -165,9 +165,9 @@ class DecoderLM:
         q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch
-            out = ctx.kv.attend_normed(i, q, k, v, ctx.start, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
+            out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         else:
-            out = ctx.kv.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v, ctx.start)
+            out = ctx.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def is_moe(self, i: int) -> bool:

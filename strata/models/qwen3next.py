@@ -214,7 +214,7 @@ class Qwen3NextLM(DecoderLM):
         k = linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
         # Per-head norms, then RoPE on the leading cos.shape[-1] dims of each head; the rest pass through.
-        out = ctx.kv.attend_normed(slot, q, k, v, ctx.start, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
+        out = ctx.attend_normed(slot, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 

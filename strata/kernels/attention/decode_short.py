@@ -1,13 +1,15 @@
 """Decode attention for short spans in one launch: the split and its merge in the same kernel.
 
 A decode step's attention over a few hundred cells reads ~0.5 MB: its time is latency, and the split-K kernel and
-its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query) and SPLITS
-programs share a query's cells: over a dense cache each takes a fixed share of the span, its loads issued before the
-width (read on the device) is known and the cells past it masked after (`by_span`); otherwise (a page table, or
-`by_span` off) the query's `width` cells are shared evenly, whole chunks each. With SPLITS > 1 each program writes
-its partial (max `m`, sum `l` in base 2, the unnormalized accumulator) and counts itself in a per-(query, KV head)
-counter; the last to arrive merges the SPLITS partials in split order (a fixed sequence of ops: the same bytes
-whichever program is last) and resets the counter for the next launch. The counters live in one zeroed buffer per
+its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query): a query's
+`width` cells (read on the device) are shared evenly among min(max_splits, width / cells) programs, whole chunks
+each, a function of the width alone, so a verify window's row computes what its one-query launch does (issue 10).
+(`by_span`, for the sweep: over a dense cache each program takes a fixed share of the span, its loads issued before
+the width is known and the cells past it masked after; faster for one query, but a row's result then depends on
+the launch's span.) With SPLITS > 1 each program writes its partial (max `m`, sum `l` in base 2, the unnormalized
+accumulator) and counts itself in a per-(query, KV head) counter; the last to arrive merges the SPLITS partials in
+split order (a fixed sequence of ops: the same bytes whichever program is last; partials of programs past a row's
+share are exact zeros) and resets the counter for the next launch. The counters live in one zeroed buffer per
 device that every launch leaves zero again (so a captured graph replays them).
 
 Dots: QK and PV each "ieee" (fp32 FMA), "tf32", "tf32x3" (3 tensor-core passes, ~fp32) or "native" (the other
@@ -43,11 +45,11 @@ class ShortConfig:
     stages: int = 2
     qk: str = ""  # q.K: "ieee", "tf32", "tf32x3" or "native" (q rounded to the cache's dtype); "": tf32 where exact
     pv: str = "tf32x3"  # P.V the same way ("native": P rounded to the cache's dtype)
-    by_span: bool = True  # dense caches: each program a fixed share of the span, loads not waiting on the width
+    by_span: bool = False  # dense, one query: a fixed share of the span, loads not waiting on the width (not row-exact)
 
     def splits(self, span: int) -> int:
         """Programs per (KV head, query) for a launch over `span` cells (at capture: the span bucket)."""
-        want = max(1, span // self.cells)
+        want = max(1, triton.cdiv(span, self.cells))  # at least the programs any row of the span takes
         return min(self.max_splits, triton.next_power_of_2(want))
 
     def per_program(self, span: int) -> int:
@@ -87,7 +89,7 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                          count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
-                         PER: tl.constexpr):
+                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr):
     sp = tl.program_id(0)
     kvh = tl.program_id(1)
     qi = tl.program_id(2)
@@ -110,8 +112,11 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=cells[:, None] < cap, other=0)
             v = tl.where(valid[:, None], v, tl.zeros_like(v))  # cells past the width may hold anything (0 x NaN)
             m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
-    else:  # the width's cells shared evenly, whole chunks each
-        per = ((width + SPLITS - 1) // SPLITS + CH - 1) // CH * CH
+    else:  # the width's cells shared evenly among the row's programs, whole chunks each
+        # The row's own programs, from its width alone (a verify window's row shares its cells as its one-query
+        # launch does, whatever this launch's SPLITS: programs past them add exact zeros to the merge).
+        share = tl.minimum(tl.maximum((width + CELLS - 1) // CELLS, 1), MAX_SPLITS)
+        per = ((width + share - 1) // share + CH - 1) // CH * CH
         begin = sp * per
         end = tl.minimum(width, begin + per)
         for c0 in range(begin, end, CH):
@@ -241,7 +246,8 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     by_span = dense and config.by_span
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
                 QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
-                PER=config.per_program(span) if by_span else 0, num_warps=config.warps, num_stages=config.stages)
+                PER=config.per_program(span) if by_span else 0, CELLS=config.cells, MAX_SPLITS=config.max_splits,
+                num_warps=config.warps, num_stages=config.stages)
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
     def launch():

@@ -155,3 +155,20 @@ def test_an_expanded_ids_row_is_read_in_place(short):
     expanded = torch.arange(64, dtype=torch.int32, device=DEVICE)[None].expand(3, 64)
     got = decode_attn_triton(q, pool, table, expanded, width, short=short)
     assert torch.equal(got, decode_attn_triton(q, pool, table, expanded.contiguous(), width, short=short))
+
+
+def test_a_window_row_is_its_own_one_query_launch_bit_for_bit():
+    """Issue 10: a row's programs share its cells by its width alone, so a window's rows (one launch at the
+    window's span) equal one-query launches at each row's own span (span_for: 256 or 512 here, 4 or 8 programs)."""
+    from strata.engine.static_kv import span_for
+
+    gen = torch.Generator().manual_seed(12)
+    keys, values = (torch.randn(512, 1, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q = torch.randn(4, 2, 64, generator=gen).bfloat16().to(DEVICE)
+    width = torch.tensor([255, 256, 257, 258], device=DEVICE)
+    config = ShortConfig()
+    window = decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32, short=config)
+    for r, w in enumerate(width.tolist()):
+        one = decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1], span_for(w, 512),
+                                       out_dtype=torch.float32, short=config)
+        assert torch.equal(window[r:r + 1], one)
