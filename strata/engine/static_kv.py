@@ -113,7 +113,8 @@ class StaticDenseKV(StaticView):
         width) where the rows' own steps took it, split-K with each row's own split (`_row_split`) past its reach."""
         keys, values, n = self.cache.keys[layer], self.cache.values[layer], q.shape[0]
         if short_config(None, SHORT_DEFAULT, self.span) is not None:  # every row's own step took it too
-            return decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype)
+            return decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
+                                            short=SHORT_DEFAULT)
         split_k = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
                                            row_split=self._row_split(n), short=None)
         if n == 1 or switches.get("STRATA_DECODE_ATTN_SPLITK") or self._lowest_width(n) > SHORT_DEFAULT.max_span:

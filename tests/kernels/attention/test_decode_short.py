@@ -172,3 +172,26 @@ def test_a_window_row_is_its_own_one_query_launch_bit_for_bit():
         one = decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1], span_for(w, 512),
                                        out_dtype=torch.float32, short=config)
         assert torch.equal(window[r:r + 1], one)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_window_across_the_reach_takes_each_rows_own_kernel(monkeypatch, exact):
+    """A window whose rows' own steps ran on both sides of the one-launch kernel's reach (here 256 cells): each row
+    equals its one-token step through the static view, the one launch below the reach, split-K past it."""
+    from strata.engine import static_kv
+    from strata.engine.kv import KVCache
+
+    monkeypatch.setattr(static_kv, "SHORT_DEFAULT", ShortConfig(cells=64, max_span=256))  # not split-K's 32
+    monkeypatch.setattr(static_kv, "_SPLIT_TABLES", {})
+    cache = KVCache(1, 1, 16, 512, torch.float16, torch.device(DEVICE), initial_tokens=512)
+    gen = torch.Generator().manual_seed(13)
+    cache.keys[0].copy_(torch.randn(512, 1, 16, generator=gen))
+    cache.values[0].copy_(torch.randn(512, 1, 16, generator=gen))
+    q = torch.randn(4, 2, 16, generator=gen).to(DEVICE)  # float32 out: no bf16 rounding to hide a difference
+    positions = torch.arange(253, 257, device=DEVICE)  # widths 254..257: two rows each side
+    span = 257 if exact else 512
+    window = static_kv.StaticDenseKV(cache, positions, span, exact)._decode(0, q, (positions + 1).int())
+    for r in range(4):
+        own_span = 254 + r if exact else static_kv.span_for(254 + r, 512)
+        one = static_kv.StaticDenseKV(cache, positions[r:r + 1], own_span, exact)
+        assert torch.equal(window[r:r + 1], one._decode(0, q[r:r + 1], (positions[r:r + 1] + 1).int()))
