@@ -18,8 +18,9 @@
 #    and 900), both switched back (last, 7., the routing alone: --only route);
 # 5. decode_graphs_check.py on the small qwen3moe (fp16 and int8 KV, offload): captured == step by step;
 # 6. the int8 pool and 4-row verify windows through decode-attn (no sweep).
-# 7. attn_tokens_check.py --only route (prompt 300).
-# Under 4 minutes when a3b.gguf exists (BUDGET 235 s: parts 1-4; BUDGET=400 runs 5-7 too). Files:
+# 7. attn_tokens_check.py --only route (prompt 300);
+# 8. spec_exact_check.py on the tiny models: verify-window rows still bit-equal to steps with these kernels.
+# Under 4 minutes when a3b.gguf exists (BUDGET 235 s: parts 1-4; BUDGET=500 runs 5-8 too). Files:
 # attnshort_summary.txt, attnshort_logs.tgz (and the compile caches when run alone); carry .whl (and .devcache).
 set -uo pipefail
 BUDGET=${BUDGET:-235}
@@ -43,6 +44,7 @@ part graphs_check 40 python3 tools/device/decode_graphs_check.py $M 16 qwen3moe
 part int8_rows 25 sh -c "python3 -m strata bench decode-attn --kv int8 --spans 256,512,1024,4096,16384 && \
   python3 -m strata bench decode-attn --rows 4 --spans 512,1024,4096"
 part tokens_route 40 python3 tools/device/attn_tokens_check.py $A --tokens 24 --prompts 300 --only route
+part exact_tiny 90 python3 tools/device/spec_exact_check.py $M 24 tiny
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
@@ -52,7 +54,7 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
     echo "=== $f"; grep -h "tok/s\|ms per token\|kernels per token\|decode_\|qk_norm\|store_kv\|add_\|route\|gemm\|Kernel" \
       $L/$f.log | head -n 18
   done
-  echo "=== graphs_check"; grep -h "^|\|FAIL\|Error" $L/graphs_check.log | head -n 12
+  for f in graphs_check exact_tiny; do echo "=== $f"; grep -h "^|\|FAIL\|Error\|OK" $L/$f.log | head -n 16; done
 } > "$OUT/attnshort_summary.txt" 2>&1
 cat "$OUT/attnshort_summary.txt"
 tar czf "$OUT/attnshort_logs.tgz" -C $L .
