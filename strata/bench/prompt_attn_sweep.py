@@ -19,15 +19,14 @@ import torch
 from strata.bench.ceilings import Timer
 from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 
-SWEEP = [  # around the default (one query, its whole KV group); blocks of queries measured up to 2x slower
-    "q1h6c32w4s3", "q1h12c32w4s2", "q1h12c32w4s4", "q1h12c64w4s3", "q1h12c32w8s3", "q1h12c32w2s3",
-    "q2h12c32w4s3", "q5h6c32w4s3",
-    # session 5: ids resolved before the launch (t1: Triton's pipeliner leaves loads 2 indirections from a dot
-    # unpipelined at 3 stages, as the ids are without it), 4 stages (s4: the same for the whole chain), split-K (k),
-    # imma's P.V in fp16 (p16), register caps (r: more programs per SM; the upstream kernel waits on latency and ran
-    # 1.5x faster with 2-3 blocks per SM than with 1), the next chunk's rows prefetched by hand (f1: for v2t's 1 stage)
-    "t1", "s4", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "s4r128", "c64t1", "q2h0t1",
-    "f1", "t1f1",
+SWEEP = [  # around the defaults (one query and its whole KV group a program, ids translated, 128 registers)
+    "t1r128", "t1p16r128", "s4t1r128", "t1r168", "c64t1r128", "q2h0t1r128", "k2t1r128",
+    # session 6: x1 int8 codes to fp16 through their bits (full-rate adds, not the quarter-rate int-to-float unit; the
+    # same bytes), g1 imma's scores as a 2D dot per 64-dim group with the warps over the cells (no cross-warp sum of
+    # the groups: ~150 instructions and 3 barriers a chunk less on sm_90), with register caps, stages and chunks
+    "t1r128x1", "t1p16r128x1", "t1p16r128g1", "t1p16r128x1g1", "t1p16x1g1", "t1p16r168x1g1", "t1p16r96x1g1",
+    "s4t1p16r128x1g1", "s2t1p16r128x1g1", "c64t1p16r128x1g1", "c64t1p16r168x1g1", "t1r128x1g1", "q2h0t1p16r128x1g1",
+    "k2t1p16r128x1g1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -95,7 +94,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
-                if config.pv and name != "imma":  # fp16 P.V is v2's own form: nothing to time
+                if (config.pv or config.scores) and name != "imma":  # v2's P.V is fp16, its scores batched: skip
                     continue
                 tag = "default " + config.label if config is default else config.label
                 try:
@@ -135,7 +134,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     return 0 if ok else 1
 
 
-PROBED = ("t1",)  # the swept configs whose probes print too (imma's default always does)
+PROBED = ("t1p16r128x1g1",)  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

@@ -20,6 +20,11 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   the same bytes. Meant for one stage (v2t, no async copies); with the pipeliner these loads no longer reach a dot
   through the loop body, so it stops prefetching them (the sweep says which wins).
 - `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
+- `x1`: int8 codes become fp16 through their bits (`0x6480 + c` read as fp16 is 1152 + c: an int16 add and a half
+  subtract) instead of the int-to-float conversion, which runs at a quarter of the rate; exact, so the same bytes.
+  v2's K and V, imma's fp16 P.V (`p16`).
+- `g1` (imma): the scores as one 2D dot per 64-dim group, the warps splitting the cells (prompt_imma_cells.py): no
+  cross-warp sum of the groups' partials. Other summation orders: within the parity bounds, not imma's bytes.
 """
 
 from __future__ import annotations
@@ -57,23 +62,25 @@ class PromptConfig:
     prefetch: int = 0  # 1: each step loads the next chunk's ids and rows (a loop-carried prefetch, by hand)
     pv: int = 0  # the P.V operands: 0 the variant's own, 16 fp16 hi + lo (v2's form, in imma)
     maxreg: int = 0  # registers per thread the compiler may use (0: its choice); fewer lets more programs share an SM
+    exact: int = 0  # 1: int8 codes to fp16 through their bits (full-rate integer and half adds), the same values
+    scores: int = 0  # imma's q . k: 0 batched over the 64-dim groups (a warp each), 1 a 2D dot per group (warps: cells)
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
-                 "p": self.pv, "r": self.maxreg}
+                 "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`); a part left out keeps `base`'s value
-        (default: the class defaults)."""
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`); a part left out keeps `base`'s
+        value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
-                         r"(?:p(\d+))?(?:r(\d+))?", text)
+                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
-                              "(then k2, t1, f1, p16, r128)")
+                              "(then k2, t1, f1, p16, r128, x1, g1)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -98,13 +105,16 @@ class PromptConfig:
             raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t and f 0 or 1, p 0 or 16")
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
+        if self.exact not in (0, 1) or self.scores not in (0, 1):
+            raise StrataError(f"prompt-attention config {self.label}: x and g 0 or 1")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
         return max(16, triton.next_power_of_2(self.queries * self.heads))
 
 
-FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg")
+FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
+          "scores")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):

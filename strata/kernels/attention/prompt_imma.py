@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.errors import StrataError
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
                                                      cell_attend, cell_rows, launch_blocked, split_range)
@@ -65,7 +66,7 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
                         v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                         G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
                         TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
-                        PV: tl.constexpr = 8):
+                        PV: tl.constexpr = 8, EXACT: tl.constexpr = 0):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     gi = tl.arange(0, NG)
@@ -108,7 +109,7 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
                                              0.0)[:, :, None])
             acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
         elif PV == 16:  # V codes are not K-contiguous: int8 dots may need a byte transpose that fp16 ones do not
-            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True)
+            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True, EXACT)
         else:  # 0: no P.V (a probe timing the rest; prompt_probe.py)
             acc = acc * alpha[None, :, None]
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
@@ -119,5 +120,12 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
                      config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
     config = PromptConfig.chosen(config, DEFAULT)
-    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
-                          PV=config.pv or 8)
+    kernel = _prompt_imma_kernel
+    if config.scores:
+        from strata.kernels.attention.prompt_imma_cells import MAX_GROUPS, _prompt_imma_cells_kernel
+
+        if q.shape[-1] > 64 * MAX_GROUPS:
+            raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims up to {64 * MAX_GROUPS}")
+        kernel = _prompt_imma_cells_kernel
+    return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
+                          PV=config.pv or 8, EXACT=config.exact)
