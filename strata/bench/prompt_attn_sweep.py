@@ -19,14 +19,14 @@ import torch
 from strata.bench.ceilings import Timer
 from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 
-SWEEP = [  # around the defaults (one query and its whole KV group a program, ids translated, 128 registers)
-    "t1r128", "t1p16r128", "s4t1r128", "t1r168", "c64t1r128", "q2h0t1r128", "k2t1r128",
+SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
     # session 6: x1 int8 codes to fp16 through their bits (full-rate adds, not the quarter-rate int-to-float unit; the
-    # same bytes), g1 imma's scores as a 2D dot per 64-dim group with the warps over the cells (no cross-warp sum of
-    # the groups: ~150 instructions and 3 barriers a chunk less on sm_90), with register caps, stages and chunks
-    "t1r128x1", "t1p16r128x1", "t1p16r128g1", "t1p16r128x1g1", "t1p16x1g1", "t1p16r168x1g1", "t1p16r96x1g1",
-    "s4t1p16r128x1g1", "s2t1p16r128x1g1", "c64t1p16r128x1g1", "c64t1p16r168x1g1", "t1r128x1g1", "q2h0t1p16r128x1g1",
-    "k2t1p16r128x1g1",
+    # same bytes); t2 cells resolved to KV head 0's pool rows, int32 offsets (~150 integer ops a chunk less on sm_90;
+    # the same bytes); g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no cross-warp sum of the
+    # groups: ~250 instructions and several barriers a chunk less); with register caps, stages and chunks
+    "t2r128", "t1r128x1", "t2r128x1", "t2r168x1",
+    "t1p16r128x1", "t2p16r128x1", "t1p16r128x1g1", "t2p16r128x1g1", "t2p16r168x1g1", "t2p16x1g1", "s4t2p16r128x1g1",
+    "c64t2p16r128x1g1", "t2r128x1g1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -134,7 +134,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     return 0 if ok else 1
 
 
-PROBED = ("t1p16r128x1g1",)  # the swept configs whose probes print too (imma's default always does)
+PROBED = ("t2p16r128x1g1",)  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

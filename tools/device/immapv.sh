@@ -3,19 +3,19 @@
 # Capped parts, lines printed as measured, the most telling first:
 # 1. the CUDA tests of the new options (x1 codes to fp16 through their bits: the same bytes; g1 imma's scores as a 2D
 #    dot per 64-dim group: within the bounds), compiled;
-# 2. the sweep at 32K x 1024, imma then v2 (the built-in list: x1, g1 with register caps, stages, chunks, blocks,
-#    splits; `info probe` lines for the default and t1p16r128x1g1), each beside its default with PASS/FAIL, registers,
-#    spills, shared memory, programs per SM;
+# 2. the sweep at 32K x 1024, imma then v2 (the built-in list: x1, t2 (KV head 0's rows, int32 offsets: the same
+#    bytes), g1 with register caps, stages, chunks; `info probe` lines for the default and
+#    t2p16r128x1g1), each beside its default with PASS/FAIL, registers, spills, shared memory, programs per SM;
 # 3. the leading candidates at the five default shapes (the ranking at the end is over all of them).
 # Under 4 minutes (BUDGET 230 s); carry .whl (and .devcache). Files: summary.txt, sweep.txt, logs.tgz.
 set -uo pipefail
 BUDGET=${BUDGET:-230}
 source tools/device/parts.sh || exit 1
 T=tests/kernels/attention
-part tests 60 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_imma_cells.py $T/test_imma_split.py
-part sweep 110 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants imma v2 --no-sdpa --sweep
-part shapes 60 python3 -m strata.bench.prompt_attn --variants imma v2 --no-sdpa --reps 3 \
-  --sweep t1r128x1 t1p16r128x1 t1p16r128x1g1 t1p16r168x1g1 s4t1p16r128x1g1
+part tests 50 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_imma_cells.py $T/test_imma_split.py
+part sweep 120 python3 -m strata.bench.prompt_attn --ctx 32768 --queries 1024 --variants imma v2 --no-sdpa --sweep
+part shapes 55 python3 -m strata.bench.prompt_attn --variants imma v2 --no-sdpa --reps 3 \
+  --sweep t2r128x1 t2p16r128x1 t2p16r128x1g1 t2p16r168x1g1
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 cp $L/sweep.log "$OUT/sweep.txt" 2>/dev/null

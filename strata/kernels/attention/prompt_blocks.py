@@ -16,6 +16,8 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   wait on one load (the ids) instead of two; the same rows in the same order, the same bytes. Why it may matter:
   Triton's pipeliner leaves a load unpipelined when it is `stages - 1` or more indirections from a dot, so at 3 stages
   the ids (ids -> page -> K) are loaded synchronously every step; with t1 (ids -> K) every load is pipelined.
+- `t2`: as t1, the cells resolved to KV head 0's pool rows and the kernel's row offsets in int32 (a pool under 2 GiB
+  of codes, else t1): far fewer integer ops per gathered row; the same rows, the same bytes.
 - `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop;
   the same bytes. Meant for one stage (v2t, no async copies); with the pipeliner these loads no longer reach a dot
   through the loop body, so it stops prefetching them (the sweep says which wins).
@@ -100,9 +102,10 @@ class PromptConfig:
         if self.chunk < 16 or self.chunk & (self.chunk - 1) or self.warps & (self.warps - 1) or self.stages < 1:
             raise StrataError(f"prompt-attention config {self.label}: chunk and warps powers of two (chunk >= 16), "
                               "stages >= 1")
-        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1) or self.prefetch not in (0, 1) \
+        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1, 2) or self.prefetch not in (0, 1) \
                 or self.pv not in (0, 16):
-            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t and f 0 or 1, p 0 or 16")
+            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t 0 to 2, f 0 or 1, "
+                              "p 0 or 16")
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
         if self.exact not in (0, 1) or self.scores not in (0, 1):
@@ -180,8 +183,13 @@ def block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_hea
 @triton.jit
 def cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH: tl.constexpr, TRANSLATED: tl.constexpr):
     """Pool rows (int64) of merged cells `c0 .. c0 + CH` and which exist. TRANSLATED: the cells are already physical
-    (`page * 4 + cell % 4`, `translate_cells`), no page-table load."""
-    if TRANSLATED:
+    (`page * 4 + cell % 4`, `translate_cells`), no page-table load; 2: they are KV head 0's pool rows, and the rows are
+    int32 (the caller checked that every byte offset fits): two integer ops a cell instead of about twelve."""
+    if TRANSLATED == 2:
+        j = c0 + tl.arange(0, CH)
+        valid = j < count
+        rows = tl.load(cells_row + j, mask=valid, other=0) + kvh * 4
+    elif TRANSLATED:
         j = c0 + tl.arange(0, CH)
         valid = j < count
         cell = tl.load(cells_row + j, mask=valid, other=0).to(tl.int64)
@@ -241,15 +249,17 @@ def last_resources() -> tuple[int, int, int, int] | None:
     return compiled.n_regs, compiled.n_spills, compiled.metadata.shared, compiled.metadata.num_warps
 
 
-def translate_cells(cells: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
-    """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; entries outside the
-    table (padding) become 0, which no kernel reads. One launch (torch's ops would take about six)."""
+def translate_cells(cells: torch.Tensor, page_table: torch.Tensor, n_kv_heads: int = 1) -> torch.Tensor:
+    """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; with `n_kv_heads`
+    (t2) the pool rows of KV head 0 (`page_table[cell // 4] * 4 * n_kv_heads + cell % 4`: KV head h's row is 4 h
+    further). Entries outside the table (padding) become 0, which no kernel reads. One launch (torch's ops would take
+    about six)."""
     cells = cells.contiguous()
     out = torch.empty(cells.shape, dtype=torch.int32, device=cells.device)
     n = cells.numel()
     if n:
         _translate_kernel[(triton.cdiv(n, TRANSLATE_BLOCK),)](cells, page_table, out, n, 4 * page_table.shape[0],
-                                                             BLOCK=TRANSLATE_BLOCK)
+                                                             4 * n_kv_heads, BLOCK=TRANSLATE_BLOCK)
     return out
 
 
@@ -257,14 +267,14 @@ TRANSLATE_BLOCK = 1024
 
 
 @triton.jit
-def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, BLOCK: tl.constexpr):
+def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, page_rows, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     cell = tl.load(cells_ptr + i, mask=live, other=0)
     inside = (cell >= 0) & (cell < n_cells)
     cell = tl.where(inside, cell, 0)
     page = tl.load(table_ptr + cell // 4, mask=live & inside, other=0)
-    tl.store(out_ptr + i, tl.where(inside, page * 4 + cell % 4, 0), mask=live)
+    tl.store(out_ptr + i, tl.where(inside, page * page_rows + cell % 4, 0), mask=live)
 
 
 def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | None, config: PromptConfig,
@@ -292,8 +302,10 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
     page_table = page_table.to(torch.int32).contiguous()
+    if config.translate == 2 and pool.k.numel() >= 2**31:  # t2's int32 offsets would overflow: t1's rows (the same)
+        config = replace(config, translate=1)
     if config.translate:
-        cells = translate_cells(cells, page_table)
+        cells = translate_cells(cells, page_table, pool.n_kv_heads if config.translate == 2 else 1)
     splits = config.splits
     parts = ml = out  # unused with one split
     if splits > 1:
@@ -306,7 +318,8 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
         _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
             *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
-            BQ=config.queries, BM=config.rows(), CH=config.chunk, TRANSLATED=bool(config.translate), SPLITS=splits,
+            BQ=config.queries, BM=config.rows(), CH=config.chunk, SPLITS=splits,
+            TRANSLATED=2 if config.translate == 2 else bool(config.translate),  # t0/t1 as before: the same kernel
             PREFETCH=bool(config.prefetch),
             num_warps=config.warps, num_stages=config.stages, **options, **meta)
     if splits > 1:

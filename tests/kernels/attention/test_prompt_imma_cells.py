@@ -82,3 +82,20 @@ def test_scores_probe_of_the_per_group_form(case):  # noqa: F811
 
     (q, pool, table, ids, width), _, _ = case
     assert not probe_imma_scores(q, pool, table, ids, width, PromptConfig.parse("t1p16g1")).any()
+
+
+@pytest.mark.parametrize("name,text", [("v2", "t2"), ("v2", "q2h2k2t2"), ("imma", "t2p16"), ("imma", "t2p16x1g1")])
+def test_rows_of_kv_head_zero_give_the_same_bytes(case, name, text):  # noqa: F811
+    # t2: the cells resolved to KV head 0's pool rows, int32 offsets in the kernel; the rows t1 reads
+    assert torch.equal(run(case, name, text), run(case, name, text.replace("t2", "t1")))
+
+
+def test_translated_rows_of_kv_head_zero():
+    from strata.kernels.attention.prompt_blocks import translate_cells
+
+    table = torch.tensor([5, 0, 3, 1, 2, 4], dtype=torch.int32, device=DEVICE)
+    cells = torch.tensor([[0, 3, 4, 9, 23, -1], [22, 7, 24, 1 << 27, 0, 5]], dtype=torch.int32, device=DEVICE)
+    got = translate_cells(cells, table, n_kv_heads=3).cpu()
+    table, cells = table.cpu(), cells.cpu()
+    for c, r in zip(cells.flatten().tolist(), got.flatten().tolist()):
+        assert r == (int(table[c // 4]) * 12 + c % 4 if 0 <= c < 24 else 0)
