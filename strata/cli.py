@@ -223,8 +223,9 @@ def cmd_profile(args) -> None:
 def cmd_make_model(args) -> None:
     from strata.models.synthetic import make_model
 
+    overrides = {**(_mtp_override(args.arch) if args.mtp else {}), **({"n_layers": args.layers} if args.layers else {})}
     path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
-                      **(_mtp_override(args.arch) if args.mtp else {}))
+                      **overrides)
 
 
 def _mtp_override(arch: str) -> dict:
@@ -332,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mtp", action="store_true", help="qwen3next, qwen4exp: add an MTP block (blk.N.nextn.*) for --spec")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers instead of the preset's (e.g. a few full-size layers to profile one layer's cost)")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
 

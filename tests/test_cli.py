@@ -74,3 +74,12 @@ def test_make_model_mtp_and_run_spec_on_qwen4exp(tmp_path):
                  "--device", "cpu")
     assert run.returncode == 0, run.stderr
     assert "[spec 3:" in run.stderr
+
+
+def test_make_model_layers_overrides_the_preset(tmp_path):
+    """`--layers 2` writes the preset's shapes with two layers (a few full-size layers profile one layer's cost)."""
+    import gguf
+
+    made = strata("make-model", "--arch", "qwen3moe", "--preset", "tiny", "--layers", "3", "-o", tmp_path / "m.gguf")
+    assert made.returncode == 0, made.stderr
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["qwen3moe.block_count"].contents() == 3

@@ -1,0 +1,52 @@
+"""On the GPU: where a prompt's time goes. One warm `Engine.prefill` of N random tokens timed, then the same
+prefill under torch.profiler: GPU kernel time against wall time (the rest is host work or waiting), kernels by
+device time, and the host's ops by self time (Python-side costs show there).
+
+Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--vram-budget", type=float, default=None)
+    parser.add_argument("--rows", type=int, default=30, help="rows of each table")
+    args = parser.parse_args()
+    engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
+                                             vram_budget=args.vram_budget))
+    vocab = engine.model.config.vocab_size
+    ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    engine.prefill(ids)  # compile and warm
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    engine.prefill(ids)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    print(f"prefill {args.tokens} tokens: {wall * 1000:.1f} ms = {args.tokens / wall:.1f} tok/s (no profiler)")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.prefill(ids)
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    kernels = [e for e in table if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_ms = sum(e.self_device_time_total for e in kernels) / 1000
+    print(f"GPU kernel time {device_ms:.1f} ms ({device_ms / (wall * 1000):.0%} of the unprofiled wall time), "
+          f"{sum(e.count for e in kernels)} kernels")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=90))
+    print(table.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+
+
+if __name__ == "__main__":
+    main()
