@@ -21,12 +21,13 @@ from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 
 SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
     # session 6: x1 int8 codes to fp16 through their bits (full-rate adds, not the quarter-rate int-to-float unit; the
-    # same bytes); t2 cells resolved to KV head 0's pool rows, int32 offsets (~150 integer ops a chunk less on sm_90;
-    # the same bytes); g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no cross-warp sum of the
-    # groups: ~250 instructions and several barriers a chunk less); with register caps, stages and chunks
-    "t2r128", "t1r128x1", "t2r128x1", "t2r168x1",
-    "t1p16r128x1", "t2p16r128x1", "t1p16r128x1g1", "t2p16r128x1g1", "t2p16r168x1g1", "t2p16x1g1", "s4t2p16r128x1g1",
-    "c64t2p16r128x1g1", "t2r128x1g1",
+    # same bytes), x2 V also converted before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2
+    # cells resolved to KV head 0's pool rows, int32 offsets (~150 integer ops a chunk less on sm_90; the same bytes);
+    # g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no cross-warp sum of the groups: ~250
+    # instructions and several barriers a chunk less); with register caps, stages and chunks. imma's own first (a cut
+    # sweep loses the int8-P.V ones last), then v2's (imma runs them with its int8 P.V)
+    "t2p16r128x1", "t1p16r128x1g1", "t2p16r128x1g1", "t2p16r168x1g1", "t2p16r128x2g1", "t2p16r168x2g1",
+    "s4t2p16r128x1g1", "c64t2p16r128x1g1", "t2r128", "t2r128x1", "t2r168x1", "t2r128x2", "t2r128x1g1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 

@@ -24,7 +24,8 @@ KV head as the rows of its dots, and walks the cells that block's queries select
 - `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
 - `x1`: int8 codes become fp16 through their bits (`0x6480 + c` read as fp16 is 1152 + c: an int16 add and a half
   subtract) instead of the int-to-float conversion, which runs at a quarter of the rate; exact, so the same bytes.
-  v2's K and V, imma's fp16 P.V (`p16`).
+  v2's K and V, imma's fp16 P.V (`p16`). `x2`: also V converted before it is staged for the dot (fp16 V read by
+  ldmatrix.trans instead of a byte load per code; more shared memory, fewer registers); the same bytes.
 - `g1` (imma): the scores as one 2D dot per 64-dim group, the warps splitting the cells (prompt_imma_cells.py): no
   cross-warp sum of the groups' partials. Other summation orders: within the parity bounds, not imma's bytes.
 """
@@ -108,8 +109,8 @@ class PromptConfig:
                               "p 0 or 16")
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
-        if self.exact not in (0, 1) or self.scores not in (0, 1):
-            raise StrataError(f"prompt-attention config {self.label}: x and g 0 or 1")
+        if self.exact not in (0, 1, 2) or self.scores not in (0, 1):
+            raise StrataError(f"prompt-attention config {self.label}: x 0 to 2, g 0 or 1")
         return replace(self, heads=heads)
 
     def rows(self) -> int:

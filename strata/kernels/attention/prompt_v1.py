@@ -44,7 +44,7 @@ def split_hilo(x):
 def codes_to_half(x, EXACT: tl.constexpr = 0):
     """int8 codes as fp16, exactly. EXACT 1: through the bits (`0x6480 + c` read as fp16 is 1152 + c), an int16 add and
     a half subtract instead of the int-to-float conversion, which runs at a quarter of the rate."""
-    if EXACT:
+    if EXACT != 0:
         return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
     return x.to(tl.float16)
 
@@ -57,7 +57,11 @@ def pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG: tl.constexpr, CH: tl.constexpr, I
     dv = tl.arange(0, 64)
     v = tl.load(v_ptr + rows[None, :, None] * (NG * 64) + g[:, None, None] * 64 + dv[None, None, :],
                 mask=valid[None, :, None], other=0)  # [NG, CH, 64]
-    v = codes_to_half(v, EXACT)
+    if EXACT == 2:  # times the cells' 0/1 mask (exact: masked codes are 0): Triton then keeps the conversion before
+        # the dot operand's shared-memory load, so fp16 V reaches the dot by ldmatrix.trans, not a byte load per code
+        v = codes_to_half(v, EXACT) * tl.where(valid, 1.0, 0.0).to(tl.float16)[None, :, None]
+    else:
+        v = codes_to_half(v, EXACT)
     if INT8:
         vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
     else:
