@@ -28,6 +28,7 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # sweep loses the int8-P.V ones last), then v2's (imma runs them with its int8 P.V)
     "t2p16r128x1", "t1p16r128x1g1", "t2p16r128x1g1", "t2p16r168x1g1", "t2p16r128x2g1", "t2p16r168x2g1",
     "s4t2p16r128x1g1", "c64t2p16r128x1g1", "t2r128", "t2r128x1", "t2r168x1", "t2r128x2", "t2r128x1g1",
+    "t2p16r128x1g1n2",  # q in 16 bits: fails the bounds at small sizes (9.8e-5 of the scale vs FP64), measured here
 ]
 SWEPT = ["v2", "v2t", "imma"]
 

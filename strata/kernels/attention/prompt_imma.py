@@ -127,5 +127,8 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
         if q.shape[-1] > 64 * MAX_GROUPS:
             raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims up to {64 * MAX_GROUPS}")
         kernel = _prompt_imma_cells_kernel
+    extra = {"QPARTS": 2} if config.qparts else {}  # g1 only: the kernel's default (3) leaves the launch as before
+    if config.qparts and not config.scores:
+        raise StrataError(f"prompt-attention config {config.label}: n2 goes with g1")
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
-                          PV=config.pv or 8, EXACT=config.exact)
+                          PV=config.pv or 8, EXACT=config.exact, **extra)

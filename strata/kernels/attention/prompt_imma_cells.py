@@ -10,7 +10,8 @@ end) so only the running max crosses warps. P.V stays imma's (batched over the g
 groups are the V scale groups); the chunk's e reach it through one layout change.
 The same math as imma (q split exactly into three bytes per (head, group), the same P.V forms); other summation
 orders, so not imma's bytes: within the parity bounds. q's parts are made per group before the loop (a tensor per
-group and part: Triton cannot index a register tensor), so the head dim is 64, 128 or 256.
+group and part: Triton cannot index a register tensor), so the head dim is 64, 128 or 256. `n2`: q in two parts (16
+bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes.
 """
 
 from __future__ import annotations
@@ -27,21 +28,27 @@ MAX_GROUPS = 4  # 64-dim groups the kernel unrolls (head dims up to 256)
 
 
 @triton.jit
-def _q_parts(q_ptr, head, ok, g, D: tl.constexpr):
-    """Group g of each row's q: its three exact byte parts (scaled to 127) and its way back, `max|q| / 127`."""
+def _q_parts(q_ptr, head, ok, g, D: tl.constexpr, QPARTS: tl.constexpr):
+    """Group g of each row's q: its three exact byte parts (scaled to 127) and its way back, `max|q| / 127`. QPARTS 2
+    (`n2`): q rounded to 16 bits instead, `round(y * 256) = 256 l + m` (split3 of y / 256: h = 0, unused)."""
     q = tl.load(q_ptr + head[:, None] * D + g * 64 + tl.arange(0, 64)[None, :], mask=ok[:, None], other=0.0)
     qmax = tl.max(tl.abs(q), axis=1)
-    h, low, m = split3(q * tl.where(qmax > 0, tl.math.div_rn(tl.zeros_like(qmax) + 127.0, qmax), 0.0)[:, None])
+    y = q * tl.where(qmax > 0, tl.math.div_rn(tl.zeros_like(qmax) + 127.0, qmax), 0.0)[:, None]
+    h, low, m = split3(y * (1.0 / 256.0) if QPARTS == 2 else y)
     return h, low, m, qmax * (1.0 / 127.0)
 
 
 @triton.jit
-def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr):
+def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr, QPARTS: tl.constexpr):
     """Group g's scaled partial scores [rows, cells]: the exact int8 dots of q's parts with the K codes, times q's
     and K's scales."""
     k = tl.load(k_ptr + rows[None, :] * (NG * 64) + g * 64 + tl.arange(0, 64)[:, None], mask=valid[None, :], other=0)
     ks = tl.load(ks_ptr + rows * NG + g, mask=valid, other=0.0).to(tl.float32)
-    return dot3(h, low, m, k) * qdown[:, None] * ks[None, :]
+    if QPARTS == 2:
+        t = (tl.dot(low, k) * 256 + tl.dot(m, k)).to(tl.float32) * (1.0 / 256.0)
+    else:
+        t = dot3(h, low, m, k)
+    return t * qdown[:, None] * ks[None, :]
 
 
 @triton.jit
@@ -50,15 +57,15 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
                               CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
-                              EXACT: tl.constexpr = 0):
+                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
-    h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D)
+    h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
     if NG > 1:
-        h1, l1, m1, d1 = _q_parts(q_ptr, head, ok, 1, D)
+        h1, l1, m1, d1 = _q_parts(q_ptr, head, ok, 1, D, QPARTS)
     if NG > 2:
-        h2, l2, m2, d2 = _q_parts(q_ptr, head, ok, 2, D)
-        h3, l3, m3, d3 = _q_parts(q_ptr, head, ok, 3, D)
+        h2, l2, m2, d2 = _q_parts(q_ptr, head, ok, 2, D, QPARTS)
+        h3, l3, m3, d3 = _q_parts(q_ptr, head, ok, 3, D, QPARTS)
     count = tl.load(count_ptr + blk)
     cells_row = cells_ptr + blk.to(tl.int64) * row_len
     members_row = members_ptr + blk.to(tl.int64) * row_len
@@ -80,12 +87,12 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         else:
             rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
                                               slot, CH, BQ, TRANSLATED)
-        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG)
+        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS)
         if NG > 1:
-            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG)
+            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS)
         if NG > 2:
-            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG)
-            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG)
+            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS)
+            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS)
         s = tl.where(attend, s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
