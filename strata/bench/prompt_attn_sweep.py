@@ -20,15 +20,16 @@ from strata.bench.ceilings import Timer
 from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 
 SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
-    # session 6: x1 int8 codes to fp16 through their bits (full-rate adds, not the quarter-rate int-to-float unit; the
-    # same bytes), x2 V also converted before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2
-    # cells resolved to KV head 0's pool rows, int32 offsets (~150 integer ops a chunk less on sm_90; the same bytes);
-    # g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no cross-warp sum of the groups: ~250
-    # instructions and several barriers a chunk less); with register caps, stages and chunks. imma's own first (a cut
-    # sweep loses the int8-P.V ones last), then v2's (imma runs them with its int8 P.V)
-    "t2p16r128x1", "t1p16r128x1g1", "t2p16r128x1g1", "t2p16r168x1g1", "t2p16r128x2g1", "t2p16r168x2g1",
-    "s4t2p16r128x1g1", "c64t2p16r128x1g1", "t2r128", "t2r128x1", "t2r168x1", "t2r128x2", "t2r128x1g1",
-    "t2p16r128x1g1n2",  # q in 16 bits: fails the bounds at small sizes (9.8e-5 of the scale vs FP64), measured here
+    # session 6 (`--sass` gives each one's registers and loop instructions without a GPU): x1 int8 codes to fp16
+    # through their bits (full-rate adds, not the quarter-rate int-to-float unit; the same bytes), x2 V also converted
+    # before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2 cells resolved to KV head 0's pool
+    # rows, int32 offsets (far fewer integer ops a row; the same bytes); g1 imma's scores as a 2D dot per 64-dim group,
+    # warps over the cells (no cross-warp sum of the groups), d2 its P.V in two halves of the dims (140 registers
+    # instead of 231: no spills at r128); register caps for 4-7 programs an SM. imma's own first, then v2's (imma runs
+    # them with its int8 P.V), n2 (q in 16 bits) last
+    "t2p16r128x1g1d2", "t2p16r128x1", "t2p16r128x1g1", "t2p16x1g1d2", "t2p16r96x1g1d2", "t2p16r64x1g1d2",
+    "t2p16r128x2g1d2", "s4t2p16r128x1g1d2", "c64t2p16r128x1g1d2", "t1p16r128x1g1d2",
+    "t2r128", "t2r128x1", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -96,7 +97,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
-                if (config.pv or config.scores) and name != "imma":  # v2's P.V is fp16, its scores batched: skip
+                if (config.pv or config.scores or config.qparts or config.halves) and name != "imma":  # imma's own
                     continue
                 tag = "default " + config.label if config is default else config.label
                 try:
@@ -136,7 +137,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     return 0 if ok else 1
 
 
-PROBED = ("t2p16r128x1g1",)  # the swept configs whose probes print too (imma's default always does)
+PROBED = ("t2p16r128x1g1d2",)  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

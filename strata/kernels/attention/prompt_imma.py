@@ -127,8 +127,10 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
         if q.shape[-1] > 64 * MAX_GROUPS:
             raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims up to {64 * MAX_GROUPS}")
         kernel = _prompt_imma_cells_kernel
-    extra = {"QPARTS": 2} if config.qparts else {}  # g1 only: the kernel's default (3) leaves the launch as before
-    if config.qparts and not config.scores:
-        raise StrataError(f"prompt-attention config {config.label}: n2 goes with g1")
+    extra = {"QPARTS": 2} if config.qparts else {}  # g1 only: the kernels' defaults leave the launch as before
+    if config.halves:
+        extra["HALVES"] = True
+    if (config.qparts or config.halves) and not config.scores or config.halves and config.pv != 16:
+        raise StrataError(f"prompt-attention config {config.label}: n2 and d2 go with g1 (d2 with p16)")
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           PV=config.pv or 8, EXACT=config.exact, **extra)

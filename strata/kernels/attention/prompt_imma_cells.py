@@ -11,7 +11,9 @@ groups are the V scale groups); the chunk's e reach it through one layout change
 The same math as imma (q split exactly into three bytes per (head, group), the same P.V forms); other summation
 orders, so not imma's bytes: within the parity bounds. q's parts are made per group before the loop (a tensor per
 group and part: Triton cannot index a register tensor), so the head dim is 64, 128 or 256. `n2`: q in two parts (16
-bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes.
+bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes. `d2` (with p16):
+P.V as two dots over 32 dims each (`_pv_halves`): the same p and products in another order of issue, the same sums,
+with half the dot result live at a time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import triton.language as tl
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
-from strata.kernels.attention.prompt_v1 import pv_hilo
+from strata.kernels.attention.prompt_v1 import codes_to_half, pv_hilo, split_hilo
 
 MAX_GROUPS = 4  # 64-dim groups the kernel unrolls (head dims up to 256)
 
@@ -52,12 +54,40 @@ def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexp
 
 
 @triton.jit
+def _v_half(v_ptr, rows, valid, d0, NG: tl.constexpr, EXACT: tl.constexpr):
+    """V codes of dims `d0 .. d0 + 32` of each 64-dim group [NG, CH, 32], as fp16 (exact; x2 as in pv_hilo)."""
+    g = tl.arange(0, NG)[:, None, None]
+    v = tl.load(v_ptr + rows[None, :, None] * (NG * 64) + g * 64 + d0 + tl.arange(0, 32)[None, None, :],
+                mask=valid[None, :, None], other=0)
+    if EXACT == 2:
+        return codes_to_half(v, EXACT) * tl.where(valid, 1.0, 0.0).to(tl.float16)[None, :, None]
+    return codes_to_half(v, EXACT)
+
+
+@triton.jit
+def _pv_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG: tl.constexpr, EXACT: tl.constexpr):
+    """pv_hilo's P.V (the same p, hi and lo) as two dots over 32 dims each, into the accumulators of dims 0-31 and
+    32-63 of each group: half the dot result live at a time (about 90 registers a thread less on sm_90)."""
+    g = tl.arange(0, NG)
+    vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+    vmax = tl.max(vs, axis=1)
+    vmax = tl.where(vmax > 0, vmax, 1.0)
+    hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
+    down = (vmax * (1.0 / 16384.0))[:, None, None]
+    v = _v_half(v_ptr, rows, valid, 0, NG, EXACT)
+    acc_a = acc_a * alpha[None, :, None] + tl.dot(lo, v, tl.dot(hi, v)) * down
+    v = _v_half(v_ptr, rows, valid, 32, NG, EXACT)
+    acc_b = acc_b * alpha[None, :, None] + tl.dot(lo, v, tl.dot(hi, v)) * down
+    return acc_a, acc_b
+
+
+@triton.jit
 def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr,
                               k_ptr, v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                               G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
                               CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
-                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3):
+                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -71,7 +101,11 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l_cells = tl.zeros((BM, CH), tl.float32)  # the running sum per cell slot: rows summed across warps once, at the end
-    acc = tl.zeros((NG, BM, 64), tl.float32)
+    if HALVES:
+        acc_a = tl.zeros((NG, BM, 32), tl.float32)
+        acc_b = tl.zeros((NG, BM, 32), tl.float32)
+    else:
+        acc = tl.zeros((NG, BM, 64), tl.float32)
     gi = tl.arange(0, NG)
     g3 = gi[:, None, None]
     d = tl.arange(0, 64)[None, None, :]
@@ -100,7 +134,9 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         alpha = tl.exp2(m - m_use)
         m = m_new
         l_cells = l_cells * alpha[:, None] + e
-        if PV == 8:
+        if HALVES:
+            acc_a, acc_b = _pv_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG, EXACT)
+        elif PV == 8:
             v = tl.load(v_ptr + rows[None, :, None] * D + g3 * 64 + d, mask=valid[None, :, None], other=0)
             vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
             a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
@@ -112,4 +148,6 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
             acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True, EXACT)
         else:  # 0: no P.V (the sweep's probe)
             acc = acc * alpha[None, :, None]
+    if HALVES:  # dims 0-31 then 32-63 of each group
+        acc = tl.reshape(tl.permute(tl.join(acc_a, acc_b), (0, 1, 3, 2)), (NG, BM, 64))
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, tl.sum(l_cells, axis=1), head, ok, NG, SPLITS)

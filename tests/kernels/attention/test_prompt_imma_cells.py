@@ -33,8 +33,8 @@ def test_config_labels_and_errors():
     config = PromptConfig.parse("t1p16r128x1g1")
     assert (config.translate, config.pv, config.maxreg, config.exact, config.scores) == (1, 16, 128, 1, 1)
     assert config.label == "q1h0c32w4s3t1p16r128x1g1" and PromptConfig.parse(config.label) == config
-    for bad in ("x3", "g2"):
-        with pytest.raises(StrataError, match="x 0 to 2, g 0 or 1"):
+    for bad in ("x3", "g2", "n3", "d4"):
+        with pytest.raises(StrataError, match="x 0 to 2, g 0 or 1, n and d 2"):
             PromptConfig.parse(bad).resolve(12)
     with pytest.raises(StrataError, match="q5h6c32w4s3"):
         PromptConfig.parse("g1x1")  # out of order
@@ -51,6 +51,12 @@ def test_exact_conversion_gives_the_same_bytes(case, name, base):  # noqa: F811
 def test_scores_per_group_within_parity_bounds(case, text):  # noqa: F811
     # g1 with fp16 P.V (the default's) and with imma's int8 P.V; with blocks of queries, splits, translated ids
     assert_within_bounds(case, run(case, "imma", text), ("imma", text))
+
+
+@pytest.mark.parametrize("text", ["t2p16x1g1", "q2h4k2p16x2g1"])
+def test_pv_in_halves_gives_the_same_bytes(case, text):  # noqa: F811
+    # d2: the same p, hi, lo and products, each dim's sum over the chunk's cells in the same dot
+    assert torch.equal(run(case, "imma", text + "d2"), run(case, "imma", text))
 
 
 @pytest.mark.parametrize("dim", [64, 256])
@@ -110,5 +116,6 @@ def test_two_part_q_is_close_but_not_exact(case):  # noqa: F811
     out = run(case, "imma", "p16g1n2")
     assert (out.double() - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
     assert not torch.equal(out, run(case, "imma", "p16g1"))
-    with pytest.raises(StrataError, match="n2 goes with g1"):
-        run(case, "imma", "p16n2")
+    for text in ("p16n2", "p16d2", "g1d2"):
+        with pytest.raises(StrataError, match="n2 and d2 go with g1"):
+            run(case, "imma", text)
