@@ -37,8 +37,12 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_GEMV_STREAM", 0, "decode GEMVs (experts, dense matvec): the streamed kernels on the default tiles, "
            "persistent programs of N warps an SM in all, -1 as many as stay resident (Q2_0/Q4_0/Q8_0/Q4_K, on a "
            "GPU); 0: the default kernels"),
+    Switch("STRATA_GEMV_ONESHOT", False, "decode GEMVs (experts, dense matvec): the one-shot kernels (every weight of "
+           "a program's rows loaded at once) on their reasoned tiles (Q2_0/Q4_0/Q8_0/Q4_K, on a GPU)"),
     Switch("STRATA_ADAPT_SYNC", False, "direct misses: the cache's counts read with a host wait when an adapt period "
            "ends, and the swaps made at once (the previous schedule, for before/after runs)"),
+    Switch("STRATA_MISSES_SERIAL", False, "direct misses: the misses' GEMVs after the hits' on one stream (the "
+           "previous order, for before/after runs) instead of beside them on a second stream"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),

@@ -6,8 +6,10 @@ program BN, units per step NU with the warps that hold them, warps alone, the sp
 pairs that trade one for another (twice the rows with twice the split keeps the program count), the streamed word
 kernels (`stream_gemv.py`, Q2_0 / Q4_0 / Q8_0 / Q4_K: on the default tile, persistent programs per SM as many as
 stay resident ("fit"), 1, those filling 32 and 64 warps an SM, and 64 = a program per tile; then the tile's variants
-and warp-local tiles, as many as fit), and last the byte kernel. `family="stream"` keeps only the default and the
-streamed lines (a short device run), "words" all but them (the sweep before the streamed kernels).
+and warp-local tiles, as many as fit), the one-shot kernels (`oneshot_gemv.py`, the same formats: their reasoned
+tile, then rows and warps that give 32 or 64 code words a thread, then the input in 2 and 3 slices), and last the byte
+kernel. `family="stream"` keeps only the default and the streamed lines (a short device run), "oneshot" only the
+default and the one-shot lines, "words" all but the streamed and one-shot ones (the sweep before them).
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from dataclasses import replace
 import torch
 
 from strata.kernels.moe.decode import DecodeSpec
-from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config
+from strata.kernels.moe.gemv import GemvConfig, byte_config, gemv_config, oneshot_config
+from strata.kernels.moe.oneshot_gemv import ONESHOT_FORMATS, slice_units
 from strata.kernels.moe.stream_gemv import FIT, STREAM_FORMATS
-from strata.kernels.moe.wide_gemv import WORDS
+from strata.kernels.moe.wide_gemv import UNIT, WORDS
 
 MAX_WARPS = 16
-FAMILIES = ("all", "words", "stream")
+FAMILIES = ("all", "words", "stream", "oneshot")
+ONESHOT_WORDS = (32, 64)  # code words a thread of the one-shot variants holds (64: ~12 % fewer instructions a
+# weight in sm_90 builds, ~127 registers, half the warps)
 RESIDENT_WARPS = (32, 64)  # warps an SM the streamed grids aim at (sm_90 holds 64, registers permitting)
 ONE_TILE_EACH = 64  # programs an SM beyond any residency: the grid is capped at the tiles, a program per tile
 
@@ -49,6 +54,22 @@ def stream_configs(base: GemvConfig, words: int) -> list[GemvConfig]:
         replace(c, stream=FIT) for c in moved]
 
 
+def oneshot_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int) -> list[GemvConfig]:
+    """The one-shot kernels' reasoned tile, then rows 1-16 at the warps (1-16) that give each thread ONESHOT_WORDS
+    code words (the reasoned rows also at 16 words), then the reasoned tile's input in 2 and 3 slices."""
+    base = oneshot_config(kind, spec, n_out, n_in, top_k, True)
+    units = n_in // UNIT[spec.name] * (top_k if kind == "down" else 1)
+    words_per_warp = (2 if kind == "gate_up" else 1) * slice_units(units, 1)[1] * WORDS[spec.name] / 32
+    tiles = [base]
+    for bn in (1, 2, 4, 8, 16):
+        for words in ONESHOT_WORDS + ((16,) if bn == base.bn else ()):
+            warps = int(words_per_warp * bn / words)
+            if 1 <= warps <= 16 and warps & (warps - 1) == 0 and warps * words == words_per_warp * bn:
+                tiles.append(replace(base, bn=bn, warps=warps, split=1))
+    tiles += [replace(base, split=s) for s in (2, 3) if s != base.split]
+    return list(dict.fromkeys(tiles))
+
+
 def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, family: str = "all"
                   ) -> list[GemvConfig]:
     """The default GPU config of `kind` ("gate_up", "down", "matvec") first, then distinct variants (of `family`)."""
@@ -56,8 +77,12 @@ def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int
     variants = [base]
     streamed = base.wide and spec.name in STREAM_FORMATS and family != "words"
     streams = stream_configs(base, WORDS[spec.name]) if streamed else []
+    oneshots = (oneshot_configs(kind, spec, n_out, n_in, top_k) if base.wide and spec.name in ONESHOT_FORMATS
+                and family in ("all", "oneshot") else [])
     if family == "stream":
         return list(dict.fromkeys(variants + streams))
+    if family == "oneshot":
+        return list(dict.fromkeys(variants + oneshots))
     if base.wide:
         half, double = max(1, base.warps // 2), min(MAX_WARPS, base.warps * 2)
         variants += [
@@ -72,15 +97,17 @@ def sweep_configs(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int
         variants += [replace(base, warps=max(1, base.warps // 2)), replace(base, warps=min(MAX_WARPS, base.warps * 2)),
                      replace(base, bn=base.bn * 2), replace(base, bn=max(1, base.bn // 2)),
                      replace(base, ns=max(1, base.ns // 2))]
-    variants += streams
+    variants += streams + oneshots
     variants.append(byte_config(kind, spec, n_out, n_in, top_k, True))  # the byte kernel the word ones replaced
     return list(dict.fromkeys(variants))
 
 
 def describe(cfg: GemvConfig) -> str:
     units = "nu" if cfg.wide else "ns"
-    kernel = ("stream" if cfg.stream else "words") if cfg.wide else "bytes"
+    kernel = ("oneshot" if cfg.oneshot else "stream" if cfg.stream else "words") if cfg.wide else "bytes"
     schedule = f"per_sm={'fit' if cfg.stream == FIT else cfg.stream}" if cfg.stream else f"split={cfg.split}"
+    if cfg.oneshot:  # no step: a program's slice is all its units
+        return f"{kernel} bn={cfg.bn:<3} warps={cfg.warps:<2} {schedule}"
     return f"{kernel} bn={cfg.bn:<3} {units}={cfg.ns:<3} warps={cfg.warps:<2} {schedule}" + (
         "" if cfg.wide else f" kc={cfg.kc}")
 

@@ -1,13 +1,15 @@
 """Speed and parity of the dense quantized matvec of decode steps (`strata.kernels.quant.matvec`).
 
-For each shape (n_in -> n_out: 2048x4096, 4096x2048 and the head 2048x151936) and format (Q4_0, Q8_0, Q4_K), one
-bf16 row times the weight: microseconds per call replayed from a CUDA graph (enough distinct weights per replay that
-they come from HBM rather than L2), the weight's bytes over the HBM floor of the same run (`read_bandwidth`),
-GB/s, and the error against float64 (bf16 x, float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default
-for these formats) and once with the byte kernel it replaces (gemv.py's `byte_config`).
+For each shape (n_in -> n_out: 2048x4096, 4096x2048 and the head 2048x151936; A3B's stacked q/k/v is 2048x5120,
+qwen4exp's Q2_0 GDN projections 2560x10240, 2560x6144, 6144x2560) and format (Q4_0, Q8_0, Q4_K), `--rows` bf16 rows
+(1; up to 4: a verify window, whose weight the one-shot kernel reads once) times the weight: microseconds per call
+replayed from a CUDA graph (enough distinct weights per replay that they come from HBM rather than L2), the
+weight's bytes over the HBM floor of the same run (`read_bandwidth`), GB/s, and the error against float64 (bf16 x,
+float32 out); once with the word kernel (`kernels/moe/wide_gemv.py`, the default for these formats) and once with
+the byte kernel it replaces (gemv.py's `byte_config`).
 
     python -m strata.bench.matvec [--shapes 2048x4096,4096x2048,2048x151936] [--formats Q4_0,Q8_0,Q4_K]
-                                  [--sweep [all|words|stream]]
+                                  [--rows 1] [--sweep [all|words|stream|oneshot]]
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from strata.quant import dequantize, get_format, random_blocks
 L2_SPAN = 256 << 20  # bytes of distinct weights per graph replay: several times H200's 50 MB L2
 
 
-def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, sweep: str | None = None) -> bool:
+def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, sweep: str | None = None,
+              n_rows: int = 1) -> bool:
     """One shape and format: both kernels, timed and checked (a float32 output, so the error is the kernel's own);
     `sweep` (a gemv_sweep family): then every config of `gemv_sweep.sweep_configs`, each checked as well."""
     info = get_format(fmt)
@@ -39,10 +42,10 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
     copies = max(1, min(16, L2_SPAN // n_bytes)) if on_gpu else 1
     weights = [ExpertOperand(torch.from_numpy(random_blocks(fmt, n_out * n_in // info.block_size, rng, 0.02))
                              .to(device), info.ggml_type, n_out, n_in, stride=0) for _ in range(copies)]
-    rows = torch.randn(1, 1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-    ids, ones = one_expert(torch.device(device), 1)
+    rows = torch.randn(n_rows, 1, n_in, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    ids, ones = one_expert(torch.device(device), n_rows)
     w64 = dequantize(weights[0].raw.reshape(n_out, -1), info.ggml_type, (n_out, n_in)).double()  # on the device
-    want = rows.reshape(1, n_in).double() @ w64.T
+    want = rows.reshape(n_rows, n_in).double() @ w64.T
     del w64
     ok = True
     for cfg in (byte_config("matvec", SPECS[fmt], n_out, n_in, 1, on_gpu),
@@ -54,7 +57,8 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
         ok &= err <= ERROR_BOUND
         us = graph_us(call, [(i,) for i in range(4 * copies)], device)
         floor_us = n_bytes / floor_bw * 1e6
-        print(f"{n_in}x{n_out:<7} {fmt:<5} {'words' if cfg.wide else 'bytes':<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
+        loads = ("oneshot" if cfg.oneshot else "words") if cfg.wide else "bytes"
+        print(f"{n_in}x{n_out:<7} {fmt:<5} {loads:<5} {n_bytes / 1e6:8.2f} {floor_us:8.2f} "
               f"{us:8.2f} {floor_us / us:6.1%} {n_bytes / us / 1e3:7.0f} {err:9.2e}  bn={cfg.bn} ns={cfg.ns} "
               f"warps={cfg.warps} split={cfg.split}{'' if err <= ERROR_BOUND else '  FAIL'}", file=out, flush=True)
     if sweep:
@@ -64,8 +68,9 @@ def bench_one(n_in: int, n_out: int, fmt: str, device, floor_bw: float, out, swe
             def call(i, c=cfg):
                 return launch_down(rows, ids, ones, weights[i % copies], None, torch.float32, c)
 
-            good, default_us = time_config(f"{n_in}x{n_out} {fmt}", cfg, call, [(i,) for i in range(4 * copies)], want,
-                                           n_bytes, floor_bw, default_us, device, out, outputs)
+            label = f"{n_in}x{n_out} {fmt}" + (f" x{n_rows}" if n_rows > 1 else "")
+            good, default_us = time_config(label, cfg, call, [(i,) for i in range(4 * copies)], want, n_bytes,
+                                           floor_bw, default_us, device, out, outputs)
             ok &= good
     return ok
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench matvec", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="2048x4096,4096x2048,2048x151936", help="comma-separated n_in x n_out")
     p.add_argument("--formats", default="Q4_0,Q8_0,Q4_K", help="comma-separated, of: " + ", ".join(SPECS))
+    p.add_argument("--rows", type=int, default=1, help="rows of x (1..4: a verify window), the weight read once")
     p.add_argument("--sweep", nargs="?", const="all", choices=FAMILIES,
                    help="time launch configurations beside the default (bench/gemv_sweep.py), each checked")
     args = p.parse_args(argv)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         n_in, n_out = (int(v) for v in shape.lower().split("x"))
         for fmt in args.formats.split(","):
-            ok &= bench_one(n_in, n_out, fmt.strip(), device, floor_bw, out, args.sweep)
+            ok &= bench_one(n_in, n_out, fmt.strip(), device, floor_bw, out, args.sweep, args.rows)
     return 0 if ok else 1
 
 

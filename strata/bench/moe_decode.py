@@ -8,7 +8,7 @@ against float64, the same kernels reading expert-cache slots through a slot tabl
 (`ResidentExperts`: a dequantize and matmul per expert) in the same run. Then a CUDA graph of one call is captured
 and replayed with new ids in place, and must match eager calls bit for bit.
 
-    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep [all|words|stream]]
+    strata bench moe-decode [--shapes a3b-q4_0,a3b-q4_k,qwen4exp-q2_0] [--tokens 1] [--sweep [all|words|stream|oneshot]]
 (also qwen4exp-iq2_xs, -iq3_xxs, -iq3_s: i-quant gate/up, Q2_0 down)
 """
 
@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1", help="comma-separated T values (1..8)")
     p.add_argument("--sweep", nargs="?", const="all", choices=FAMILIES,
                    help="time each kernel under launch configurations beside the default (bench/gemv_sweep.py); "
-                        "'stream': only the streamed kernels' (stream_gemv.py), 'words': all but them")
+                        "'stream': only the streamed kernels' (stream_gemv.py), 'oneshot': only the one-shot kernels' "
+                        "(oneshot_gemv.py), 'words': all but those two")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe-decode: needs a CUDA GPU (the kernels' CPU tests are tests/kernels/moe/test_gemv.py)")

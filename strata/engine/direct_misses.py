@@ -84,6 +84,9 @@ class DeviceTable:
         self.clock = 0  # steps ended
         self.admitted_at = {slot: 0 for slot in self.waiting}  # the clock when each waiting admit was queued
         self.host_experts: dict = {}  # layer -> its pinned host stack as the decode kernels read it
+        # The misses' GEMVs run on this stream beside the hits' (forked and joined each layer, captured alike):
+        # they wait on PCIe, the hits on HBM.
+        self.miss_stream = torch.cuda.Stream(cache.device) if self.cuda else None
         self.window = 0  # steps since the last window ended
         self.since_adapt = 0  # steps since the last adapt period ended
         self.pending: list[Readout] = []  # closed windows not yet taken in, oldest first
@@ -267,8 +270,17 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     device_table = cache.device_table
     row = device_table.row[layer]
     top, w = ids.to(torch.int32), weights.float()
-    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     if layer not in device_table.host_experts:
         device_table.host_experts[layer] = DecodeExperts.of_stack(stack)
-    missing = device_table.missing[row]
-    return hits + moe_gemv(x, top, w, dataclasses.replace(device_table.host_experts[layer], slot_of=missing))
+    misses_experts = dataclasses.replace(device_table.host_experts[layer], slot_of=device_table.missing[row])
+    side = device_table.miss_stream
+    if side is None or switches.get("STRATA_MISSES_SERIAL"):
+        hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
+        return hits + moe_gemv(x, top, w, misses_experts)
+    main = torch.cuda.current_stream(x.device)
+    side.wait_stream(main)  # x, ids and weights are ready
+    with torch.cuda.stream(side):
+        misses = moe_gemv(x, top, w, misses_experts)
+    hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
+    main.wait_stream(side)
+    return hits + misses

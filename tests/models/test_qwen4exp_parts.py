@@ -185,3 +185,16 @@ def test_gdn_value_heads_read_key_heads_modulo_and_gate_with_sigmoid():
             y.append(o / torch.sqrt((o**2).mean() + 1e-6) * norm * torch.sigmoid(z[head]))
         want.append(out_w @ torch.cat(y))
     assert _close(ours, torch.stack(want))
+
+
+def test_a_large_gather_reads_its_rows_at_once_and_equals_the_cached_one(monkeypatch):
+    """Prompt chunks take the uncached one-read path: the same rows as the row cache gives, head by head."""
+    import strata.models.ngram_embedding as ngram_module
+
+    table = torch.randn(300, 4)
+    rows = np.random.default_rng(0).integers(0, 300, (40, 2)).astype(np.uint64)
+    cached = NgramTable(_weight(table)).gather(rows)
+    monkeypatch.setattr(ngram_module, "CACHED_GATHER_ROWS", 8)
+    at_once = NgramTable(_weight(table))
+    assert torch.equal(at_once.gather(rows), cached)
+    assert at_once.misses == len(np.unique(rows)) and at_once.hits == rows.size - at_once.misses

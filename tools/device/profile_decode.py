@@ -2,7 +2,7 @@
 `Engine.decode` (the captured CUDA-graph step when graphs are on: CUPTI still reports each kernel inside a replay),
 kernels per token and the most launched ones, kernels sorted by device time, then the same steps' host time.
 
-Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
+Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N] [--vram-budget GIB]
 """
 
 import argparse
@@ -26,9 +26,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--top", type=int, default=40, help="kernels listed by launches per token")
+    parser.add_argument("--vram-budget", type=float, default=None, help="GiB, as `bench decode` takes it")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx,
-                                             decode_graphs=args.graphs))
+                                             decode_graphs=args.graphs, vram_budget=args.vram_budget))
     vocab = engine.model.config.vocab_size
     ids = torch.randint(0, vocab, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     logits = engine.prefill(ids)

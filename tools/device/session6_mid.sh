@@ -3,7 +3,7 @@
 # --layers 12): the 4,096-token prompt profiled all resident and at a budget that caches the same share of experts
 # as 12 GiB does for 48 layers; then hcfuse's script (the residual's kernels, the step profiled again). Card 1: the
 # kernel branches' scripts (attnshort, matvec1, pfepilogue, immapv), then the verify windows row by row. A branch's
-# script that is not there is skipped. Carry .whl and .devcache.
+# script that is not there is skipped. The misses' GEMVs beside the hits' (a second stream) against one stream. Carry .whl and .devcache.
 set -uo pipefail
 BUDGET=${BUDGET:-560}
 source tools/device/parts.sh || exit 1
@@ -17,13 +17,18 @@ script() {  # script NAME CAP: a branch's device script, its files in $L/NAME
  F=$M/q4x12-00001-of-00002.gguf
  part prompt_resident 70 python3 tools/device/profile_prompt.py $F --tokens 4096 --rows 30
  part prompt_budget 90 python3 tools/device/profile_prompt.py $F --tokens 4096 --rows 30 --vram-budget 4.4
+ part decode_budget 60 python3 tools/device/profile_decode.py $F --graphs on --steps 8 --top 30 --vram-budget 4.4
+ B="python3 -m strata bench decode $F --device cuda --ctx 4096 --prompt-tokens 32 --tokens 48 --vram-budget 4.4"
+ part misses_beside 45 $B
+ STRATA_MISSES_SERIAL=1 part misses_serial 45 $B
  script hcfuse 200) &
 (export CUDA_VISIBLE_DEVICES=1
  script attnshort 130
  script matvec1 130
  script pfepilogue 110
  script immapv 110
- part spec_exact 60 python3 tools/device/spec_exact_check.py $M 40) &
+ part spec_exact 60 python3 tools/device/spec_exact_check.py $M 40
+ part graphs_check 50 python3 tools/device/decode_graphs_check.py $M 16 qwen3next) &
 wait
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache

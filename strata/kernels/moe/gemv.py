@@ -37,6 +37,8 @@ from strata import switches
 from strata.errors import StrataError
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
+from strata.kernels.moe.oneshot_gemv import (ONESHOT_FORMATS, launch_oneshot_down, launch_oneshot_gate_up,
+                                             oneshot_tile)
 from strata.kernels.moe.stream_gemv import (FIT, STREAM_FORMATS, launch_stream_down, launch_stream_gate_up,
                                              stream_applies)
 from strata.kernels.moe.wide_gemv import (UNIT, WORDS, cover, launch_word_down, launch_word_gate_up,
@@ -258,7 +260,8 @@ class GemvConfig:
     input then cut in `split` slices (a program each, summed in order by a second launch); `stream` != 0: the
     streamed word kernels (`stream_gemv.py`: that many persistent programs an SM, or with -1 as many as stay
     resident, the next step loaded ahead; Q2_0 / Q4_0 / Q8_0 / Q4_K, `split` then unused) where the format
-    allows, else the word kernels."""
+    allows, else the word kernels; `oneshot`: the one-shot kernels (`oneshot_gemv.py`: BN rows a program, every
+    unit of its slice of the input loaded at once, `split` slices; NS unused) where the format allows."""
 
     bn: int
     ns: int
@@ -267,6 +270,7 @@ class GemvConfig:
     wide: bool = False
     split: int = 1
     stream: int = 0
+    oneshot: bool = False
 
 
 def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
@@ -287,6 +291,10 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
         bn, nu, warps, split = word_tile(spec, n_out, n_units, on_gpu, top_k if kind == "gate_up" else 1)
         cfg = GemvConfig(bn, nu, warps, 1, True, split)
         measured = MEASURED_TILES.get((kind, spec.name)) if on_gpu else None
+        if on_gpu and spec.name in ONESHOT_FORMATS and switches.get("STRATA_GEMV_ONESHOT"):
+            return oneshot_config(kind, spec, n_out, n_in, top_k, on_gpu)
+        if measured and measured.get("oneshot"):  # a one-shot sweep line copied whole: its rows, warps, split
+            return replace(oneshot_config(kind, spec, n_out, n_in, top_k, on_gpu), **measured)
         if measured:  # ns at most word_tile's; a streamed tile's (a sweep line copied whole) as measured
             ns = measured.get("ns", nu)
             cfg = replace(cfg, **{**measured, "ns": ns if measured.get("stream") else min(nu, ns)})
@@ -295,6 +303,15 @@ def gemv_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, 
             cfg = replace(cfg, stream=FIT if warps_an_sm < 0 else max(1, warps_an_sm // cfg.warps))
         return cfg
     return byte_config(kind, spec, n_out, n_in, top_k, on_gpu)
+
+
+def oneshot_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
+    """The one-shot kernels' reasoned tile (`oneshot_gemv.oneshot_tile`) for "gate_up", "down" or "matvec"."""
+    n_units = n_in // UNIT[spec.name] * (top_k if kind == "down" else 1)
+    programs, operands = (top_k, 2) if kind == "gate_up" else (1, 1)
+    bn, warps, split = oneshot_tile(spec, n_out, n_units, programs, operands, on_gpu)
+    nu = word_tile(spec, n_out, n_units, on_gpu, programs)[1]  # the word kernels' step, where operands do not fit
+    return GemvConfig(bn, nu, warps, 1, True, split, 0, True)
 
 
 def byte_config(kind: str, spec: DecodeSpec, n_out: int, n_in: int, top_k: int, on_gpu: bool) -> GemvConfig:
@@ -328,6 +345,13 @@ def _takes_words(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
     return cfg.wide and all(word_gemv_applies(m.spec, m.raw.data_ptr(), m.stride, m.row_bytes) for m in operands)
 
 
+def _takes_oneshot(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
+    """Whether a launch of cfg takes the one-shot kernels: asked for, the format and alignment fit (as streamed)."""
+    return cfg.wide and cfg.oneshot and all(
+        m.spec.name in ONESHOT_FORMATS and stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
+        for m in operands)
+
+
 def _takes_stream(cfg: GemvConfig, *operands: ExpertOperand) -> bool:
     """Whether a launch of cfg takes the streamed word kernels: asked for, and the format and alignment fit."""
     return cfg.wide and cfg.stream != 0 and all(stream_applies(m.spec, m.rows, m.row_bytes, m.raw.data_ptr(), m.stride)
@@ -352,7 +376,9 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     slots = experts.slot_of is not None
     if cfg.wide and not _takes_words(cfg, g, u):  # operands at odd offsets: the byte kernel's own tiles
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
-    if h.numel() and _takes_stream(cfg, g, u):
+    if h.numel() and _takes_oneshot(cfg, g, u):
+        launch_oneshot_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.warps, cfg.split)
+    elif h.numel() and _takes_stream(cfg, g, u):
         launch_stream_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif h.numel() and _takes_words(cfg, g, u):
         launch_word_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)
@@ -380,7 +406,9 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     slots = slot_of is not None
     if cfg.wide and not _takes_words(cfg, d):
         cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
-    if y.numel() and _takes_stream(cfg, d):
+    if y.numel() and _takes_oneshot(cfg, d):
+        launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.warps, cfg.split)
+    elif y.numel() and _takes_stream(cfg, d):
         launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif y.numel() and _takes_words(cfg, d):
         launch_word_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.split)

@@ -22,3 +22,17 @@ def test_matvec_sweep_checks_every_config_against_float64():
     assert bench_one(256, 24, "Q2_0", DEVICE, 1e9, out, sweep="words"), out.getvalue()
     sweeps = [line for line in out.getvalue().splitlines() if line.lstrip().startswith("sweep")]
     assert len(sweeps) == len(configs) and "1.00x default" in sweeps[0] and "FAIL" not in out.getvalue()
+
+
+def test_matvec_oneshot_sweep_over_a_window_checks_every_config():
+    from strata.bench.gemv_sweep import sweep_configs
+    from strata.kernels.moe.decode import SPECS
+
+    configs = sweep_configs("matvec", SPECS["Q4_0"], 8, 128, 1, family="oneshot")
+    assert not configs[0].oneshot and all(c.oneshot for c in configs[1:])  # the default first, then one-shot tiles
+    assert {c.split for c in configs} >= {1, 2, 3} and len(set(configs)) == len(configs)
+    out = io.StringIO()
+    assert bench_one(128, 8, "Q4_0", DEVICE, 1e9, out, sweep="oneshot", n_rows=2), out.getvalue()
+    sweeps = [line for line in out.getvalue().splitlines() if line.lstrip().startswith("sweep")]
+    assert len(sweeps) == len(configs) and "x2" in sweeps[0] and "FAIL" not in out.getvalue()
+    assert all("oneshot" in line for line in sweeps[1:])
