@@ -59,17 +59,18 @@ def test_pv_in_halves_gives_the_same_bytes(case, text):  # noqa: F811
     assert torch.equal(run(case, "imma", text + "d2"), run(case, "imma", text))
 
 
-@pytest.mark.parametrize("dim", [64, 256])
-def test_scores_per_group_for_one_and_four_groups(dim):
+@pytest.mark.parametrize("dim,text", [(64, "p16x1g1"), (256, "h1p16x2g1d2")])
+def test_scores_per_group_for_one_and_four_groups(dim, text):
+    # head dims of 1 and 4 groups (the kernel unrolls them), 3 query heads a KV head, one a program in the second
     from strata.bench.prompt_attn import make_selections, within_bounds
     from strata.kernels.attention.prompt_ref import prompt_attn_ref
 
-    pool, table = random_pool(41, 1, dim, seed=6)
+    pool, table = random_pool(41, 2, dim, seed=6)
     ids, width = (t.to(DEVICE) for t in make_selections(41, 3, 35, 8, seed=6))
-    q = queries(3, 2, dim, seed=6)
+    q = queries(3, 6, dim, seed=6)
     ref = prompt_attn_ref(q, pool, table, ids, width).cpu()
     fp32 = VARIANTS["fp32"](q, pool, table, ids, width).cpu()
-    out = VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse("p16x1g1")).cpu()
+    out = VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse(text)).cpu()
     err_fp32 = (fp32.double() - ref).abs().max().item()
     err, vs_fp32 = (out.double() - ref).abs().max().item(), (out - fp32).abs().max().item()
     assert within_bounds(err, vs_fp32, err_fp32, ref.abs().max().item(), fp32.abs().max().item()), (dim, err)
