@@ -11,9 +11,9 @@ groups are the V scale groups); the chunk's e reach it through one layout change
 The same math as imma (q split exactly into three bytes per (head, group), the same P.V forms); other summation
 orders, so not imma's bytes: within the parity bounds. q's parts are made per group before the loop (a tensor per
 group and part: Triton cannot index a register tensor), so the head dim is 64, 128 or 256. `n2`: q in two parts (16
-bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes. `d2` (with p16):
-P.V as two dots over 32 dims each (`_pv_halves`): the same p and products in another order of issue, the same sums,
-with half the dot result live at a time.
+bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes. With p16 the P.V
+is pv_hilo's, its accumulator rescaled in one multiply-add a chunk (`_pv_rescaled`); `d2`: as two dots over 32 dims
+each, the same p and products in another order of issue, the same sums, half the dot result live at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton.language as tl
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
-from strata.kernels.attention.prompt_v1 import codes_to_half, pv_hilo, split_hilo
+from strata.kernels.attention.prompt_v1 import codes_to_half, split_hilo
 
 MAX_GROUPS = 4  # 64-dim groups the kernel unrolls (head dims up to 256)
 
@@ -54,10 +54,10 @@ def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexp
 
 
 @triton.jit
-def _v_half(v_ptr, rows, valid, d0, NG: tl.constexpr, EXACT: tl.constexpr):
-    """V codes of dims `d0 .. d0 + 32` of each 64-dim group [NG, CH, 32], as fp16 (exact; x2 as in pv_hilo)."""
+def _v_dims(v_ptr, rows, valid, d0, W: tl.constexpr, NG: tl.constexpr, EXACT: tl.constexpr):
+    """V codes of dims `d0 .. d0 + W` of each 64-dim group [NG, CH, W], as fp16 (exact; x2 as in pv_hilo)."""
     g = tl.arange(0, NG)[:, None, None]
-    v = tl.load(v_ptr + rows[None, :, None] * (NG * 64) + g * 64 + d0 + tl.arange(0, 32)[None, None, :],
+    v = tl.load(v_ptr + rows[None, :, None] * (NG * 64) + g * 64 + d0 + tl.arange(0, W)[None, None, :],
                 mask=valid[None, :, None], other=0)
     if EXACT == 2:
         return codes_to_half(v, EXACT) * tl.where(valid, 1.0, 0.0).to(tl.float16)[None, :, None]
@@ -65,20 +65,29 @@ def _v_half(v_ptr, rows, valid, d0, NG: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
-def _pv_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG: tl.constexpr, EXACT: tl.constexpr):
-    """pv_hilo's P.V (the same p, hi and lo) as two dots over 32 dims each, into the accumulators of dims 0-31 and
-    32-63 of each group: half the dot result live at a time (about 90 registers a thread less on sm_90)."""
+def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: tl.constexpr, EXACT: tl.constexpr,
+                 HALVES: tl.constexpr):
+    """pv_hilo's P.V (the same p, hi and lo) into accumulators kept in units of the chunk's `down = vmax / 16384`
+    per group: `acc = acc * (alpha * down_old / down) + dot` is one fused multiply-add an element where pv_hilo's
+    `acc * alpha + dot * down` takes two (the caller multiplies by the last `down` once, at the end). HALVES (`d2`):
+    two dots over 32 dims each, into acc_a (dims 0-31 of each group) and acc_b (32-63), half the dot result live at a
+    time (about 90 registers a thread less on sm_90); otherwise one dot over 64 dims into acc_a."""
     g = tl.arange(0, NG)
     vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
     vmax = tl.max(vs, axis=1)
     vmax = tl.where(vmax > 0, vmax, 1.0)
     hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
-    down = (vmax * (1.0 / 16384.0))[:, None, None]
-    v = _v_half(v_ptr, rows, valid, 0, NG, EXACT)
-    acc_a = acc_a * alpha[None, :, None] + tl.dot(lo, v, tl.dot(hi, v)) * down
-    v = _v_half(v_ptr, rows, valid, 32, NG, EXACT)
-    acc_b = acc_b * alpha[None, :, None] + tl.dot(lo, v, tl.dot(hi, v)) * down
-    return acc_a, acc_b
+    new_down = vmax * (1.0 / 16384.0)
+    f = (alpha[None, :] * (down / new_down)[:, None])[:, :, None]  # [NG, M, 1]
+    if HALVES:
+        v = _v_dims(v_ptr, rows, valid, 0, 32, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+        v = _v_dims(v_ptr, rows, valid, 32, 32, NG, EXACT)
+        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
+    else:
+        v = _v_dims(v_ptr, rows, valid, 0, 64, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+    return acc_a, acc_b, new_down
 
 
 @triton.jit
@@ -101,9 +110,10 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l_cells = tl.zeros((BM, CH), tl.float32)  # the running sum per cell slot: rows summed across warps once, at the end
-    if HALVES:
-        acc_a = tl.zeros((NG, BM, 32), tl.float32)
-        acc_b = tl.zeros((NG, BM, 32), tl.float32)
+    if PV == 16:  # accumulators in units of `down` (_pv_rescaled)
+        acc_a = tl.zeros((NG, BM, 32 if HALVES else 64), tl.float32)
+        acc_b = tl.zeros((NG, BM, 32), tl.float32)  # unused without HALVES
+        down = tl.full((NG,), 1.0, tl.float32)
     else:
         acc = tl.zeros((NG, BM, 64), tl.float32)
     gi = tl.arange(0, NG)
@@ -134,8 +144,9 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         alpha = tl.exp2(m - m_use)
         m = m_new
         l_cells = l_cells * alpha[:, None] + e
-        if HALVES:
-            acc_a, acc_b = _pv_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG, EXACT)
+        if PV == 16:
+            acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
+                                              HALVES)
         elif PV == 8:
             v = tl.load(v_ptr + rows[None, :, None] * D + g3 * 64 + d, mask=valid[None, :, None], other=0)
             vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
@@ -144,10 +155,10 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
             ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax),
                                              0.0)[:, :, None])
             acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
-        elif PV == 16:
-            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True, EXACT)
         else:  # 0: no P.V (the sweep's probe)
             acc = acc * alpha[None, :, None]
-    if HALVES:  # dims 0-31 then 32-63 of each group
-        acc = tl.reshape(tl.permute(tl.join(acc_a, acc_b), (0, 1, 3, 2)), (NG, BM, 64))
+    if PV == 16:
+        if HALVES:  # dims 0-31 then 32-63 of each group
+            acc_a = tl.reshape(tl.permute(tl.join(acc_a, acc_b), (0, 1, 3, 2)), (NG, BM, 64))
+        acc = acc_a * down[:, None, None]
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, tl.sum(l_cells, axis=1), head, ok, NG, SPLITS)
