@@ -9,7 +9,8 @@ multiply-adds over the measured int8 matrix rate (torch._int_mm), or the fp16 ra
     python -m strata.bench.moe_prefill [--only "Q2_0 / Q2_0"] [--tokens 2048,8192,16384]
 
 With --sweep [[BMx]BNxWARPSxSTAGES,...] it times each path under each launch shape instead (every kernel of the path
-takes the shape), beside the default shapes, and checks that every shape gives the default's bytes.
+takes the shape), beside the default shapes, and checks that every shape gives the default's bytes (the fused fp16
+shapes, which round differently: the bounds above).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from strata.bench.ceilings import sync
+from strata.kernels.moe import fused, grouping, quantize32
 from strata.kernels.moe.prefill import PATHS, PromptExperts, moe_prefill
 from strata.kernels.moe.reference import moe_float64
 from strata.kernels.moe.stack import ExpertMatrix, Tiles
@@ -35,11 +37,13 @@ PAIRS = ["Q2_0 / Q2_0", "IQ2_XS / Q2_0", "IQ3_XXS / Q2_0", "IQ3_S / Q2_0", "IQ4_
 SWEEP = ["64x8x2", "64x8x3", "64x4x2", "32x8x3", "128x8x1", "128x8x2", "128x8x3", "128x16x2", "128x32x8x2",
          "128x64x8x2", "128x64x8x3"]
 # The fused path's: gate/up features per program (twice as many weight rows) x warps x stages / the down
-# projection's outputs x warps x stages; BM (64 or 128 rows) shared; "s": two 32-value dots a step instead of one
-# block-diagonal 64. Spilling builds (sm_90) left out.
-FUSED_SWEEP = ["32x8x3s/64x8x3s", "32x8x2/64x8x2", "32x8x4/64x8x3", "32x4x2/64x4x2", "32x4x2s/64x4x2s",
-               "64x8x3/128x8x3", "64x16x3/128x16x3", "32x8x3/128x8x3", "128x32x8x2/128x64x8x2",
-               "128x32x8x2s/128x64x8x2s"]
+# projection's outputs x warps x stages; BM (64 or 128 rows) shared. Letters (`Tiles`): "s" two 32-value dots a step
+# instead of one block-diagonal 64; "m" int32 dots made floats by an MMA started from a float's bits; "h" fp16 MMAs
+# on exactly decoded weights, no per-step epilogue (within the bounds, not the default's bytes); "w" (with "h") two
+# blocks a step. Spilling builds (sm_90) left out.
+FUSED_SWEEP = ["128x64x8x3h/128x128x8x3h", "32x4x3h/64x4x3h", "64x8x3h/128x8x3h", "128x16x3h/256x16x3h",
+               "32x4x3hw/64x4x3hw", "128x32x4x3h/128x64x4x3h", "128x8x3h/256x8x3h", "128x64x8x3hw/128x128x8x3hw",
+               "32x4x2s/64x4x2h", "32x4x2sm/64x4x2sm"]  # the likeliest first: a run cut by its cap keeps them
 ROUNDING = {"dense": "fp16", "mmq": "int8", "fused": "int8"}  # what each path does to x and H
 
 # Strata's bounds (prefill_fused_*_test), applied to every pair.
@@ -169,9 +173,13 @@ def bench_pair(pair: str, n_tokens: int, args, rates: tuple[float, float], devic
 
 def sweep_pair(pair: str, n_tokens: int, args, device: torch.device) -> bool:
     """ms of each path under each launch shape of args.sweep, beside its default shapes; False if a shape's output
-    differs from the default's (the shapes change the order of nothing, so the bytes must match)."""
+    differs from the default's (the shapes change the order of nothing, so the bytes must match), or, for the shapes
+    that round differently (`Tiles.same_bytes`: the fused fp16 variant), if it misses the bounds `bench_pair`
+    checks (vs float64 with the int8 rounding; vs float64 within 1.5x / 2x of the default's error; zero token 0)."""
     layer = make_layer(pair, n_tokens, args.experts, args.embd, args.ff, args.top_k, args.seed, device)
     print(f"\n{pair}, {n_tokens} tokens: ms per launch shape (BN x warps x stages)")
+    refs = functools.cache(lambda: moe_float64(layer.x, layer.topk_ids, layer.topk_weights, layer.experts,
+                                               roundings=(None, "int8")))
     ok = True
     for path in args.paths:
         shapes = args.sweep if args.sweep != "default" else [Tiles.parse(t) for t in
@@ -181,18 +189,50 @@ def sweep_pair(pair: str, n_tokens: int, args, device: torch.device) -> bool:
             return moe_prefill(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, path, tiles=tiles)
 
         base_ms, base = timed(lambda: run(None), device, args.reps)
-        cells = [f"default {base_ms:.3f}"]
+        # One line a shape as it is timed (flushed): a run cut by its time cap keeps the shapes it reached.
+        print(f"  {path:6} default {base_ms:.3f}{_parts(layer, None, device, args.reps, path)}", flush=True)
         for tiles in shapes:
             try:
                 ms, out = timed(lambda: run(tiles), device, args.reps)
             except Exception as e:  # a shape that does not build (shared memory, registers) is a result, not an end
-                cells.append(f"{tiles} failed ({type(e).__name__})")
+                print(f"  {path:6} {tiles} failed ({type(e).__name__})", flush=True)
                 continue
-            same = torch.equal(out, base)
-            ok &= same
-            cells.append(f"{tiles} {ms:.3f} ({base_ms / ms:.2f}x){'' if same else ' DIFFERENT BYTES'}")
-        print(f"  {path:6} " + " | ".join(cells))
+            cell = f"  {path:6} {tiles} {ms:.3f} ({base_ms / ms:.2f}x){_parts(layer, tiles, device, args.reps, path)}"
+            if tiles.same_bytes or path != "fused":
+                same = torch.equal(out, base)
+                ok &= same
+                print(cell + ("" if same else " DIFFERENT BYTES"), flush=True)
+                continue
+            within, note = _within_bounds(out, base, refs(), layer.zero_token)
+            ok &= within
+            print(f"{cell}{'' if within else ' OUT OF BOUNDS'}\n    {note}", flush=True)
     return ok
+
+
+def _parts(layer: Layer, tiles: Tiles | None, device: torch.device, reps: int, path: str) -> str:
+    """The fused Q2_0 path's two kernels timed alone, " [gate-up G + down D]" ms (the rest of the path: x's
+    rounding, the grouping and the combine), or "" for the other paths and formats."""
+    e = layer.experts
+    if path != "fused" or not (e.gate.spec.scale_per_64 and e.down.spec.scale_per_64):
+        return ""
+    group = grouping.group_pairs(layer.topk_ids, e.n_experts, tiles.rows if tiles else grouping.TILE_ROWS)
+    xq = quantize32.quantize_rows(layer.x)
+    h16 = fused.fp16_h(e.down, tiles, layer.x.is_cuda)
+    gate_up_ms, h = timed(lambda: fused.gate_up_swiglu_int8(*xq, group, e.gate, e.up, tiles, None, None, h16),
+                          device, reps)
+    down_ms, _ = timed(lambda: fused.down_int8(*h, group, e.down, tiles), device, reps)
+    return f" [gate-up {gate_up_ms:.3f} + down {down_ms:.3f}]"
+
+
+def _within_bounds(out, base, refs, zero_token: int) -> tuple[bool, str]:
+    """A shape that rounds differently against the bounds of `bench_pair`, its default's error standing for mmq's."""
+    (rms, worst), (x_rms, x_worst), (b_rms, b_worst) = (errors(out, refs["int8"]), errors(out, refs[None]),
+                                                        errors(base, refs[None]))
+    zero = out[zero_token].abs().max().item()
+    ok = (rms <= ROUNDED_RMS and worst <= ROUNDED_WORST and x_rms <= FUSED_RMS_VS_MMQ * b_rms
+          and x_worst <= FUSED_WORST_VS_MMQ * b_worst and zero == 0.0)
+    return ok, (f"vs rounded rms {rms:.2e} worst {worst:.2e}; vs FP64 rms {x_rms:.3e} worst {x_worst:.2e} "
+                f"(default {b_rms:.3e} / {b_worst:.2e}); zero token {zero:g}")
 
 
 def check(what: str, passed: bool) -> bool:
@@ -214,7 +254,10 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sweep", nargs="?", const="default", metavar="SHAPES",
                    help="time launch shapes [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES for the fused down] instead of "
-                        f"checking bounds (default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
+                        "checking bounds; fused Q2_0 letters after a shape: s (two 32-value dots), m (int32 dots to "
+                        "float by MMA from a float's bits), h (fp16 MMAs, checked against the bounds), w (with h: "
+                        "two blocks a step) "
+                        f"(default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
     args = p.parse_args(argv)
     if args.sweep and args.sweep != "default":
         args.sweep = [Tiles.parse(t.strip()) for t in args.sweep.split(",")]
@@ -234,7 +277,8 @@ def main(argv=None) -> int:
           f"FF={args.ff} E={args.experts} top {args.top_k}; median of {args.reps}")
     if args.sweep:
         ok = all([sweep_pair(pair, n_tokens, args, device) for pair in args.pairs for n_tokens in args.tokens])
-        print(f"\n{'PASS: every shape gives the default bytes' if ok else 'FAIL: some shapes change the bytes'}")
+        print("\nPASS: every shape gives the default bytes (fp16 shapes: within the bounds)" if ok else
+              "\nFAIL: some shapes change the bytes or miss the bounds")
         return 0 if ok else 1
     rates = matrix_rates(device)
     print(f"measured matrix rates: int8 {rates[0] / 1e12:.1f} TOPS (torch._int_mm), fp16 {rates[1] / 1e12:.1f} TFLOP/s")

@@ -18,6 +18,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.decode import code_tables
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.fused_q2_0 import _down_q2_0_kernel, _gate_up_q2_0_kernel
+from strata.kernels.moe.fused_q2_0_fp16 import rounded_fp16
 from strata.kernels.moe.grouping import Grouping
 from strata.kernels.moe.mmq import (expert_rows, grouped_mm_int8_ref, grouped_mm_int8_triton, load_step,
                                     weights_step)
@@ -66,18 +67,25 @@ def _gate_up_kernel(a, a_scale, a_sum, row_token, tile_expert, n_tiles, wg, wu, 
 
 
 def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMatrix, up: ExpertMatrix,
-                        tiles: Tiles | None = None, out=None):
+                        tiles: Tiles | None = None, out=None, scratch=None, h16: bool = False):
     """H = silu(x Wg^T) * (x Wu^T) of every grouped row, rounded to int8 per 32 features.
 
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
     [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten;
-    into `out` (those three tensors) when given.
+    into `out` (those three tensors) when given. `h16` (Q2_0 gate/up, for an fp16 down kernel: `fp16_h`): the first
+    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads).
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
-    return fn(codes, scales, sums, grouping, gate, up, tiles, out)
+    return fn(codes, scales, sums, grouping, gate, up, tiles, out, scratch, h16)
 
 
-def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
+def fp16_h(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> bool:
+    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape."""
+    return down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16
+
+
+def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None,
+                               h16=False):
     if (gate.qtype, gate.rows, gate.cols, gate.expert_stride) != (up.qtype, up.rows, up.cols, up.expert_stride):
         raise StrataError("the fused gate/up kernel needs gate and up experts of one format, shape and stride")
     k, n_ff = codes.shape[1], gate.rows
@@ -87,16 +95,21 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"H is rounded per {GROUP} features: {n_ff} is not a multiple")
     spec = gate.spec
     device = codes.device
-    hq, hs, hsum = out if out is not None else rounded_rows_buffers(AllocatorScratch(device), grouping.max_rows, n_ff)
+    scratch = scratch if scratch is not None else AllocatorScratch(device)
+    hq, hs, hsum = out if out is not None else rounded_rows_buffers(scratch, grouping.max_rows, n_ff)
     t = tile_config("gate_up", spec, n_ff, codes.is_cuda, tiles)
     if t.bn % GROUP:
         raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
+        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if t.fp16 else codes
+        if h16:
+            hq = scratch.empty((grouping.max_rows, n_ff), torch.float16)
         _gate_up_q2_0_kernel[grid](
-            codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
+            a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, num_warps=t.warps,
+            num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -107,7 +120,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
     return hq, hs, hsum
 
 
-def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None, out=None):
+def gate_up_swiglu_int8_ref(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None, h16=False):
     """float64 gate and up products of the dequantized activations, SwiGLU in float64, H rounded from float32."""
     h = torch.zeros(grouping.max_rows, gate.rows, dtype=torch.float32, device=codes.device)
     x = dequantize_rows_int8(codes, scales)
@@ -128,19 +141,36 @@ def down_int8(codes, scales, sums, grouping: Grouping, down: ExpertMatrix, tiles
 def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     spec = down.spec
     if not spec.scale_per_64:
+        if codes.dtype == torch.float16:
+            raise StrataError(f"fp16 H (an fp16 fused shape, 'h') needs Q2_0 down experts, not {spec.name}")
         return grouped_mm_int8_triton(codes, scales, sums, grouping, down, False, True, out, tiles)
     k = codes.shape[1]
     down.check_dot_length(k)
     if out is None:
         out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
-    t = tile_config("down", spec, down.rows, codes.is_cuda, tiles if tiles is None else tiles.down or tiles)
+    t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
+    if t.fp16 and codes.dtype != torch.float16:  # int8 H (e.g. from the reference gate/up): its fp16 values
+        codes = rounded_fp16(codes, scales)
+    elif not t.fp16 and codes.dtype == torch.float16:
+        raise StrataError("the int8 down kernel needs H as int8 codes, got fp16 values (an fp16 gate/up shape)")
     grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
     if grid[0]:
         _down_q2_0_kernel[grid](
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, num_warps=t.warps, num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), num_warps=t.warps,
+            num_stages=t.stages)
     return out
+
+
+def _wide(tiles: Tiles, k: int) -> bool:
+    """Two Q2_0 blocks a step (`Tiles.wide`, fp16 shapes) where the dot length allows it."""
+    return tiles.fp16 and tiles.wide and k % 128 == 0
+
+
+def _down_tiles(spec, n_out: int, on_gpu: bool, tiles: Tiles | None) -> Tiles:
+    """The fused down projection's launch shape: `tiles.down`, else `tiles`, else the default."""
+    return tile_config("down", spec, n_out, on_gpu, tiles if tiles is None else tiles.down or tiles)
 
 
 def down_int8_ref(codes, scales, sums, grouping, down, tiles=None, out=None):

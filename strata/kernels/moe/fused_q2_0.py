@@ -13,6 +13,8 @@ have to spare, for half the synchronisation. ONE_DOT=False (`Tiles.split`) issue
 A 64-value step is two exact int32 dots scaled once: `acc = fma(d, fma(dx1, dot1, dx0 * dot0), acc)`, with explicit
 fused multiply-adds so that no launch shape changes the arithmetic (the bytes are the same for every tile).
 The down projection (`_down_q2_0_kernel`) is the same loop over BN weight rows of one matrix, stored as float32.
+Variants (`Tiles` letters): MAGIC ("m") makes the int32 dots floats without conversions (the same bytes); FP16
+("h") runs the loop of `fused_q2_0_fp16` instead (fp16 MMAs, no per-step scaling; H then stored as fp16 values).
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe.decode import q2_0_codes_words, q2_0_words
+from strata.kernels.moe.fused_q2_0_fp16 import q2_0_fp16_loop
 from strata.kernels.moe.quantize32 import round_groups
+
+_MAGIC_BITS = tl.constexpr(0x4B400000)  # float32 1.5 * 2^23: an int32 added to its bits below 2^22 stays exact
+_MAGIC_FLOAT = tl.constexpr(12582912.0)
 
 
 @triton.jit
@@ -33,8 +39,19 @@ def _half_codes(a, a_row, am, k0, K: tl.constexpr):
 
 
 @triton.jit
+def _int_dot(x, w, BM: tl.constexpr, NW: tl.constexpr, MAGIC: tl.constexpr):
+    """The exact int32 dot x [BM, K] . w [NW, K]^T as float32. MAGIC: the MMA starts from 1.5 * 2^23's bits, so
+    its sum (|dot| < 2^22) is a float32's mantissa and one subtraction gives the float: no int-to-float conversion."""
+    if MAGIC:
+        start = tl.full((BM, w.shape[0]), _MAGIC_BITS, tl.int32)
+        return tl.dot(x, tl.trans(w), start, out_dtype=tl.int32).to(tl.float32, bitcast=True) - _MAGIC_FLOAT
+    else:
+        return tl.dot(x, tl.trans(w)).to(tl.float32)
+
+
+@triton.jit
 def q2_0_wide_loop(a, a_scale, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: tl.constexpr,
-                   BM: tl.constexpr, ONE_DOT: tl.constexpr):
+                   BM: tl.constexpr, ONE_DOT: tl.constexpr, MAGIC: tl.constexpr):
     """float32 [BM, NW]: the dots of the NW Q2_0 weight rows whose blocks start at byte pointers `at` with the
     int8 rows a_row. Weight words are loaded one step ahead (registers double-buffer them)."""
     acc = tl.zeros((BM, NW), tl.float32)
@@ -56,10 +73,10 @@ def q2_0_wide_loop(a, a_scale, a_row, am, at, nm, K: tl.constexpr, TS: tl.conste
             bot = tl.reshape(tl.permute(tl.join(z, q1), (0, 2, 1)), (NW, 64))
             wt = tl.reshape(tl.permute(tl.join(top, bot), (0, 2, 1)), (2 * NW, 64))
             xc = tl.load(a + a_row[:, None] * K + k0 + tl.arange(0, 64)[None, :], mask=am[:, None], other=0)
-            dot0, dot1 = tl.split(tl.reshape(tl.dot(xc, tl.trans(wt)).to(tl.float32), (BM, NW, 2)))
+            dot0, dot1 = tl.split(tl.reshape(_int_dot(xc, wt, BM, 2 * NW, MAGIC), (BM, NW, 2)))
         else:
-            dot0 = tl.dot(xc0, tl.trans(q0)).to(tl.float32)
-            dot1 = tl.dot(xc1, tl.trans(q1)).to(tl.float32)
+            dot0 = _int_dot(xc0, q0, BM, NW, MAGIC)
+            dot1 = _int_dot(xc1, q1, BM, NW, MAGIC)
         acc = tl.fma(d[None, :], tl.fma(dx1[:, None], dot1, dx0[:, None] * dot0), acc)
         d, words0, words1 = nd, nwords0, nwords1
     return acc
@@ -77,7 +94,10 @@ def _tile_rows(row_token, tile_expert, tile, BM: tl.constexpr):
 def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq, hs, hsum,
                          n_ff, expert_bytes, row_bytes,
                          K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         ONE_DOT: tl.constexpr):
+                         ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr,
+                         H16: tl.constexpr):
+    """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused. H16: H is
+    stored as fp16 values (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_ff, BN)
     tile = pid // n_blocks
@@ -91,12 +111,19 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
     fm = f < n_ff
     offset = expert * expert_bytes + f * row_bytes
     at = tl.where(c % 2 == 0, wg + offset, wu + offset)
-    acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, BM, ONE_DOT)
+    if FP16:
+        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE)
+    else:
+        acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, BM, ONE_DOT, MAGIC)
     g, u = tl.split(tl.reshape(acc, (BM, BN, 2)))
     h = g / (1.0 + tl.exp(-g)) * u
     codes, scales, sums = round_groups(h, BM, BN)
     fo = (pid % n_blocks) * BN + tl.arange(0, BN)
     r64 = rows.to(tl.int64)[:, None]
+    if H16:
+        values = tl.reshape(tl.reshape(codes.to(tl.float32), (BM, BN // 32, 32)) * scales[:, :, None], (BM, BN))
+        tl.store(hq + r64 * n_ff + fo[None, :], values.to(tl.float16), mask=am[:, None] & (fo < n_ff)[None, :])
+        return
     tl.store(hq + r64 * n_ff + fo[None, :], codes, mask=am[:, None] & (fo < n_ff)[None, :])
     gi = (pid % n_blocks) * (BN // 32) + tl.arange(0, BN // 32)
     gm = am[:, None] & (gi[None, :] < n_ff // 32)
@@ -106,7 +133,9 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
 
 @triton.jit
 def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out, expert_bytes, row_bytes,
-                      K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr):
+                      K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr,
+                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
+    """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_out, BN)
     tile = pid // n_blocks
@@ -118,5 +147,8 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
     n = (pid % n_blocks) * BN + tl.arange(0, BN)
     nm = n < n_out
     at = w + expert * expert_bytes + n * row_bytes
-    acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, BM, ONE_DOT)
+    if FP16:
+        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
+    else:
+        acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, BM, ONE_DOT, MAGIC)
     tl.store(out + r64[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])

@@ -23,7 +23,7 @@ from strata.errors import StrataError
 from strata.kernels.moe import combine, dense, fused, grouping, mmq, quantize32
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.quantize32 import rounded_rows_buffers
-from strata.kernels.moe.stack import ExpertMatrix, Tiles
+from strata.kernels.moe.stack import MEASURED_Q2_0, ExpertMatrix, Tiles, tile_config
 from strata.kernels.work_arena import AllocatorScratch, aligned_bytes
 
 PATHS = ("dense", "mmq", "fused")
@@ -103,7 +103,7 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
     experts = PromptExperts.of(stack)
     op = _ops(triton)
     group = op["group"](topk_ids, experts.n_experts if slot_of is None else slot_of.numel(),
-                        tiles.rows if tiles else grouping.TILE_ROWS)
+                        _group_rows(path, experts, tiles, triton and x.is_cuda))
     if slot_of is not None and triton:
         # Grouped by expert id as usual; each tile then reads its expert's weights at the expert's slot.
         tile = group.tile_expert
@@ -136,22 +136,45 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         rows_out = op["mm_int8"](*h, group, experts.down, False, False, rows_of(n_embd), tiles)
     else:
         xq = op["quantize"](x, rounded(*x.shape))
-        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff))
+        h16 = triton and fused.fp16_h(experts.down, tiles, x.is_cuda)  # H as fp16 values for an fp16 down kernel
+        h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff), scratch, h16)
         rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd))
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
+
+
+def _group_rows(path: str, experts: PromptExperts, tiles: Tiles | None, on_gpu: bool) -> int:
+    """Rows per grouping tile: the launch shape's, else 64, or the rows of the fused Q2_0 kernels' default shape."""
+    if tiles is not None:
+        return tiles.rows
+    if path == "fused" and experts.gate.spec.scale_per_64:
+        return tile_config("gate_up", experts.gate.spec, experts.gate.rows, on_gpu).rows
+    return grouping.TILE_ROWS
+
+
+def _rounded(n_rows: int, k: int):
+    return [((n_rows, k), torch.int8), ((n_rows, k // 32), torch.float32), ((n_rows, k // 32), torch.int32)]
 
 
 def prompt_work_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
                         tile_rows: int = grouping.TILE_ROWS):
     """(shape, dtype) of the buffers `_run` takes from its scratch for a chunk of n_tokens, on the path that takes
-    the most (mmq: x's codes, gate and up in float32, H's codes, the down rows); the others take a subset."""
+    the most: mmq (x's codes, gate and up in float32, H's codes, the down rows; the dense and the default fused
+    path take a subset), or the fused path under the Q2_0 kernels' default GPU shapes if those group by 128 rows or
+    keep x and H as fp16 (`fused_q2_0_buffers`) and so take more."""
     rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, tile_rows) * tile_rows
+    mmq = [*_rounded(n_tokens, n_embd), ((rows, n_ff), torch.float32), ((rows, n_ff), torch.float32),
+           *_rounded(rows, n_ff), ((rows, n_embd), torch.float32)]
+    return max(mmq, fused_q2_0_buffers(n_tokens, top_k, n_experts, n_embd, n_ff), key=aligned_bytes)
 
-    def rounded(n_rows, k):
-        return [((n_rows, k), torch.int8), ((n_rows, k // 32), torch.float32), ((n_rows, k // 32), torch.int32)]
 
-    return [*rounded(n_tokens, n_embd), ((rows, n_ff), torch.float32), ((rows, n_ff), torch.float32),
-            *rounded(rows, n_ff), ((rows, n_embd), torch.float32)]
+def fused_q2_0_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int):
+    """The fused path's buffers, in `_run`'s order, under the Q2_0 kernels' default GPU shapes (MEASURED_Q2_0):
+    x's codes, H's codes, x as fp16 (an fp16 gate/up shape), H as fp16 (an fp16 down shape), the down rows."""
+    gate_up, down = MEASURED_Q2_0["gate_up"], MEASURED_Q2_0["down"]
+    rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, gate_up.rows) * gate_up.rows
+    x16 = [((n_tokens, n_embd), torch.float16)] if gate_up.fp16 else []
+    h16 = [((rows, n_ff), torch.float16)] if down.fp16 else []
+    return [*_rounded(n_tokens, n_embd), *_rounded(rows, n_ff), *x16, *h16, ((rows, n_embd), torch.float32)]
 
 
 def prompt_work_bytes(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,12 +74,19 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
+VARIANTS = "smhw"  # the letters a shape may end with (Tiles)
+
+
 @dataclass(frozen=True)
 class Tiles:
     """The launch shape of the expert kernels: outputs per program (BN; features for the fused gate/up kernel),
     warps, Triton's pipeline stages, and the grouped rows per tile (BM; the grouping pads each expert's rows to a
     multiple of it). `down`: another shape for the fused path's down projection (same rows), else it takes this one.
-    `split` (a trailing "s"; the fused Q2_0 kernels only): two dots of 32 values a step instead of one of 64."""
+    The fused Q2_0 kernels' variants, as letters after a shape (`VARIANTS`): `split` ("s"), two dots of 32 values a
+    step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
+    bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
+    against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes); `wide`
+    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128."""
 
     bn: int
     warps: int
@@ -87,28 +94,30 @@ class Tiles:
     rows: int = 64
     down: "Tiles | None" = None
     split: bool = False
+    magic: bool = False
+    fp16: bool = False
+    wide: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
         """"BNxWARPSxSTAGES" (64 rows per tile) or "BMxBNxWARPSxSTAGES", e.g. "128x8x2", "128x64x8x2"; then
-        optionally "/BNxWARPSxSTAGES" for the fused down projection, e.g. "128x64x8x2/128x8x2"; "s" after a
-        shape: `split`."""
+        optionally "/BNxWARPSxSTAGES" for the fused down projection, e.g. "128x64x8x2/128x8x2"; letters after a
+        shape: its variants ("s", "m", "h"; e.g. "32x4x2sm")."""
         first, _, down = text.partition("/")
         tiles = cls._parse_one(first, text)
         if down:
             d = cls._parse_one(down, text)
             if len(down.split("x")) == 4 and d.rows != tiles.rows:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
-            tiles = cls(tiles.bn, tiles.warps, tiles.stages, tiles.rows,
-                        cls(d.bn, d.warps, d.stages, tiles.rows, split=d.split), tiles.split)
+            tiles = replace(tiles, down=replace(d, rows=tiles.rows))
         return tiles
 
     @classmethod
     def _parse_one(cls, part: str, text: str) -> "Tiles":
         part = part.strip().lower()
-        split = part.endswith("s")
+        letters = part[len(part.rstrip(VARIANTS)):]
         try:
-            values = [int(v) for v in part.removesuffix("s").split("x")]
+            values = [int(v) for v in part.removesuffix(letters).split("x")]
             rows, (bn, warps, stages) = (64, values) if len(values) == 3 else (values[0], values[1:])
         except ValueError:
             raise StrataError(f"tile config {text!r}: expected [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES], "
@@ -116,22 +125,37 @@ class Tiles:
         if bn < 16 or bn & (bn - 1) or rows not in (64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 5:
             raise StrataError(f"tile config {text!r}: BM 64 or 128, BN a power of two >= 16, warps 4, 8 or 16, "
                               "stages 1 to 5")
-        return cls(bn, warps, stages, rows, split=split)
+        if "h" in letters and ("s" in letters or "m" in letters):
+            raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
+        if "w" in letters and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
+        return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
+                   wide="w" in letters)
+
+    @property
+    def letters(self) -> str:
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide
+
+    @property
+    def same_bytes(self) -> bool:
+        """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs round differently."""
+        return not (self.fp16 or (self.down is not None and self.down.fp16))
 
     def __str__(self) -> str:
         own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \
             f"{self.rows}x{self.bn}x{self.warps}x{self.stages}"
-        own += "s" if self.split else ""
+        own += self.letters
         if self.down is None:
             return own
-        return f"{own}/{self.down.bn}x{self.down.warps}x{self.down.stages}{'s' if self.down.split else ''}"
+        return f"{own}/{self.down.bn}x{self.down.warps}x{self.down.stages}{self.down.letters}"
 
 
 # Q2_0's launch shapes from `bench moe-prefill --sweep` on the H200 (16,384 tokens, one layer): the int8 matmul at
 # 64 outputs x 4 warps x 2 stages (the quantized path 19.3 -> 16.6 ms), the dense fp16 path at 128 x 8 x 3
 # (37.7 -> 24.0 ms). The fused kernels of `fused_q2_0` (gate/up: 32 features = 64 weight rows a program; down: 64
 # outputs) from session 5's sweep: 4 warps, 2 stages, two dots of 32 values a step ("32x4x2s/64x4x2s"): 14.56 ->
-# 12.65 ms at 16K tokens, the same bytes.
+# 12.65 ms at 16K tokens, the same bytes. A fused shape here may be an fp16 one ("h") or of 128 rows: the grouping
+# takes the gate/up shape's rows (prefill._group_rows) and prompt_work_bytes covers its buffers.
 MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "dense": Tiles(128, 8, 3), "gate_up": Tiles(32, 4, 2, split=True),
                  "down": Tiles(64, 4, 2, split=True)}
 

@@ -73,16 +73,19 @@ def fused_q2_0_kernels(spec, n_embd: int, n_ff: int, tiles=None):
     rows = {"row_token": "*i32", "tile_expert": "*i32", "n_tiles": "*i32"}
     sizes = {"expert_bytes": "i64", "row_bytes": "i32"}
     t = tiles or tile_config("gate_up", spec, n_ff, True)
-    gate_up = {"a": "*i8", "a_scale": "*fp32", **rows, "wg": "*u8", "wu": "*u8", "hq": "*i8", "hs": "*fp32",
-               "hsum": "*i32", "n_ff": "i32", **sizes}
+    td = (tiles.down or tiles) if tiles else tile_config("down", spec, n_embd, True)
+    gate_up = {"a": "*fp16" if t.fp16 else "*i8", "a_scale": "*fp32", **rows, "wg": "*u8", "wu": "*u8",
+               "hq": "*fp16" if td.fp16 else "*i8", "hs": "*fp32", "hsum": "*i32", "n_ff": "i32", **sizes}
     yield build(fused_q2_0._gate_up_q2_0_kernel, gate_up, dict(K=n_embd, TS=spec.type_size, BM=t.rows, BN=t.bn,
-                                                               ONE_DOT=not t.split),
+                                                               ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16,
+                                                               WIDE=t.wide, H16=td.fp16),
                 num_warps=t.warps, num_stages=t.stages)
-    t = (tiles.down or tiles) if tiles else tile_config("down", spec, n_embd, True)
-    down = {"h": "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32", "n_out": "i32", **sizes}
-    yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=t.rows, BN=t.bn,
-                                                         ONE_DOT=not t.split),
-                num_warps=t.warps, num_stages=t.stages)
+    down = {"h": "*fp16" if td.fp16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32",
+            "n_out": "i32", **sizes}
+    yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=td.rows, BN=td.bn,
+                                                         ONE_DOT=not td.split, MAGIC=td.magic, FP16=td.fp16,
+                                                         WIDE=td.wide),
+                num_warps=td.warps, num_stages=td.stages)
 
 
 def helper_kernels():

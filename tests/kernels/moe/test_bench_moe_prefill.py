@@ -36,9 +36,9 @@ def test_sweep_times_each_shape_beside_the_default(capsys):
                  "--reps", "1", "--device", "cpu", "--paths", "mmq,fused", "--sweep", "64x8x2,128x64x4x1"])
     out = capsys.readouterr().out
     assert code == 0, out
-    rows = [line.split() for line in out.splitlines() if " | " in line]
-    assert [r[0] for r in rows] == ["mmq", "fused"] and all(r[1] == "default" for r in rows)
-    assert all("64x8x2" in r and "128x64x4x1" in r for r in rows) and "DIFFERENT" not in out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("  mmq") or line.startswith("  fused")]
+    assert rows == [[path, shape] for path in ("mmq", "fused") for shape in ("default", "64x8x2", "128x64x4x1")]
+    assert "DIFFERENT" not in out
 
 
 def test_sweep_shapes_are_checked():
@@ -55,3 +55,16 @@ def test_sweep_shapes_are_checked():
     with pytest.raises(StrataError, match="rows"):
         parse_args(["--sweep", "128x32x8x3/64x64x4x2"])
     assert all(Tiles.parse(t).bn % 32 == 0 for t in FUSED_SWEEP)  # H is rounded per 32 features of a program
+
+
+def test_sweep_checks_the_fp16_shapes_against_the_bounds_not_the_bytes(capsys):
+    code = main(["--only", "Q2_0 / Q2_0", "--tokens", "16", "--experts", "16", "--embd", "64", "--ff", "64",
+                 "--reps", "1", "--device", "cpu", "--paths", "fused", "--sweep", "32x4x2h/64x4x2h,32x4x2m/64x4x2m"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    h = next(i for i, line in enumerate(lines) if line.startswith("  fused  32x4x2h/64x4x2h "))
+    assert lines[h + 1].startswith("    vs rounded rms") and "zero token 0" in lines[h + 1]  # its bounds
+    assert out.count("vs rounded rms") == 1  # the "m" shape is held to the default's bytes instead
+    assert out.count("[gate-up ") == 3  # the default and both shapes: the two kernels timed alone
+    assert "DIFFERENT" not in out and "OUT OF BOUNDS" not in out

@@ -59,3 +59,32 @@ def test_arena_overflow_goes_to_the_allocator_and_is_counted():
     assert aligned_bytes([((100,), torch.float32), ((3,), torch.int8)]) == ALIGN + 512 + ALIGN
     with pytest.raises(ValueError):
         WorkArena(torch.zeros(10, 10, dtype=torch.uint8))
+
+
+def test_fused_fp16_shapes_take_their_buffers_from_the_arena_too(device):
+    from strata.kernels.moe.stack import Tiles
+    layer = make_layer("Q2_0 / Q2_0", N_TOKENS, n_experts=N_EXPERTS, n_embd=N_EMBD, n_ff=N_FF, top_k=TOP_K, seed=3,
+                       device=device)
+    args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts, "fused")
+    tiles = Tiles.parse("32x4x2h/64x4x2h")
+    expected = moe_prefill_triton(*args, tiles=tiles)
+    need = prompt_work_bytes(N_TOKENS, TOP_K, N_EXPERTS, N_EMBD, N_FF)
+    arena = RecordingArena(_slot_run(device, need)[1])
+    assert torch.equal(moe_prefill_triton(*args, tiles=tiles, scratch=arena), expected)
+    assert torch.float16 in {t.dtype for t in arena.taken}  # x and H as fp16
+    assert arena.overflow_bytes == 0 and arena.high_water <= need
+
+
+def test_work_bytes_cover_a_fused_default_of_128_rows_and_fp16_buffers(monkeypatch):
+    from strata.kernels.moe import prefill, stack
+    from strata.kernels.moe.stack import Tiles
+    layer = make_layer("Q2_0 / Q2_0", 8, n_experts=N_EXPERTS, n_embd=N_EMBD, n_ff=N_FF, top_k=TOP_K)
+    args = (256, TOP_K, 64, 2560, 640)  # few tokens, many experts: 128-row tiles pad the most
+    before = prompt_work_bytes(*args)
+    assert prefill._group_rows("fused", layer.experts, None, True) == 64
+    assert before == aligned_bytes(prefill.prompt_work_buffers(*args)) > aligned_bytes(prefill.fused_q2_0_buffers(*args))
+    monkeypatch.setitem(stack.MEASURED_Q2_0, "gate_up", Tiles(64, 8, 3, rows=128, fp16=True))
+    monkeypatch.setitem(stack.MEASURED_Q2_0, "down", Tiles(128, 8, 3, rows=128, fp16=True))
+    assert prefill._group_rows("fused", layer.experts, None, True) == 128  # the grouping follows the default
+    assert prefill._group_rows("mmq", layer.experts, None, True) == 64
+    assert prompt_work_bytes(*args) == aligned_bytes(prefill.fused_q2_0_buffers(*args)) > before
