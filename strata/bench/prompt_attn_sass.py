@@ -40,12 +40,13 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
     from strata.kernels.attention import prompt_imma, prompt_imma_cells, prompt_v2
 
     meta = {"NG": dim // 64, "EXACT": config.exact}
+    if config.halves:
+        meta["HALVES"] = True
     if variant == "imma":
+        prompt_imma.check_config(config)
         meta["PV"] = config.pv or 8
         if config.qparts:
             meta["QPARTS"] = config.qparts
-        if config.halves:
-            meta["HALVES"] = True
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel
@@ -139,7 +140,7 @@ def run_sass(args, configs: list[str], argv: list[str]) -> int:
     for name in [n for n in args.variants if n in SWEPT]:
         default = _kernels()[name][1]
         for config in [default] + [PromptConfig.parse(text) for text in (configs or SWEEP)]:
-            if (config.pv or config.scores or config.qparts or config.halves) and name != "imma":
+            if (config.pv or config.scores or config.qparts) and name != "imma":
                 continue
             try:
                 print(sass_line(name, config, args.heads, args.kv_heads, args.dim), flush=True)

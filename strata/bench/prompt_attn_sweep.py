@@ -23,13 +23,13 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # session 6 (`--sass` gives each one's registers and loop instructions without a GPU): x1 int8 codes to fp16
     # through their bits (full-rate adds, not the quarter-rate int-to-float unit; the same bytes), x2 V also converted
     # before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2 cells resolved to KV head 0's pool
-    # rows, int32 offsets (far fewer integer ops a row; the same bytes); g1 imma's scores as a 2D dot per 64-dim group,
-    # warps over the cells (no cross-warp sum of the groups), d2 its P.V in two halves of the dims (140 registers
-    # instead of 231: no spills at r128); register caps for 4-7 programs an SM. imma's own first, then v2's (imma runs
-    # them with its int8 P.V), n2 (q in 16 bits) last
-    "t2p16r128x1g1d2", "t2p16r128x1", "t2p16r128x1g1", "t2p16x1g1d2", "t2p16r96x1g1d2", "t2p16r64x1g1d2",
-    "t2p16r128x2g1d2", "s4t2p16r128x1g1d2", "c64t2p16r128x1g1d2", "t1p16r128x1g1d2",
-    "t2r128", "t2r128x1", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2",
+    # rows, int32 offsets (far fewer integer ops a row; the same bytes); d2 the fp16 P.V in two halves of the dims
+    # (fewer registers; the same bytes); g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no
+    # cross-warp sum of the groups); register caps for 4-7 programs an SM. imma's own first, then v2's (imma runs those
+    # without d2 with its int8 P.V), n2 (q in 16 bits) last
+    "t2p16r128x1g1d2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1", "t2p16x1g1d2", "t2p16r96x1g1d2",
+    "t2p16r64x1g1d2", "t2p16r128x2g1d2", "s4t2p16r128x1g1d2", "c64t2p16r128x1g1d2", "t1p16r128x1g1d2",
+    "t2r128x1", "t2r128x1d2", "t2r128", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -97,8 +97,8 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
-                if (config.pv or config.scores or config.qparts or config.halves) and name != "imma":  # imma's own
-                    continue
+                if (config.pv or config.scores or config.qparts) and name != "imma" or not fits(name, config):
+                    continue  # imma's own options, or a combination the variant refuses
                 tag = "default " + config.label if config is default else config.label
                 try:
                     out = call(*data.inputs(), config=config)
@@ -135,6 +135,18 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
               + ", ".join(f"{label} {x:.2f}x" for x, label in ranked))
     print("defaults PASS" if ok else "some default FAIL")
     return 0 if ok else 1
+
+
+def fits(name: str, config) -> bool:
+    """Whether `name` takes `config`'s combination of options (imma: d2 needs p16, n2 needs g1)."""
+    from strata.errors import StrataError
+    from strata.kernels.attention.prompt_imma import check_config
+
+    try:
+        check_config(config) if name == "imma" else None
+    except StrataError:
+        return False
+    return True
 
 
 PROBED = ("t2p16r128x1g1d2",)  # the swept configs whose probes print too (imma's default always does)

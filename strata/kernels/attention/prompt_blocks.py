@@ -28,8 +28,9 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   ldmatrix.trans instead of a byte load per code; more shared memory, fewer registers); the same bytes.
 - `g1` (imma): the scores as one 2D dot per 64-dim group, the warps splitting the cells (prompt_imma_cells.py): no
   cross-warp sum of the groups' partials. Other summation orders: within the parity bounds, not imma's bytes. `n2`
-  (with g1): q in two byte parts (16 bits) instead of three, a third fewer score dots; not exact, measured. `d2` (with
-  g1 p16): P.V as two dots over 32 dims each, half the dot result live at a time (fewer registers); the same sums.
+  (with g1): q in two byte parts (16 bits) instead of three, a third fewer score dots; not exact, measured. `d2` (v2,
+  imma p16): the fp16 P.V as two dots over 32 dims each, half the dot result live at a time (fewer registers); the
+  same bytes.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class PromptConfig:
     exact: int = 0  # 1: int8 codes to fp16 through their bits (full-rate integer and half adds), the same values
     scores: int = 0  # imma's q . k: 0 batched over the 64-dim groups (a warp each), 1 a 2D dot per group (warps: cells)
     qparts: int = 0  # imma g1: 2 q in two byte parts (16 bits) instead of three (0: three, exact to 24 bits)
-    halves: int = 0  # imma g1 p16: 2 P.V as two dots over 32 dims each (half the dot result live: fewer registers)
+    halves: int = 0  # fp16 P.V (v2, imma p16): 2 as two dots over 32 dims each (half the dot result live: fewer registers)
 
     @property
     def label(self) -> str:

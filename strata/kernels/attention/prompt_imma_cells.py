@@ -24,7 +24,7 @@ import triton.language as tl
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
-from strata.kernels.attention.prompt_v1 import codes_to_half, split_hilo
+from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
 MAX_GROUPS = 4  # 64-dim groups the kernel unrolls (head dims up to 256)
 
@@ -54,17 +54,6 @@ def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexp
 
 
 @triton.jit
-def _v_dims(v_ptr, rows, valid, d0, W: tl.constexpr, NG: tl.constexpr, EXACT: tl.constexpr):
-    """V codes of dims `d0 .. d0 + W` of each 64-dim group [NG, CH, W], as fp16 (exact; x2 as in pv_hilo)."""
-    g = tl.arange(0, NG)[:, None, None]
-    v = tl.load(v_ptr + rows[None, :, None] * (NG * 64) + g * 64 + d0 + tl.arange(0, W)[None, None, :],
-                mask=valid[None, :, None], other=0)
-    if EXACT == 2:
-        return codes_to_half(v, EXACT) * tl.where(valid, 1.0, 0.0).to(tl.float16)[None, :, None]
-    return codes_to_half(v, EXACT)
-
-
-@triton.jit
 def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: tl.constexpr, EXACT: tl.constexpr,
                  HALVES: tl.constexpr):
     """pv_hilo's P.V (the same p, hi and lo) into accumulators kept in units of the chunk's `down = vmax / 16384`
@@ -80,12 +69,12 @@ def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: t
     new_down = vmax * (1.0 / 16384.0)
     f = (alpha[None, :] * (down / new_down)[:, None])[:, :, None]  # [NG, M, 1]
     if HALVES:
-        v = _v_dims(v_ptr, rows, valid, 0, 32, NG, EXACT)
+        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
         acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
-        v = _v_dims(v_ptr, rows, valid, 32, 32, NG, EXACT)
+        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
         acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
     else:
-        v = _v_dims(v_ptr, rows, valid, 0, 64, NG, EXACT)
+        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
         acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
     return acc_a, acc_b, new_down
 
@@ -158,7 +147,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         else:  # 0: no P.V (the sweep's probe)
             acc = acc * alpha[None, :, None]
     if PV == 16:
-        if HALVES:  # dims 0-31 then 32-63 of each group
-            acc_a = tl.reshape(tl.permute(tl.join(acc_a, acc_b), (0, 1, 3, 2)), (NG, BM, 64))
+        if HALVES:
+            acc_a = join_halves(acc_a, acc_b, NG, BM)
         acc = acc_a * down[:, None, None]
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, tl.sum(l_cells, axis=1), head, ok, NG, SPLITS)

@@ -53,10 +53,11 @@ def test_scores_per_group_within_parity_bounds(case, text):  # noqa: F811
     assert_within_bounds(case, run(case, "imma", text), ("imma", text))
 
 
-@pytest.mark.parametrize("text", ["t2p16x1g1", "q2h4k2p16x2g1"])
-def test_pv_in_halves_gives_the_same_bytes(case, text):  # noqa: F811
+@pytest.mark.parametrize("name,text", [("imma", "t2p16x1g1"), ("imma", "q2h4k2p16x2g1"), ("imma", "p16"),
+                                       ("v2", "q1"), ("v2", "q2h2k2x1")])
+def test_pv_in_halves_gives_the_same_bytes(case, name, text):  # noqa: F811
     # d2: the same p, hi, lo and products, each dim's sum over the chunk's cells in the same dot
-    assert torch.equal(run(case, "imma", text + "d2"), run(case, "imma", text))
+    assert torch.equal(run(case, name, text + "d2"), run(case, name, text))
 
 
 @pytest.mark.parametrize("dim,text", [(64, "p16x1g1"), (256, "h1p16x2g1d2")])
@@ -117,6 +118,7 @@ def test_two_part_q_is_close_but_not_exact(case):  # noqa: F811
     out = run(case, "imma", "p16g1n2")
     assert (out.double() - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
     assert not torch.equal(out, run(case, "imma", "p16g1"))
-    for text in ("p16n2", "p16d2", "g1d2"):
-        with pytest.raises(StrataError, match="n2 and d2 go with g1"):
-            run(case, "imma", text)
+    with pytest.raises(StrataError, match="n2 goes with g1"):
+        run(case, "imma", "p16n2")
+    with pytest.raises(StrataError, match="d2 with p16"):
+        run(case, "imma", "g1d2")
