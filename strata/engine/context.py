@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.kv import KVBackend
+from strata.engine.kv import KVBackend, attend_as_steps
 
 
 @dataclass
@@ -21,3 +21,10 @@ class ForwardContext:
 
     def positions(self, device: torch.device) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.n_tokens, device=device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               selection: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`kv.attend` of this step; a verify window's rows one at a time (`attend_as_steps`)."""
+        if self.keep_row_states:
+            return attend_as_steps(self.kv, layer, q, k, v, self.start, selection)
+        return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))

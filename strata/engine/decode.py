@@ -36,6 +36,7 @@ from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
 from strata.models.layers import add_rms_norm, rms_norm
+from strata.models.weights import rows_as_steps
 
 
 @dataclass
@@ -46,6 +47,10 @@ class StaticContext(ForwardContext):
 
     def positions(self, device: torch.device) -> torch.Tensor:
         return self.position_tensor
+
+    def attend(self, layer, q, k, v, selection=None):
+        """The static views take a window's rows at once, each row as its one-token step (static_kv.py)."""
+        return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
 
 
 @dataclass
@@ -152,16 +157,17 @@ class GraphDecoder:
         self.upload(tokens, start, self.tokens, self.positions)
         if tail is not None:
             self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
-        if not self.capture:
-            runner = StepGraphs(self._program(span), capture=False)
-            self._execute(runner)
-        elif span not in self.programs:  # a span's first step runs eagerly (compiling every kernel); then capture
-            runner = StepGraphs(self._program(span), capture=False)
-            self._execute(runner)
-            self._capture(span)
-        else:
-            runner = self.programs[span]
-            self._execute(runner)
+        with rows_as_steps(self.rows > 1):  # a window's rows compute as one-token steps (what the graphs record)
+            if not self.capture:
+                runner = StepGraphs(self._program(span), capture=False)
+                self._execute(runner)
+            elif span not in self.programs:  # a span's first step runs eagerly (compiling every kernel); capture
+                runner = StepGraphs(self._program(span), capture=False)
+                self._execute(runner)
+                self._capture(span)
+            else:
+                runner = self.programs[span]
+                self._execute(runner)
         self.model.experts.end_step()
         self.steps += 1
         stash = runner.program.stash
@@ -249,7 +255,7 @@ class GraphDecoder:
 
     def _program(self, span: int) -> Program:
         model, rows = self.model, self.rows
-        view = static_kv(self.kv, self.positions, span)
+        view = static_kv(self.kv, self.positions, span, self.exact_span)
         ctx = StaticContext(view, start=0, n_tokens=rows, want_all_logits=rows > 1, want_hidden=self.want_hidden,
                             keep_row_states=self.keep_row_states, position_tensor=self.positions)
         routed = [i for i in range(model.n_main_layers) if model.is_moe(i)] if self.cached is not None else []

@@ -60,6 +60,20 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torc
     return torch.where(allowed.any(1)[:, None, None], out, 0.0)
 
 
+def attend_as_steps(kv, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                    selection: Selection | None = None) -> torch.Tensor:
+    """`kv.attend` of a verify window's rows one at a time, each the one-token step plain decoding takes at its
+    position: it reads the window's earlier rows' keys as the cache stored them (fp16, int8), not at full precision
+    as a prompt chunk does, and attends with one query's arithmetic (issue 10: rows bit-equal to decode steps)."""
+    if q.shape[0] == 1:
+        return kv.attend(layer, q, k, v, start, *(() if selection is None else (selection,)))
+    rows = []
+    for r in range(q.shape[0]):
+        one = () if selection is None else ((selection[0][r:r + 1], selection[1][r:r + 1]),)
+        rows.append(kv.attend(layer, q[r:r + 1], k[r:r + 1], v[r:r + 1], start + r, *one))
+    return torch.cat(rows)
+
+
 class KVBackend(ABC):
     """Keys and values of one sequence, every attention layer; positions 0..max_tokens-1."""
 

@@ -38,6 +38,7 @@ from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.spec_mtp import make_mtp_steps
 from strata.engine.spec_windows import make_windows
 from strata.errors import StrataError
+from strata.models.weights import rows_as_steps
 
 if TYPE_CHECKING:
     from strata.engine.engine import Engine
@@ -235,7 +236,8 @@ class SpecDecoder:
         else:
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
                                  keep_row_states=True)
-            logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
+            with rows_as_steps():
+                logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
             hidden = ctx.hidden
         if self.has_mtp:
             self._keep_hidden(start, hidden)

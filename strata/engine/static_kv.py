@@ -20,7 +20,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import KVBackend, KVCache, attend_selected, check_selection
 from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
-from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton
+from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split_table
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
@@ -42,7 +42,9 @@ def span_for(end: int, max_tokens: int) -> int:
 class StaticView(KVBackend):
     """Common part: the positions [T] (int64, on the device) and the span; growing or rewinding is the runner's."""
 
-    def __init__(self, cache: KVBackend, positions: torch.Tensor, span: int):
+    def __init__(self, cache: KVBackend, positions: torch.Tensor, span: int, exact: bool = False):
+        """`exact`: the span is the step's end (the CPU form), so a window's row r ends at span - rows + 1 + r."""
+        self.exact = exact
         if span > cache.max_tokens:
             raise StrataError(f"attention span {span} exceeds the context of {cache.max_tokens}")
         self.cache, self.positions, self.span = cache, positions, span
@@ -79,6 +81,12 @@ class StaticDenseKV(StaticView):
 
     cache: KVCache
 
+    def __init__(self, cache: KVCache, positions: torch.Tensor, span: int, exact: bool = False):
+        super().__init__(cache, positions, span, exact)
+        self._row_splits = None
+        if positions.is_cuda:
+            self._row_split(positions.shape[0])
+
     def attend(self, layer, q, k, v, start, selection=None):
         c, pos = self.cache, self.positions
         if c.capacity < self.span:
@@ -91,13 +99,38 @@ class StaticDenseKV(StaticView):
         if selection is None and _fused(q):
             # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
-            return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype)
-        # As KVCache.attend: past cells from the cache, this step's keys and values at full precision.
-        keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
-        values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
+            # Each row takes its own one-token step's split: a verify window's rows are those steps' bit for bit.
+            return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype,
+                                            row_split=self._row_split(q.shape[0]))
         if selection is not None:
+            keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
+            values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
             return attend_selected(q, keys, values, *check_selection(selection, q.shape[0]))
-        allowed = self.cells[None, :] <= pos[:, None]
+        if q.shape[0] == 1:
+            return self._masked(layer, q, k, v, pos, self.span)
+        # A verify window: each row as the one-token step at its position (its own span when exact: the window's
+        # positions end at the span), reading the earlier rows' keys as the cache stored them.
+        n = q.shape[0]
+        return torch.cat([self._masked(layer, q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1],
+                                       self.span - n + 1 + r if self.exact else self.span) for r in range(n)])
+
+    def _row_split(self, n_rows: int) -> tuple[torch.Tensor, int]:
+        """(the split of each width, on the device; the launch's split count) for rows of this view's steps. Made
+        once a view (outside any capture: the table's upload)."""
+        if self._row_splits is None:
+            table, host = split_table(self.cache.n_kv_heads, self.max_tokens, self.exact, self.positions.device)
+            lowest = max(1, self.span - n_rows + 1) if self.exact else 1  # the widths a row of this step can have
+            widths, splits = torch.arange(lowest, self.span + 1), host[lowest:self.span + 1]
+            self._row_splits = (table, int(((widths + splits - 1) // splits).max()))
+        return self._row_splits
+
+    def _masked(self, layer, q, k, v, pos, span):
+        """As KVCache.attend: cells 0..span-1 from the cache, this step's keys and values at full precision, cells
+        past each row's position masked."""
+        c = self.cache
+        keys = c.keys[layer][:span].to(q.dtype).index_copy(0, pos, k)
+        values = c.values[layer][:span].to(q.dtype).index_copy(0, pos, v)
+        allowed = self.cells[None, :span] <= pos[:, None]
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                              attn_mask=allowed, enable_gqa=True)
         return out.transpose(0, 1)
@@ -109,8 +142,8 @@ class StaticPagedKV(StaticView):
 
     cache: PagedInt8KV
 
-    def __init__(self, cache: PagedInt8KV, positions: torch.Tensor, span: int):
-        super().__init__(cache, positions, span)
+    def __init__(self, cache: PagedInt8KV, positions: torch.Tensor, span: int, exact: bool = False):
+        super().__init__(cache, positions, span, exact)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
     def attend(self, layer, q, k, v, start, selection=None):
@@ -146,6 +179,27 @@ class StaticPagedKV(StaticView):
         return selector.select_span(layer, q, width, self.span, kernels)
 
 
+_SPLIT_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_table(n_kv_heads: int, max_tokens: int, exact: bool, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense decode attention's split for a one-token step of each width 0..max_tokens (int32, on the device,
+    and a host copy): `dense_split` of the span that step attends (its width when exact, else span_for's)."""
+    key = (n_kv_heads, max_tokens, exact, torch.device(device))
+    kept = _SPLIT_TABLES.get(key)
+    if kept is None:
+        widths = torch.arange(max_tokens + 1).clamp_min(1)
+        spans = widths.clone() if exact else torch.full_like(widths, MIN_SPAN)
+        if not exact:
+            while bool((spans < widths).any()):  # span_for: powers of two from MIN_SPAN, at most the context
+                spans = torch.where(spans < widths, spans * 2, spans)
+            spans = spans.clamp_max(max_tokens)
+        host = dense_split_table(spans, n_kv_heads)
+        kept = _SPLIT_TABLES[key] = (host.to(device), host)
+    return kept
+
+
 def check_static(cache) -> None:
     """A StrataError unless `static_kv` has a view of this cache: the dense or int8 paged backend (not a subclass,
     such as the host-resident one, whose reads it would skip), alone or in a plain HybridCache; a selector only
@@ -157,14 +211,15 @@ def check_static(cache) -> None:
         raise StrataError("a static decode step selects cells (--qsa quest) only over the int8 KV cache")
 
 
-def static_kv(cache, positions: torch.Tensor, span: int) -> KVBackend:
-    """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells."""
+def static_kv(cache, positions: torch.Tensor, span: int, exact: bool = False) -> KVBackend:
+    """The static view of a cache (a KV backend or a HybridCache) for steps at `positions` attending `span` cells
+    (`exact`: the span is the step's end)."""
     check_static(cache)
     if type(cache) is HybridCache:
-        return StaticHybrid(cache, static_kv(cache.kv, positions, span))
+        return StaticHybrid(cache, static_kv(cache.kv, positions, span, exact))
     if type(cache) is KVCache:
-        return StaticDenseKV(cache, positions, span)
-    return StaticPagedKV(cache, positions, span)
+        return StaticDenseKV(cache, positions, span, exact)
+    return StaticPagedKV(cache, positions, span, exact)
 
 
 class StaticHybrid(HybridCache):

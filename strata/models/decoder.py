@@ -167,7 +167,7 @@ class DecoderLM:
             q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
         else:
             q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
-        out = ctx.kv.attend(i, q, k, v, ctx.start)
+        out = ctx.attend(i, q, k, v)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def is_moe(self, i: int) -> bool:

@@ -79,11 +79,16 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor,
                 row_states: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv of x [T, C] after `past` [K-1, C] inputs; returns (SiLU(conv) [T, C], new past), or
     with row_states the past after each row, [T, K-1, C]."""
+    if row_states:  # a verify window: each row as the one-token step at its position (conv1d's sums vary with T)
+        outs, pasts = [], []
+        for t in range(x.shape[0]):
+            out, past = causal_conv(x[t:t + 1], weight, past)
+            outs.append(out)
+            pasts.append(past)
+        return torch.cat(outs), torch.stack(pasts)
     kernel = weight.shape[1]
     window = torch.cat((past.to(x.dtype), x))
     out = F.conv1d(window.T[None], weight.to(x.dtype)[:, None, :], groups=x.shape[1])[0].T
-    if row_states:
-        return F.silu(out), window.unfold(0, kernel - 1, 1)[1:].transpose(1, 2)
     return F.silu(out), window[window.shape[0] - (kernel - 1):]
 
 
@@ -95,11 +100,20 @@ def conv_and_gates(mixed: torch.Tensor, conv_weight: torch.Tensor, past: torch.T
     """(SiLU(causal conv) [T, C], new past, beta = sigmoid(b), g = decay_rate * softplus(a + dt_bias)), beta and g
     float32. A decode step on the GPU takes one launch (kernels/pointwise/gdn_conv_step.py), which writes the new
     past over `past` and returns it; otherwise torch, `past` untouched."""
-    if (not row_states and _fused(mixed) and mixed.shape[0] <= CONV_STEP_MAX_TOKENS and past.is_contiguous()
+    if (_fused(mixed) and mixed.shape[0] <= CONV_STEP_MAX_TOKENS and past.is_contiguous()
             and past.device == mixed.device):
         from strata.kernels.pointwise.gdn_conv_step import conv_step_triton
 
-        return conv_step_triton(mixed, conv_weight, past, b, a, dt_bias, decay_rate)
+        if not row_states:
+            return conv_step_triton(mixed, conv_weight, past, b, a, dt_bias, decay_rate)
+        # A verify window: the kernel's sums per row do not depend on the row count (each row its K taps in
+        # order), so its rows are the one-token steps'; the past after each row is a copy of the window's inputs,
+        # gathered before the kernel writes the last row's over `past`.
+        kernel = conv_weight.shape[1]
+        window = torch.cat((past, mixed.to(past.dtype)))
+        row_pasts = window.unfold(0, kernel - 1, 1)[1:].transpose(1, 2)
+        out, _, beta, g = conv_step_triton(mixed, conv_weight, past, b, a, dt_bias, decay_rate)
+        return out, row_pasts, beta, g
     mixed, past = causal_conv(mixed, conv_weight, past, row_states)
     beta = torch.sigmoid(b.float())
     return mixed, past, beta, decay_rate * F.softplus(a.float() + dt_bias.float())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from strata.models.weights import QuantWeight, linear
+from strata.models.weights import QuantWeight, linear, row_by_row
 
 
 # tools/count_step_kernels.py --fused: CPU tensors take the kernels too (Triton's interpreter), to count launches.
@@ -48,7 +48,11 @@ def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor
         from strata.kernels.pointwise.shared_gate import shared_gate_triton
 
         return shared_gate_triton(routed, shared, x, gate_weight)
-    return routed + shared * torch.sigmoid(x @ gate_weight)[:, None]
+    if row_by_row(x):  # a verify window: each row's dot as plain decode's step takes it
+        gate = torch.cat([x[r:r + 1] @ gate_weight for r in range(x.shape[0])])
+    else:
+        gate = x @ gate_weight
+    return routed + shared * torch.sigmoid(gate)[:, None]
 
 
 class Rope:

@@ -215,7 +215,7 @@ class Qwen3NextLM(DecoderLM):
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
         # Per-head norms, then RoPE on the leading cos.shape[-1] dims of each head; the rest pass through.
         q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
-        out = ctx.kv.attend(slot, q, k, v, ctx.start)
+        out = ctx.attend(slot, q, k, v)
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 

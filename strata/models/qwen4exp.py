@@ -292,7 +292,8 @@ class Qwen4ExpLM(DecoderLM):
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)
-                y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps)
+                y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps,
+                                  ctx.keep_row_states)
             residual = hc_write(residual, y, inject)
             mixed, inject = hc_read(residual, self.hc_ffn[i], c.rms_eps)
             residual = hc_write(residual, self._feed_forward(i, mixed.to(self.dtype)), inject)

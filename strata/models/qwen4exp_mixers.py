@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.engine.kv import attend_as_steps
 from strata.kernels.gdn import gated_delta_rule
 from strata.kernels.select.keys import rope_neox
 from strata.kernels.select.scores import block_scores
@@ -102,15 +103,18 @@ def indexer_select(w: QSAWeights, s: QSAShape, x: torch.Tensor, positions: torch
 
 
 def qsa_attention(w: QSAWeights, s: QSAShape, x: torch.Tensor, kv, layer: int, start: int, cos: torch.Tensor,
-                  sin: torch.Tensor, selection, eps: float) -> torch.Tensor:
-    """One QSA layer over x [T, embd]; `kv.attend` stores the keys/values and attends (over `selection` if any)."""
+                  sin: torch.Tensor, selection, eps: float, rows_as_steps: bool = False) -> torch.Tensor:
+    """One QSA layer over x [T, embd]; `kv.attend` stores the keys/values and attends (over `selection` if any);
+    `rows_as_steps` (a verify window): row by row, as plain decoding's steps (kv.attend_as_steps)."""
     n_tokens, d = x.shape[0], s.head_dim
     q, gate = linear(x, w.q).view(n_tokens, s.n_heads, 2 * d).split(d, dim=-1)
     q = rms_norm(q, w.q_norm, eps)
     k = rms_norm(linear(x, w.k).view(n_tokens, s.n_kv_heads, d), w.k_norm, eps)
     v = linear(x, w.v).view(n_tokens, s.n_kv_heads, d)
     q, k = Rope.apply_partial(q, cos, sin, s.n_rot), Rope.apply_partial(k, cos, sin, s.n_rot)
-    if selection is None:
+    if rows_as_steps:
+        out = attend_as_steps(kv, layer, q, k, v, start, selection)
+    elif selection is None:
         out = kv.attend(layer, q, k, v, start)
     else:
         out = kv.attend(layer, q, k, v, start, selection=selection)

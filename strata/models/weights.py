@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import torch
@@ -85,11 +87,36 @@ def stacked_rows(name: str, *weights: QuantWeight) -> tuple[QuantWeight, ...] | 
     return (stack, *views)
 
 
+# Inside a verify window (`rows_as_steps`), steps of up to this many rows run torch's matmul one row at a time: a
+# GEMM of M rows may sum in another order than M = 1, and a window's row must be plain decode's step bit for bit.
+ROW_BY_ROW_MAX_ROWS = 4
+_ROWS_AS_STEPS: ContextVar[bool] = ContextVar("rows_as_steps", default=False)
+
+
+@contextmanager
+def rows_as_steps(on: bool = True):
+    """Within: the step being computed is a verify window, each of whose rows must compute as the one-token step at
+    its position (torch's matmuls row by row). Prompt chunks stay outside, as fast and as they were."""
+    token = _ROWS_AS_STEPS.set(on)
+    try:
+        yield
+    finally:
+        _ROWS_AS_STEPS.reset(token)
+
+
+def row_by_row(x: torch.Tensor) -> bool:
+    """Whether torch's matmuls over x [rows, ...] go one row at a time: in a verify window of 2..4 rows."""
+    return _ROWS_AS_STEPS.get() and x.dim() == 2 and 1 < x.shape[0] <= ROW_BY_ROW_MAX_ROWS
+
+
 def linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if x.is_cuda and weight.ggml_type not in FLOAT_VIEWS:
         from strata.kernels.quant.matvec import matvec_applies, quant_matvec
 
         if matvec_applies(x, weight.ggml_type):  # a decode step: read the blocks once instead of dequantizing
-            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)
+            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)  # each row its own programs: row-exact
             return y if bias is None else y + bias
-    return torch.nn.functional.linear(x, weight.dequantize(x.dtype), bias)
+    dense = weight.dequantize(x.dtype)
+    if row_by_row(x):
+        return torch.cat([torch.nn.functional.linear(x[r:r + 1], dense, bias) for r in range(x.shape[0])])
+    return torch.nn.functional.linear(x, dense, bias)

@@ -108,8 +108,9 @@ def test_modes_and_refusals(tiny_moe):
     assert engine.decoder is None  # PCIe-streamed misses: step by step, said in one line
 
 
-def test_a_window_of_rows_matches_the_prompt_path(tiny_moe):
-    """rows=T (a verify window): every row's logits as the engine's forward over the same T tokens gives them."""
+def test_a_window_of_rows_matches_one_token_steps(tiny_moe):
+    """rows=T (a verify window): every row's logits as the engine's one-token decode steps give them (issue 10:
+    not the prompt path's, which reads the window's own keys at full precision)."""
     eager = Engine(tiny_moe, EngineConfig(device="cpu"))
     static = Engine(tiny_moe, EngineConfig(device="cpu"))
     window = GraphDecoder(static.model, static.kv, static.device, capture=False, rows=2)
@@ -117,7 +118,7 @@ def test_a_window_of_rows_matches_the_prompt_path(tiny_moe):
     static.prefill(PROMPT)
     start = len(PROMPT)
     for pair in ([11, 12], [40, 41]):
-        want = eager._forward(pair, start, all_logits=True)
+        want = torch.cat([eager.decode(token, start + i) for i, token in enumerate(pair)])
         got = window.step(pair, start)
         assert got.shape == want.shape == (2, eager.model.config.vocab_size)
         assert got.numpy().tobytes() == want.numpy().tobytes()

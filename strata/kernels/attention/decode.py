@@ -25,7 +25,8 @@ SPLIT = 128  # cells per program
 @triton.jit
 def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
                          cap, n_kv_heads, n_splits, scale_log2, G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-                         CH: tl.constexpr, SPLIT: tl.constexpr, INT8: tl.constexpr, DENSE: tl.constexpr = False):
+                         CH: tl.constexpr, SPLIT: tl.constexpr, INT8: tl.constexpr, DENSE: tl.constexpr = False,
+                         split_ptr=None, ROW_SPLIT: tl.constexpr = False):
     sp = tl.program_id(0)
     kvh = tl.program_id(1)
     qi = tl.program_id(2)
@@ -33,12 +34,19 @@ def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     d = tl.arange(0, D)
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
     q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=r[:, None] < G, other=0.0).to(tl.float32)
-    end = tl.minimum(tl.load(width_ptr + qi), (sp + 1) * SPLIT)
+    width = tl.load(width_ptr + qi)
+    # ROW_SPLIT: each query's split read by its width (the one-query step's own split at that width: a verify
+    # window's rows then sum as their decode steps do), else SPLIT for all.
+    if ROW_SPLIT:
+        split = tl.load(split_ptr + width)
+    else:
+        split = SPLIT
+    end = tl.minimum(width, (sp + 1) * split)
     ids_row = ids_ptr + qi.to(tl.int64) * cap
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, D), tl.float32)
-    for c0 in range(sp * SPLIT, end, CH):
+    for c0 in range(sp * split, end, CH):
         if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
             cells = c0 + tl.arange(0, CH)
             valid = cells < end
@@ -75,6 +83,36 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S:
     tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0).to(out_ptr.dtype.element_ty))
 
 
+MERGE_BLOCK = 16  # splits the decode merge reduces at once
+
+
+@triton.jit
+def _decode_merge_blocks_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, D: tl.constexpr, S: tl.constexpr):
+    """The merge in blocks of S splits, the blocks' sums added in order: a query's result is the same whatever
+    the launch's split count, since splits past its cells (m = -inf, l = 0, acc = 0) add exact zeros. (One tree
+    over next_power_of_2(n_splits) splits would change its order with the count, i.e. with the span or rows.)"""
+    head = tl.program_id(0).to(tl.int64)  # (query, head) flattened
+    d = tl.arange(0, D)
+    top = tl.max(tl.full((S,), float("-inf"), tl.float32), axis=0)
+    for s0 in range(0, n_splits, S):
+        sp = s0 + tl.arange(0, S)
+        top = tl.maximum(top, tl.max(tl.load(ml_ptr + (head * n_splits + sp) * 2, mask=sp < n_splits,
+                                             other=float("-inf")), axis=0))
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(tl.zeros((S,), tl.float32), axis=0)
+    acc = tl.zeros((D,), tl.float32)
+    for s0 in range(0, n_splits, S):
+        sp = s0 + tl.arange(0, S)
+        live = sp < n_splits
+        part = head * n_splits + sp
+        m = tl.load(ml_ptr + part * 2, mask=live, other=float("-inf"))
+        l = tl.load(ml_ptr + part * 2 + 1, mask=live, other=0.0)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - shift))
+        total += tl.sum(w * l, axis=0)
+        acc += tl.sum(tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=live[:, None], other=0.0) * w[:, None], 0)
+    tl.store(out_ptr + head * D + d, tl.where(total > 0, acc / total, 0.0).to(out_ptr.dtype.element_ty))
+
+
 def merge_splits(parts: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> None:
     """Split-K partials (unscaled acc [rows, S, D], m and l [rows, S, 2], base 2) -> out [rows, D] (its dtype):
     `sum_s w_s acc_s / sum_s w_s l_s`, `w_s = exp2(m_s - max m)`, the splits in order (deterministic)."""
@@ -84,24 +122,27 @@ def merge_splits(parts: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> No
 
 
 def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
-                     pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32,
+                     row_split: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,
     v scales), then the merge: [n_q, H, D] of out_dtype (the fp32 result rounded once; q is read in its own dtype,
-    exact in fp32, so neither side needs a conversion launch)."""
+    exact in fp32, so neither side needs a conversion launch). `row_split` (table, n_splits): each query's split
+    read from table[width], over a launch of n_splits splits."""
     n_q, n_heads, dim = q.shape
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
-    n_splits = triton.cdiv(max(cells, 1), split)
+    n_splits = triton.cdiv(max(cells, 1), split) if row_split is None else row_split[1]
     if n_q == 0:
         return out
     acc = torch.empty(n_q, n_heads, n_splits, dim, dtype=torch.float32, device=q.device)
     ml = torch.empty(n_q, n_heads, n_splits, 2, dtype=torch.float32, device=q.device)
     group = n_heads // n_kv_heads
+    extra = {} if row_split is None else dict(split_ptr=row_split[0], ROW_SPLIT=True)
     _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
         q.contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
-        BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2)
-    _decode_merge_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=triton.next_power_of_2(n_splits),
-                                           num_warps=4)
+        BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2,
+        **extra)
+    _decode_merge_blocks_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=MERGE_BLOCK, num_warps=4)
     return out
 
 
@@ -132,12 +173,23 @@ def dense_split(span: int, n_kv_heads: int, n_queries: int) -> int:
     return max(split, triton.cdiv(triton.cdiv(span, MAX_SPLITS), CHUNK) * CHUNK)
 
 
+def dense_split_table(spans: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """`dense_split(span, n_kv_heads, 1)` of every entry of `spans` (int64): int32, the same values."""
+    per_program = spans * n_kv_heads // PROGRAMS
+    split = (per_program // CHUNK * CHUNK).clamp(CHUNK, SPLIT)
+    longest = -(-(-(-spans // MAX_SPLITS)) // CHUNK) * CHUNK
+    return torch.maximum(split, longest).to(torch.int32)
+
+
 def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: torch.Tensor,
                              span: int, sm_scale: float | None = None, split: int | None = None,
-                             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                             out_dtype: torch.dtype = torch.float32,
+                             row_split: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """Split-K attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most
     `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured
-    decode step's attention: one launch (and the merge) in place of torch's masked attention over the whole span."""
+    decode step's attention: one launch (and the merge) in place of torch's masked attention over the whole span.
+    `row_split` (int32 table by width on q's device, the launch's split count): each query takes the split of its
+    width (a verify window's row the split its own one-query step takes), in place of one split for all."""
     n_q, n_heads, dim = q.shape
     n_kv_heads = keys.shape[1]
     if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
@@ -150,7 +202,7 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
     pointers = (width, width, width, keys, values, keys, values)
     return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
-                            out_dtype=out_dtype)
+                            out_dtype=out_dtype, row_split=row_split)
 
 
 def decode_attention(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,

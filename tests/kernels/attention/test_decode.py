@@ -58,3 +58,40 @@ def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
     for span in (256, 4096, 32768, 524288):
         split = dense_split(span, 2, 4)
         assert split % CHUNK == 0 and -(-span // split) <= 256  # the merge's width stays bounded
+    from strata.kernels.attention.decode import dense_split_table
+
+    spans = [1, 31, 256, 300, 4096, 5000, 32768, 524288]  # the table the static views read: dense_split's values
+    for heads in (1, 4, 32):
+        assert dense_split_table(torch.tensor(spans), heads).tolist() == [dense_split(s, heads, 1) for s in spans]
+
+
+def test_a_window_row_is_its_own_one_query_launch_bit_for_bit(monkeypatch):
+    """Issue 10: the rows of a verify window (one launch, each query taking the split of its own width through
+    the step's table) equal one-query launches at each row's own captured span (span_for), whose splits differ
+    (PROGRAMS at 4, as a GPU's 128 with 32 KV heads: 64 cells a program at a 256-cell span, 128 at 512): so the
+    merge must not depend on the split count either."""
+    from strata.engine import static_kv
+    from strata.kernels.attention import decode
+
+    monkeypatch.setattr(decode, "PROGRAMS", 4)
+    monkeypatch.setattr(static_kv, "_SPLIT_TABLES", {})
+    gen = torch.Generator().manual_seed(11)
+    cells, n_kv, dim = 512, 1, 16
+    keys = torch.randn(cells, n_kv, dim, generator=gen).to(torch.bfloat16)
+    values = torch.randn(cells, n_kv, dim, generator=gen).to(torch.bfloat16)
+    q = torch.randn(4, 2 * n_kv, dim, generator=gen).to(torch.bfloat16)
+    width = torch.tensor([255, 256, 257, 258])  # rows on both sides of a span boundary
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU runs the compiled kernels (a device script)
+    keys, values, q, width = (t.to(device) for t in (keys, values, q, width))
+    assert decode.dense_split(256, n_kv, 1) == 64 and decode.dense_split(512, n_kv, 1) == 128
+    table, host = static_kv.split_table(n_kv, cells, exact=False, device=torch.device(device))
+    n_splits = int(((torch.arange(1, 513) + host[1:] - 1) // host[1:]).max())
+    window = decode.decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32,
+                                             row_split=(table, n_splits))
+    for r, w in enumerate(width.tolist()):
+        one = decode.decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1],
+                                              static_kv.span_for(w, cells), out_dtype=torch.float32)
+        assert torch.equal(window[r:r + 1], one)
+    # Without the table every row would take the launch's one split (128 here): row 0's own step takes 64.
+    shared = decode.decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32)
+    assert torch.equal(shared[2:], window[2:]) and not torch.equal(shared[:2], window[:2])
