@@ -137,10 +137,11 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
     check_config(config)
     kernel = _prompt_imma_kernel
     if config.scores:
-        from strata.kernels.attention.prompt_imma_cells import MAX_GROUPS, _prompt_imma_cells_kernel
+        from strata.kernels.attention.prompt_imma_cells import GROUP_COUNTS, _prompt_imma_cells_kernel
 
-        if q.shape[-1] > 64 * MAX_GROUPS:
-            raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims up to {64 * MAX_GROUPS}")
+        if q.shape[-1] // 64 not in GROUP_COUNTS:
+            raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims of "
+                              f"{', '.join(str(64 * n) for n in GROUP_COUNTS)}, not {q.shape[-1]}")
         kernel = _prompt_imma_cells_kernel
     extra = {"QPARTS": 2} if config.qparts else {}  # the kernels' defaults leave the launch as before
     if config.halves:

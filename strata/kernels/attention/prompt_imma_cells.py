@@ -26,7 +26,7 @@ from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, blo
 from strata.kernels.attention.prompt_imma import dot3, split3
 from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
-MAX_GROUPS = 4  # 64-dim groups the kernel unrolls (head dims up to 256)
+GROUP_COUNTS = (1, 2, 4)  # the numbers of 64-dim groups the kernel unrolls (head dims 64, 128, 256)
 
 
 @triton.jit

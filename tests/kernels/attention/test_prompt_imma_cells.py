@@ -80,11 +80,12 @@ def test_scores_per_group_for_one_and_four_groups(dim, text):
 def test_scores_per_group_refused_where_it_cannot_run(case):  # noqa: F811
     with pytest.raises(StrataError, match="batched"):
         run(case, "v2", "g1")
-    pool, table = random_pool(8, 1, 320, seed=0)
-    q = queries(1, 1, 320)
-    ids, width = torch.arange(8, device=DEVICE, dtype=torch.int32)[None], torch.tensor([8], device=DEVICE)
-    with pytest.raises(StrataError, match="head dims up to 256"):
-        VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse("g1"))
+    for dim in (192, 320):
+        pool, table = random_pool(8, 1, dim, seed=0)
+        q = queries(1, 1, dim)
+        ids, width = torch.arange(8, device=DEVICE, dtype=torch.int32)[None], torch.tensor([8], device=DEVICE)
+        with pytest.raises(StrataError, match=f"head dims of 64, 128, 256, not {dim}"):
+            VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse("g1"))
 
 
 def test_scores_probe_of_the_per_group_form(case):  # noqa: F811
