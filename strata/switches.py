@@ -25,9 +25,15 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PROMPT_ATTN_IMMA", False, "prompt attention: int8 x int8 tensor-core dots on the stored codes"),
     Switch("STRATA_PA_CONFIG", "", "prompt attention: v2/v2t/imma tunables as q5h6c32w4s3 (queries, heads per "
            "program, chunk, warps, stages; then optionally k2 split-K, t1 ids resolved before the launch, f1 the next "
-           "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap; parts left out keep the default's)"),
+           "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap, x1 codes to fp16 through their bits "
+           "(x2: V before staging), g1 imma's scores per 64-dim group, n2 imma g1's q in 16 bits, d2 the fp16 P.V in "
+           "two halves; parts left out keep the default's)"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
+    Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
+           "(the default takes short spans in one launch, decode_short.py)"),
+    Switch("STRATA_ROUTE_SEPARATE", False, "MoE layers: the residual add + norm, the router and the top-k as three "
+           "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
