@@ -30,6 +30,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "two halves, e1/e2 imma g1's scales copied ahead; parts left out keep the default's)"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
+    Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
+           "(the default takes short spans in one launch, decode_short.py)"),
+    Switch("STRATA_ROUTE_SEPARATE", False, "MoE layers: the residual add + norm, the router and the top-k as three "
+           "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
@@ -45,6 +49,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "previous order, for before/after runs) instead of beside them on a second stream"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
+    Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
+           "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

@@ -28,3 +28,10 @@ class ForwardContext:
         if self.keep_row_states:
             return attend_as_steps(self.kv, layer, q, k, v, self.start, selection)
         return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
+
+    def attend_normed(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm) -> torch.Tensor:
+        """`attend` after the q/k norm + RoPE of `norm` (models.layers.QKNorm): the backend's `attend_normed` (one
+        launch for both where it stores the turned keys itself), or a verify window's rows one at a time."""
+        if self.keep_row_states:
+            return self.attend(layer, *norm.apply(q, k), v)
+        return self.kv.attend_normed(layer, q, k, v, self.start, norm)

@@ -35,7 +35,7 @@ from strata.engine.staging import TokenUpload
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
 from strata.models.decoder import DecoderLM
-from strata.models.layers import add_rms_norm, rms_norm
+from strata.models.layers import add_norm_route, add_rms_norm, rms_norm
 from strata.models.weights import rows_as_steps
 
 
@@ -51,6 +51,9 @@ class StaticContext(ForwardContext):
     def attend(self, layer, q, k, v, selection=None):
         """The static views take a window's rows at once, each row as its one-token step (static_kv.py)."""
         return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
+
+    def attend_normed(self, layer, q, k, v, norm):
+        return self.kv.attend_normed(layer, q, k, v, self.start, norm)
 
 
 @dataclass
@@ -276,8 +279,14 @@ class GraphDecoder:
             for i in range(first, min(stop, model.n_main_layers)):
                 h, normed = model.layer(i, h, normed, ctx, cos, sin)
             if stop < model.n_main_layers:
-                h, normed = add_rms_norm(h, model.mixer(stop, h, ctx, cos, sin, normed), model.ffn[stop].norm, eps)
-                publish(stash, *model.route(stop, h, x=normed))
+                delta, w, c = model.mixer(stop, h, ctx, cos, sin, normed), model.ffn[stop], model.config
+                routed = add_norm_route(h, delta, w.norm, w.router, eps, c.n_experts_used, c.norm_topk_prob)
+                if routed is None:  # the add + norm, router and top-k as three launches
+                    h, normed = add_rms_norm(h, delta, w.norm, eps)
+                    publish(stash, *model.route(stop, h, x=normed))
+                else:
+                    h, normed, weights, ids = routed
+                    publish(stash, normed, weights, ids)
             stash["h"], stash["normed"] = h, normed
 
         def finish() -> None:
@@ -299,8 +308,8 @@ class GraphDecoder:
 
             def combine_segment(layer=layer, after=after) -> None:
                 part = stash["part"]
-                ffn = model.with_shared(layer, part + stash["cpu"].to(part.dtype), stash["shared"], stash["x"])
-                stash["h"], stash["normed"] = add_rms_norm(stash["h"], ffn, model.norm_after(layer), eps)
+                stash["h"], stash["normed"] = model.join_add_norm(layer, stash["h"], part + stash["cpu"].to(part.dtype),
+                                                                  stash["shared"], stash["x"])
                 layers(layer + 1, after)
                 if after >= model.n_main_layers:
                     finish()

@@ -109,6 +109,10 @@ class HybridCache:
             return self.kv.attend(self.kv_slot[layer], q, k, v, start)
         return self.kv.attend(self.kv_slot[layer], q, k, v, start, selection=selection)
 
+    def attend_normed(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                      norm) -> torch.Tensor:
+        return self.kv.attend_normed(self.kv_slot[layer], q, k, v, start, norm)
+
     # The dense backend's direct access, for tests and tools.
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kv.write(self.kv_slot[layer], start, k, v)

@@ -117,6 +117,13 @@ class KVBackend(ABC):
         """Store k, v [T, Hkv, D] at positions start.., then attention of q [T, H, D] over positions
         0..start+T-1, causal or only the `selection` (ids [T, W], width [T]): [T, H, D] in q's dtype."""
 
+    def attend_normed(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                      norm) -> torch.Tensor:
+        """`attend` after the q/k norm + RoPE of `norm` (models.layers.QKNorm); a backend that can store the turned
+        keys in the same launch (the static decode views) does both at once."""
+        q, k = norm.apply(q, k)
+        return self.attend(layer, q, k, v, start)
+
 
 def kv_bytes_per_value(kind: str) -> float:
     """What one stored K or V value costs (int8: the code and its share of an fp16 scale per 64 values)."""

@@ -49,6 +49,11 @@ class SplitKV(KVBackend):
             return backend.attend(local, q, k, v, start)
         return backend.attend(local, q, k, v, start, selection=selection)
 
+    def attend_normed(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                      norm) -> torch.Tensor:
+        backend, local = self._at(layer)
+        return backend.attend_normed(local, q, k, v, start, norm)
+
     def read_keys(self, layer: int, begin: int, end: int) -> torch.Tensor:
         backend, local = self._at(layer)
         return backend.read_keys(local, begin, end)

@@ -13,17 +13,22 @@ and a fixed span scored (engine/quest.py's static forms), dense while the span f
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
+from strata import switches
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import KVBackend, KVCache, attend_selected, check_selection
 from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
-from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split_table
+from strata.kernels.attention.decode import (SHORT_DEFAULT, decode_attn_dense_triton, decode_attn_triton,
+                                             dense_split_table, short_config)
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
+from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense, qk_norm_rope_store_paged
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
 from strata.models.layers import _fused
 
@@ -87,21 +92,57 @@ class StaticDenseKV(StaticView):
         if positions.is_cuda:
             self._row_split(positions.shape[0])
 
+    def _check_capacity(self) -> None:
+        if self.cache.capacity < self.span:
+            raise StrataError(f"the KV cache holds {self.cache.capacity} cells, the static span needs {self.span}")
+
+    def attend_normed(self, layer, q, k, v, start, norm):
+        """The q/k norm + RoPE, the keys' and values' store and (one more launch) the attention over the cache."""
+        if not (norm.fused(q, k, v) and k.shape[0]):
+            return super().attend_normed(layer, q, k, v, start, norm)
+        c = self.cache
+        self._check_capacity()
+        pos32, width = self.step_positions(layer)
+        q = qk_norm_rope_store_dense(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
+                                     c.keys[layer], c.values[layer], pos32)
+        return self._decode(layer, q, width)
+
+    def _decode(self, layer, q, width):
+        """The decode kernel over each row's cells 0..pos (from the cache), a verify window's rows each what its
+        one-token step computes, bit for bit: the one-launch kernel (its programs share a row's cells by the row's
+        width) where the rows' own steps took it, split-K with each row's own split (`_row_split`) past its reach."""
+        keys, values, n = self.cache.keys[layer], self.cache.values[layer], q.shape[0]
+        if short_config(None, SHORT_DEFAULT, self.span) is not None:  # every row's own step took it too
+            return decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
+                                            short=SHORT_DEFAULT)
+        split_k = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
+                                           row_split=self._row_split(n), short=None)
+        if n == 1 or switches.get("STRATA_DECODE_ATTN_SPLITK") or self._lowest_width(n) > SHORT_DEFAULT.max_span:
+            return split_k
+        # A window across the one-launch kernel's reach: rows whose own steps took it take it here too.
+        reach = dataclasses.replace(SHORT_DEFAULT, max_span=self.span)
+        short = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype, short=reach)
+        return torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, split_k)
+
+    def _lowest_width(self, n_rows: int) -> int:
+        """The narrowest row a step of this view can hold: a window's first row (the end past the span below)."""
+        if self.exact:
+            return max(1, self.span - n_rows + 1)
+        below = 1 << (self.span - 1).bit_length() - 1 if self.span > MIN_SPAN else 0  # the largest power of 2 < span
+        return max(1, below + 2 - n_rows)
+
     def attend(self, layer, q, k, v, start, selection=None):
         c, pos = self.cache, self.positions
-        if c.capacity < self.span:
-            raise StrataError(f"the KV cache holds {c.capacity} cells, the static span needs {self.span}")
+        self._check_capacity()
         pos32, width = self.step_positions(layer)
         if _fused(k, v) and k.shape[0]:
             store_kv_triton(c.keys[layer], c.values[layer], pos32, k, v)  # one launch for both casts and stores
         else:
             store_kv_ref(c.keys[layer], c.values[layer], pos, k, v)
         if selection is None and _fused(q):
-            # One split-K kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
+            # One decode kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
-            # Each row takes its own one-token step's split: a verify window's rows are those steps' bit for bit.
-            return decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype,
-                                            row_split=self._row_split(q.shape[0]))
+            return self._decode(layer, q, width)
         if selection is not None:
             keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
             values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)
@@ -137,8 +178,9 @@ class StaticDenseKV(StaticView):
 
 
 class StaticPagedKV(StaticView):
-    """The int8 paged cache: append at the device positions, then the split-K decode kernel (the reference on the
-    CPU) over cells 0..span-1 with each row's width pos + 1 read on the device."""
+    """The int8 paged cache: append at the device positions (with the q/k norm + RoPE, in one launch, through
+    `attend_normed`), then the decode kernel (the reference on the CPU) over cells 0..span-1 with each row's width
+    pos + 1 read on the device."""
 
     cache: PagedInt8KV
 
@@ -146,14 +188,34 @@ class StaticPagedKV(StaticView):
         super().__init__(cache, positions, span, exact)
         self.ids = self.cells.to(torch.int32)[None].expand(positions.shape[0], span)
 
-    def attend(self, layer, q, k, v, start, selection=None):
+    def _kernels(self, q) -> bool:
         c = self.cache
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
-        pool, table = c.pools[layer], c.page_table
-        kernels = q.is_cuda if c.kernels is None else c.kernels
+        return q.is_cuda if c.kernels is None else c.kernels
+
+    def attend_normed(self, layer, q, k, v, start, norm):
+        """The q/k norm + RoPE and the keys' and values' store in one launch, then the attention over the pool."""
+        kernels = self._kernels(q)
+        if not (kernels and norm.fused(q, k, v) and k.shape[0]):
+            return super().attend_normed(layer, q, k, v, start, norm)
         pos32, width = self.step_positions(layer)
-        (append_kv_triton if kernels else append_kv_ref)(pool, table, pos32 if kernels else self.positions, k, v)
+        q = qk_norm_rope_store_paged(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
+                                     self.cache.pools[layer], self.cache.page_table, pos32)
+        return self._attend_stored(layer, q, width, kernels, None)
+
+    def attend(self, layer, q, k, v, start, selection=None):
+        c = self.cache
+        kernels = self._kernels(q)
+        pos32, width = self.step_positions(layer)
+        (append_kv_triton if kernels else append_kv_ref)(c.pools[layer], c.page_table,
+                                                         pos32 if kernels else self.positions, k, v)
+        return self._attend_stored(layer, q, width, kernels, selection)
+
+    def _attend_stored(self, layer, q, width, kernels, selection):
+        """The attention once this step's keys and values are in the pool."""
+        c = self.cache
+        pool, table = c.pools[layer], c.page_table
         ids = self.ids
         if c.selector is not None:
             selection = self._quest(layer, q, width, kernels, selection)

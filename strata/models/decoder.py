@@ -16,7 +16,8 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import Rope, add_gated_shared, add_rms_norm, qk_norm_rope, rms_norm, route_topk, swiglu
+from strata.models.layers import (QKNorm, Rope, add_gated_shared, add_norm_route, add_rms_norm, rms_norm, route_topk,
+                                  shared_gate_add_rms_norm, swiglu)
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -163,11 +164,10 @@ class DecoderLM:
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
-        if w.q_norm is not None:
-            q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
+        if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch
+            out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         else:
-            q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
-        out = ctx.attend(i, q, k, v)
+            out = ctx.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v)
         return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
 
     def is_moe(self, i: int) -> bool:
@@ -203,17 +203,31 @@ class DecoderLM:
         w = w or self.ffn[i]
         return self._feed_forward(i, rms_norm(h, w.norm, self.config.rms_eps) if x is None else x, w)
 
-    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None) -> torch.Tensor:
-        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x."""
+    def _feed_forward(self, i: int, x: torch.Tensor, w: FFNWeights | None = None,
+                      routing: tuple[torch.Tensor, torch.Tensor] | None = None, joined: bool = True):
+        """Layer i's FFN (dense, or routed experts plus the gated shared expert) of its normalised input x; `routing`
+        (weights, ids) when already computed with the norm (`add_norm_route`); `joined=False` (an MoE layer): the
+        routed sum and the shared expert's output apart, for `join_add_norm`."""
         w, c = w or self.ffn[i], self.config
         if w.router is None:
             return swiglu(x, w.gate, w.up, w.down)
         # int32 ids where the routing kernel runs: what the expert kernels read, without a conversion launch.
-        weights, ids = route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
+        weights, ids = routing or route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)
-        return self.with_shared(i, pending.finish(), shared, x, w)
+        return self.with_shared(i, pending.finish(), shared, x, w) if joined else (pending.finish(), shared)
+
+    def join_add_norm(self, i: int, h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor | None,
+                      x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The end of MoE layer i: the routed sum joined by the shared expert (`with_shared`), added to the residual h
+        and normed by `norm_after(i)`; one launch for a gated shared expert where the kernel takes it."""
+        w, eps = self.ffn[i], self.config.rms_eps
+        if shared is not None and w.shared_router is not None:
+            done = shared_gate_add_rms_norm(h, routed, shared, x, w.shared_router, self.norm_after(i), eps)
+            if done is not None:
+                return done
+        return add_rms_norm(h, self.with_shared(i, routed, shared, x, w), self.norm_after(i), eps)
 
     @property
     def n_main_layers(self) -> int:
@@ -242,10 +256,22 @@ class DecoderLM:
     def layer(self, i: int, h: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, cos,
               sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i from the residual h and its normed form x: (the new residual, its norm by `norm_after(i)`).
-        Each residual add runs with the norm that reads it (one launch on the GPU)."""
-        eps = self.config.rms_eps
-        h, x = add_rms_norm(h, self.mixer(i, h, ctx, cos, sin, x), self.ffn[i].norm, eps)
-        return add_rms_norm(h, self._ffn(i, h, x=x), self.norm_after(i), eps)
+        Each residual add runs with the norm that reads it (one launch on the GPU), with an MoE layer's routing and
+        its shared expert's gate where their kernels take them."""
+        c, w = self.config, self.ffn[i]
+        delta = self.mixer(i, h, ctx, cos, sin, x)
+        # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
+        routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
+                                                               c.n_experts_used, c.norm_topk_prob)
+        if routed is None:
+            h, x = add_rms_norm(h, delta, w.norm, c.rms_eps)
+            if w.router is None:  # a dense FFN
+                return add_rms_norm(h, self._feed_forward(i, x), self.norm_after(i), c.rms_eps)
+            routing = None
+        else:
+            h, x, weights, ids = routed
+            routing = (weights, ids)
+        return self.join_add_norm(i, h, *self._feed_forward(i, x, routing=routing, joined=False), x)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +41,35 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
         return add_rms_norm_triton(h, delta, weight, eps)
     h = h + delta
     return h, rms_norm(h, weight, eps)
+
+
+def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, router: QuantWeight, eps: float,
+                   k: int, normalize: bool):
+    """An MoE layer's residual add + norm, router and top-k in one launch (kernels/pointwise/add_norm_route.py):
+    (h + delta, its norm, weights [T, k] float32, int32 ids [T, k]); None where it does not apply (the caller
+    runs `add_rms_norm`, the router and `route_topk`): not a fused dtype, a quantized router, a prompt chunk, or
+    STRATA_ROUTE_SEPARATE."""
+    from strata import switches
+    from strata.models.weights import FLOAT_VIEWS
+
+    if not (_fused(h, delta, weight) and router.ggml_type in FLOAT_VIEWS and h.dim() == 2
+            and h.shape[0] <= ROUTE_KERNEL_MAX_TOKENS) or switches.get("STRATA_ROUTE_SEPARATE"):
+        return None
+    from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
+
+    return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize)
+
+
+def shared_gate_add_rms_norm(h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
+                             gate_weight: torch.Tensor, norm_weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`add_rms_norm(h, add_gated_shared(routed, shared, x, gate_weight), norm_weight, eps)` in one launch, the same
+    bytes (kernels/pointwise/shared_gate_add_norm.py); None where the kernel does not apply (the caller runs the two)."""
+    if not (_fused(h, routed, shared, x, gate_weight, norm_weight) and h.dim() == 2):
+        return None
+    from strata.kernels.pointwise.shared_gate_add_norm import shared_gate_add_norm_triton
+
+    return shared_gate_add_norm_triton(h, routed, shared, x, gate_weight, norm_weight, eps)
 
 
 def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
@@ -99,6 +130,25 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     if n_rot == q.shape[-1]:
         return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
     return Rope.apply_partial(q, cos, sin, n_rot), Rope.apply_partial(k, cos, sin, n_rot)
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """What an attention layer's q/k norm + RoPE needs, handed to the KV backend (`attend_normed`) so that a
+    backend storing the turned keys itself may do both in one launch."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qk_norm_rope(q, k, self.q_weight, self.k_weight, self.eps, self.cos, self.sin)
+
+    def fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether the one-launch kernels take these operands (as `qk_norm_rope` would)."""
+        return _fused(q, k, v, self.q_weight, self.k_weight, self.cos, self.sin)
 
 
 def swiglu(x: torch.Tensor, gate: QuantWeight, up: QuantWeight, down: QuantWeight) -> torch.Tensor:

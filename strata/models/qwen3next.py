@@ -24,7 +24,7 @@ from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape, GDNWeights, gated_deltanet
 from strata.models.stacked_projections import stack_projections
-from strata.models.layers import Rope, qk_norm_rope, rms_norm
+from strata.models.layers import QKNorm, Rope, rms_norm
 from strata.models.weights import QuantWeight, linear
 
 GDN_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
@@ -214,8 +214,7 @@ class Qwen3NextLM(DecoderLM):
         k = linear(x, w.k).view(n_tokens, c.n_kv_heads, c.head_dim)
         v = linear(x, w.v).view(n_tokens, c.n_kv_heads, c.head_dim)
         # Per-head norms, then RoPE on the leading cos.shape[-1] dims of each head; the rest pass through.
-        q, k = qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_eps, cos, sin)
-        out = ctx.attend(slot, q, k, v)
+        out = ctx.attend_normed(slot, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         out = out * torch.sigmoid(gate)
         return linear(out.reshape(n_tokens, c.n_heads * c.head_dim), w.o)
 

@@ -45,7 +45,7 @@ def test_fused_static_step_agrees_with_step_by_step(tiny_next_bf16):
     assert static.decoder is not None and static.decoder.steps == STEPS
     _, step_tokens, step_by_step = _greedy(tiny_next_bf16, True)
     assert tokens == step_tokens
-    # bf16 activations: the static step attends through the split-K kernel over the fp16 cache (step by step: SDPA
+    # bf16 activations: the static step attends through the decode kernel over the fp16 cache (step by step: SDPA
     # over this step's keys at full precision), and the interpreter rounds by truncation; a few bf16 steps apart.
     # (Each fused kernel against its torch form: tests/kernels/pointwise/test_fused_step_kernels.py.)
     assert (got - step_by_step).abs().max() <= 3e-2 * step_by_step.abs().max()

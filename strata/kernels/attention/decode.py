@@ -5,6 +5,9 @@ same order), writing its running max `m`, sum `l` (base 2) and unnormalized accu
 by `exp2(m_s - max m)`. With one split the result is the fp32 prompt kernel's, bit for bit. int8 or fp16 pools, or
 (DENSE) the dense cache's [cells, KV heads, D] tensors of any float dtype, cells 0..width-1 of each query.
 Reference: `prompt_ref.prompt_attn_ref` (the same attention, one query at a time).
+
+Spans up to `ShortConfig.takes` run decode_short.py's one-launch kernel instead (split and merge in one kernel,
+tensor-core dots) unless a split is given or `STRATA_DECODE_ATTN_SPLITK` is set.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from strata import switches
+from strata.kernels.attention.decode_short import DEFAULT as SHORT_DEFAULT
+from strata.kernels.attention.decode_short import ShortConfig, decode_short
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
@@ -123,7 +129,8 @@ def merge_splits(parts: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> No
 
 def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, sm_scale: float | None,
                      pointers: tuple, int8: bool, dense: bool, out_dtype: torch.dtype = torch.float32,
-                     row_split: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+                     row_split: tuple[torch.Tensor, int] | None = None,
+                     ids_stride: int | None = None) -> torch.Tensor:
     """The split kernel over `cells` cells in splits of `split` (pointers: ids, width, page table, k, v, k scales,
     v scales), then the merge: [n_q, H, D] of out_dtype (the fp32 result rounded once; q is read in its own dtype,
     exact in fp32, so neither side needs a conversion launch). `row_split` (table, n_splits): each query's split
@@ -139,26 +146,43 @@ def _split_and_merge(q: torch.Tensor, n_kv_heads: int, cells: int, split: int, s
     group = n_heads // n_kv_heads
     extra = {} if row_split is None else dict(split_ptr=row_split[0], ROW_SPLIT=True)
     _decode_split_kernel[(n_splits, n_kv_heads, n_q)](
-        q.contiguous(), *pointers, acc, ml, cells, n_kv_heads, n_splits, scale * LOG2E, G=group,
-        BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense, num_warps=8, num_stages=2,
-        **extra)
+        q.contiguous(), *pointers, acc, ml, cells if ids_stride is None else ids_stride, n_kv_heads, n_splits,
+        scale * LOG2E, G=group, BM=rows_block(group), D=dim, CH=CHUNK, SPLIT=split, INT8=int8, DENSE=dense,
+        num_warps=8, num_stages=2, **extra)
     _decode_merge_blocks_kernel[(n_q * n_heads,)](acc, ml, out, n_splits, D=dim, S=MERGE_BLOCK, num_warps=4)
     return out
 
 
+def short_config(split: int | None, short: ShortConfig | None, span: int) -> ShortConfig | None:
+    """The one-launch kernel's config for this call, or None for split-K (a split given, the switch, a long span)."""
+    if split is not None or short is None or switches.get("STRATA_DECODE_ATTN_SPLITK"):
+        return None
+    return short if short.takes(span) else None
+
+
 def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
-                       width: torch.Tensor, sm_scale: float | None = None, split: int = SPLIT,
-                       out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Split-K attention of a few queries [n_q, H, D] (any float dtype) over their selected cells: [n_q, H, D] of
-    out_dtype (fp32 math either way)."""
+                       width: torch.Tensor, sm_scale: float | None = None, split: int | None = None,
+                       out_dtype: torch.dtype = torch.float32,
+                       short: ShortConfig | None = SHORT_DEFAULT) -> torch.Tensor:
+    """Attention of a few queries [n_q, H, D] (any float dtype) over their selected cells: [n_q, H, D] of
+    out_dtype (fp32 accumulation either way). Short selections (`short.takes(cap)`) in one launch, others (or a
+    given `split`) split-K and merged."""
     check_inputs(q, pool, ids, width)
-    if split % CHUNK:
+    if split is not None and split % CHUNK:
         raise ValueError(f"split {split} is not a multiple of {CHUNK}")
     scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
-    pointers = (ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous(),
-                page_table.to(torch.int32).contiguous(), pool.k, pool.v, *scales)
-    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split, sm_scale, pointers, pool.int8, dense=False,
-                            out_dtype=out_dtype)
+    # Rows read at a stride: the static view's ids (every query the same cells, an expanded row) need no copy.
+    ids = ids if ids.dtype == torch.int32 and ids.stride(-1) == 1 else ids.to(torch.int32).contiguous()
+    pointers = (ids, width.to(torch.int32).contiguous(), page_table.to(torch.int32).contiguous(), pool.k, pool.v,
+                *scales)
+    config = short_config(split, short, ids.shape[1])
+    if config is not None:
+        out = decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False, pool.k.dtype, sm_scale,
+                           out_dtype, config, ids_stride=ids.stride(0))
+        if out is not None:
+            return out
+    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split or SPLIT, sm_scale, pointers, pool.int8,
+                            dense=False, out_dtype=out_dtype, ids_stride=ids.stride(0))
 
 
 PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
@@ -184,12 +208,15 @@ def dense_split_table(spans: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
 def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: torch.Tensor,
                              span: int, sm_scale: float | None = None, split: int | None = None,
                              out_dtype: torch.dtype = torch.float32,
-                             row_split: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
-    """Split-K attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most
-    `span`: the launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured
-    decode step's attention: one launch (and the merge) in place of torch's masked attention over the whole span.
-    `row_split` (int32 table by width on q's device, the launch's split count): each query takes the split of its
-    width (a verify window's row the split its own one-query step takes), in place of one split for all."""
+                             row_split: tuple[torch.Tensor, int] | None = None,
+                             short: ShortConfig | None = SHORT_DEFAULT) -> torch.Tensor:
+    """Attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most `span`: the
+    launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured decode
+    step's attention: one launch (short spans; each row's cells shared among programs by its own width, so a
+    verify window's row is its one-query launch bit for bit) or split-K and its merge, in place of torch's masked
+    attention over the whole span. `split` (cells a program) forces split-K, and so does `row_split` (int32 table by
+    width on q's device, the launch's split count): split-K's rows each take the split of their width (a verify window's
+    row the split its own one-query step takes), in place of one split for all."""
     n_q, n_heads, dim = q.shape
     n_kv_heads = keys.shape[1]
     if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
@@ -197,10 +224,15 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
                          f"{tuple(values.shape)} over a span of {span}")
     if not (keys.is_contiguous() and values.is_contiguous()):
         raise ValueError("the dense cache's keys and values must be contiguous")
-    split = dense_split(span, n_kv_heads, n_q) if split is None else split
     width = width.to(torch.int32)
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
     pointers = (width, width, width, keys, values, keys, values)
+    config = short_config(split, short, span) if row_split is None else None  # a row split is split-K's
+    if config is not None:
+        out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config)
+        if out is not None:
+            return out
+    split = dense_split(span, n_kv_heads, n_q) if split is None else split
     return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
                             out_dtype=out_dtype, row_split=row_split)
 

@@ -10,12 +10,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.constexpr, NORMALIZE: tl.constexpr,
-                       BLOCK: tl.constexpr, KB: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, BLOCK)
-    live = e < n_experts
-    x = tl.load(logits_ptr + row * n_experts + e, mask=live, other=float("-inf")).to(tl.float32)
+def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr):
+    """Logits x [BLOCK] fp32 of experts e (`live` the real ones) -> (weights [KB], ids [KB] int64, slots): the
+    softmax's k largest, ties to the lower id, renormalised if asked; slots >= K are padding."""
     top = tl.max(x, axis=0)
     p = tl.exp(x - top)
     p = p / tl.sum(p, axis=0)
@@ -31,6 +28,17 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.conste
         p = tl.where(e == pick, -1.0, p)
     if NORMALIZE:
         chosen_p = chosen_p / tl.sum(tl.where(slots < K, chosen_p, 0.0), axis=0)
+    return chosen_p, chosen_id, slots
+
+
+@triton.jit
+def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.constexpr, NORMALIZE: tl.constexpr,
+                       BLOCK: tl.constexpr, KB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK)
+    live = e < n_experts
+    x = tl.load(logits_ptr + row * n_experts + e, mask=live, other=float("-inf")).to(tl.float32)
+    chosen_p, chosen_id, slots = softmax_topk(x, e, live, K, NORMALIZE, BLOCK, KB)
     tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
     tl.store(ids_ptr + row * K + slots, chosen_id.to(ids_ptr.dtype.element_ty), mask=slots < K)
 

@@ -66,7 +66,7 @@ def test_dense_split_fills_the_gpu_on_short_spans_and_stays_whole_chunks():
 
 
 def test_a_window_row_is_its_own_one_query_launch_bit_for_bit(monkeypatch):
-    """Issue 10: the rows of a verify window (one launch, each query taking the split of its own width through
+    """(Split-K, as the static views run it past the one-launch kernel's reach: short=None.) Issue 10: the rows of a verify window (one launch, each query taking the split of its own width through
     the step's table) equal one-query launches at each row's own captured span (span_for), whose splits differ
     (PROGRAMS at 4, as a GPU's 128 with 32 KV heads: 64 cells a program at a 256-cell span, 128 at 512): so the
     merge must not depend on the split count either."""
@@ -90,8 +90,8 @@ def test_a_window_row_is_its_own_one_query_launch_bit_for_bit(monkeypatch):
                                              row_split=(table, n_splits))
     for r, w in enumerate(width.tolist()):
         one = decode.decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1],
-                                              static_kv.span_for(w, cells), out_dtype=torch.float32)
+                                              static_kv.span_for(w, cells), out_dtype=torch.float32, short=None)
         assert torch.equal(window[r:r + 1], one)
     # Without the table every row would take the launch's one split (128 here): row 0's own step takes 64.
-    shared = decode.decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32)
+    shared = decode.decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32, short=None)
     assert torch.equal(shared[2:], window[2:]) and not torch.equal(shared[:2], window[:2])

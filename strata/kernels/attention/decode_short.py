@@ -1,0 +1,259 @@
+"""Decode attention for short spans in one launch: the split and its merge in the same kernel.
+
+A decode step's attention over a few hundred cells reads ~0.5 MB: its time is latency, and the split-K kernel and
+its merge (decode.py) are two launches of it. Here each program takes one (split, KV head, query): a query's
+`width` cells (read on the device) are shared evenly among min(max_splits, width / cells) programs, whole chunks
+each, a function of the width alone, so a verify window's row computes what its one-query launch does (issue 10).
+(`by_span`, for the sweep: over a dense cache each program takes a fixed share of the span, its loads issued before
+the width is known and the cells past it masked after; faster for one query, but a row's result then depends on
+the launch's span.) With SPLITS > 1 each program writes its partial (max `m`, sum `l` in base 2, the unnormalized
+accumulator) and counts itself in a per-(query, KV head) counter; the last to arrive merges the SPLITS partials in
+split order (a fixed sequence of ops: the same bytes whichever program is last; partials of programs past a row's
+share are exact zeros) and resets the counter for the next launch. The counters live in one zeroed buffer per
+device that every launch leaves zero again (so a captured graph replays them).
+
+Dots: QK and PV each "ieee" (fp32 FMA), "tf32", "tf32x3" (3 tensor-core passes, ~fp32) or "native" (the other
+operand rounded to the fp16/bf16 cache's dtype: one half-precision pass; for the sweep). A fp16/bf16 query against
+a fp16/bf16 cache is exact in tf32 (at most 11 significant bits each), so QK takes tf32 there and tf32x3 otherwise
+(int8 codes times their scale, fp32 queries); PV takes tf32x3 (the probabilities have 24 bits). Bound against
+float64: the split-K kernel's (tests/kernels/attention/test_decode_short.py states it).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels import capability
+from strata.kernels.attention.prompt_parts import LOG2E, chunk_rows, rows_block, softmax_step
+
+
+@dataclass(frozen=True)
+class ShortConfig:
+    """The kernel's tunables (`strata bench decode-attn --sweep` times the alternatives)."""
+
+    cells: int = 64  # cells a program aims at: SPLITS = span / cells, a power of two in 1..max_splits
+    max_splits: int = 16  # programs per (KV head, query): each merge reads this many partials
+    max_span: int = 2048  # longer spans run split-K (many more programs, and its merge)
+    chunk: int = 32  # cells a loop step
+    warps: int = 4
+    stages: int = 2
+    qk: str = ""  # q.K: "ieee", "tf32", "tf32x3" or "native" (q rounded to the cache's dtype); "": tf32 where exact
+    pv: str = "tf32x3"  # P.V the same way ("native": P rounded to the cache's dtype)
+    by_span: bool = False  # dense, one query: a fixed share of the span, loads not waiting on the width (not row-exact)
+
+    def splits(self, span: int) -> int:
+        """Programs per (KV head, query) for a launch over `span` cells (at capture: the span bucket)."""
+        want = max(1, triton.cdiv(span, self.cells))  # at least the programs any row of the span takes
+        return min(self.max_splits, triton.next_power_of_2(want))
+
+    def per_program(self, span: int) -> int:
+        """Cells of the span each program reads when split by span (whole chunks)."""
+        return triton.cdiv(triton.cdiv(span, self.splits(span)), self.chunk) * self.chunk
+
+    def takes(self, span: int) -> bool:
+        """Whether a span is short enough for this kernel."""
+        return span <= self.max_span
+
+    def label(self) -> str:
+        return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} chunk={self.chunk} "
+                f"warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} by_span={int(self.by_span)}")
+
+
+DEFAULT = ShortConfig()
+
+
+@triton.jit
+def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.constexpr):
+    """One chunk of the online softmax: q [BM, D] fp32, k [D, CH] and v [CH, D] (fp32, or the cache's fp16/bf16
+    for a "native" dot: the other operand rounded to it) -> (m, l, acc) updated."""
+    if QK == "native":
+        s = tl.dot(q.to(k.dtype), k)
+    else:
+        s = tl.dot(q, k.to(tl.float32), input_precision=QK)
+    e, alpha, m, l = softmax_step(s * scale_log2, valid, m, l)
+    if PV == "native":
+        pv = tl.dot(e.to(v.dtype), v)
+    else:
+        pv = tl.dot(e, v.to(tl.float32), input_precision=PV)
+    return m, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
+                         count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
+                         D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
+                         DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
+                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    sp = tl.program_id(0)
+    kvh = tl.program_id(1)
+    qi = tl.program_id(2)
+    r = tl.arange(0, BM)
+    d = tl.arange(0, D)
+    live = r < G
+    head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
+    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    width = tl.load(width_ptr + qi)
+    ids_row = ids_ptr + qi.to(tl.int64) * cap
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    if BY_SPAN:  # dense: PER cells of the span each, loaded whatever the width (no wait on it), masked after
+        for c in tl.static_range(PER // CH):
+            cells = sp * PER + c * CH + tl.arange(0, CH)
+            valid = cells < width
+            rows = cells.to(tl.int64) * n_kv_heads + kvh
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=cells[None, :] < cap, other=0)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=cells[:, None] < cap, other=0)
+            v = tl.where(valid[:, None], v, tl.zeros_like(v))  # cells past the width may hold anything (0 x NaN)
+            m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
+    else:  # the width's cells shared evenly among the row's programs, whole chunks each
+        # The row's own programs, from its width alone (a verify window's row shares its cells as its one-query
+        # launch does, whatever this launch's SPLITS: programs past them add exact zeros to the merge).
+        share = tl.minimum(tl.maximum((width + CELLS - 1) // CELLS, 1), MAX_SPLITS)
+        per = ((width + share - 1) // share + CH - 1) // CH * CH
+        begin = sp * per
+        end = tl.minimum(width, begin + per)
+        for c0 in range(begin, end, CH):
+            if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
+                cells = c0 + tl.arange(0, CH)
+                valid = cells < end
+                rows = cells.to(tl.int64) * n_kv_heads + kvh
+            else:
+                rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
+            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+            if INT8:  # the codes times their scales, in fp32
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+                k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
+                v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
+            m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
+    out_rows = out_ptr + head[:, None] * D + d[None, :]
+    if SPLITS == 1:
+        tl.store(out_rows, tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                 mask=live[:, None])
+    else:
+        part = head * SPLITS + sp  # (query, head, split)
+        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
+        tl.store(ml_ptr + part * 2, m, mask=live)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=live)
+        tl.debug_barrier()  # every thread's partial is written before the program counts itself (release)
+        counter = count_ptr + qi.to(tl.int64) * n_kv_heads + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            # The last program: the others' partials are visible (acquire); .cg reads them from L2, not a stale L1.
+            first = head * SPLITS
+            s = tl.arange(0, SPLITS)
+            ms = tl.load(ml_ptr + (first[:, None] + s[None, :]) * 2, mask=live[:, None], other=float("-inf"),
+                         cache_modifier=".cg")
+            top = tl.max(ms, axis=1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            total = tl.zeros((BM,), tl.float32)
+            merged = tl.zeros((BM, D), tl.float32)
+            for j in tl.static_range(SPLITS):  # in split order: the same sums whichever program merges
+                m_j = tl.load(ml_ptr + (first + j) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")
+                l_j = tl.load(ml_ptr + (first + j) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+                acc_j = tl.load(acc_ptr + (first + j)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                                cache_modifier=".cg")
+                w = tl.where(m_j == float("-inf"), 0.0, tl.exp2(m_j - top))
+                total += w * l_j
+                merged += w[:, None] * acc_j
+            tl.store(out_rows, tl.where(total[:, None] > 0, merged / total[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                     mask=live[:, None])
+            tl.store(counter, 0)  # ready for the next launch (a graph's next replay)
+
+
+COUNTERS = 4096  # (query, KV head) pairs one launch may count: verify windows of 64 rows x 64 KV heads
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, needed: int) -> torch.Tensor | None:
+    """The device's zeroed counters (made on first use, before any capture: a span's first step runs eagerly);
+    None if a launch needs more than it holds (the caller takes the split-K path)."""
+    if needed > COUNTERS:
+        return None
+    counters = _counters.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # memory made inside a capture belongs to its graph
+        counters = _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -> tuple[str, str]:
+    """(QK, PV) dot precisions: the config's, QK's default tf32 where its inputs are exact in it; ieee (fp32 FMA)
+    before sm_80, which has no tf32."""
+    if capability(q) < (8, 0):
+        return "ieee", "ieee"
+    halves = (torch.float16, torch.bfloat16)
+    exact = q.dtype in halves and cache_dtype in halves
+    qk, pv = config.qk or ("tf32" if exact else "tf32x3"), config.pv
+    if cache_dtype not in halves:  # int8 codes are scaled in fp32; a float32 cache has no narrower dtype
+        qk, pv = ("tf32x3" if p == "native" else p for p in (qk, pv))
+    return qk, pv
+
+
+_compiled: set[tuple] = set()  # launch shapes that compiled and ran once
+_failed: set[tuple] = set()
+
+
+def _launch_once_guarded(key: tuple, launch) -> bool:
+    """Run `launch`; the first time for `key` (eager: a span's first step runs before its capture), a failure to
+    compile is reported in one line and the key left to split-K from then on. False when it did not run."""
+    if key in _compiled:
+        launch()
+        return True
+    if key in _failed:
+        return False
+    try:
+        launch()
+    except Exception as exc:  # noqa: BLE001  (Triton's compile and ptxas errors have no common base)
+        _failed.add(key)
+        print(f"strata: decode_short {key} failed to compile ({str(exc).splitlines()[0][:160]}); split-K instead",
+              file=sys.stderr)
+        return False
+    _compiled.add(key)
+    return True
+
+
+def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
+                 cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
+                 config: ShortConfig = DEFAULT, ids_stride: int | None = None) -> torch.Tensor | None:
+    """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
+    v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
+    count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
+    config failed to compile: the caller runs split-K then."""
+    n_q, n_heads, dim = q.shape
+    splits = config.splits(span)
+    out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
+    if n_q == 0:
+        return out
+    counters = arrival_counters(q.device, n_q * n_kv_heads)
+    if counters is None:
+        return None
+    if splits > 1:
+        acc = torch.empty(n_q, n_heads, splits, dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(n_q, n_heads, splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        acc = ml = out  # unused
+    group = n_heads // n_kv_heads
+    scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
+    by_span = dense and config.by_span
+    meta = dict(G=group, BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
+                QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
+                PER=config.per_program(span) if by_span else 0, CELLS=config.cells, MAX_SPLITS=config.max_splits,
+                num_warps=config.warps, num_stages=config.stages)
+    key = (q.device.type, q.dtype, cache_dtype, *meta.values())
+
+    def launch():
+        # cap: the span (dense: loads past it masked) or the ids' row stride (paged)
+        cap = span if dense or ids_stride is None else ids_stride
+        _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, cap,
+                                                        n_kv_heads, scale * LOG2E, **meta)
+
+    return out if _launch_once_guarded(key, launch) else None

@@ -1,0 +1,197 @@
+"""The one-launch decode attention for short spans (decode_short.py) against float64 and the split-K kernel.
+
+Bound, stated once: within max(4 x the fp32 split-K kernel's error, 1e-5 x the output's largest value) of the
+float64 reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for fp16/bf16 inputs and tf32x3
+holds ~fp32 accuracy, 2^-22 a product before the tensor cores' fp32 sums; the step rounds the output to bf16, 2^-9).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from strata import switches
+from strata.kernels.attention import decode_short
+from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split
+from strata.kernels.attention.decode_short import ShortConfig
+from strata.kernels.attention.prompt_ref import prompt_attn_ref
+from tests.kernels import DEVICE
+from tests.kernels.attention.common import queries, random_pool, selections
+
+SMALL = ShortConfig(cells=32, max_splits=4, chunk=16)  # tiny spans still split 1, 2 and 4 ways
+
+
+def _dense_float64(q, keys, values, width):
+    n_q, n_heads, dim = q.shape
+    group = n_heads // keys.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for i, w in enumerate(width.tolist()):
+        k = keys[:w].double().cpu().repeat_interleave(group, dim=1)
+        v = values[:w].double().cpu().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[i].double().cpu(), k) / dim ** 0.5
+        out[i] = torch.einsum("hs,shd->hd", scores.softmax(-1), v) if w else 0.0
+    return out
+
+
+def _within(got, want, split_k):
+    scale = want.abs().max().item()
+    bound = max(4 * (split_k.double().cpu() - want).abs().max().item(), 1e-5 * scale)
+    return (got.double().cpu() - want).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("span,dtype,by_span", [  # SMALL: 1, 2 and 4 programs per (KV head, query)
+    (16, torch.float16, True), (64, torch.bfloat16, True), (64, torch.float16, False), (128, torch.float16, True),
+    (128, torch.bfloat16, False)])
+def test_dense_form_against_float64(span, dtype, by_span):
+    gen = torch.Generator().manual_seed(span)
+    keys = (torch.randn(160, 2, 64, generator=gen) * 1.5).to(dtype).to(DEVICE)
+    values = torch.randn(160, 2, 64, generator=gen).to(dtype).to(DEVICE)
+    q = (torch.randn(4, 8, 64, generator=gen) * 2).to(dtype).to(DEVICE)
+    keys[span:] = values[span:] = float("nan")  # past the span: never read
+    width = torch.tensor([0, 1, span // 2 + 3, span], device=DEVICE).clamp(max=span)  # a window's rows differ
+    config = dataclasses.replace(SMALL, by_span=by_span)
+    got = decode_attn_dense_triton(q, keys, values, width, span, short=config)
+    split_k = decode_attn_dense_triton(q, keys, values, width, span, split=16)
+    want = _dense_float64(q, keys, values, width)
+    assert _within(got, want, split_k)
+    assert got[0].abs().max().item() == 0  # no cells: zeros, as the split-K kernel gives
+    assert torch.equal(got, decode_attn_dense_triton(q, keys, values, width, span, short=config))  # the same bytes
+
+
+@pytest.mark.parametrize("by_span", [True, False])
+def test_cells_past_the_width_change_nothing(by_span):
+    """By span, a program loads its whole share before it knows the width: what lies past it (here NaN) is masked."""
+    gen = torch.Generator().manual_seed(11)
+    keys, values = (torch.randn(64, 2, 64, generator=gen).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 4, 64, generator=gen).half().to(DEVICE), torch.tensor([37], device=DEVICE)
+    config = dataclasses.replace(SMALL, by_span=by_span)
+    clean = decode_attn_dense_triton(q, keys, values, width, 64, short=config)
+    keys[37:], values[37:] = float("nan"), float("inf")
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=config), clean)
+
+
+def test_native_dots_within_the_half_precision_bound():
+    """"native" (the sweep's): q and P rounded to the fp16 cache's dtype, 2^-11 relative each: within 2e-3 of the
+    output's largest value."""
+    gen = torch.Generator().manual_seed(4)
+    keys, values = (torch.randn(128, 2, 64, generator=gen).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEVICE), torch.tensor([77, 128], device=DEVICE)
+    want = _dense_float64(q, keys, values, width)
+    for by_span in (True, False):
+        config = dataclasses.replace(SMALL, qk="native", pv="native", by_span=by_span)
+        got = decode_attn_dense_triton(q, keys, values, width, 128, short=config)
+        assert (got.double().cpu() - want).abs().max().item() <= 2e-3 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_paged_selection_against_float64(int8):
+    pool, table = random_pool(300, 2, 128, int8, seed=5)
+    ids, width = selections([0, 40, 150, 299], cap=128, seed=5)
+    q = queries(4, 8, 128, seed=5).bfloat16()
+    config = ShortConfig(cells=32, max_splits=4, chunk=32)
+    got = decode_attn_triton(q, pool, table, ids, width, short=config)
+    split_k = decode_attn_triton(q, pool, table, ids, width, split=32)
+    assert _within(got, prompt_attn_ref(q.float(), pool, table, ids, width).cpu(), split_k)
+
+
+def test_counters_are_left_zero_for_the_next_launch():
+    keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)
+    first = decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL)
+    counters = decode_short.arrival_counters(first.device, 1)  # the device's own (cuda:0, not "cuda")
+    assert counters.abs().sum().item() == 0
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), first)
+
+
+def test_output_in_the_activation_dtype_is_the_fp32_result_rounded_once():
+    gen = torch.Generator().manual_seed(3)
+    keys, values = (torch.randn(96, 2, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(2, 4, 64, generator=gen).bfloat16().to(DEVICE), torch.tensor([7, 96], device=DEVICE)
+    fp32 = decode_attn_dense_triton(q, keys, values, width, 96, short=SMALL)
+    rounded = decode_attn_dense_triton(q, keys, values, width, 96, short=SMALL, out_dtype=torch.bfloat16)
+    # Compiled, the store rounds to nearest as torch's .to does; the interpreter truncates: one step apart at most.
+    bound = 0 if DEVICE == "cuda" else 2.0 ** -7 * fp32.abs()
+    assert ((rounded.float() - fp32.to(torch.bfloat16).float()).abs() <= bound).all()
+
+
+def test_split_choice_follows_the_span_and_long_spans_keep_split_k():
+    config = ShortConfig(cells=64, max_splits=16, max_span=1024)
+    assert [config.splits(s) for s in (64, 256, 512, 1024, 2048)] == [1, 4, 8, 16, 16]
+    assert config.per_program(1024) == 64 and config.per_program(2048) == 128  # past cells x max_splits: longer
+    assert config.takes(1024) and not config.takes(2048)
+    keys, values = (torch.randn(256, 1, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 2, 64).half().to(DEVICE), torch.tensor([200], device=DEVICE)
+    split_k = decode_attn_dense_triton(q, keys, values, width, 256, split=dense_split(256, 1, 1))
+    # Past the config's reach, and under the switch, the call is the split-K kernel's, byte for byte.
+    assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256, short=ShortConfig(max_span=128)), split_k)
+    with switches.override(STRATA_DECODE_ATTN_SPLITK=True):
+        assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 256), split_k)
+
+
+def test_a_config_that_fails_to_compile_falls_back_to_split_k(monkeypatch, capsys):
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                raise RuntimeError("ptxas: out of registers\nmore")
+            return launch
+
+    monkeypatch.setattr(decode_short, "_decode_short_kernel", Broken())
+    monkeypatch.setattr(decode_short, "_compiled", set())
+    monkeypatch.setattr(decode_short, "_failed", set())
+    keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
+    q, width = torch.randn(1, 4, 64).half().to(DEVICE), torch.tensor([50], device=DEVICE)
+    split_k = decode_attn_dense_triton(q, keys, values, width, 64, split=dense_split(64, 2, 1))
+    for _ in range(2):
+        assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=SMALL), split_k)
+    err = capsys.readouterr().err
+    assert err.count("failed to compile (ptxas: out of registers)") == 1
+
+
+@pytest.mark.parametrize("short", [ShortConfig(cells=32, max_splits=2), None])
+def test_an_expanded_ids_row_is_read_in_place(short):
+    """The static paged view's ids: one row expanded over the queries (stride 0), read without a copy."""
+    pool, table = random_pool(64, 2, 64, True, seed=6)
+    q, width = queries(3, 4, 64, seed=6), torch.tensor([10, 40, 64], dtype=torch.int32, device=DEVICE)
+    expanded = torch.arange(64, dtype=torch.int32, device=DEVICE)[None].expand(3, 64)
+    got = decode_attn_triton(q, pool, table, expanded, width, short=short)
+    assert torch.equal(got, decode_attn_triton(q, pool, table, expanded.contiguous(), width, short=short))
+
+
+def test_a_window_row_is_its_own_one_query_launch_bit_for_bit():
+    """Issue 10: a row's programs share its cells by its width alone, so a window's rows (one launch at the
+    window's span) equal one-query launches at each row's own span (span_for: 256 or 512 here, 4 or 8 programs)."""
+    from strata.engine.static_kv import span_for
+
+    gen = torch.Generator().manual_seed(12)
+    keys, values = (torch.randn(512, 1, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q = torch.randn(4, 2, 64, generator=gen).bfloat16().to(DEVICE)
+    width = torch.tensor([255, 256, 257, 258], device=DEVICE)
+    config = ShortConfig()
+    window = decode_attn_dense_triton(q, keys, values, width, 512, out_dtype=torch.float32, short=config)
+    for r, w in enumerate(width.tolist()):
+        one = decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1], span_for(w, 512),
+                                       out_dtype=torch.float32, short=config)
+        assert torch.equal(window[r:r + 1], one)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_window_across_the_reach_takes_each_rows_own_kernel(monkeypatch, exact):
+    """A window whose rows' own steps ran on both sides of the one-launch kernel's reach (here 256 cells): each row
+    equals its one-token step through the static view, the one launch below the reach, split-K past it."""
+    from strata.engine import static_kv
+    from strata.engine.kv import KVCache
+
+    monkeypatch.setattr(static_kv, "SHORT_DEFAULT", ShortConfig(cells=64, max_span=256))  # not split-K's 32
+    monkeypatch.setattr(static_kv, "_SPLIT_TABLES", {})
+    cache = KVCache(1, 1, 16, 512, torch.float16, torch.device(DEVICE), initial_tokens=512)
+    gen = torch.Generator().manual_seed(13)
+    cache.keys[0].copy_(torch.randn(512, 1, 16, generator=gen))
+    cache.values[0].copy_(torch.randn(512, 1, 16, generator=gen))
+    q = torch.randn(4, 2, 16, generator=gen).to(DEVICE)  # float32 out: no bf16 rounding to hide a difference
+    positions = torch.arange(253, 257, device=DEVICE)  # widths 254..257: two rows each side
+    span = 257 if exact else 512
+    window = static_kv.StaticDenseKV(cache, positions, span, exact)._decode(0, q, (positions + 1).int())
+    for r in range(4):
+        own_span = 254 + r if exact else static_kv.span_for(254 + r, 512)
+        one = static_kv.StaticDenseKV(cache, positions[r:r + 1], own_span, exact)
+        assert torch.equal(window[r:r + 1], one._decode(0, q[r:r + 1], (positions[r:r + 1] + 1).int()))
