@@ -40,7 +40,7 @@ def test_config_labels_and_errors():
         PromptConfig.parse("g1x1")  # out of order
 
 
-@pytest.mark.parametrize("name,base", [("v2", "q1"), ("v2", "q2h2k2"), ("imma", "p16")])
+@pytest.mark.parametrize("name,base", [("v2", "q1"), ("imma", "p16")])
 def test_exact_conversion_gives_the_same_bytes(case, name, base):  # noqa: F811
     # x1: codes through their bits; x2: V also converted before it is staged for the dot
     want = run(case, name, base)
@@ -53,14 +53,13 @@ def test_scores_per_group_within_parity_bounds(case, text):  # noqa: F811
     assert_within_bounds(case, run(case, "imma", text), ("imma", text))
 
 
-@pytest.mark.parametrize("name,text", [("imma", "t2p16x1g1"), ("imma", "q2h4k2p16x2g1"), ("imma", "p16"),
-                                       ("v2", "q1"), ("v2", "q2h2k2x1")])
+@pytest.mark.parametrize("name,text", [("imma", "t2p16x1g1"), ("imma", "q2h4k2p16x2g1"), ("v2", "q2h2k2x1")])
 def test_pv_in_halves_gives_the_same_bytes(case, name, text):  # noqa: F811
     # d2: the same p, hi, lo and products, each dim's sum over the chunk's cells in the same dot
     assert torch.equal(run(case, name, text + "d2"), run(case, name, text))
 
 
-@pytest.mark.parametrize("text", ["t2p16x1g1d2", "q2h4k2p16g1", "g1"])
+@pytest.mark.parametrize("text", ["t2p16x1g1d2", "q2h4k2p16g1"])
 def test_scales_through_one_hot_dots_give_the_same_bytes(case, text):  # noqa: F811
     # e1 (K scales) and e2 (V scales too, fp16 P.V only) through one-hot dots: the same values
     base = run(case, "imma", text)
@@ -104,7 +103,7 @@ def test_scores_probe_of_the_per_group_form(case):  # noqa: F811
     assert not probe_imma_scores(q, pool, table, ids, width, PromptConfig.parse("t1p16g1")).any()
 
 
-@pytest.mark.parametrize("name,text", [("v2", "t2"), ("v2", "q2h2k2t2"), ("imma", "t2p16"), ("imma", "t2p16x1g1")])
+@pytest.mark.parametrize("name,text", [("v2", "q2h2k2t2"), ("imma", "t2p16"), ("imma", "t2p16x1g1")])
 def test_rows_of_kv_head_zero_give_the_same_bytes(case, name, text):  # noqa: F811
     # t2: the cells resolved to KV head 0's pool rows, int32 offsets in the kernel; the rows t1 reads
     assert torch.equal(run(case, name, text), run(case, name, text.replace("t2", "t1")))
