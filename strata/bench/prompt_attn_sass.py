@@ -11,6 +11,7 @@ config says otherwise), with the launch's argument alignments; `maxnreg` as the 
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import re
 import subprocess
@@ -47,6 +48,8 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
         meta["PV"] = config.pv or 8
         if config.qparts:
             meta["QPARTS"] = config.qparts
+        if config.early:
+            meta["EARLY"] = config.early
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel
@@ -65,6 +68,9 @@ def compile_offline(variant: str, config, heads: int = 24, kv_heads: int = 2, di
     constexprs = dict(G=heads // kv_heads, HP=config.heads, BQ=config.queries, BM=config.rows(), CH=config.chunk,
                       SPLITS=config.splits, PREFETCH=bool(config.prefetch),
                       TRANSLATED=2 if config.translate == 2 else bool(config.translate), **meta)
+    for param in kernel.params:  # as a launch does: the kernel's own defaults for the constexprs left out
+        if param.is_constexpr and param.name not in constexprs and param.default is not inspect.Parameter.empty:
+            constexprs[param.name] = param.default
     signature = dict(zip(POINTERS, POINTER_TYPES))
     signature.update(block0="i32", n_q="i32", row_len="i32", n_kv_heads="i32", scale_log2="fp32")
     signature.update({name: "constexpr" for name in constexprs})
@@ -140,7 +146,7 @@ def run_sass(args, configs: list[str], argv: list[str]) -> int:
     for name in [n for n in args.variants if n in SWEPT]:
         default = _kernels()[name][1]
         for config in [default] + [PromptConfig.parse(text) for text in (configs or SWEEP)]:
-            if (config.pv or config.scores or config.qparts) and name != "imma" or not fits(name, config):
+            if (config.pv or config.scores or config.qparts or config.early) and name != "imma" or not fits(name, config):
                 continue  # as the sweep: imma's own options, or a combination the variant refuses
             try:
                 print(sass_line(name, config, args.heads, args.kv_heads, args.dim), flush=True)

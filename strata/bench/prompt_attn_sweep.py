@@ -25,11 +25,13 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2 cells resolved to KV head 0's pool
     # rows, int32 offsets (far fewer integer ops a row; the same bytes); d2 the fp16 P.V in two halves of the dims
     # (fewer registers; the same bytes); g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no
-    # cross-warp sum of the groups); register caps for 4-7 programs an SM. imma's own first, then v2's (imma runs those
-    # without d2 with its int8 P.V), n2 (q in 16 bits) last
-    "t2p16r128x1g1d2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1", "t2p16x1g1d2", "t2p16r96x1g1d2",
-    "t2p16r64x1g1d2", "t2p16r128x2g1d2", "s4t2p16r128x1g1d2", "c64t2p16r128x1g1d2", "t1p16r128x1g1d2",
-    "t2r128x1", "t2r128x1d2", "t2r128", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2",
+    # cross-warp sum of the groups); e1/e2 its K (and V) scales copied ahead by the pipeliner (one-hot dots); register
+    # caps for 3-7 programs an SM. imma's own first, then v2's (imma runs those without d2 with its int8 P.V), n2 (q
+    # in 16 bits) last
+    "t2p16r128x1g1d2e1", "t2p16r128x1g1d2", "t2p16r128x1g1d2e2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1",
+    "t2p16r168x1g1d2e2", "t2p16x1g1d2", "t2p16r96x1g1d2e1", "t2p16r64x1g1d2e1", "t2p16r128x2g1d2e1",
+    "s4t2p16r128x1g1d2e1", "t1p16r128x1g1d2e1",
+    "t2r128x1", "t2r128x1d2", "t2r128", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2e1",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -97,7 +99,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
-                if (config.pv or config.scores or config.qparts) and name != "imma" or not fits(name, config):
+                if (config.pv or config.scores or config.qparts or config.early) and name != "imma" or not fits(name, config):
                     continue  # imma's own options, or a combination the variant refuses
                 tag = "default " + config.label if config is default else config.label
                 try:
@@ -149,7 +151,7 @@ def fits(name: str, config) -> bool:
     return True
 
 
-PROBED = ("t2p16r128x1g1d2",)  # the swept configs whose probes print too (imma's default always does)
+PROBED = ("t2p16r128x1g1d2e1",)  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

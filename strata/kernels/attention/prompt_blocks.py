@@ -30,6 +30,7 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   cross-warp sum of the groups' partials. Other summation orders: within the parity bounds, not imma's bytes. `n2`
   (with g1): q in two byte parts (16 bits) instead of three, a third fewer score dots; not exact, measured. `d2` (v2,
   imma p16): the fp16 P.V as two dots over 32 dims each, half the dot result live at a time (fewer registers); the
+  same bytes. `e1`/`e2` (imma g1): the K (and V) scales through one-hot dots, so the pipeliner copies them ahead; the
   same bytes.
 """
 
@@ -72,24 +73,25 @@ class PromptConfig:
     scores: int = 0  # imma's q . k: 0 batched over the 64-dim groups (a warp each), 1 a 2D dot per group (warps: cells)
     qparts: int = 0  # imma g1: 2 q in two byte parts (16 bits) instead of three (0: three, exact to 24 bits)
     halves: int = 0  # fp16 P.V (v2, imma p16): 2 as two dots over 32 dims each (half the dot result live: fewer registers)
+    early: int = 0  # imma g1: 1 K scales through a one-hot dot (copied ahead with K, not loaded in the loop), 2 V's too
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
                  "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores, "n": self.qparts,
-                 "d": self.halves}
+                 "d": self.halves, "e": self.early}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`); a part left out
-        keeps `base`'s value (default: the class defaults)."""
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`); a part left
+        out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
-                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?", text)
+                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
-                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2)")
+                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -116,8 +118,8 @@ class PromptConfig:
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
         if self.exact not in (0, 1, 2) or self.scores not in (0, 1) or self.qparts not in (0, 2) \
-                or self.halves not in (0, 2):
-            raise StrataError(f"prompt-attention config {self.label}: x 0 to 2, g 0 or 1, n and d 2")
+                or self.halves not in (0, 2) or self.early not in (0, 1, 2):
+            raise StrataError(f"prompt-attention config {self.label}: x and e 0 to 2, g 0 or 1, n and d 2")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
@@ -125,7 +127,7 @@ class PromptConfig:
 
 
 FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
-          "scores", "qparts", "halves")
+          "scores", "qparts", "halves", "early")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):

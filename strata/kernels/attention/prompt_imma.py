@@ -126,8 +126,8 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
 
 def check_config(config: PromptConfig) -> None:
     """A clear error for imma options that do not go together."""
-    if config.qparts and not config.scores or config.halves and config.pv != 16:
-        raise StrataError(f"prompt-attention config {config.label}: n2 goes with g1, d2 with p16")
+    if (config.qparts or config.early) and not config.scores or (config.halves or config.early > 1) and config.pv != 16:
+        raise StrataError(f"prompt-attention config {config.label}: n2 and e1 go with g1, d2 and e2 with p16")
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -147,5 +147,7 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
     extra = {"QPARTS": 2} if config.qparts else {}  # the kernels' defaults leave the launch as before
     if config.halves:
         extra["HALVES"] = True
+    if config.early:
+        extra["EARLY"] = config.early
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           PV=config.pv or 8, EXACT=config.exact, **extra)

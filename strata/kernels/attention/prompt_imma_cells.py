@@ -14,6 +14,8 @@ group and part: Triton cannot index a register tensor), so the head dim is 64, 1
 bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes. With p16 the P.V
 is pv_hilo's, its accumulator rescaled in one multiply-add a chunk (`_pv_rescaled`); `d2`: as two dots over 32 dims
 each, the same p and products in another order of issue, the same sums, half the dot result live at a time.
+`e1`: the K scales reach the scores through a one-hot dot (`_scale_rows`), so Triton's pipeliner copies them ahead
+with K instead of the loop waiting on their loads; `e2`: the V scales too. The same values (exact), the same bytes.
 """
 
 from __future__ import annotations
@@ -41,31 +43,64 @@ def _q_parts(q_ptr, head, ok, g, D: tl.constexpr, QPARTS: tl.constexpr):
 
 
 @triton.jit
-def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr, QPARTS: tl.constexpr):
+def _scale_tile(s_ptr, rows, valid, NG: tl.constexpr):
+    """[16, CH] fp16: row g < NG holds group g's scale of each cell (fp16 at `s_ptr + row * NG + g`: a cell's groups
+    are adjacent, so a column is one 8-byte copy), the other rows 0. Meant for `_scale_rows`: a load that feeds a dot
+    is copied ahead by Triton's pipeliner; one that feeds only arithmetic is loaded in the loop, waiting on it."""
+    r = tl.arange(0, 16)[:, None]
+    return tl.load(s_ptr + rows[None, :] * NG + r, mask=(r < NG) & valid[None, :], other=0.0)
+
+
+@triton.jit
+def _scale_rows(tile, g, BM: tl.constexpr):
+    """[BM, CH] fp32: row g of a `_scale_tile` in every row, as a dot of a one-hot column with the tile, in the
+    scores' own layout. Exact: each output is one product of 1 and an fp16."""
+    one = tl.where(tl.arange(0, 16)[None, :] == g, 1.0, 0.0).to(tl.float16) + tl.zeros((BM, 16), tl.float16)
+    return tl.dot(one, tile)
+
+
+@triton.jit
+def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr, QPARTS: tl.constexpr, ks_tile,
+                TILE: tl.constexpr, BM: tl.constexpr):
     """Group g's scaled partial scores [rows, cells]: the exact int8 dots of q's parts with the K codes, times q's
-    and K's scales."""
+    and K's scales (TILE, `e1`, `e2`: from `ks_tile`, the chunk's `_scale_tile` of K scales)."""
     k = tl.load(k_ptr + rows[None, :] * (NG * 64) + g * 64 + tl.arange(0, 64)[:, None], mask=valid[None, :], other=0)
-    ks = tl.load(ks_ptr + rows * NG + g, mask=valid, other=0.0).to(tl.float32)
+    if TILE:
+        ks = _scale_rows(ks_tile, g, BM)
+    else:
+        ks = tl.load(ks_ptr + rows * NG + g, mask=valid, other=0.0).to(tl.float32)[None, :]
     if QPARTS == 2:
         t = (tl.dot(low, k) * 256 + tl.dot(m, k)).to(tl.float32) * (1.0 / 256.0)
     else:
         t = dot3(h, low, m, k)
-    return t * qdown[:, None] * ks[None, :]
+    return t * qdown[:, None] * ks
 
 
 @triton.jit
 def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: tl.constexpr, EXACT: tl.constexpr,
-                 HALVES: tl.constexpr):
+                 HALVES: tl.constexpr, EARLY: tl.constexpr = False, BM: tl.constexpr = 16):
     """pv_hilo's P.V (the same p, hi and lo) into accumulators kept in units of the chunk's `down = vmax / 16384`
     per group: `acc = acc * (alpha * down_old / down) + dot` is one fused multiply-add an element where pv_hilo's
     `acc * alpha + dot * down` takes two (the caller multiplies by the last `down` once, at the end). HALVES (`d2`):
     two dots over 32 dims each, into acc_a (dims 0-31 of each group) and acc_b (32-63), half the dot result live at a
-    time (about 90 registers a thread less on sm_90); otherwise one dot over 64 dims into acc_a."""
-    g = tl.arange(0, NG)
-    vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-    vmax = tl.max(vs, axis=1)
-    vmax = tl.where(vmax > 0, vmax, 1.0)
-    hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
+    time (about 90 registers a thread less on sm_90); otherwise one dot over 64 dims into acc_a. EARLY (`e2`): the V
+    scales as `_scale_rows` gets the K scales (a batched one-hot dot, copied ahead by the pipeliner); the same p."""
+    if EARLY:
+        b = tl.arange(0, NG)[:, None, None]
+        k = tl.arange(0, 16)[None, :, None]
+        tile = tl.load(vs_ptr + rows[None, None, :] * NG + k + b * 0, mask=(k < NG) & valid[None, None, :], other=0.0)
+        one = tl.where(tl.arange(0, 16)[None, None, :] == b, 1.0, 0.0).to(tl.float16) + tl.zeros((NG, BM, 16),
+                                                                                                tl.float16)
+        vs = tl.dot(one, tile)  # [NG, M, CH]: group g's V scales in every row
+        vmax = tl.max(tl.max(vs, axis=2), axis=1)
+        vmax = tl.where(vmax > 0, vmax, 1.0)
+        hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None, None]))  # [NG, M, CH], <= 2^14
+    else:
+        g = tl.arange(0, NG)
+        vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+        vmax = tl.max(vs, axis=1)
+        vmax = tl.where(vmax > 0, vmax, 1.0)
+        hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
     new_down = vmax * (1.0 / 16384.0)
     f = (alpha[None, :] * (down / new_down)[:, None])[:, :, None]  # [NG, M, 1]
     if HALVES:
@@ -85,7 +120,8 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
                               CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
-                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False):
+                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
+                              EARLY: tl.constexpr = 0):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -120,12 +156,16 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         else:
             rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
                                               slot, CH, BQ, TRANSLATED)
-        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS)
+        if EARLY >= 1:
+            ks_tile = _scale_tile(ks_ptr, rows, valid, NG)
+        else:
+            ks_tile = 0.0  # unused
+        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks_tile, EARLY >= 1, BM)
         if NG > 1:
-            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS)
+            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS, ks_tile, EARLY >= 1, BM)
         if NG > 2:
-            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS)
-            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS)
+            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks_tile, EARLY >= 1, BM)
+            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks_tile, EARLY >= 1, BM)
         s = tl.where(attend, s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -135,7 +175,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         l_cells = l_cells * alpha[:, None] + e
         if PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
-                                              HALVES)
+                                              HALVES, EARLY >= 2, BM)
         elif PV == 8:
             v = tl.load(v_ptr + rows[None, :, None] * D + g3 * 64 + d, mask=valid[None, :, None], other=0)
             vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)

@@ -33,14 +33,14 @@ def test_config_labels_and_errors():
     config = PromptConfig.parse("t1p16r128x1g1")
     assert (config.translate, config.pv, config.maxreg, config.exact, config.scores) == (1, 16, 128, 1, 1)
     assert config.label == "q1h0c32w4s3t1p16r128x1g1" and PromptConfig.parse(config.label) == config
-    for bad in ("x3", "g2", "n3", "d4"):
-        with pytest.raises(StrataError, match="x 0 to 2, g 0 or 1, n and d 2"):
+    for bad in ("x3", "g2", "n3", "d4", "e3"):
+        with pytest.raises(StrataError, match="x and e 0 to 2, g 0 or 1, n and d 2"):
             PromptConfig.parse(bad).resolve(12)
     with pytest.raises(StrataError, match="q5h6c32w4s3"):
         PromptConfig.parse("g1x1")  # out of order
 
 
-@pytest.mark.parametrize("name,base", [("v2", "q1"), ("v2", "q2h2k2"), ("imma", "p16")])
+@pytest.mark.parametrize("name,base", [("v2", "q1"), ("imma", "p16")])
 def test_exact_conversion_gives_the_same_bytes(case, name, base):  # noqa: F811
     # x1: codes through their bits; x2: V also converted before it is staged for the dot
     want = run(case, name, base)
@@ -53,11 +53,19 @@ def test_scores_per_group_within_parity_bounds(case, text):  # noqa: F811
     assert_within_bounds(case, run(case, "imma", text), ("imma", text))
 
 
-@pytest.mark.parametrize("name,text", [("imma", "t2p16x1g1"), ("imma", "q2h4k2p16x2g1"), ("imma", "p16"),
-                                       ("v2", "q1"), ("v2", "q2h2k2x1")])
+@pytest.mark.parametrize("name,text", [("imma", "t2p16x1g1"), ("imma", "q2h4k2p16x2g1"), ("v2", "q2h2k2x1")])
 def test_pv_in_halves_gives_the_same_bytes(case, name, text):  # noqa: F811
     # d2: the same p, hi, lo and products, each dim's sum over the chunk's cells in the same dot
     assert torch.equal(run(case, name, text + "d2"), run(case, name, text))
+
+
+@pytest.mark.parametrize("text", ["t2p16x1g1d2", "q2h4k2p16g1"])
+def test_scales_through_one_hot_dots_give_the_same_bytes(case, text):  # noqa: F811
+    # e1 (K scales) and e2 (V scales too, fp16 P.V only) through one-hot dots: the same values
+    base = run(case, "imma", text)
+    assert torch.equal(run(case, "imma", text + "e1"), base)
+    if "p16" in text:
+        assert torch.equal(run(case, "imma", text + "e2"), base)
 
 
 @pytest.mark.parametrize("dim,text", [(64, "p16x1g1"), (256, "h1p16x2g1d2")])
@@ -95,7 +103,7 @@ def test_scores_probe_of_the_per_group_form(case):  # noqa: F811
     assert not probe_imma_scores(q, pool, table, ids, width, PromptConfig.parse("t1p16g1")).any()
 
 
-@pytest.mark.parametrize("name,text", [("v2", "t2"), ("v2", "q2h2k2t2"), ("imma", "t2p16"), ("imma", "t2p16x1g1")])
+@pytest.mark.parametrize("name,text", [("v2", "q2h2k2t2"), ("imma", "t2p16"), ("imma", "t2p16x1g1")])
 def test_rows_of_kv_head_zero_give_the_same_bytes(case, name, text):  # noqa: F811
     # t2: the cells resolved to KV head 0's pool rows, int32 offsets in the kernel; the rows t1 reads
     assert torch.equal(run(case, name, text), run(case, name, text.replace("t2", "t1")))
@@ -119,7 +127,6 @@ def test_two_part_q_is_close_but_not_exact(case):  # noqa: F811
     out = run(case, "imma", "p16g1n2")
     assert (out.double() - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
     assert not torch.equal(out, run(case, "imma", "p16g1"))
-    with pytest.raises(StrataError, match="n2 goes with g1"):
-        run(case, "imma", "p16n2")
-    with pytest.raises(StrataError, match="d2 with p16"):
-        run(case, "imma", "g1d2")
+    for text in ("p16n2", "p16e1", "g1d2", "g1e2"):
+        with pytest.raises(StrataError, match="n2 and e1 go with g1, d2 and e2 with p16"):
+            run(case, "imma", text)
