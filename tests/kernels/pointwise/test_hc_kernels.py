@@ -174,7 +174,10 @@ def test_f32_weights_read_as_stored():
     residual = _stack(2, 15)
     got = hc_write_read(residual, w32, EPS, None, torch.bfloat16)
     want = _fused_read(residual, w, None, torch.bfloat16)  # the same values, read from BF16
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # Compiled, F32 and BF16 loads may lay a row out across threads differently, so the float32 sums of the
+    # inject dot may take another order there (seen on the H200): equal to an ulp-level bound, not bit for bit.
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6 * want[2].abs().max().item())
 
 
 @pytest.mark.parametrize("with_inject", [True, False])
