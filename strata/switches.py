@@ -25,7 +25,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PROMPT_ATTN_IMMA", False, "prompt attention: int8 x int8 tensor-core dots on the stored codes"),
     Switch("STRATA_PA_CONFIG", "", "prompt attention: v2/v2t/imma tunables as q5h6c32w4s3 (queries, heads per "
            "program, chunk, warps, stages; then optionally k2 split-K, t1 ids resolved before the launch, f1 the next "
-           "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap; parts left out keep the default's)"),
+           "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap, x1 codes to fp16 through their bits "
+           "(x2: V before staging), g1 imma's scores per 64-dim group, n2 imma g1's q in 16 bits, d2 the fp16 P.V in "
+           "two halves; parts left out keep the default's)"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
@@ -47,6 +49,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "previous order, for before/after runs) instead of beside them on a second stream"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
+    Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
+           "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

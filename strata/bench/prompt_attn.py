@@ -225,12 +225,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", nargs="*", metavar="CONFIG",
                    help="time v2 / v2t / imma over tunable sets such as q5h6c32w4s3 (queries and heads per program, "
                         "chunk, warps, stages; none given: a built-in list) beside each variant's default")
+    p.add_argument("--sass", nargs="*", metavar="CONFIG",
+                   help="no timing: compile v2 / imma for sm_90 here (no GPU needed) and print each config's "
+                        "registers, spills, shared memory and chunk-loop instruction count (none given: --sweep's list)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print one block per shape; 0 if every variant passes its bounds, else 1."""
     args = parser().parse_args(argv)
+    if args.sass is not None:
+        from strata.bench.prompt_attn_sass import run_sass
+
+        return run_sass(args, args.sass, sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"

@@ -19,15 +19,17 @@ import torch
 from strata.bench.ceilings import Timer
 from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
 
-SWEEP = [  # around the default (one query, its whole KV group); blocks of queries measured up to 2x slower
-    "q1h6c32w4s3", "q1h12c32w4s2", "q1h12c32w4s4", "q1h12c64w4s3", "q1h12c32w8s3", "q1h12c32w2s3",
-    "q2h12c32w4s3", "q5h6c32w4s3",
-    # session 5: ids resolved before the launch (t1: Triton's pipeliner leaves loads 2 indirections from a dot
-    # unpipelined at 3 stages, as the ids are without it), 4 stages (s4: the same for the whole chain), split-K (k),
-    # imma's P.V in fp16 (p16), register caps (r: more programs per SM; the upstream kernel waits on latency and ran
-    # 1.5x faster with 2-3 blocks per SM than with 1), the next chunk's rows prefetched by hand (f1: for v2t's 1 stage)
-    "t1", "s4", "k2", "k4", "p16", "t1p16", "r128", "r96", "s2r128", "t1r128", "t1p16r128", "s4r128", "c64t1", "q2h0t1",
-    "f1", "t1f1",
+SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
+    # session 6 (`--sass` gives each one's registers and loop instructions without a GPU): x1 int8 codes to fp16
+    # through their bits (full-rate adds, not the quarter-rate int-to-float unit; the same bytes), x2 V also converted
+    # before it is staged for the dot (ldmatrix.trans, not a byte load per code); t2 cells resolved to KV head 0's pool
+    # rows, int32 offsets (far fewer integer ops a row; the same bytes); d2 the fp16 P.V in two halves of the dims
+    # (fewer registers; the same bytes); g1 imma's scores as a 2D dot per 64-dim group, warps over the cells (no
+    # cross-warp sum of the groups); register caps for 4-7 programs an SM. imma's own first, then v2's (imma runs those
+    # without d2 with its int8 P.V), n2 (q in 16 bits) last
+    "t2p16r128x1g1d2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1", "t2p16x1g1d2", "t2p16r96x1g1d2",
+    "t2p16r64x1g1d2", "t2p16r128x2g1d2", "s4t2p16r128x1g1d2", "c64t2p16r128x1g1d2", "t1p16r128x1g1d2",
+    "t2r128x1", "t2r128x1d2", "t2r128", "t2r168x1", "t2r128x2", "t2p16r128x1g1n2d2",
 ]
 SWEPT = ["v2", "v2t", "imma"]
 
@@ -95,8 +97,8 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
             call, default = kernels[name]
             results, default_out = {}, None  # label: (ms, within bounds)
             for config in [default] + configs:
-                if config.pv and name != "imma":  # fp16 P.V is v2's own form: nothing to time
-                    continue
+                if (config.pv or config.scores or config.qparts) and name != "imma" or not fits(name, config):
+                    continue  # imma's own options, or a combination the variant refuses
                 tag = "default " + config.label if config is default else config.label
                 try:
                     out = call(*data.inputs(), config=config)
@@ -135,7 +137,19 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     return 0 if ok else 1
 
 
-PROBED = ("t1",)  # the swept configs whose probes print too (imma's default always does)
+def fits(name: str, config) -> bool:
+    """Whether `name` takes `config`'s combination of options (imma: d2 needs p16, n2 needs g1)."""
+    from strata.errors import StrataError
+    from strata.kernels.attention.prompt_imma import check_config
+
+    try:
+        check_config(config) if name == "imma" else None
+    except StrataError:
+        return False
+    return True
+
+
+PROBED = ("t2p16r128x1g1d2",)  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

@@ -33,7 +33,7 @@ from strata.engine.qwen4exp_cache import Qwen4ExpCache
 from strata.engine.static_kv import StaticHybrid, check_static, static_kv
 from strata.errors import StrataError
 from strata.kernels.select.keys import BLOCK, pool_keys_at
-from strata.models.hyper_connections import hc_read, hc_write
+from strata.models.hyper_connections import hc_write, hc_write_read
 from strata.models.layers import route_topk
 from strata.models.ngram_embedding import ple_block
 from strata.models.qwen4exp_mixers import indexer_select, qsa_attention, qwen4exp_gdn
@@ -104,14 +104,16 @@ class Qwen4ExpDecoder(GraphDecoder):
         stash = self._routing_buffers()
         program = Program([], routed, stash)
 
-        def mixer(i: int, residual: torch.Tensor) -> torch.Tensor:
-            """Layer i's first half: the n-gram block (at its layer), then the hyper-connection read, GDN or QSA,
-            and the write."""
+        def mixer(i: int, residual: torch.Tensor, pending) -> tuple[torch.Tensor, tuple]:
+            """Layer i's first half: the n-gram block (at its layer), then the hyper-connection read (the pending
+            write folded in), GDN or QSA; returns the residual and the half-layer's write, still pending."""
             if i == model.ple_layer:
+                residual = hc_write(residual, *pending) if pending else residual
+                pending = None
                 residual, history = ple_block(residual, self.ngram, model.ple, cache.ple_history, eps)
                 cache.ple_history.copy_(history)
-            mixed, inject = hc_read(residual, model.hc_attn[i], eps)
-            x, w = mixed.to(dtype), model.mixers[i]
+            residual, x, inject = hc_write_read(residual, model.hc_attn[i], eps, pending, dtype)
+            w = model.mixers[i]
             if model.recurrent[i]:
                 y, conv, state = qwen4exp_gdn(w, model.gdn, x, cache.conv[i], cache.state[i], eps)
                 if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
@@ -125,24 +127,24 @@ class Qwen4ExpDecoder(GraphDecoder):
                     selection = indexer_select(w, model.qsa, x, self.positions, keys.pooled[: span // BLOCK],
                                                keys.dead, eps)
                 y = qsa_attention(w, model.qsa, x, ctx.kv, i, 0, stash["cos"], stash["sin"], selection, eps)
-            return hc_write(residual, y, inject)
+            return residual, (y, inject)
 
-        def layers(first: int, stop: int) -> None:
-            """Layers first..stop-1 whole, then (stop < layers) the mixer of `stop` and its routing, published."""
+        def layers(first: int, stop: int, pending=None) -> None:
+            """Layers first..stop-1 whole, then (stop < layers) the mixer of `stop` and its routing, published.
+            `pending`: the write (y, inject) the residual still owes, folded into the next read."""
             residual = stash["h"]
             for i in range(first, min(stop, n_layers)):
-                residual = mixer(i, residual)
-                mixed, inject = hc_read(residual, model.hc_ffn[i], eps)
-                residual = hc_write(residual, model._feed_forward(i, mixed.to(dtype)), inject)
+                residual, pending = mixer(i, residual, pending)
+                residual, x, inject = hc_write_read(residual, model.hc_ffn[i], eps, pending, dtype)
+                pending = (model._feed_forward(i, x), inject)
             if stop < n_layers:
-                residual = mixer(stop, residual)
-                mixed, inject = hc_read(residual, model.hc_ffn[stop], eps)
-                x = mixed.to(dtype)
-                stash["inject"] = inject
+                residual, pending = mixer(stop, residual, pending)
+                residual, x, inject = hc_write_read(residual, model.hc_ffn[stop], eps, pending, dtype)
+                stash["inject"], pending = inject, None
                 publish(stash, x, *route_topk(linear(x, model.ffn[stop].router), c.n_experts_used, c.norm_topk_prob))
             stash["h"] = residual
             if stop >= n_layers:
-                stash["logits"] = model.logits(residual, ctx)
+                stash["logits"] = model.logits(residual, ctx, pending)
 
         def first_segment() -> None:
             stash["cos"], stash["sin"] = model.rope.cos_sin(self.positions, dtype)
@@ -159,8 +161,7 @@ class Qwen4ExpDecoder(GraphDecoder):
                 part = stash["part"]
                 ffn = part + stash["cpu"].to(part.dtype)  # as the eager finish: cached + pool, then + shared
                 ffn = model.with_shared(layer, ffn, stash["shared"], stash["x"])
-                stash["h"] = hc_write(stash["h"], ffn, stash["inject"])
-                layers(layer + 1, after)
+                layers(layer + 1, after, (ffn, stash["inject"]))
 
             program.segments.append(combine_segment)
         return program

@@ -28,7 +28,7 @@ from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
 from strata.models.gated_deltanet import GDNShape
 from strata.models.stacked_projections import stack_projections
-from strata.models.hyper_connections import HyperConnectionWeights, hc_read, hc_write
+from strata.models.hyper_connections import HyperConnectionWeights, hc_write, hc_write_read
 from strata.models.layers import Rope
 from strata.models.ngram_embedding import (
     HISTORY_ROWS, TABLE_TENSOR, NgramHash, NgramTable, PleWeights, ple_block,
@@ -275,11 +275,13 @@ class Qwen4ExpLM(DecoderLM):
         cos, sin = self.rope.cos_sin(positions, self.dtype)
         # The residual stack is kept in float32 whatever the compute dtype (Strata's R is float32).
         residual = self.embed_tokens(ids).float()[:, None, :].repeat(1, self.hc, 1)
+        pending = None  # each half-layer's write, folded into the next read (hc_write_read)
         for i in range(self.n_main):
             if i == self.ple_layer:
-                residual = self._ngram_block(ids, residual, cache, ctx.keep_row_states)
-            mixed, inject = hc_read(residual, self.hc_attn[i], c.rms_eps)
-            x = mixed.to(self.dtype)
+                residual = self._ngram_block(ids, hc_write(residual, *pending) if pending else residual, cache,
+                                             ctx.keep_row_states)
+                pending = None
+            residual, x, inject = hc_write_read(residual, self.hc_attn[i], c.rms_eps, pending, self.dtype)
             if self.recurrent[i]:
                 y, conv, state = qwen4exp_gdn(self.mixers[i], self.gdn, x, cache.conv[i], cache.state[i], c.rms_eps,
                                               ctx.keep_row_states)
@@ -294,10 +296,9 @@ class Qwen4ExpLM(DecoderLM):
                                           c.rms_eps)
                 y = qsa_attention(self.mixers[i], self.qsa, x, cache, i, ctx.start, cos, sin, selection, c.rms_eps,
                                   ctx.keep_row_states)
-            residual = hc_write(residual, y, inject)
-            mixed, inject = hc_read(residual, self.hc_ffn[i], c.rms_eps)
-            residual = hc_write(residual, self._feed_forward(i, mixed.to(self.dtype)), inject)
-        return residual
+            residual, x, inject = hc_write_read(residual, self.hc_ffn[i], c.rms_eps, (y, inject), self.dtype)
+            pending = (self._feed_forward(i, x), inject)
+        return hc_write(residual, *pending) if pending else residual
 
     def mtp_draft(self, residual: torch.Tensor, next_ids: torch.Tensor, cache: Qwen4ExpCache,
                   start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,19 +320,19 @@ class Qwen4ExpLM(DecoderLM):
         positions = torch.arange(start, start + residual.shape[0], device=self.device)
         cos, sin = self.rope.cos_sin(positions, self.dtype)
         stack = mtp_input(self.mtp, residual, self.embed_tokens(next_ids), eps)
-        mixed, inject = hc_read(stack, self.hc_attn[layer], eps)
+        stack, x, inject = hc_write_read(stack, self.hc_attn[layer], eps, None, self.dtype)
         kv.reserve(start + residual.shape[0])
-        y = qsa_attention(self.mixers[layer], self.qsa, mixed.to(self.dtype), kv, 0, start, cos, sin, None, eps)
-        stack = hc_write(stack, y, inject)
-        mixed, inject = hc_read(stack, self.hc_ffn[layer], eps)
-        stack = hc_write(stack, self._feed_forward(layer, mixed.to(self.dtype)), inject)
-        mixed, _ = hc_read(stack, self.mtp.hc_out, eps)
-        return linear(mixed.to(self.dtype), self.output).float(), stack
+        y = qsa_attention(self.mixers[layer], self.qsa, x, kv, 0, start, cos, sin, None, eps)
+        stack, x, inject = hc_write_read(stack, self.hc_ffn[layer], eps, (y, inject), self.dtype)
+        stack, x, _ = hc_write_read(stack, self.mtp.hc_out, eps, (self._feed_forward(layer, x), inject), self.dtype)
+        return linear(x, self.output).float(), stack
 
-    def logits(self, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Logits float32 of the final residual stack [T, hc, embd] (its last row unless ctx.want_all_logits); the
-        inherited `head` lets the experts adapt first."""
+    def logits(self, residual: torch.Tensor, ctx: ForwardContext,
+               pending: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits float32 of the final residual stack [T, hc, embd] (its last row unless ctx.want_all_logits), after
+        the last write (y, inject) if it is still pending; the inherited `head` lets the experts adapt first."""
         if not ctx.want_all_logits:
             residual = residual[-1:]
-        mixed, _ = hc_read(residual, self.hc_output, self.config.rms_eps)
-        return linear(mixed.to(self.dtype), self.output).float()
+            pending = tuple(t[-1:] for t in pending) if pending else None
+        _, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
+        return linear(x, self.output).float()

@@ -16,10 +16,21 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   wait on one load (the ids) instead of two; the same rows in the same order, the same bytes. Why it may matter:
   Triton's pipeliner leaves a load unpipelined when it is `stages - 1` or more indirections from a dot, so at 3 stages
   the ids (ids -> page -> K) are loaded synchronously every step; with t1 (ids -> K) every load is pipelined.
+- `t2`: as t1, the cells resolved to KV head 0's pool rows and the kernel's row offsets in int32 (a pool under 2 GiB
+  of codes, else t1): far fewer integer ops per gathered row; the same rows, the same bytes.
 - `f1`: the next chunk's ids (and through the page table, its rows) load during this chunk, carried by the loop;
   the same bytes. Meant for one stage (v2t, no async copies); with the pipeliner these loads no longer reach a dot
   through the loop body, so it stops prefetching them (the sweep says which wins).
 - `r128`: the compiler's `maxnreg`, registers per thread: fewer registers, more programs resident per SM.
+- `x1`: int8 codes become fp16 through their bits (`0x6480 + c` read as fp16 is 1152 + c: an int16 add and a half
+  subtract) instead of the int-to-float conversion, which runs at a quarter of the rate; exact, so the same bytes.
+  v2's K and V, imma's fp16 P.V (`p16`). `x2`: also V converted before it is staged for the dot (fp16 V read by
+  ldmatrix.trans instead of a byte load per code; more shared memory, fewer registers); the same bytes.
+- `g1` (imma): the scores as one 2D dot per 64-dim group, the warps splitting the cells (prompt_imma_cells.py): no
+  cross-warp sum of the groups' partials. Other summation orders: within the parity bounds, not imma's bytes. `n2`
+  (with g1): q in two byte parts (16 bits) instead of three, a third fewer score dots; not exact, measured. `d2` (v2,
+  imma p16): the fp16 P.V as two dots over 32 dims each, half the dot result live at a time (fewer registers); the
+  same bytes.
 """
 
 from __future__ import annotations
@@ -57,23 +68,28 @@ class PromptConfig:
     prefetch: int = 0  # 1: each step loads the next chunk's ids and rows (a loop-carried prefetch, by hand)
     pv: int = 0  # the P.V operands: 0 the variant's own, 16 fp16 hi + lo (v2's form, in imma)
     maxreg: int = 0  # registers per thread the compiler may use (0: its choice); fewer lets more programs share an SM
+    exact: int = 0  # 1: int8 codes to fp16 through their bits (full-rate integer and half adds), the same values
+    scores: int = 0  # imma's q . k: 0 batched over the 64-dim groups (a warp each), 1 a 2D dot per group (warps: cells)
+    qparts: int = 0  # imma g1: 2 q in two byte parts (16 bits) instead of three (0: three, exact to 24 bits)
+    halves: int = 0  # fp16 P.V (v2, imma p16): 2 as two dots over 32 dims each (half the dot result live: fewer registers)
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
-                 "p": self.pv, "r": self.maxreg}
+                 "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores, "n": self.qparts,
+                 "d": self.halves}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`); a part left out keeps `base`'s value
-        (default: the class defaults)."""
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`); a part left out
+        keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
-                         r"(?:p(\d+))?(?:r(\d+))?", text)
+                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
-                              "(then k2, t1, f1, p16, r128)")
+                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -93,18 +109,23 @@ class PromptConfig:
         if self.chunk < 16 or self.chunk & (self.chunk - 1) or self.warps & (self.warps - 1) or self.stages < 1:
             raise StrataError(f"prompt-attention config {self.label}: chunk and warps powers of two (chunk >= 16), "
                               "stages >= 1")
-        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1) or self.prefetch not in (0, 1) \
+        if not 1 <= self.splits <= MAX_SPLITS or self.translate not in (0, 1, 2) or self.prefetch not in (0, 1) \
                 or self.pv not in (0, 16):
-            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t and f 0 or 1, p 0 or 16")
+            raise StrataError(f"prompt-attention config {self.label}: k 1 to {MAX_SPLITS}, t 0 to 2, f 0 or 1, "
+                              "p 0 or 16")
         if self.maxreg and not 24 <= self.maxreg <= 255:
             raise StrataError(f"prompt-attention config {self.label}: r 24 to 255 registers")
+        if self.exact not in (0, 1, 2) or self.scores not in (0, 1) or self.qparts not in (0, 2) \
+                or self.halves not in (0, 2):
+            raise StrataError(f"prompt-attention config {self.label}: x 0 to 2, g 0 or 1, n and d 2")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
         return max(16, triton.next_power_of_2(self.queries * self.heads))
 
 
-FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg")
+FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
+          "scores", "qparts", "halves")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
@@ -170,8 +191,13 @@ def block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_hea
 @triton.jit
 def cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH: tl.constexpr, TRANSLATED: tl.constexpr):
     """Pool rows (int64) of merged cells `c0 .. c0 + CH` and which exist. TRANSLATED: the cells are already physical
-    (`page * 4 + cell % 4`, `translate_cells`), no page-table load."""
-    if TRANSLATED:
+    (`page * 4 + cell % 4`, `translate_cells`), no page-table load; 2: they are KV head 0's pool rows, and the rows are
+    int32 (the caller checked that every byte offset fits): two integer ops a cell instead of about twelve."""
+    if TRANSLATED == 2:
+        j = c0 + tl.arange(0, CH)
+        valid = j < count
+        rows = tl.load(cells_row + j, mask=valid, other=0) + kvh * 4
+    elif TRANSLATED:
         j = c0 + tl.arange(0, CH)
         valid = j < count
         cell = tl.load(cells_row + j, mask=valid, other=0).to(tl.int64)
@@ -231,15 +257,17 @@ def last_resources() -> tuple[int, int, int, int] | None:
     return compiled.n_regs, compiled.n_spills, compiled.metadata.shared, compiled.metadata.num_warps
 
 
-def translate_cells(cells: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
-    """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; entries outside the
-    table (padding) become 0, which no kernel reads. One launch (torch's ops would take about six)."""
+def translate_cells(cells: torch.Tensor, page_table: torch.Tensor, n_kv_heads: int = 1) -> torch.Tensor:
+    """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; with `n_kv_heads`
+    (t2) the pool rows of KV head 0 (`page_table[cell // 4] * 4 * n_kv_heads + cell % 4`: KV head h's row is 4 h
+    further). Entries outside the table (padding) become 0, which no kernel reads. One launch (torch's ops would take
+    about six)."""
     cells = cells.contiguous()
     out = torch.empty(cells.shape, dtype=torch.int32, device=cells.device)
     n = cells.numel()
     if n:
         _translate_kernel[(triton.cdiv(n, TRANSLATE_BLOCK),)](cells, page_table, out, n, 4 * page_table.shape[0],
-                                                             BLOCK=TRANSLATE_BLOCK)
+                                                             4 * n_kv_heads, BLOCK=TRANSLATE_BLOCK)
     return out
 
 
@@ -247,14 +275,14 @@ TRANSLATE_BLOCK = 1024
 
 
 @triton.jit
-def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, BLOCK: tl.constexpr):
+def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, page_rows, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     cell = tl.load(cells_ptr + i, mask=live, other=0)
     inside = (cell >= 0) & (cell < n_cells)
     cell = tl.where(inside, cell, 0)
     page = tl.load(table_ptr + cell // 4, mask=live & inside, other=0)
-    tl.store(out_ptr + i, tl.where(inside, page * 4 + cell % 4, 0), mask=live)
+    tl.store(out_ptr + i, tl.where(inside, page * page_rows + cell % 4, 0), mask=live)
 
 
 def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | None, config: PromptConfig,
@@ -282,8 +310,10 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
     page_table = page_table.to(torch.int32).contiguous()
+    if config.translate == 2 and pool.k.numel() >= 2**31:  # t2's int32 offsets would overflow: t1's rows (the same)
+        config = replace(config, translate=1)
     if config.translate:
-        cells = translate_cells(cells, page_table)
+        cells = translate_cells(cells, page_table, pool.n_kv_heads if config.translate == 2 else 1)
     splits = config.splits
     parts = ml = out  # unused with one split
     if splits > 1:
@@ -296,7 +326,8 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
         _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
             *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
-            BQ=config.queries, BM=config.rows(), CH=config.chunk, TRANSLATED=bool(config.translate), SPLITS=splits,
+            BQ=config.queries, BM=config.rows(), CH=config.chunk, SPLITS=splits,
+            TRANSLATED=2 if config.translate == 2 else bool(config.translate),  # t0/t1 as before: the same kernel
             PREFETCH=bool(config.prefetch),
             num_warps=config.warps, num_stages=config.stages, **options, **meta)
     if splits > 1:

@@ -10,7 +10,8 @@ sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l
   accuracy); `acc_g = acc_g * alpha + join3 * mx / 127`.
 v2's blocks (prompt_blocks.py: queries x heads as rows, each chunk of their shared cells loaded once), pipeline and
 softmax; int8 pools, sm_80+. Config `p16`: P.V as v2's fp16 hi + lo dots instead (q . k stays int8), to measure what
-the int8 P.V costs: its B operand (V codes, dims contiguous) is not K-contiguous, which int8 MMAs want.
+the int8 P.V costs: its B operand (V codes, dims contiguous) is not K-contiguous, which int8 MMAs want. `d2` (with
+p16): that P.V in two halves of the dims; `g1` (and `n2`): the scores per 64-dim group, prompt_imma_cells.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.errors import StrataError
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
                                                      cell_attend, cell_rows, launch_blocked, split_range)
 from strata.kernels.attention.prompt_parts import softmax_step_masked
-from strata.kernels.attention.prompt_v1 import pv_hilo
+from strata.kernels.attention.prompt_v1 import join_halves, pv_hilo, pv_hilo_halves
 
 # the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
 # H200 sweep (session 5): ids translated first, P.V in fp16 hi + lo, 128 registers a thread: 1.28x, within bounds
@@ -65,7 +67,7 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
                         v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                         G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
                         TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
-                        PV: tl.constexpr = 8):
+                        PV: tl.constexpr = 8, EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     gi = tl.arange(0, NG)
@@ -81,7 +83,11 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
     members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((NG, BM, 64), tl.float32)
+    if HALVES:  # p16 only: dims 0-31 and 32-63 of each group (pv_hilo_halves)
+        acc_a = tl.zeros((NG, BM, 32), tl.float32)
+        acc_b = tl.zeros((NG, BM, 32), tl.float32)
+    else:
+        acc = tl.zeros((NG, BM, 64), tl.float32)
     dk = tl.arange(0, 64)[None, :, None]
     c_lo, c_hi = split_range(count, CH, SPLITS)
     if PREFETCH:
@@ -99,7 +105,9 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
         ks = tl.load(ks_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
         part = dot3(qh, ql, qm, k) * qdown[:, :, None] * ks[:, None, :]  # [NG, BM, CH]
         e, alpha, m, l = softmax_step_masked(tl.sum(part, axis=0), attend, m, l)
-        if PV == 8:
+        if HALVES:
+            acc_a, acc_b = pv_hilo_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG, EXACT)
+        elif PV == 8:
             v = tl.load(v_ptr + rows[None, :, None] * D + g * 64 + d, mask=valid[None, :, None], other=0)
             vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
             a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
@@ -108,10 +116,18 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
                                              0.0)[:, :, None])
             acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
         elif PV == 16:  # V codes are not K-contiguous: int8 dots may need a byte transpose that fp16 ones do not
-            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True)
+            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True, EXACT)
         else:  # 0: no P.V (a probe timing the rest; prompt_probe.py)
             acc = acc * alpha[None, :, None]
+    if HALVES:
+        acc = join_halves(acc_a, acc_b, NG, BM)
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
+
+
+def check_config(config: PromptConfig) -> None:
+    """A clear error for imma options that do not go together."""
+    if config.qparts and not config.scores or config.halves and config.pv != 16:
+        raise StrataError(f"prompt-attention config {config.label}: n2 goes with g1, d2 with p16")
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -119,5 +135,17 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
                      config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention on int8 x int8 dots (int8 pool): [n_q, H, D] fp32."""
     config = PromptConfig.chosen(config, DEFAULT)
-    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
-                          PV=config.pv or 8)
+    check_config(config)
+    kernel = _prompt_imma_kernel
+    if config.scores:
+        from strata.kernels.attention.prompt_imma_cells import GROUP_COUNTS, _prompt_imma_cells_kernel
+
+        if q.shape[-1] // 64 not in GROUP_COUNTS:
+            raise StrataError(f"prompt-attention config {config.label}: g1 takes head dims of "
+                              f"{', '.join(str(64 * n) for n in GROUP_COUNTS)}, not {q.shape[-1]}")
+        kernel = _prompt_imma_cells_kernel
+    extra = {"QPARTS": 2} if config.qparts else {}  # the kernels' defaults leave the launch as before
+    if config.halves:
+        extra["HALVES"] = True
+    return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
+                          PV=config.pv or 8, EXACT=config.exact, **extra)

@@ -62,8 +62,9 @@ def probe_gather(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: 
 
 def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                       width: torch.Tensor, config: PromptConfig) -> torch.Tensor:
-    """imma's kernel with P.V left out (zeros out)."""
+    """imma's kernel (`g1`: its per-group form) with P.V left out (zeros out)."""
     from strata.kernels.attention.prompt_imma import _prompt_imma_kernel
+    from strata.kernels.attention.prompt_imma_cells import _prompt_imma_cells_kernel
 
-    return launch_blocked(_prompt_imma_kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64,
-                          PV=0)
+    kernel = _prompt_imma_cells_kernel if config.scores else _prompt_imma_kernel
+    return launch_blocked(kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64, PV=0)

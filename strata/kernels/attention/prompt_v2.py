@@ -26,7 +26,8 @@ from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_blocks import (PromptConfig, block_chunk, block_rows, block_store,
                                                      cell_attend, cell_rows, launch_blocked, split_range)
 from strata.kernels.attention.prompt_parts import softmax_step_masked
-from strata.kernels.attention.prompt_v1 import pv_hilo, q_exponent, split_hilo
+from strata.kernels.attention.prompt_v1 import (codes_to_half, join_halves, pv_hilo, pv_hilo_halves, q_exponent,
+                                                  split_hilo)
 
 # the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
 # H200 sweep (session 5): ids translated before the launch and 128 registers a thread, 1.20x, the same bytes
@@ -37,7 +38,8 @@ DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3, translat
 def _prompt_v2_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr, k_ptr,
                       v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                       G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
-                      TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr):
+                      TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
+                      EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     g = tl.arange(0, NG)[:, None, None]
@@ -52,7 +54,11 @@ def _prompt_v2_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr,
     members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((NG, BM, 64), tl.float32)
+    if HALVES:  # dims 0-31 and 32-63 of each group (pv_hilo_halves)
+        acc_a = tl.zeros((NG, BM, 32), tl.float32)
+        acc_b = tl.zeros((NG, BM, 32), tl.float32)
+    else:
+        acc = tl.zeros((NG, BM, 64), tl.float32)
     dk = tl.arange(0, 64)[None, :, None]
     c_lo, c_hi = split_range(count, CH, SPLITS)
     if PREFETCH:
@@ -68,11 +74,16 @@ def _prompt_v2_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr,
                                               slot, CH, BQ, TRANSLATED)
         k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + dk, mask=valid[None, None, :], other=0)
         ks = tl.load(ks_ptr + rows[None, :] * NG + tl.arange(0, NG)[:, None], mask=valid[None, :], other=0.0)
-        k = k.to(tl.float16)
+        k = codes_to_half(k, EXACT)
         t = tl.dot(lo, k, tl.dot(hi, k))  # [NG, BM, CH]
         s = tl.sum(t * ks.to(tl.float32)[:, None, :], axis=0) * qdown[:, None]
         e, alpha, m, l = softmax_step_masked(s, attend, m, l)
-        acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True)
+        if HALVES:
+            acc_a, acc_b = pv_hilo_halves(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, NG, EXACT)
+        else:
+            acc = acc * alpha[None, :, None] + pv_hilo(e, v_ptr, vs_ptr, rows, valid, NG, CH, True, EXACT)
+    if HALVES:
+        acc = join_halves(acc_a, acc_b, NG, BM)
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, l, head, ok, NG, SPLITS)
 
 
@@ -81,9 +92,11 @@ def prompt_attn_v2(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids
                    config: PromptConfig | None = None) -> torch.Tensor:
     """Prompt attention v2 (int8 pool, pipelined): [n_q, H, D] fp32."""
     config = PromptConfig.chosen(config, DEFAULT)
-    if config.pv not in (0, 16):
-        raise StrataError(f"prompt-attention config {config.label}: v2's P.V is fp16 (p16) only")
-    return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64)
+    if config.pv not in (0, 16) or config.scores or config.qparts:
+        raise StrataError(f"prompt-attention config {config.label}: v2's P.V is fp16 (p16) only, its scores batched")
+    extra = {"HALVES": True} if config.halves else {}  # unset: the launch as before
+    return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
+                          EXACT=config.exact, **extra)
 
 
 def prompt_attn_v2t(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,

@@ -63,3 +63,25 @@ def test_programs_per_sm():
     assert programs_per_sm(168, 25 * 1024, 4) == 3  # the upstream imma kernel: 168 registers, 25.5 KB, 3 a SM
     assert programs_per_sm(128, 50 * 1024, 4) == 4 and programs_per_sm(255, 0, 4) == 2
     assert programs_per_sm(64, 120 * 1024, 4) == 1 and programs_per_sm(32, 0, 8) == 8  # smem, then threads bind
+
+
+def test_sass_lines_from_an_offline_compile(capfd):
+    # the kernels compiled for sm_90 here (a child process with the interpreter off), no GPU: registers, spills,
+    # shared memory and the chunk loop's instructions
+    import os
+
+    import pytest
+    import triton
+
+    from strata.bench.prompt_attn_sass import loop_opcodes
+
+    sass = ["        /*0010*/   IMAD R1, R2, R3, RZ ;", "        /*0020*/   @!P0 LDS R4, [R5] ;",
+            "        /*0030*/   BRA 0x10 ;", "        /*0040*/   EXIT ;"]
+    assert loop_opcodes(sass) == {"IMAD": 1, "LDS": 1, "BRA": 1}
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("no ptxas in this Triton")
+    assert main(["--sass", "t2r128x1", "--variants", "v2"]) == 0
+    text = capfd.readouterr().out
+    for label in ("v2    q1h0c32w4s3t1r128 ", "v2    q1h0c32w4s3t2r128x1 "):  # the default first
+        line = text.split(label)[1].splitlines()[0]
+        assert "128 regs" in line and "B spilled" in line and "/SM; loop" in line and "HMMA" in line, line

@@ -46,7 +46,7 @@ def test_config_labels_and_errors():
     assert config.label == "q1h0c32w4s3k4t1f1p16r128" and PromptConfig.parse(config.label) == config
     assert PromptConfig().label == "q1h0c32w4s3" and PromptConfig.parse("k1").label == "q1h0c32w4s3"
     assert PromptConfig.parse("t1", PromptConfig(queries=2)).label == "q2h0c32w4s3t1"
-    for bad in ("k0", "k65", "t2", "f2", "p8", "r16", "r300"):
+    for bad in ("k0", "k65", "t3", "f2", "p8", "r16", "r300"):
         with pytest.raises(StrataError, match="prompt-attention config"):
             PromptConfig.parse(bad).resolve(12)
     with pytest.raises(StrataError, match="q5h6c32w4s3"):

@@ -1,0 +1,153 @@
+"""imma with its scores as one 2D dot per 64-dim group (config `g1`): the warps split the chunk's cells, not the groups.
+
+imma's q . k is a dot batched over the groups [NG, rows, 64] x [NG, 64, cells]; Triton gives each warp one group, so
+the sum of the groups' scaled partials `sum_g part_g * k_scale_g` crosses warps: on sm_90 it compiles to about 150
+instructions and three barriers a chunk (shared-memory stores, loads and shuffles), and every warp then repeats the
+whole softmax. Here each group's partial is a 2D dot [rows, 64] x [64, cells], whose warps take a quarter of the cells
+each: the groups are summed in registers in a fixed order (((p0 + p1) + p2) + p3) (deterministic), each warp
+exponentiates only its own cells, and the running sum `l` is kept per cell (a [rows, cells] tile summed once at the
+end) so only the running max crosses warps. P.V stays imma's (batched over the groups, a warp per group: its scale
+groups are the V scale groups); the chunk's e reach it through one layout change.
+The same math as imma (q split exactly into three bytes per (head, group), the same P.V forms); other summation
+orders, so not imma's bytes: within the parity bounds. q's parts are made per group before the loop (a tensor per
+group and part: Triton cannot index a register tensor), so the head dim is 64, 128 or 256. `n2`: q in two parts (16
+bits, a third fewer score dots): not exact to 24 bits, the sweep's bounds say whether it passes. With p16 the P.V
+is pv_hilo's, its accumulator rescaled in one multiply-add a chunk (`_pv_rescaled`); `d2`: as two dots over 32 dims
+each, the same p and products in another order of issue, the same sums, half the dot result live at a time.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
+                                                     split_range)
+from strata.kernels.attention.prompt_imma import dot3, split3
+from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
+
+GROUP_COUNTS = (1, 2, 4)  # the numbers of 64-dim groups the kernel unrolls (head dims 64, 128, 256)
+
+
+@triton.jit
+def _q_parts(q_ptr, head, ok, g, D: tl.constexpr, QPARTS: tl.constexpr):
+    """Group g of each row's q: its three exact byte parts (scaled to 127) and its way back, `max|q| / 127`. QPARTS 2
+    (`n2`): q rounded to 16 bits instead, `round(y * 256) = 256 l + m` (split3 of y / 256: h = 0, unused)."""
+    q = tl.load(q_ptr + head[:, None] * D + g * 64 + tl.arange(0, 64)[None, :], mask=ok[:, None], other=0.0)
+    qmax = tl.max(tl.abs(q), axis=1)
+    y = q * tl.where(qmax > 0, tl.math.div_rn(tl.zeros_like(qmax) + 127.0, qmax), 0.0)[:, None]
+    h, low, m = split3(y * (1.0 / 256.0) if QPARTS == 2 else y)
+    return h, low, m, qmax * (1.0 / 127.0)
+
+
+@triton.jit
+def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr, QPARTS: tl.constexpr):
+    """Group g's scaled partial scores [rows, cells]: the exact int8 dots of q's parts with the K codes, times q's
+    and K's scales."""
+    k = tl.load(k_ptr + rows[None, :] * (NG * 64) + g * 64 + tl.arange(0, 64)[:, None], mask=valid[None, :], other=0)
+    ks = tl.load(ks_ptr + rows * NG + g, mask=valid, other=0.0).to(tl.float32)
+    if QPARTS == 2:
+        t = (tl.dot(low, k) * 256 + tl.dot(m, k)).to(tl.float32) * (1.0 / 256.0)
+    else:
+        t = dot3(h, low, m, k)
+    return t * qdown[:, None] * ks[None, :]
+
+
+@triton.jit
+def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: tl.constexpr, EXACT: tl.constexpr,
+                 HALVES: tl.constexpr):
+    """pv_hilo's P.V (the same p, hi and lo) into accumulators kept in units of the chunk's `down = vmax / 16384`
+    per group: `acc = acc * (alpha * down_old / down) + dot` is one fused multiply-add an element where pv_hilo's
+    `acc * alpha + dot * down` takes two (the caller multiplies by the last `down` once, at the end). HALVES (`d2`):
+    two dots over 32 dims each, into acc_a (dims 0-31 of each group) and acc_b (32-63), half the dot result live at a
+    time (about 90 registers a thread less on sm_90); otherwise one dot over 64 dims into acc_a."""
+    g = tl.arange(0, NG)
+    vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+    vmax = tl.max(vs, axis=1)
+    vmax = tl.where(vmax > 0, vmax, 1.0)
+    hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
+    new_down = vmax * (1.0 / 16384.0)
+    f = (alpha[None, :] * (down / new_down)[:, None])[:, :, None]  # [NG, M, 1]
+    if HALVES:
+        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
+        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
+    else:
+        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+    return acc_a, acc_b, new_down
+
+
+@triton.jit
+def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr,
+                              k_ptr, v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
+                              G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
+                              CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
+                              PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
+                              EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False):
+    D: tl.constexpr = NG * 64
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
+    h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
+    if NG > 1:
+        h1, l1, m1, d1 = _q_parts(q_ptr, head, ok, 1, D, QPARTS)
+    if NG > 2:
+        h2, l2, m2, d2 = _q_parts(q_ptr, head, ok, 2, D, QPARTS)
+        h3, l3, m3, d3 = _q_parts(q_ptr, head, ok, 3, D, QPARTS)
+    count = tl.load(count_ptr + blk)
+    cells_row = cells_ptr + blk.to(tl.int64) * row_len
+    members_row = members_ptr + blk.to(tl.int64) * row_len
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l_cells = tl.zeros((BM, CH), tl.float32)  # the running sum per cell slot: rows summed across warps once, at the end
+    if PV == 16:  # accumulators in units of `down` (_pv_rescaled)
+        acc_a = tl.zeros((NG, BM, 32 if HALVES else 64), tl.float32)
+        acc_b = tl.zeros((NG, BM, 32), tl.float32)  # unused without HALVES
+        down = tl.full((NG,), 1.0, tl.float32)
+    else:
+        acc = tl.zeros((NG, BM, 64), tl.float32)
+    gi = tl.arange(0, NG)
+    g3 = gi[:, None, None]
+    d = tl.arange(0, 64)[None, None, :]
+    c_lo, c_hi = split_range(count, CH, SPLITS)
+    if PREFETCH:
+        rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
+    for c0 in range(c_lo, c_hi, CH):
+        if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
+            rows, valid = rows_next, valid_next
+            rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
+                                              TRANSLATED)
+            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+        else:
+            rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
+                                              slot, CH, BQ, TRANSLATED)
+        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS)
+        if NG > 1:
+            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS)
+        if NG > 2:
+            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS)
+            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS)
+        s = tl.where(attend, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        e = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m - m_use)
+        m = m_new
+        l_cells = l_cells * alpha[:, None] + e
+        if PV == 16:
+            acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
+                                              HALVES)
+        elif PV == 8:
+            v = tl.load(v_ptr + rows[None, :, None] * D + g3 * 64 + d, mask=valid[None, :, None], other=0)
+            vs = tl.load(vs_ptr + rows[None, :] * NG + gi[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+            a = e[None, :, :] * vs[:, None, :]  # [NG, BM, CH]
+            amax = tl.max(a, axis=2)
+            ph, pl, pm = split3(a * tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + 127.0, amax),
+                                             0.0)[:, :, None])
+            acc = acc * alpha[None, :, None] + dot3(ph, pl, pm, v) * (amax * (1.0 / 127.0))[:, :, None]
+        else:  # 0: no P.V (the sweep's probe)
+            acc = acc * alpha[None, :, None]
+    if PV == 16:
+        if HALVES:
+            acc_a = join_halves(acc_a, acc_b, NG, BM)
+        acc = acc_a * down[:, None, None]
+    block_store(out_ptr, parts_ptr, ml_ptr, acc, m, tl.sum(l_cells, axis=1), head, ok, NG, SPLITS)
