@@ -70,6 +70,19 @@ class StaticView(KVBackend):
             torch.add(self.positions, 1, out=self.width)
         return self.positions32, self.width
 
+    def _lowest_width(self, n_rows: int) -> int:
+        """The narrowest row a step of this view can hold: a window's first row (the end past the span below)."""
+        if self.exact:
+            return max(1, self.span - n_rows + 1)
+        below = 1 << (self.span - 1).bit_length() - 1 if self.span > MIN_SPAN else 0  # the largest power of 2 < span
+        return max(1, below + 2 - n_rows)
+
+    def _across_reach(self, n_rows: int) -> bool:
+        """Whether a window's rows may have run their own steps on both sides of the one-launch decode kernel's reach
+        (past it here, below it there): such a window takes both kernels, each row its own step's."""
+        return (n_rows > 1 and self.span > SHORT_DEFAULT.max_span and not switches.get("STRATA_DECODE_ATTN_SPLITK")
+                and self._lowest_width(n_rows) <= SHORT_DEFAULT.max_span)
+
     @property
     def n_bytes(self) -> int:
         return self.cache.n_bytes
@@ -117,19 +130,13 @@ class StaticDenseKV(StaticView):
                                             short=SHORT_DEFAULT)
         split_k = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
                                            row_split=self._row_split(n), short=None)
-        if n == 1 or switches.get("STRATA_DECODE_ATTN_SPLITK") or self._lowest_width(n) > SHORT_DEFAULT.max_span:
+        if not self._across_reach(n):
             return split_k
         # A window across the one-launch kernel's reach: rows whose own steps took it take it here too.
         reach = dataclasses.replace(SHORT_DEFAULT, max_span=self.span)
         short = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype, short=reach)
         return torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, split_k)
 
-    def _lowest_width(self, n_rows: int) -> int:
-        """The narrowest row a step of this view can hold: a window's first row (the end past the span below)."""
-        if self.exact:
-            return max(1, self.span - n_rows + 1)
-        below = 1 << (self.span - 1).bit_length() - 1 if self.span > MIN_SPAN else 0  # the largest power of 2 < span
-        return max(1, below + 2 - n_rows)
 
     def attend(self, layer, q, k, v, start, selection=None):
         c, pos = self.cache, self.positions
@@ -222,7 +229,12 @@ class StaticPagedKV(StaticView):
         if selection is not None:
             ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
-            return decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype)
+            out = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=SHORT_DEFAULT)
+            if selection is None and self._across_reach(q.shape[0]):  # as StaticDenseKV._decode
+                reach = dataclasses.replace(SHORT_DEFAULT, max_span=self.span)
+                short = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=reach)
+                out = torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, out)
+            return out
         return prompt_attention(q.float(), pool, table, ids, width, reference=True).to(q.dtype)
 
     def _quest(self, layer, q, width, kernels, selection):

@@ -5,10 +5,11 @@
 # (kernels/pointwise/add_norm_route.py), a gated shared expert's join + add + norm in one launch
 # (kernels/pointwise/shared_gate_add_norm.py). The most telling first:
 # 1. the kernels' tests compiled on CUDA (each against float64 / the kernels it replaces, byte for byte);
-# 2. `strata bench decode-attn --sweep`: the norm + store launches (two against one, the same bytes?), the routing
-#    launches (three against one, per config), the shared join (two against one); per span 64..32K split-K + merge
-#    against the one-launch default (us, % of the byte floor, error vs float64) and, at 512..8K, each config of the
-#    sweep beside them;
+# (then 3.'s first profile, the default's per-layer kernels, before the sweep)
+# 2. `strata bench decode-attn --sweep --sweep-spans 512,2048,8192`: the norm + store launches (two against one,
+#    the same bytes?), the routing launches (three against one, per config), the shared join (two against one); per
+#    span 64..32K split-K + merge against the one-launch default (us, % of the byte floor, error vs float64) and,
+#    at 512, 2K and 8K, each config of the sweep beside them;
 # 3. profile_decode.py on the A3B-shape qwen3moe (Q4_0, $M/a3b.gguf as session5_final.sh makes it, made here if
 #    absent: +150 s), prompt 300 (span 512), default then STRATA_DECODE_ATTN_SPLITK=1 STRATA_ROUTE_SEPARATE=1 (the
 #    kernels before): per layer _decode_short_kernel against _decode_split_kernel + _decode_merge_kernel, and
@@ -29,7 +30,6 @@ part tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/t
   tests/kernels/attention/test_decode.py tests/kernels/pointwise/test_qk_norm_rope_store.py \
   tests/kernels/pointwise/test_fused_step_kernels.py tests/kernels/pointwise/test_add_norm_route.py \
   tests/kernels/pointwise/test_shared_gate_add_norm.py
-part sweep 75 python3 -m strata bench decode-attn --sweep
 A=$M/a3b.gguf
 if [ ! -f $A ]; then
   BUDGET=$((BUDGET + 150))
@@ -37,6 +37,7 @@ if [ ! -f $A ]; then
     -o $M/a3b.tmp.gguf && mv $M/a3b.tmp.gguf $A"
 fi
 part profile_a3b 30 python3 tools/device/profile_decode.py $A --graphs on --steps 8 --prompt-tokens 300 --top 14
+part sweep 75 python3 -m strata bench decode-attn --sweep --sweep-spans 512,2048,8192
 part profile_a3b_before 30 env STRATA_DECODE_ATTN_SPLITK=1 STRATA_ROUTE_SEPARATE=1 python3 \
   tools/device/profile_decode.py $A --graphs on --steps 8 --prompt-tokens 300 --top 14
 part tokens_a3b 55 python3 tools/device/attn_tokens_check.py $A --tokens 24 --prompts 300,900
@@ -49,7 +50,9 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
   tail -n 3 $L/tests.log
-  for f in sweep int8_rows tokens_a3b tokens_route; do echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | cut -c1-230; done
+  for f in sweep int8_rows tokens_a3b tokens_route; do
+    echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | cut -c1-230
+  done
   for f in profile_a3b profile_a3b_before; do
     echo "=== $f"; grep -h "tok/s\|ms per token\|kernels per token\|decode_\|qk_norm\|store_kv\|add_\|route\|gemm\|Kernel" \
       $L/$f.log | head -n 18

@@ -62,7 +62,8 @@ class ShortConfig:
 
     def label(self) -> str:
         return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} chunk={self.chunk} "
-                f"warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} by_span={int(self.by_span)}")
+                f"warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} "
+                f"by_span={int(self.by_span)}")
 
 
 DEFAULT = ShortConfig()

@@ -195,3 +195,25 @@ def test_a_window_across_the_reach_takes_each_rows_own_kernel(monkeypatch, exact
         own_span = 254 + r if exact else static_kv.span_for(254 + r, 512)
         one = static_kv.StaticDenseKV(cache, positions[r:r + 1], own_span, exact)
         assert torch.equal(window[r:r + 1], one._decode(0, q[r:r + 1], (positions[r:r + 1] + 1).int()))
+
+
+def test_a_paged_window_across_the_reach_takes_each_rows_own_kernel(monkeypatch):
+    """As above over the int8 pool (split-K's split is fixed there)."""
+    from strata.engine import static_kv
+    from strata.engine.kv_paged import PagedInt8KV
+    from strata.kernels.attention.kv_int8 import append_kv_ref
+
+    monkeypatch.setattr(static_kv, "SHORT_DEFAULT", ShortConfig(cells=64, max_span=256))
+    cache = PagedInt8KV(1, 1, 64, 512, torch.device(DEVICE), initial_tokens=512, kernels=True)
+    cache.reserve(512)
+    gen = torch.Generator().manual_seed(14)
+    cells = torch.arange(512, device=DEVICE)
+    append_kv_ref(cache.pools[0], cache.page_table, cells,
+                  *(torch.randn(512, 1, 64, generator=gen).to(DEVICE) for _ in range(2)))
+    q = torch.randn(4, 2, 64, generator=gen).to(DEVICE)
+    positions = torch.arange(253, 257, device=DEVICE)
+    window = static_kv.StaticPagedKV(cache, positions, 512)._attend_stored(0, q, (positions + 1).int(), True, None)
+    for r in range(4):
+        one = static_kv.StaticPagedKV(cache, positions[r:r + 1], static_kv.span_for(254 + r, 512))
+        assert torch.equal(window[r:r + 1], one._attend_stored(0, q[r:r + 1], (positions[r:r + 1] + 1).int(), True,
+                                                               None))
