@@ -31,7 +31,8 @@ from strata.kernels.attention.prompt_v1 import (codes_to_half, join_halves, pv_h
 
 # the H200 sweep's fastest (session 4): one query and its KV group per program; blocks of queries ran up to 2x slower
 # H200 sweep (session 5): ids translated before the launch and 128 registers a thread, 1.20x, the same bytes
-DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3, translate=1, maxreg=128)
+# Session 6's sweep: `t2r168x1` 1.810 ms at 32K x 1024 (2.112 before), 1.16x over the five shapes, the same bytes
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3, translate=2, maxreg=168, exact=1)
 
 
 @triton.jit

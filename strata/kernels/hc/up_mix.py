@@ -9,8 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_E = 16  # 160 programs at embd 2,560, each reading hc * 16 rows of up (40 KB in BF16 at rank 320)
-NUM_WARPS = 4
+# H200 sweep (`bench hc-read --sweep`, session 6): 4 features a program, one warp: 3.17 us, 16 x 4 warps 8.10 us
+BLOCK_E = 4  # 640 programs at embd 2,560, each reading hc * 4 rows of up (10 KB in BF16 at rank 320)
+NUM_WARPS = 1
 
 
 @triton.jit

@@ -244,12 +244,18 @@ def _down_kernel(h, ids, topk_w, slot_of, wd, tab, y, n_embd, stride_d, row_byte
 # Tiles the H200 sweep measured faster than word_tile's reasoned ones (`bench moe-decode --sweep`, session 4's middle
 # call, commit 31c71d1): gate_up Q4_K 1.28x, Q4_0 1.23x, Q2_0 1.17x; down Q4_K 1.21x. (ns: at most, unless the entry
 # sets `stream`, e.g. dict(bn=4, ns=32, warps=8, stream=-1) from a `--sweep stream` line: then the tile as given.)
-MEASURED_TILES = {  # H200 sweeps; the streamed tiles (stream=-1: as many programs as stay resident) of session 5's
-    ("gate_up", "Q4_0"): dict(bn=4, ns=32, warps=4, stream=-1),  # 14.66 -> 13.83 us (A3B shape)
-    ("gate_up", "Q4_K"): dict(bn=4, ns=16, warps=2, stream=-1),  # 13.16 -> 11.69 us
-    ("gate_up", "Q2_0"): dict(bn=8, ns=8, warps=2, stream=-1),  # 15.44 -> 13.05 us (qwen4exp shape)
+MEASURED_TILES = {  # H200 sweeps (session 6, `--sweep oneshot`): one-shot tiles, else session 5's streamed ones
+    ("gate_up", "Q4_0"): dict(oneshot=True, bn=8, warps=4, split=1),  # stream 13.47 -> 9.58 us (A3B shape)
+    ("down", "Q4_0"): dict(oneshot=True, bn=8, warps=16, split=1),  # words 9.40 -> 6.77 us
+    ("gate_up", "Q4_K"): dict(bn=4, ns=16, warps=2, stream=-1),  # 13.16 -> 11.69 us (one-shot not yet measured)
+    ("gate_up", "Q2_0"): dict(oneshot=True, bn=4, warps=4, split=1),  # stream 12.73 -> 11.68 us (qwen4exp shape)
     ("down", "Q4_K"): dict(bn=16, ns=32, warps=8, stream=-1),  # 8.69 -> 7.01 us
-    ("down", "Q2_0"): dict(bn=4, ns=32, warps=4, stream=-1),  # 11.68 -> 9.72 us
+    ("down", "Q2_0"): dict(oneshot=True, bn=8, warps=8, split=2),  # stream 9.78 -> 7.81 us
+    # the dense matvec: the reasoned one-shot tile was the best line at 2048x5120 (8.10 -> 5.66 us), 4096x2048
+    # (6.59 -> 5.00) and 2560x10240 Q2_0 (15.38 -> 9.46)
+    ("matvec", "Q4_0"): dict(oneshot=True),
+    ("matvec", "Q2_0"): dict(oneshot=True),
+    ("matvec", "Q8_0"): dict(oneshot=True),  # by analogy (the same kernel family): timed end to end only
 }
 
 

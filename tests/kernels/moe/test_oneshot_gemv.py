@@ -145,7 +145,8 @@ def test_oneshot_tiles_fill_the_gpu_within_their_registers_and_the_switch_picks_
         assert cfg.oneshot and words <= WORDS_PER_THREAD, (kind, fmt, cfg)
         assert programs * -(-n_out // cfg.bn) * cfg.split * cfg.warps >= MIN_WARPS_PER_SM * SMS, (kind, fmt, cfg)
     default = gemv.gemv_config("down", SPECS["Q4_0"], 2048, 768, 8, True)
-    assert not default.oneshot  # unset: the measured defaults, output bytes unchanged
+    assert default.oneshot and (default.bn, default.warps) == (8, 16)  # unset: the measured tile (H200 sweep)
+    assert not gemv.gemv_config("down", SPECS["Q4_K"], 2048, 768, 8, True).oneshot  # not measured: streamed
     with switches.override(STRATA_GEMV_ONESHOT=True):
         assert gemv.gemv_config("down", SPECS["Q4_0"], 2048, 768, 8, True) == gemv.oneshot_config(
             "down", SPECS["Q4_0"], 2048, 768, 8, True)
