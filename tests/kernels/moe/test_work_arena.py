@@ -80,11 +80,13 @@ def test_work_bytes_cover_a_fused_default_of_128_rows_and_fp16_buffers(monkeypat
     from strata.kernels.moe.stack import Tiles
     layer = make_layer("Q2_0 / Q2_0", 8, n_experts=N_EXPERTS, n_embd=N_EMBD, n_ff=N_FF, top_k=TOP_K)
     args = (256, TOP_K, 64, 2560, 640)  # few tokens, many experts: 128-row tiles pad the most
+    monkeypatch.setitem(stack.MEASURED_Q2_0, "gate_up", Tiles(32, 4, 2, split=True))  # session 5's 64-row default
+    monkeypatch.setitem(stack.MEASURED_Q2_0, "down", Tiles(64, 4, 2, split=True))
     before = prompt_work_bytes(*args)
     assert prefill._group_rows("fused", layer.experts, None, True) == 64
     assert before == aligned_bytes(prefill.prompt_work_buffers(*args)) > aligned_bytes(prefill.fused_q2_0_buffers(*args))
-    monkeypatch.setitem(stack.MEASURED_Q2_0, "gate_up", Tiles(64, 8, 3, rows=128, fp16=True))
-    monkeypatch.setitem(stack.MEASURED_Q2_0, "down", Tiles(128, 8, 3, rows=128, fp16=True))
+    monkeypatch.undo()  # today's default: 128 rows, fp16 buffers
+    assert stack.MEASURED_Q2_0["gate_up"].rows == 128 and stack.MEASURED_Q2_0["gate_up"].fp16
     assert prefill._group_rows("fused", layer.experts, None, True) == 128  # the grouping follows the default
     assert prefill._group_rows("mmq", layer.experts, None, True) == 64
     assert prompt_work_bytes(*args) == aligned_bytes(prefill.fused_q2_0_buffers(*args)) > before
