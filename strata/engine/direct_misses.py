@@ -124,11 +124,13 @@ class DeviceTable:
         self.waiting[slot] = key
         self.admitted_at[slot] = self.clock
 
-    def publish(self, min_age: int = 0) -> None:
-        """Enter the admitted experts queued at least `min_age` steps ago (one upload, no host wait). The compute
-        stream waits for their copies first (a wait on the GPU, free once they have landed), so which step first
-        reads an expert from its slot depends on the steps alone, not on how fast the copies went."""
-        entered = [(slot, key) for slot, key in self.waiting.items() if self.clock - self.admitted_at[slot] >= min_age]
+    def publish(self, min_age: int = 0, slots: set[int] | None = None) -> None:
+        """Enter the admitted experts queued at least `min_age` steps ago (`slots`: those of these slots only; one
+        upload, no host wait). The compute stream waits for their copies first (a wait on the GPU, free once they
+        have landed), so which step first reads an expert from its slot depends on the steps alone, not on how fast
+        the copies went."""
+        entered = [(slot, key) for slot, key in self.waiting.items() if self.clock - self.admitted_at[slot] >= min_age
+                   and (slots is None or slot in slots)]
         if not entered:
             return
         self._table_changes()

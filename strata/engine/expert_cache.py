@@ -56,6 +56,11 @@ class ExpertCache:
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
+        # Slots given back by a prompt and refilled with their former experts: hits at once, behind a wait of the
+        # compute stream for their copy, so the placement after a prompt is the one before it whatever the copy's
+        # speed (greedy --spec equals plain decoding only with one placement: issue 10). Adapt's swaps stay misses
+        # until landed (their timing never stalls a step).
+        self.restoring: set[int] = set()
         self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
         self.device_table = None  # `--misses direct`: the slot map on the device (engine/direct_misses.py)
 
@@ -83,10 +88,17 @@ class ExpertCache:
         event = self.landing.get(slot)
         if event is None:
             return True
-        if event.query():
-            del self.landing[slot]
-            return True
-        return False
+        if slot in self.restoring:
+            self._wait_on_compute(event)
+        elif not event.query():
+            return False
+        del self.landing[slot]
+        self.restoring.discard(slot)
+        return True
+
+    def _wait_on_compute(self, event) -> None:
+        """Work queued on the compute stream from now on runs after `event` (no host wait)."""
+        torch.cuda.current_stream(self.device).wait_event(event)
 
     def lookup(self, layer: int, experts: list[int]) -> tuple[dict[int, int], list[int]]:
         """Split the experts a layer routes to into hits (expert -> slot) and misses; counts them."""
@@ -117,6 +129,7 @@ class ExpertCache:
             return
         evicted = []
         for _, slot in placed:
+            self.restoring.discard(slot)
             old = self.owner[slot]
             if old is not None:
                 del self.slot_of[old]
@@ -204,18 +217,21 @@ class ExpertCache:
                 if self.device_table is not None:
                     self.device_table.evicted(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
+            self.restoring.discard(slot)
             self.lent[slot] = old
         return taken
 
     def refill(self) -> int:
-        """Take every lent slot back and copy its former expert in again (unless adapting placed it elsewhere)."""
+        """Take every lent slot back and copy its former expert in again (unless adapting placed it elsewhere): the
+        placement is the one before the lending from the next step on (`restoring`)."""
         lent, self.lent = self.lent, {}
-        refilled = 0
-        for slot, key in lent.items():
-            if key is not None and key not in self.slot_of:
-                self.admit(key, slot)
-                refilled += 1
-        return refilled
+        placed = [(key, slot) for slot, key in lent.items() if key is not None and key not in self.slot_of]
+        self.admit_many(placed)
+        restored = [slot for _, slot in placed]
+        self.restoring.update(s for s in restored if s in self.landing)
+        if self.device_table is not None:  # `--misses direct`: back in the table now, behind a wait for the copies
+            self.device_table.publish(slots=set(restored))
+        return len(placed)
 
     def even_ranking(self) -> list[Key]:
         """Without a profile: the same share of every layer, expert 0 first."""

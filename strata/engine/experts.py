@@ -16,7 +16,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.models.layers import swiglu
-from strata.models.weights import QuantWeight
+from strata.models.weights import QuantWeight, in_window
 
 
 @dataclass
@@ -208,7 +208,8 @@ class CachedExperts(ExpertBackend):
 
     def start(self, layer, x, weights, ids):
         if self.prompt is not None:
-            if self.prompt.takes(x):
+            # A verify window's rows are decode steps (issue 10): never streamed as a prompt chunk of as many rows.
+            if self.prompt.takes(x) and not in_window():
                 return PendingExperts(self.prompt.run(layer, x, weights, ids))
             self.prompt.return_slots()  # a decode step: the cache gets its lent slots back first
         if self.takes_direct(x):

@@ -172,10 +172,18 @@ class SpecDecoder:
         # Catch up: cells mtp_cells..start-1 from the trunk's hidden states (the last one is the first draft's).
         first = self.mtp_cells
         step = max(1, self.engine.prefill_chunk)
-        for begin in range(first, start, step):
-            end = min(begin + step, start)
-            ids = torch.tensor(history[begin + 1:end + 1], device=device)
-            logits, out = model.mtp_forward(self.hidden[begin:end], ids, self.mtp_cache, begin)
+        streamer = self.engine._prompt_streamer()
+        try:
+            for begin in range(first, start, step):
+                end = min(begin + step, start)
+                ids = torch.tensor(history[begin + 1:end + 1], device=device)
+                logits, out = model.mtp_forward(self.hidden[begin:end], ids, self.mtp_cache, begin)
+        finally:
+            # A catch-up of several cells may stream its experts through slots lent like a prompt's: give them back
+            # now, as a prompt does, so the verify window sees the placement plain decoding's step sees (--spec 2
+            # drafts nothing after this, which would give them back, before its window: issue 10).
+            if streamer is not None:
+                streamer.return_slots()
         self.mtp_cells = start
         if start == first:  # no cell to draft from (nothing new since the last window)
             return []

@@ -104,6 +104,11 @@ def rows_as_steps(on: bool = True):
         _ROWS_AS_STEPS.reset(token)
 
 
+def in_window() -> bool:
+    """Whether the step being computed is a verify window (`rows_as_steps`): decode steps, never a prompt chunk."""
+    return _ROWS_AS_STEPS.get()
+
+
 def row_by_row(x: torch.Tensor) -> bool:
     """Whether torch's matmuls over x [rows, ...] go one row at a time: in a verify window of 2..4 rows."""
     return _ROWS_AS_STEPS.get() and x.dim() == 2 and 1 < x.shape[0] <= ROW_BY_ROW_MAX_ROWS
