@@ -31,6 +31,7 @@ preset = sys.argv[3] if len(sys.argv) > 3 else "small"
 prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
 K = "Q4_0" if preset == "tiny" else "Q4_K"  # tiny rows are shorter than a Q4_K block
 FROZEN = {"expert_cache": 40, "frozen": True}
+QWEN4EXP_EXACT = False  # whether qwen4exp's windows are exact by construction on the GPU (issue 10)
 # (arch, quant, model shape, engine options, exact by construction)
 cases = [("qwen3moe", K, {}, {}, True), ("qwen3moe", K, {}, {"decode_graphs": "eager"}, True),
          ("qwen3moe", K, {}, {"decode_graphs": "off"}, True),
@@ -39,6 +40,8 @@ cases = [("qwen3moe", K, {}, {}, True), ("qwen3moe", K, {}, {"decode_graphs": "e
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, FROZEN, True),
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, {"expert_cache": 40, "misses": "cpu"}, False),
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, {**FROZEN, "misses": "cpu"}, True)]
+if preset == "tiny":  # qwen4exp has no small preset; its windows (eager forward) against its static steps
+    cases.append(("qwen4exp", "Q8_0", {"mtp": True, "top_k": 8}, {}, QWEN4EXP_EXACT))
 
 
 def engine(path, frozen: bool, **options) -> Engine:
@@ -57,8 +60,11 @@ print("| model | options | rows | bit-equal rows | argmax agree | max rel err | 
 print("|---|---|---:|---:|---:|---:|---:|---|")
 for arch, quant, shape, options, exact in cases:
     path = models / f"exact-{arch}-{preset}-{quant}.gguf"
-    if not path.exists():
-        make_model(path, arch=arch, preset=preset, quant=quant, **shape)
+    made = path.with_name(path.stem + "-00001-of-00002.gguf")  # qwen4exp's split GGUF: the first shard
+    if made.exists():
+        path = made
+    elif not path.exists():
+        path = make_model(path, arch=arch, preset=preset, quant=quant, **shape)
     options = {"decode_graphs": GRAPHS, **options}
     frozen = options.pop("frozen", False)
     label = " ".join(f"{k}={v}" for k, v in options.items()) + (" frozen" if frozen else "")
@@ -95,7 +101,8 @@ for arch, quant, shape, options, exact in cases:
             same.append("yes" if list(e.generate(prompt, greedy, n)) == truth else "NO")
         good = equal == rows and "NO" not in same if exact else True
         ok &= good
-        verdict = ("" if good else " FAIL") if exact else " (adapting: exact only frozen)"
+        verdict = ("" if good else " FAIL") if exact else (" (adapting: exact only frozen)" if "expert_cache" in options
+                                                             else " (reported: not exact by construction yet)")
         print(f"| {arch} {quant} | {label} | {rows} | {equal}/{rows} | {agree}/{rows} | {worst:.1e} | {margin:.3g} | "
               f"{'/'.join(same)}{verdict} |", flush=True)
     except Exception as exc:  # one case's failure must not hide the others'
