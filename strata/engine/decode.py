@@ -155,7 +155,7 @@ class GraphDecoder:
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
         end = start + self.rows
-        span = end if self.exact_span else span_for(end, self.kv.max_tokens)
+        span = self.step_span(end)
         self._reserve(start, end if self.exact_span else self.kv.max_tokens)
         self.upload(tokens, start, self.tokens, self.positions)
         if tail is not None:
@@ -179,6 +179,10 @@ class GraphDecoder:
             self.kv.window_rows.update(stash["rows"])
         self.hidden = stash.get("hidden")
         return stash["logits"]
+
+    def step_span(self, end: int) -> int:
+        """The attention span of a step ending at position `end` (exclusive): exact, or the graphs' power of two."""
+        return end if self.exact_span else span_for(end, self.kv.max_tokens)
 
     def _capture(self, span: int) -> None:
         try:

@@ -174,3 +174,30 @@ def write_indexer_key(keys, positions: torch.Tensor, raw: torch.Tensor, k_norm: 
     first = positions // BLOCK * BLOCK
     cells = keys.raw.index_select(0, first + torch.arange(BLOCK, device=positions.device))
     keys.pooled.index_copy_(0, positions // BLOCK, pool_keys_at(cells, k_norm, first, keys.eps, keys.n_rot, keys.base))
+
+
+def qsa_rows_as_steps(model, i: int, x: torch.Tensor, cache: Qwen4ExpCache, positions: torch.Tensor, cos, sin,
+                      decoder: Qwen4ExpDecoder) -> torch.Tensor:
+    """A verify window's QSA layer i (eager forward) where plain decoding runs `decoder`'s static step: row by row,
+    each row what that step computes at its position (issue 10: bit for bit): its indexer key written and its
+    block's pooled key recomputed, the selection by the step's own span (dense up to `selection_cells`), the
+    attention through a one-row static view of that span (the decode kernel where the step takes it). A window of
+    k rows costs k one-row attentions; the window's other ops already compute each row as its step."""
+    w, keys, eps = model.mixers[i], cache.indexer[i], model.config.rms_eps
+    n, first = x.shape[0], int(positions[0])
+    end = first + n
+    widest = decoder.step_span(end)  # spans grow with the end: the last row's covers every row's
+    keys.reserve(widest)
+    cache.kv.reserve(widest)
+    rows = []
+    for r in range(n):
+        position, span = positions[r:r + 1], decoder.step_span(first + r + 1)
+        view = StaticHybrid(cache, static_kv(cache.kv, position, span, decoder.exact_span))
+        one = x[r:r + 1]
+        write_indexer_key(keys, position, linear(one, w.indexer_k), w.indexer_k_norm)
+        selection = None
+        if span > model.qsa.selection_cells:
+            selection = indexer_select(w, model.qsa, one, position, keys.pooled[: span // BLOCK], keys.dead, eps)
+        rows.append(qsa_attention(w, model.qsa, one, view, i, 0, cos[r:r + 1], sin[r:r + 1], selection, eps))
+    keys.n_cells, keys.n_pooled = end, end // BLOCK
+    return torch.cat(rows)

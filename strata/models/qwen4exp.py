@@ -291,6 +291,10 @@ class Qwen4ExpLM(DecoderLM):
                     if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
                         cache.conv[i].copy_(conv)
                     cache.state[i].copy_(state)
+            elif ctx.static_steps is not None:  # a verify window whose plain steps are static: each row as its step
+                from strata.engine.decode_qwen4exp import qsa_rows_as_steps
+
+                y = qsa_rows_as_steps(self, i, x, cache, positions, cos, sin, ctx.static_steps)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)

@@ -106,6 +106,18 @@ def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
         layers.FUSED_ON_CPU = False
 
 
+def test_qwen4exp_window_rows_are_its_static_steps_bit_for_bit_bf16_kernels(q4):
+    """qwen4exp's windows run its eager forward, its plain steps the static decoder (engine/decode_qwen4exp.py):
+    bf16 through the GPU's kernels (interpreted), the QSA layers take each row as its step (the indexer key, the
+    selection by the step's own span, the decode attention). Rows at positions 10..12 cross from dense attention
+    (a span of 11 cells, top_k 8 + 3) to the indexer's selection inside the window."""
+    layers.FUSED_ON_CPU = True
+    try:
+        _check_windows(q4, dict(decode_graphs="eager", dtype="bfloat16"), prompt_len=10, windows=((3, 2),))
+    finally:
+        layers.FUSED_ON_CPU = False
+
+
 @pytest.fixture(scope="module")
 def moe_f32(model_dir):
     from strata.models.synthetic import make_model
