@@ -7,9 +7,12 @@
 #    step at that position, captured (graphs on), eager static, --no-graphs, and behind a 40-slot expert cache
 #    (direct and CPU-pool misses) adapting (reported) and frozen (exact). Its exit status is 1 when a case marked
 #    exact has a row that is not bit-equal or a greedy --spec 2/3/4 that is not plain's;
-# 3) the same check on the tiny preset (N=24) as a quick second shape.
+# 3) the same check on the tiny preset (N=24) as a quick second shape, plus qwen4exp tiny (Q8_0, its MTP block):
+#    its windows run the eager forward, its plain steps the captured static decoder (branch specexact2: the
+#    windows' QSA layers take each row as that step).
 # What it should show: every exact case "N/N" bit-equal rows, "yes/yes/yes", and "ALL OK"; the adapting cases may
-# differ (their rows are computed with another expert placement).
+# differ (their rows are computed with another expert placement). Branch specexact2 fixed the frozen cache with
+# CPU-pool misses, whose free-running --spec 2 differed (yes/yes/yes now), and marks qwen4exp exact.
 set -uo pipefail
 BUDGET=${BUDGET:-450}
 source tools/device/parts.sh || exit 1
