@@ -25,6 +25,8 @@ from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.models.synthetic import make_model  # noqa: E402
 
 DEVICE, GRAPHS = ("cuda", "on") if torch.cuda.is_available() else ("cpu", "eager")  # the CPU: a dry run
+if DEVICE == "cpu":  # torch's CPU reductions split by thread count and row count (qwen4exp's GDN): one thread
+    torch.set_num_threads(1)
 models = Path(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 preset = sys.argv[3] if len(sys.argv) > 3 else "small"
