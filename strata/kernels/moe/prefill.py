@@ -156,14 +156,16 @@ def _rounded(n_rows: int, k: int):
 
 
 def prompt_work_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
-                        tile_rows: int = grouping.TILE_ROWS):
-    """(shape, dtype) of the buffers `_run` takes from its scratch for a chunk of n_tokens, on the path that takes
-    the most: mmq (x's codes, gate and up in float32, H's codes, the down rows; the dense and the default fused
-    path take a subset), or the fused path under the Q2_0 kernels' default GPU shapes if those group by 128 rows or
-    keep x and H as fp16 (`fused_q2_0_buffers`) and so take more."""
+                        tile_rows: int = grouping.TILE_ROWS, path: str | None = None):
+    """(shape, dtype) of the buffers `_run` takes from its scratch for a chunk of n_tokens on `path` (default: the
+    one the switches pick): mmq's (x's codes, gate and up in float32, H's codes, the down rows; the dense path takes
+    a subset), and on the fused path the larger of those and the Q2_0 kernels' under their default GPU shapes, which
+    group by 128 rows and keep x and H as fp16 (`fused_q2_0_buffers`)."""
     rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, tile_rows) * tile_rows
     mmq = [*_rounded(n_tokens, n_embd), ((rows, n_ff), torch.float32), ((rows, n_ff), torch.float32),
            *_rounded(rows, n_ff), ((rows, n_embd), torch.float32)]
+    if (path or prompt_expert_path()) != "fused":  # the opt-in path's larger buffers only where it runs
+        return mmq
     return max(mmq, fused_q2_0_buffers(n_tokens, top_k, n_experts, n_embd, n_ff), key=aligned_bytes)
 
 
@@ -178,9 +180,9 @@ def fused_q2_0_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n
 
 
 def prompt_work_bytes(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
-                      tile_rows: int = grouping.TILE_ROWS) -> int:
-    """Bytes of a WorkArena that holds every expert work buffer of a chunk of n_tokens, on any path."""
-    return aligned_bytes(prompt_work_buffers(n_tokens, top_k, n_experts, n_embd, n_ff, tile_rows))
+                      tile_rows: int = grouping.TILE_ROWS, path: str | None = None) -> int:
+    """Bytes of a WorkArena that holds every expert work buffer of a chunk of n_tokens on `path` (`prompt_work_buffers`)."""
+    return aligned_bytes(prompt_work_buffers(n_tokens, top_k, n_experts, n_embd, n_ff, tile_rows, path))
 
 
 def moe_prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stack,

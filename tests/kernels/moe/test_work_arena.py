@@ -37,7 +37,7 @@ def test_work_buffers_live_in_slot_memory_and_change_no_byte(device, path, kerne
     run = moe_prefill_triton if kernels == "triton" else moe_prefill_ref
     args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts, path)
     expected = run(*args)
-    need = prompt_work_bytes(N_TOKENS, TOP_K, N_EXPERTS, N_EMBD, N_FF)
+    need = prompt_work_bytes(N_TOKENS, TOP_K, N_EXPERTS, N_EMBD, N_FF, path=path)
     slots, memory = _slot_run(device, need)
     arena = RecordingArena(memory)
     for _ in range(2):  # a second layer reuses the range (reset), over the first one's leftovers
@@ -68,7 +68,7 @@ def test_fused_fp16_shapes_take_their_buffers_from_the_arena_too(device):
     args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts, "fused")
     tiles = Tiles.parse("32x4x2h/64x4x2h")
     expected = moe_prefill_triton(*args, tiles=tiles)
-    need = prompt_work_bytes(N_TOKENS, TOP_K, N_EXPERTS, N_EMBD, N_FF)
+    need = prompt_work_bytes(N_TOKENS, TOP_K, N_EXPERTS, N_EMBD, N_FF, path="fused")
     arena = RecordingArena(_slot_run(device, need)[1])
     assert torch.equal(moe_prefill_triton(*args, tiles=tiles, scratch=arena), expected)
     assert torch.float16 in {t.dtype for t in arena.taken}  # x and H as fp16
@@ -82,11 +82,12 @@ def test_work_bytes_cover_a_fused_default_of_128_rows_and_fp16_buffers(monkeypat
     args = (256, TOP_K, 64, 2560, 640)  # few tokens, many experts: 128-row tiles pad the most
     monkeypatch.setitem(stack.MEASURED_Q2_0, "gate_up", Tiles(32, 4, 2, split=True))  # session 5's 64-row default
     monkeypatch.setitem(stack.MEASURED_Q2_0, "down", Tiles(64, 4, 2, split=True))
-    before = prompt_work_bytes(*args)
+    before = prompt_work_bytes(*args, path="fused")
     assert prefill._group_rows("fused", layer.experts, None, True) == 64
     assert before == aligned_bytes(prefill.prompt_work_buffers(*args)) > aligned_bytes(prefill.fused_q2_0_buffers(*args))
     monkeypatch.undo()  # today's default: 128 rows, fp16 buffers
     assert stack.MEASURED_Q2_0["gate_up"].rows == 128 and stack.MEASURED_Q2_0["gate_up"].fp16
     assert prefill._group_rows("fused", layer.experts, None, True) == 128  # the grouping follows the default
     assert prefill._group_rows("mmq", layer.experts, None, True) == 64
-    assert prompt_work_bytes(*args) == aligned_bytes(prefill.fused_q2_0_buffers(*args)) > before
+    assert prompt_work_bytes(*args, path="fused") == aligned_bytes(prefill.fused_q2_0_buffers(*args)) > before
+    assert prompt_work_bytes(*args) == before  # the default path (mmq) does not lend slots for the opt-in one's
