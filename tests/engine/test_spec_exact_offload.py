@@ -94,3 +94,18 @@ def test_a_refilled_slot_is_a_hit_behind_a_wait_an_adapted_one_a_miss_until_land
     cache.landing[slot] = pending  # an adapt's admit in flight: a miss (the CPU pool) until it lands
     hits, misses = cache.lookup(lent_key[0], [lent_key[1]])
     assert not hits and misses == [lent_key[1]] and waits == [pending]
+
+
+def test_direct_misses_table_holds_the_refilled_experts_right_after_a_prompt(next_mtp_q8):
+    """`--misses direct`: the slots a prompt lent come back into the device table at its end (before, only at the
+    next adapt, never with a frozen cache), so a step after a prompt reads them from their slots, as before it."""
+    engine = Engine(next_mtp_q8, EngineConfig(device="cpu", expert_cache=20, misses="direct", prefill_stream="on",
+                                              decode_graphs="eager"))
+    cache = engine.model.experts.cache
+    cache.adapt_every = 1 << 40
+    table = cache.device_table
+    engine.prefill(torch.randint(0, 512, (9,), generator=torch.Generator().manual_seed(1)).tolist())
+    assert engine.model.experts.prompt.stats.bytes_streamed  # the prompt streamed: the ring was lent, given back
+    assert not table.waiting
+    for (layer, expert), slot in cache.slot_of.items():
+        assert int(table.host[table.row[layer], expert]) == slot
