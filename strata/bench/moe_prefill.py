@@ -4,7 +4,8 @@ The layer follows Strata's fused-kernel tests: N = 2560, FF = 640, 512 experts, 
 and 1 in every token, the rest Zipf-like, the last four never chosen); x ~ N(0, 1) with one value in 200 times 12;
 one token all zeros. Each path is compared with float64 on the dequantized weights, with and without the path's own
 rounding of x and H, and with the other paths; its time is printed beside the floor of the same run: routed
-multiply-adds over the measured int8 matrix rate (torch._int_mm), or the fp16 rate for the dense path.
+multiply-adds over the measured int8 matrix rate (torch._int_mm, the faster B layout), or the fp16 rate for the dense
+path.
 
     python -m strata.bench.moe_prefill [--only "Q2_0 / Q2_0"] [--tokens 2048,8192,16384]
 
@@ -124,14 +125,21 @@ def timed(fn, device: torch.device, reps: int) -> tuple[float, torch.Tensor]:
 
 
 def matrix_rates(device: torch.device, m: int = 16384, k: int = 2560, n: int = 2560) -> tuple[float, float]:
-    """Measured (int8 ops/s of torch._int_mm, fp16 flop/s of a matmul) on an [m, k] x [k, n] product."""
+    """Measured (int8 ops/s of torch._int_mm, fp16 flop/s of a matmul) on an [m, k] x [k, n] product. The int8
+    rate is the faster of B row-major and B column-major: cuBLASLt's int8 tensor-core kernels want the second
+    ("TN"), and session 6's H200 runs measured 112 TOPS with the first only, far under the int8 tensor cores."""
     if device.type != "cuda":  # a CPU run checks the tool, not the machine
         m, k, n = 256, 512, 512
     a8 = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=device)
     b8 = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device)
+    b8_columns = b8.t().contiguous().t()  # the same values, column-major
     a16, b16 = a8.half(), b8.half()
     ops = 2.0 * m * k * n
     int8_ms, _ = timed(lambda: torch._int_mm(a8, b8), device, 10)
+    try:
+        int8_ms = min(int8_ms, timed(lambda: torch._int_mm(a8, b8_columns), device, 10)[0])
+    except RuntimeError:  # a build without that layout: the row-major rate stands
+        pass
     fp16_ms, _ = timed(lambda: a16 @ b16 if device.type == "cuda" else a16.float() @ b16.float(), device, 10)
     return ops / (int8_ms * 1e-3), ops / (fp16_ms * 1e-3)
 
