@@ -7,9 +7,8 @@ import os
 import pytest
 import torch
 
-from strata.engine.engine import Engine, EngineConfig
-from strata.models import layers
 from strata.models.synthetic import make_model
+from tests.engine.greedy_bf16 import greedy_bf16
 
 PROMPT = [5, 17, 99, 3]
 STEPS = 2  # bf16 on the CPU is slow: few tokens
@@ -23,18 +22,8 @@ def tiny_hybrid(request, tmp_path_factory):
 
 def _greedy(path, fused: bool):
     """(tokens, logits of every step, the conv states) of a step-by-step greedy bf16 decode after PROMPT."""
-    layers.FUSED_ON_CPU = fused
-    try:
-        engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16"))
-        logits, tokens, out = engine.prefill(PROMPT), [], []
-        for step in range(STEPS):
-            tokens.append(int(logits[-1].argmax()))
-            logits = engine.decode(tokens[-1], len(PROMPT) + step)
-            out.append(logits.clone())
-        conv = torch.stack([t.float() for _, t in sorted(engine.kv.conv.items())])
-        return tokens, torch.cat(out), conv
-    finally:
-        layers.FUSED_ON_CPU = False
+    engine, tokens, logits = greedy_bf16(path, fused, PROMPT, STEPS)
+    return tokens, logits, torch.stack([t.float() for _, t in sorted(engine.kv.conv.items())])
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors take Triton only interpreted")

@@ -5,11 +5,9 @@ the tokens and logits are the torch path's within a few bf16 steps."""
 import os
 
 import pytest
-import torch
 
-from strata.engine.engine import Engine, EngineConfig
-from strata.models import layers
 from strata.models.synthetic import make_model
+from tests.engine.greedy_bf16 import greedy_bf16
 
 PROMPT = [5, 17, 99, 3, 250]  # past MAX_ROWS: the prompt's layers keep the torch reference
 STEPS = 2  # bf16 on the CPU is slow: few tokens
@@ -22,17 +20,8 @@ def tiny_qwen4exp(tmp_path_factory):
 
 
 def _greedy(path, fused: bool):
-    layers.FUSED_ON_CPU = fused
-    try:
-        engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16"))
-        logits, tokens, out = engine.prefill(PROMPT), [], []
-        for step in range(STEPS):
-            tokens.append(int(logits[-1].argmax()))
-            logits = engine.decode(tokens[-1], len(PROMPT) + step)
-            out.append(logits.clone())
-        return tokens, torch.cat(out), engine.model.n_main
-    finally:
-        layers.FUSED_ON_CPU = False
+    engine, tokens, logits = greedy_bf16(path, fused, PROMPT, STEPS)
+    return tokens, logits, engine.model.n_main
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors take Triton only interpreted")
