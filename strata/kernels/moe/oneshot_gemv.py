@@ -36,7 +36,7 @@ import triton.language as tl
 from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 from strata.kernels.moe.stream_steps import fetch_x, step_dot
-from strata.kernels.moe.wide_gemv import SMS, UNIT, WORDS, _sum_slices
+from strata.kernels.moe.wide_gemv import SMS, UNIT, WORDS, _sum_slices, store_gate_up
 
 ONESHOT_FORMATS = set(STREAM_FORMATS)
 MIN_WARPS_PER_SM = 12  # resident warps an SM the grid should give at least (loads in flight), before rows shrink
@@ -149,13 +149,7 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
     xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
     g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
     u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
-    live = rows < N_OUT
-    if SPLIT == 1:
-        tl.store(hid + pair.to(tl.int64) * N_OUT + rows, g / (1.0 + tl.exp(-g)) * u, mask=live)
-    else:
-        at = (tl.program_id(2) * 2 * tl.num_programs(0) + pair).to(tl.int64) * N_OUT + rows
-        tl.store(hid + at, g, mask=live)
-        tl.store(hid + at + tl.num_programs(0) * N_OUT, u, mask=live)
+    store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
 
 
 def _pow2(n: int) -> int:

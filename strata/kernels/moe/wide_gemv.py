@@ -195,12 +195,19 @@ def _word_gate_up_kernel(x, ids, slot_of, wg, wu, tab, hid, n_ff, stride_g, stri
         acc_u += _unit_dot(FMT, wu, expert * stride_u + rows_at, blk, x_at, t, um, bm, tab)
     g = tl.sum(tl.sum(acc_g, axis=2), axis=0)
     u = tl.sum(tl.sum(acc_u, axis=2), axis=0)
+    store_gate_up(hid, pair, rows, g, u, n_ff, live_rows, SPLIT)
+
+
+@triton.jit
+def store_gate_up(hid, pair, rows, g, u, n_ff, live, SPLIT: tl.constexpr):
+    """A gate/up program's rows: silu(g) * u into hid [pairs, n_ff], or with SPLIT slices its partial dots into
+    hid [SPLIT, 2, pairs, n_ff] (slice = program_id(2), pairs = num_programs(0)) for `_split_sum_kernel`."""
     if SPLIT == 1:
-        tl.store(hid + pair.to(tl.int64) * n_ff + rows, g / (1.0 + tl.exp(-g)) * u, mask=live_rows)
+        tl.store(hid + pair.to(tl.int64) * n_ff + rows, g / (1.0 + tl.exp(-g)) * u, mask=live)
     else:
         at = (tl.program_id(2) * 2 * tl.num_programs(0) + pair).to(tl.int64) * n_ff + rows
-        tl.store(hid + at, g, mask=live_rows)
-        tl.store(hid + at + tl.num_programs(0) * n_ff, u, mask=live_rows)
+        tl.store(hid + at, g, mask=live)
+        tl.store(hid + at + tl.num_programs(0) * n_ff, u, mask=live)
 
 
 @triton.jit
