@@ -22,7 +22,7 @@ from strata import switches
 from strata.kernels.attention.decode_short import DEFAULT as SHORT_DEFAULT
 from strata.kernels.attention.decode_short import ShortConfig, decode_short
 from strata.kernels.attention.paged import PagedKV
-from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, rows_block, softmax_step, span_rows
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
 
 SPLIT = 128  # cells per program
@@ -53,12 +53,7 @@ def _decode_split_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, D), tl.float32)
     for c0 in range(sp * split, end, CH):
-        if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
-            cells = c0 + tl.arange(0, CH)
-            valid = cells < end
-            rows = cells.to(tl.int64) * n_kv_heads + kvh
-        else:
-            rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+        rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE)
         k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0).to(tl.float32)
         v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0).to(tl.float32)
         if INT8:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels import capability
-from strata.kernels.attention.prompt_parts import LOG2E, chunk_rows, rows_block, softmax_step
+from strata.kernels.attention.prompt_parts import LOG2E, rows_block, softmax_step, span_rows
 
 
 @dataclass(frozen=True)
@@ -121,12 +121,7 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
         begin = sp * per
         end = tl.minimum(width, begin + per)
         for c0 in range(begin, end, CH):
-            if DENSE:  # cell j of KV head kvh is row j * n_kv_heads + kvh
-                cells = c0 + tl.arange(0, CH)
-                valid = cells < end
-                rows = cells.to(tl.int64) * n_kv_heads + kvh
-            else:
-                rows, valid = chunk_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH)
+            rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE)
             k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
             v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
             if INT8:  # the codes times their scales, in fp32

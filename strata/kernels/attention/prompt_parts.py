@@ -31,6 +31,18 @@ def chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.const
 
 
 @triton.jit
+def span_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.constexpr, DENSE: tl.constexpr):
+    """`chunk_rows`, or over a dense cache (DENSE: no ids, cell j of KV head kvh is row j * n_kv_heads + kvh) the
+    rows of cells `c0 .. c0 + CH` below `width`."""
+    if DENSE:
+        cells = c0 + tl.arange(0, CH)
+        rows, valid = cells.to(tl.int64) * n_kv_heads + kvh, cells < width
+    else:
+        rows, valid = chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH)
+    return rows, valid
+
+
+@triton.jit
 def softmax_step(s, valid, m, l):
     """One online-softmax step over base-2 scores `s` [M, CH], cells `valid` [CH]: returns (e, alpha, m_new, l_new)."""
     return softmax_step_masked(s, valid[None, :], m, l)
