@@ -83,14 +83,10 @@ def test_write_stats_matches_float64(n_rows):
     assert torch.allclose(rstd_alone.double(), torch.rsqrt(residual.double().square().mean(-1) + EPS), rtol=BOUND)
 
 
-@pytest.mark.parametrize("n_rows", [1, 3, 4])
-@pytest.mark.parametrize("with_inject", [True, False])
-def test_fused_read_matches_torch_and_float64(n_rows, with_inject):
-    w = _weights(10, inject=with_inject)
-    residual, y = _stack(n_rows, 4), rand((n_rows, EMBD), 5, torch.float32)
-    pending = (y, rand((n_rows, HC), 6, torch.float32, 4))
-    new_residual, mixed, inject = _fused_read(residual, w, pending)
-    exact_residual = residual.double() + y.double()[:, None, :] * (
+def _assert_float64_read(residual, w, pending, got, with_inject: bool):
+    """A read with its pending write (new residual, mixed float32, inject) against the float64 write and read."""
+    new_residual, mixed, inject = got
+    exact_residual = residual.double() + pending[0].double()[:, None, :] * (
         2 * torch.sigmoid(pending[1].double() / HC))[:, :, None]
     assert _rel(new_residual, exact_residual) < BOUND
     exact_mixed, exact_inject = _read_float64(exact_residual, w, EPS)
@@ -98,6 +94,16 @@ def test_fused_read_matches_torch_and_float64(n_rows, with_inject):
     assert (inject is None) == (not with_inject)
     if with_inject:
         assert _rel(inject, exact_inject) < BOUND
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 4])
+@pytest.mark.parametrize("with_inject", [True, False])
+def test_fused_read_matches_torch_and_float64(n_rows, with_inject):
+    w = _weights(10, inject=with_inject)
+    residual, y = _stack(n_rows, 4), rand((n_rows, EMBD), 5, torch.float32)
+    pending = (y, rand((n_rows, HC), 6, torch.float32, 4))
+    new_residual, mixed, inject = _fused_read(residual, w, pending)
+    _assert_float64_read(residual, w, pending, (new_residual, mixed, inject), with_inject)
     want_mixed, want_inject = hc_read(new_residual, w, EPS)  # the torch reference (hc_read is always torch)
     assert _rel(mixed, want_mixed) < BOUND
     if with_inject:
@@ -194,14 +200,7 @@ def test_prompt_read_matches_float64(monkeypatch, with_inject):
     pending = (rand((7, EMBD), 17, torch.bfloat16, 2), rand((7, HC), 18, torch.float32, 3))
     new_residual, mixed, inject = _read_many_rows(residual, w, EPS, pending, torch.float32)  # float32 to check
     assert calls == [7]
-    exact_residual = residual.double() + pending[0].double()[:, None, :] * (
-        2 * torch.sigmoid(pending[1].double() / HC))[:, :, None]
-    assert _rel(new_residual, exact_residual) < BOUND
-    exact_mixed, exact_inject = _read_float64(exact_residual, w, EPS)
-    assert mixed.dtype == torch.float32 and _rel(mixed, exact_mixed) < BOUND
-    assert (inject is None) == (not with_inject)
-    if with_inject:
-        assert _rel(inject, exact_inject) < BOUND
+    _assert_float64_read(residual, w, pending, (new_residual, mixed, inject), with_inject)
     _, mixed16, _ = hc_write_read(residual, w, EPS, pending, torch.bfloat16)  # a bf16 model's prompt takes it
     assert calls == [7, 7] and mixed16.dtype == torch.bfloat16
     assert ((mixed16.float() - mixed).abs() <= 2 ** -7 * mixed.abs()).all()
