@@ -242,10 +242,8 @@ class SpecDecoder:
         if self.windows is not None:
             logits, hidden = self.windows.run(window, start, tail)
         else:
-            # qwen4exp's windows run its eager forward, its plain steps a static decoder: the window's QSA layers
-            # take each row as that decoder's step (decode_qwen4exp.qsa_rows_as_steps).
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
-                                 keep_row_states=True, static_steps=_qwen4exp_decoder(engine))
+                                 keep_row_states=True)
             with rows_as_steps():
                 logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
             hidden = ctx.hidden
@@ -391,14 +389,6 @@ class SpecDecoder:
             for r in range(len(window)):
                 yield start + 1 + r, rows[r]
             pos += len(window)
-
-
-def _qwen4exp_decoder(engine):
-    """The engine's static qwen4exp decoder, when its plain steps run one (else None)."""
-    from strata.engine.decode_qwen4exp import Qwen4ExpDecoder
-
-    decoder = getattr(engine, "decoder", None)
-    return decoder if isinstance(decoder, Qwen4ExpDecoder) else None
 
 
 def _plain_greedy(sampler: Sampler) -> bool:

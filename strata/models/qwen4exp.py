@@ -291,10 +291,6 @@ class Qwen4ExpLM(DecoderLM):
                     if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
                         cache.conv[i].copy_(conv)
                     cache.state[i].copy_(state)
-            elif ctx.static_steps is not None:  # a verify window whose plain steps are static: each row as its step
-                from strata.engine.decode_qwen4exp import qsa_rows_as_steps
-
-                y = qsa_rows_as_steps(self, i, x, cache, positions, cos, sin, ctx.static_steps)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)
@@ -338,5 +334,11 @@ class Qwen4ExpLM(DecoderLM):
         if not ctx.want_all_logits:
             residual = residual[-1:]
             pending = tuple(t[-1:] for t in pending) if pending else None
-        _, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
-        return linear(x, self.output).float()
+        return self.final_read(residual, pending)[1]
+
+    def final_read(self, residual: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the final residual stack after the pending write, the logits float32 of its rows): the head's read, the
+        stack being what the MTP block drafts from."""
+        residual, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
+        return residual, linear(x, self.output).float()
