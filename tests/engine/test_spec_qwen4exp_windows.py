@@ -62,15 +62,25 @@ def _assert_same_state(got: dict, want: dict, where: str) -> None:
         assert same, f"{where}: {name}"
 
 
-def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4):
+def _engine(path, **options) -> Engine:
+    engine = Engine(path, EngineConfig(**STATIC, **options))
+    cache = getattr(engine.model.experts, "cache", None)
+    if cache is not None:  # frozen: one placement for windows and steps (a window counts once for adaptation)
+        cache.adapt_every = 1 << 40
+    return engine
+
+
+@pytest.mark.parametrize("options", [{}, {"expert_cache": 3, "misses": "cpu"}], ids=["resident", "expert-cache"])
+def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4, options):
     """Windows of 4, 3, 2 rows at positions 9.. (crossing QSA's dense reach at 11 inside the first window, an
     indexer block completing in most), each keeping fewer rows than it ran: every row's logits and final stack are
     those of a one-row window (the one-row static step, plain decoding's with --spec), and after keep_rows the
-    whole cache is what one-row steps over the kept tokens left."""
+    whole cache is what one-row steps over the kept tokens left. Behind a (frozen) expert cache the windows run
+    the doorbell segments, a layer's misses the union over the window's rows."""
     prompt, text = _tokens(9, seed=1), _tokens(12, seed=2)
-    ones = Engine(q4, EngineConfig(spec=4, **STATIC))
+    ones = _engine(q4, spec=4, **options)
     ones.prefill(prompt)
-    plain = Engine(q4, EngineConfig(**STATIC))
+    plain = _engine(q4, **options)
     plain.prefill(prompt)
     logits, stacks, states = [], [], []
     for i, token in enumerate(text):
@@ -81,9 +91,10 @@ def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4):
         logits.append(row[0])
         stacks.append(ones.spec.hidden[position].clone())
         states.append(_state(ones.kv))
-    spec = Engine(q4, EngineConfig(spec=4, **STATIC))
+    spec = _engine(q4, spec=4, **options)
     assert isinstance(spec.spec.windows, VerifyWindows)
     assert all(type(d) is Qwen4ExpDecoder for d in spec.spec.windows.decoders.values())
+    assert all((d.cached is not None) == bool(options) for d in spec.spec.windows.decoders.values())
     spec.prefill(prompt)
     at = 0
     for rows, keep in ((4, 2), (3, 1), (2, 1), (4, 3), (3, 3)):
