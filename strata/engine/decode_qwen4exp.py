@@ -52,6 +52,8 @@ class Qwen4ExpDecoder(GraphDecoder):
     """Decode steps (one token) and verify windows (2..4) of a Qwen4ExpLM through static buffers (see the module's
     note); the options are GraphDecoder's."""
 
+    takes_tail = False  # the n-gram rows are hashed on the host: a window's tokens must be there
+
     def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
                  **options):
         super().__init__(model, kv, device, capture, rows, exact_span, **options)

@@ -346,7 +346,8 @@ class SpecDecoder:
 
         # Opt-in (STRATA_SPEC_PIPELINE): on the H200 this path's 2- and 4-row windows failed to capture.
         return (switches.get("STRATA_SPEC_PIPELINE") and k > 0 and self.mtp_steps is not None and self.min_p == 0
-                and _plain_greedy(sampler) and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
+                and self.windows.takes_tail and _plain_greedy(sampler)
+                and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
 
     def _pipelined_window(self, history: list[int], k: int, sampler: Sampler, lap):
         """A greedy window with one host read: the MTP picks feed the verify window on the device; then the drafts

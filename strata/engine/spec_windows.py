@@ -43,6 +43,11 @@ class VerifyWindows:
         return all(d.capture for d in self.decoders.values())
 
     @property
+    def takes_tail(self) -> bool:
+        """Whether a window's drafts may stay on the device (`run`'s `tail`): not for qwen4exp's n-gram rows."""
+        return all(d.takes_tail for d in self.decoders.values())
+
+    @property
     def steps(self) -> dict[int, int]:
         """Windows run so far, by row count."""
         return {rows: d.steps for rows, d in self.decoders.items()}

@@ -185,3 +185,34 @@ def test_refusals(q4):
     engine.prefill(_tokens(6, seed=7))
     with pytest.raises(StrataError, match="tokens on the host"):
         decoder.step([1, 2], 6, tail=torch.tensor([2]))
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.0025])  # the random head: drafts of p 0.0024..0.0027, some stop
+def test_static_mtp_drafts_are_the_eager_ones(q4, min_p):
+    """qwen4exp's MTP block through its static step (spec_mtp.MTPSteps, the CPU form: the program the graphs
+    record): the same drafts, tokens and acceptance counts as its eager drafts, every window after the first
+    drafting there; the block's keys of the current cells are the trunk's, as eager drafting leaves them."""
+    prompt = _tokens(9, seed=8)
+    runs = []
+    for static in (True, False):
+        llm = strata.LLM(q4, kv_dtype="float32", spec=4, spec_min_p=min_p, suffix_draft=1, **STATIC)
+        spec = llm.engine.spec
+        if not static:
+            spec.mtp_steps = None
+        drafts, accept = [], spec.accept
+
+        def recorded(rows, window, *args, _accept=accept, _drafts=drafts, **kwargs):
+            _drafts.append([(d.token, d.source) for d in window])
+            return _accept(rows, window, *args, **kwargs)
+
+        spec.accept = recorded
+        out = llm.generate(prompt, max_tokens=16, temperature=0).token_ids
+        runs.append((out, drafts, spec.stats.as_dict(), spec.mtp_steps, llm.engine))
+    (out, drafts, stats, steps, engine), (eager_out, eager_drafts, eager_stats, _, eager) = runs
+    assert out == eager_out and drafts == eager_drafts and stats == eager_stats
+    assert steps is not None and steps.replays >= len(drafts) - 1
+    assert any(source == "mtp" for window in drafts for _, source in window)
+    cells = engine.spec.mtp_cells
+    assert cells == eager.spec.mtp_cells
+    ours, theirs = engine.kv.mtp_kv.read(0, cells, torch.float32), eager.kv.mtp_kv.read(0, cells, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -9,8 +9,8 @@
 #    (exit 1 otherwise).
 # 2) `strata bench spec` on the tiny qwen4exp with an MTP head (--spec 1/2/3/4): "verify windows through captured
 #    CUDA graphs", each window's cost in decode steps ("verify window: 1 rows ... 4 rows ..."), the tok/s table
-#    (greedy = plain: yes on every row), and where a window's time goes (its MTP drafts still eager: "MTP step by
-#    step (eager)" unless a later branch captures them).
+#    (greedy = plain: yes on every row), and where a window's time goes, its drafts "MTP through captured graphs"
+#    (qwen4exp's MTP block through spec_mtp.MTPSteps since this branch).
 set -uo pipefail
 BUDGET=${BUDGET:-230}
 source tools/device/parts.sh || exit 1
