@@ -32,6 +32,15 @@ def q4(model_dir):
                       top_k=8, hc_rank=32)
 
 
+@pytest.fixture(scope="module")
+def q4_hd64(model_dir):
+    """The same with head_dim 64, as the int8 KV cache needs."""
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "q4xwin-qwen4exp-mtp-hd64.gguf", arch="qwen4exp", preset="tiny", quant="F32",
+                      mtp=True, top_k=8, hc_rank=32, head_dim=64)
+
+
 def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -46,8 +55,18 @@ def _state(kv) -> dict:
         out[f"count{layer}"] = (keys.n_cells, keys.n_pooled)
         out[f"raw{layer}"], out[f"pooled{layer}"] = keys.raw[:n].clone(), keys.keys().clone()
     for slot in range(len(kv.kv_slot)):
-        out[f"kv{slot}"] = tuple(t.clone() for t in kv.kv.read(slot, n, torch.float32))
+        out[f"kv{slot}"] = _keys_values(kv.kv, slot, n)
     return out
+
+
+def _keys_values(kv, layer: int, n: int) -> tuple[torch.Tensor, ...]:
+    """Keys and values of cells 0..n-1 as stored (int8 pages dequantized), one tensor per KV head and kind."""
+    if hasattr(kv, "read"):
+        return tuple(t.clone() for t in kv.read(layer, n, torch.float32))
+    from strata.kernels.attention.kv_int8 import gather_kv
+
+    cells = torch.arange(n)
+    return tuple(t for h in range(kv.n_kv_heads) for t in gather_kv(kv.pools[layer], kv.page_table, cells, h))
 
 
 def _assert_same_state(got: dict, want: dict, where: str) -> None:
@@ -70,13 +89,15 @@ def _engine(path, **options) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("options", [{}, {"expert_cache": 3, "misses": "cpu"}], ids=["resident", "expert-cache"])
-def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4, options):
+@pytest.mark.parametrize("options", [{}, {"expert_cache": 3, "misses": "cpu"}, {"kv_dtype": "int8"}],
+                         ids=["resident", "expert-cache", "int8-kv"])
+def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4, q4_hd64, options):
     """Windows of 4, 3, 2 rows at positions 9.. (crossing QSA's dense reach at 11 inside the first window, an
     indexer block completing in most), each keeping fewer rows than it ran: every row's logits and final stack are
     those of a one-row window (the one-row static step, plain decoding's with --spec), and after keep_rows the
     whole cache is what one-row steps over the kept tokens left. Behind a (frozen) expert cache the windows run
     the doorbell segments, a layer's misses the union over the window's rows."""
+    q4 = q4_hd64 if "kv_dtype" in options else q4
     prompt, text = _tokens(9, seed=1), _tokens(12, seed=2)
     ones = _engine(q4, spec=4, **options)
     ones.prefill(prompt)
@@ -94,7 +115,7 @@ def test_windows_are_the_static_steps_row_by_row_and_roll_back_exactly(q4, optio
     spec = _engine(q4, spec=4, **options)
     assert isinstance(spec.spec.windows, VerifyWindows)
     assert all(type(d) is Qwen4ExpDecoder for d in spec.spec.windows.decoders.values())
-    assert all((d.cached is not None) == bool(options) for d in spec.spec.windows.decoders.values())
+    assert all((d.cached is not None) == ("expert_cache" in options) for d in spec.spec.windows.decoders.values())
     spec.prefill(prompt)
     at = 0
     for rows, keep in ((4, 2), (3, 1), (2, 1), (4, 3), (3, 3)):
