@@ -14,8 +14,8 @@ takes them from there (GraphDecoder.step's `tail`), and the drafts come back wit
 one read (SpecDecoder._pipelined_window).
 
 Qwen3-Next's MTP blocks and qwen4exp's (whose drafts read the trunk's residual stack [hc, embd], float32) have this
-static step. It serves greedy drafting without a repetition penalty (the device's argmax is the sampler's); sampling and
-penalties draft eagerly (spec.py). The CPU form (`capture=False`) runs the same program functions over an exact
+static step. It serves greedy drafting without a repetition penalty (the device's argmax is the sampler's);
+sampling and penalties draft eagerly (spec.py). The CPU form (`capture=False`) runs the same program functions over an exact
 span, so its logits and picks are the eager `mtp_forward`'s byte for byte (tests/engine/test_spec_mtp.py).
 """
 
