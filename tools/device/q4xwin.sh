@@ -13,7 +13,7 @@
 #    (qwen4exp's MTP block through spec_mtp.MTPSteps since this branch).
 # 3) tools/device/spec_mtp_check.py qwen4exp: its greedy MTP drafts through captured graphs against eager ones on
 #    the same histories: "MTP captured yes", drafts equal >= 90% of windows, greedy = plain "yes/yes", "ALL OK";
-#    "syncs per window": the host reads a window costs (2 expected: the picks, then the rows' argmax).
+#    "syncs per window": the host reads a window costs (reported; qwen3next's cost 2: the picks, then the argmax).
 # BIG=1 (then give it 8 minutes: BUDGET=450) adds 4) the same bench on 4 full-size layers with the MTP block
 #    (make-model --preset full --layers 4 --mtp: the real QSA / GDN / MoE / hc shapes, 2 shards, the second the
 #    n-gram table), --spec 1/2/4: what a window of real-shape rows costs against a captured step.
