@@ -50,6 +50,8 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
             meta["QPARTS"] = config.qparts
         if config.early:
             meta["EARLY"] = config.early
+        if config.uniform:
+            meta["UNIFORM"] = True
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel
@@ -73,6 +75,8 @@ def compile_offline(variant: str, config, heads: int = 24, kv_heads: int = 2, di
             constexprs[param.name] = param.default
     signature = dict(zip(POINTERS, POINTER_TYPES))
     signature.update(block0="i32", n_q="i32", row_len="i32", n_kv_heads="i32", scale_log2="fp32")
+    if "vbound_ptr" in kernel.arg_names:  # imma g1's V bound (fp16, as the launch passes it)
+        signature["vbound_ptr"] = "*fp16"
     signature.update({name: "constexpr" for name in constexprs})
     # as a launch specializes them: 16-byte aligned pointers, block0 = 0 and n_q = 1024 divisible by 16
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(POINTERS) + 2)}

@@ -74,24 +74,25 @@ class PromptConfig:
     qparts: int = 0  # imma g1: 2 q in two byte parts (16 bits) instead of three (0: three, exact to 24 bits)
     halves: int = 0  # fp16 P.V (v2, imma p16): 2 as two dots over 32 dims each (half the dot result live: fewer registers)
     early: int = 0  # imma g1: 1 K scales through a one-hot dot (copied ahead with K, not loaded in the loop), 2 V's too
+    uniform: int = 0  # imma g1 p16: 1 p normalized by the pool's largest V scale, not each chunk's (no cross-warp max)
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
                  "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores, "n": self.qparts,
-                 "d": self.halves, "e": self.early}
+                 "d": self.halves, "e": self.early, "u": self.uniform}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`); a part left
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`); a part left
         out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
-                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?", text)
+                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?(?:u(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
-                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1)")
+                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1, u1)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -120,6 +121,8 @@ class PromptConfig:
         if self.exact not in (0, 1, 2) or self.scores not in (0, 1) or self.qparts not in (0, 2) \
                 or self.halves not in (0, 2) or self.early not in (0, 1, 2):
             raise StrataError(f"prompt-attention config {self.label}: x and e 0 to 2, g 0 or 1, n and d 2")
+        if self.uniform not in (0, 1):
+            raise StrataError(f"prompt-attention config {self.label}: u 0 or 1")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
@@ -127,7 +130,7 @@ class PromptConfig:
 
 
 FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
-          "scores", "qparts", "halves", "early")
+          "scores", "qparts", "halves", "early", "uniform")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):

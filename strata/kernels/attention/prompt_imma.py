@@ -11,7 +11,7 @@ sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l
 v2's blocks (prompt_blocks.py: queries x heads as rows, each chunk of their shared cells loaded once), pipeline and
 softmax; int8 pools, sm_80+. Config `p16`: P.V as v2's fp16 hi + lo dots instead (q . k stays int8), to measure what
 the int8 P.V costs: its B operand (V codes, dims contiguous) is not K-contiguous, which int8 MMAs want. `d2` (with
-p16): that P.V in two halves of the dims; `g1` (and `n2`): the scores per 64-dim group, prompt_imma_cells.py.
+p16): that P.V in two halves of the dims; `g1` (and `n2`, `u1`): the scores per 64-dim group, prompt_imma_cells.py.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ def check_config(config: PromptConfig) -> None:
     """A clear error for imma options that do not go together."""
     if (config.qparts or config.early) and not config.scores or (config.halves or config.early > 1) and config.pv != 16:
         raise StrataError(f"prompt-attention config {config.label}: n2 and e1 go with g1, d2 and e2 with p16")
+    if config.uniform and not (config.scores and config.pv == 16):
+        raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16")
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -152,5 +154,11 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
         extra["HALVES"] = True
     if config.early:
         extra["EARLY"] = config.early
+    if config.scores:  # the per-group kernel's V bound: u1's (the pool's largest V scale), else unused
+        from strata.kernels.attention.prompt_imma_cells import v_bound
+
+        extra["vbound_ptr"] = v_bound(pool.v_scale) if config.uniform else pool.v_scale
+        if config.uniform:
+            extra["UNIFORM"] = True
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           PV=config.pv or 8, EXACT=config.exact, **extra)

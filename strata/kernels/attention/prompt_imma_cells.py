@@ -16,10 +16,17 @@ is pv_hilo's, its accumulator rescaled in one multiply-add a chunk (`_pv_rescale
 each, the same p and products in another order of issue, the same sums, half the dot result live at a time.
 `e1`: the K scales reach the scores through a one-hot dot (`_scale_rows`), so Triton's pipeliner copies them ahead
 with K instead of the loop waiting on their loads; `e2`: the V scales too. The same values (exact), the same bytes.
+`u1` (with p16): p normalized by one bound for the launch, the pool's largest V scale (`vbound`, from the host side,
+no sync), instead of each chunk's largest: no cross-warp max of the chunk's V scales, no rescale of the accumulator
+by the ratio of two chunks' bounds (about five barriers a chunk fewer on sm_90). p = e * vs * 2^14 / vbound <= 2^14
+as before; its lo part stays a normal fp16 (p kept to about 22 bits) where e * vs >= vbound * 2^-17, so a cell whose
+V scale is far below the pool's largest loses bits only in terms that weigh under 2^-17 of the largest: within the
+parity bounds, not g1's bytes.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,6 +36,13 @@ from strata.kernels.attention.prompt_imma import dot3, split3
 from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
 GROUP_COUNTS = (1, 2, 4)  # the numbers of 64-dim groups the kernel unrolls (head dims 64, 128, 256)
+
+
+def v_bound(v_scale: torch.Tensor) -> torch.Tensor:
+    """`u1`'s bound: the pool's largest V scale as a one-element fp16 tensor (1 for an all-zero pool), on the device
+    (no host sync). An fp16 scale's maximum is itself an fp16 value: exact."""
+    top = v_scale.amax().reshape(1)
+    return torch.where(top > 0, top, torch.ones_like(top))
 
 
 @triton.jit
@@ -115,13 +129,33 @@ def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: t
 
 
 @triton.jit
+def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
+                HALVES: tl.constexpr):
+    """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
+    in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by."""
+    g = tl.arange(0, NG)
+    vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+    hi, lo = split_hilo(e[None, :, :] * (vs * up[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
+    f = alpha[None, :, None]
+    if HALVES:
+        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
+        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
+    else:
+        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+    return acc_a, acc_b
+
+
+@triton.jit
 def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr,
                               k_ptr, v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
-                              G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
+                              vbound_ptr, G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
                               CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
                               EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
-                              EARLY: tl.constexpr = 0):
+                              EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -139,6 +173,10 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         acc_a = tl.zeros((NG, BM, 32 if HALVES else 64), tl.float32)
         acc_b = tl.zeros((NG, BM, 32), tl.float32)  # unused without HALVES
         down = tl.full((NG,), 1.0, tl.float32)
+        if UNIFORM:  # u1: one bound for every chunk (the pool's largest V scale, > 0)
+            vbound = tl.load(vbound_ptr + tl.arange(0, NG) * 0).to(tl.float32)  # [NG], in the layout of a per-group bound
+            up = 16384.0 / vbound
+            down = vbound * (1.0 / 16384.0)
     else:
         acc = tl.zeros((NG, BM, 64), tl.float32)
     gi = tl.arange(0, NG)
@@ -173,7 +211,9 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         alpha = tl.exp2(m - m_use)
         m = m_new
         l_cells = l_cells * alpha[:, None] + e
-        if PV == 16:
+        if PV == 16 and UNIFORM:
+            acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES)
+        elif PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
                                               HALVES, EARLY >= 2, BM)
         elif PV == 8:

@@ -67,4 +67,5 @@ def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, 
     from strata.kernels.attention.prompt_imma_cells import _prompt_imma_cells_kernel
 
     kernel = _prompt_imma_cells_kernel if config.scores else _prompt_imma_kernel
-    return launch_blocked(kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64, PV=0)
+    extra = {"vbound_ptr": pool.v_scale} if config.scores else {}  # unused without P.V
+    return launch_blocked(kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64, PV=0, **extra)
