@@ -136,7 +136,7 @@ def run_sass(args, configs: list[str], argv: list[str]) -> int:
     the same command runs again in a child with the interpreter off."""
     import triton
 
-    from strata.bench.prompt_attn_sweep import SWEEP, SWEPT, _kernels, fits
+    from strata.bench.prompt_attn_sweep import SWEEP, SWEPT, _kernels, fits, imma_only
     from strata.kernels.attention import prompt_v2
     from strata.kernels.attention.prompt_blocks import PromptConfig
 
@@ -150,7 +150,7 @@ def run_sass(args, configs: list[str], argv: list[str]) -> int:
     for name in [n for n in args.variants if n in SWEPT]:
         default = _kernels()[name][1]
         for config in [default] + [PromptConfig.parse(text) for text in (configs or SWEEP)]:
-            if (config.pv or config.scores or config.qparts or config.early) and name != "imma" or not fits(name, config):
+            if imma_only(config) and name != "imma" or not fits(name, config):
                 continue  # as the sweep: imma's own options, or a combination the variant refuses
             try:
                 print(sass_line(name, config, args.heads, args.kv_heads, args.dim), flush=True)

@@ -31,7 +31,8 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   (with g1): q in two byte parts (16 bits) instead of three, a third fewer score dots; not exact, measured. `d2` (v2,
   imma p16): the fp16 P.V as two dots over 32 dims each, half the dot result live at a time (fewer registers); the
   same bytes. `e1`/`e2` (imma g1): the K (and V) scales through one-hot dots, so the pipeliner copies them ahead; the
-  same bytes.
+  same bytes. `u1` (imma g1 p16): p normalized by the pool's largest V scale, not each chunk's: no cross-warp max of
+  the chunk's V scales and no accumulator rescale a chunk; within the parity bounds, not the same bytes.
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ class PromptConfig:
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`); a part left
-        out keeps `base`'s value (default: the class defaults)."""
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`); a part
+        left out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
-                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?(?:u(\d+))?", text)
+                         r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?"
+                         r"(?:u(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
                               "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1, u1)")

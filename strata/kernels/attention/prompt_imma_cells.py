@@ -174,7 +174,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         acc_b = tl.zeros((NG, BM, 32), tl.float32)  # unused without HALVES
         down = tl.full((NG,), 1.0, tl.float32)
         if UNIFORM:  # u1: one bound for every chunk (the pool's largest V scale, > 0)
-            vbound = tl.load(vbound_ptr + tl.arange(0, NG) * 0).to(tl.float32)  # [NG], in the layout of a per-group bound
+            vbound = tl.load(vbound_ptr + tl.arange(0, NG) * 0).to(tl.float32)  # [NG]: a per-group bound's layout
             up = 16384.0 / vbound
             down = vbound * (1.0 / 16384.0)
     else:
