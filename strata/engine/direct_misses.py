@@ -93,6 +93,9 @@ class DeviceTable:
         self.spare: list[Readout] = []  # taken-in readouts' buffers, reused (no allocation in steady decode)
         self.counted: np.ndarray | None = None  # the open window's counts `read_stats` already added
         self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
+        self.copy_misses = switches.get("STRATA_MISSES_COPY")
+        self.scratch: dict[tuple[int, int], torch.Tensor] = {}  # (pairs, slot bytes) -> copied misses' slots
+        self.scratch_table = torch.full((n_experts,), -1, dtype=torch.int32, device=cache.device)
         self.publish()
 
     # ---- the table
@@ -161,6 +164,16 @@ class DeviceTable:
         would synchronize the stream, draining the queued steps)."""
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory().to(self.table.device, non_blocking=True) if self.cuda else t
+
+    def miss_scratch(self, pairs: int, host) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copied misses' device slots for a step of `pairs` (token, expert) pairs, and their table expert -> slot.
+        One buffer a shape, kept for good: a captured step's graph holds its address (one a decoder row count)."""
+        from strata.kernels.moe.miss_copy import scratch_bytes
+
+        key = (pairs, scratch_bytes(host))
+        if key not in self.scratch:
+            self.scratch[key] = torch.empty(key, dtype=torch.uint8, device=self.table.device)
+        return self.scratch[key], self.scratch_table
 
     # ---- routing counts
 
@@ -274,15 +287,39 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     top, w = ids.to(torch.int32), weights.float()
     if layer not in device_table.host_experts:
         device_table.host_experts[layer] = DecodeExperts.of_stack(stack)
-    misses_experts = dataclasses.replace(device_table.host_experts[layer], slot_of=device_table.missing[row])
+    host = device_table.host_experts[layer]
     side = device_table.miss_stream
     if side is None or switches.get("STRATA_MISSES_SERIAL"):
         hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
-        return hits + moe_gemv(x, top, w, misses_experts)
+        return hits + miss_gemv(device_table, host, stack, row, x, top, w)
     main = torch.cuda.current_stream(x.device)
     side.wait_stream(main)  # x, ids and weights are ready
     with torch.cuda.stream(side):
-        misses = moe_gemv(x, top, w, misses_experts)
+        misses = miss_gemv(device_table, host, stack, row, x, top, w)
     hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     main.wait_stream(side)
     return hits + misses
+
+
+COPY_MAX_PAIRS = 80  # copied misses' scratch holds a slot a pair: decode and verify windows (8 tokens x top 10);
+# longer direct steps (short prompts) read in place rather than hold hundreds of MB of scratch
+
+
+def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor, top: torch.Tensor,
+              w: torch.Tensor) -> torch.Tensor:
+    """The misses' GEMVs: read in place from the host stacks (zero-copy, on `miss_tiles`' tiles), or with
+    STRATA_MISSES_COPY copied into device scratch by one gather launch first, then the hits' kernels and tiles."""
+    from strata.kernels.moe.gemv import DecodeExperts, moe_gemv, moe_gemv_triton
+    from strata.kernels.moe.miss_copy import copy_misses
+    from strata.kernels.moe.miss_tiles import miss_configs
+
+    missing = device_table.missing[row]
+    if device_table.copy_misses and top.numel() <= COPY_MAX_PAIRS:
+        scratch, table = device_table.miss_scratch(top.numel(), host)
+        copy_misses(top, missing, host, scratch, table)
+        return moe_gemv(x, top, w, DecodeExperts.of_slots(scratch, table, stack))
+    in_place = dataclasses.replace(host, slot_of=missing)
+    configs = miss_configs(host, top.shape[1]) if x.is_cuda else (None, None)
+    if configs == (None, None):
+        return moe_gemv(x, top, w, in_place)
+    return moe_gemv_triton(x, top, w, in_place, x.dtype, configs)

@@ -114,3 +114,30 @@ def test_the_device_counter_takes_the_largest_direct_step(tiny_moe):
     ids = torch.arange((PROMPT_KERNEL_MIN_TOKENS - 1) * n_experts) % n_experts
     table.count(layer, ids.reshape(-1, n_experts))
     assert torch.equal(table.routed[table.row[layer]], torch.bincount(ids, minlength=table.host.shape[1]).float())
+
+
+def test_copied_misses_sum_like_misses_read_in_place(tmp_path):
+    """STRATA_MISSES_COPY: the misses copied into scratch slots (the CPU form of the gather launch) then the GEMVs
+    over them give the in-place result; the scratch holds exactly the missed experts' bytes, a slot each."""
+    from strata import switches
+
+    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q4_0", n_embd=128, expert_ff=64)
+    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
+    backend = llm.engine.model.experts
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 128, generator=g)
+    weights, ids = route_topk(torch.randn(2, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
+    layer = next(iter(backend.host_stacks))
+    cache, stack = backend.cache, backend.host_stacks[layer]
+    in_place = direct_gemv(cache, stack, layer, x, weights, ids)
+    with switches.override(STRATA_MISSES_COPY=True):
+        cache.device_table.copy_misses = True
+        copied = direct_gemv(cache, stack, layer, x, weights, ids)
+    assert ((copied - in_place).norm() / in_place.norm()).item() < 1e-6
+    (scratch,) = cache.device_table.scratch.values()
+    flat = ids.reshape(-1).tolist()
+    missed = [p for p, e in enumerate(flat) if (layer, e) not in cache.slot_of and flat.index(e) == p]
+    assert missed and len(missed) < len(flat)
+    gate = stack.gate.raw.reshape(stack.n_experts, -1)
+    for p in missed:
+        assert torch.equal(scratch[p, : gate.shape[1]], gate[flat[p]])
