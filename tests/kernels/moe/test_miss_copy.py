@@ -85,3 +85,29 @@ def test_unaligned_experts_are_one_line(device):
     with pytest.raises(StrataError, match="16-byte aligned"):
         launch_copy_misses(torch.zeros(1, 1, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), bad,
                     torch.zeros(1, 4096, dtype=torch.uint8), torch.zeros(2, dtype=torch.int32), SMALL)
+
+
+def test_the_gather_builds_for_sm90_with_16_byte_loads():
+    """Every load and store of expert bytes is a v4 of 32-bit words (one 16-byte access a thread; a warp asks for
+    512 contiguous bytes): the point of the copy path. Only the routing (ids, the missing table) is read narrower."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this Triton build carries no ptxas")
+    root = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("miss_copy_build.py"))], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    built = json.loads(run.stdout.splitlines()[-1])
+    wide = [op for op in built["loads"] if ".v4." in op]
+    assert len(wide) >= 8 and len(built["loads"]) - len(wide) <= 3, built["loads"]  # + ids, routed ids, missing
+    assert built["stores"] and all(".v4." in op or ".b32" in op for op in built["stores"]), built["stores"]
+    assert sum(".v4." in op for op in built["stores"]) == len(wide)
