@@ -167,13 +167,16 @@ class DeviceTable:
 
     def miss_scratch(self, pairs: int, host) -> tuple[torch.Tensor, torch.Tensor]:
         """Copied misses' device slots for a step of `pairs` (token, expert) pairs, and their table expert -> slot.
-        One buffer a shape, kept for good: a captured step's graph holds its address (one a decoder row count)."""
+        Buffers are kept for good (a captured step's graph holds its address) and shared by every step they fit:
+        steps run one after another, layers too (each joins the miss stream before the next)."""
         from strata.kernels.moe.miss_copy import scratch_bytes
 
-        key = (pairs, scratch_bytes(host))
-        if key not in self.scratch:
-            self.scratch[key] = torch.empty(key, dtype=torch.uint8, device=self.table.device)
-        return self.scratch[key], self.scratch_table
+        slot = scratch_bytes(host)
+        fits = [n for n, b in self.scratch if n >= pairs and b == slot]
+        if not fits:
+            self.scratch[(pairs, slot)] = torch.empty(pairs, slot, dtype=torch.uint8, device=self.table.device)
+            fits = [pairs]
+        return self.scratch[(min(fits), slot)][:pairs], self.scratch_table
 
     # ---- routing counts
 

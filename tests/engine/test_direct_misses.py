@@ -141,3 +141,19 @@ def test_copied_misses_sum_like_misses_read_in_place(tmp_path):
     gate = stack.gate.raw.reshape(stack.n_experts, -1)
     for p in missed:
         assert torch.equal(scratch[p, : gate.shape[1]], gate[flat[p]])
+
+
+def test_copied_misses_scratch_is_shared_by_the_steps_it_fits(tiny_moe):
+    """A buffer made for a step is kept (a graph holds its address) and lent to every smaller step; a larger step
+    gets its own."""
+    from strata.kernels.moe.gemv import DecodeExperts
+
+    backend = strata.LLM(tiny_moe, device="cpu", expert_cache=3, misses="direct").engine.model.experts
+    table = backend.cache.device_table
+    host = DecodeExperts.of_stack(next(iter(backend.host_stacks.values())))
+    eight, _ = table.miss_scratch(8, host)
+    four, _ = table.miss_scratch(4, host)
+    twelve, _ = table.miss_scratch(12, host)
+    assert four.shape[0] == 4 and four.data_ptr() == eight.data_ptr()
+    assert twelve.shape[0] == 12 and twelve.data_ptr() != eight.data_ptr() and len(table.scratch) == 2
+    assert table.miss_scratch(8, host)[0].data_ptr() == eight.data_ptr()  # the smallest that fits

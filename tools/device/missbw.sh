@@ -13,10 +13,10 @@ if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch ma
   (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
     > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
 fi
-part tests_cuda 25 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py
-part missbw 45 python3 -m strata bench miss-bw
-part sweep_q2_0 55 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses 2 --sweep --sweep-misses 2
-part sweep_a3b 45 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses 2 --sweep --sweep-misses 2
+part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py
+part missbw 40 python3 -m strata bench miss-bw
+part sweep_q2_0 60 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses 2 --sweep --sweep-misses 2
+part sweep_a3b 50 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses 2 --sweep --sweep-misses 2
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32 --tokens 96"
