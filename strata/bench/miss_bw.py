@@ -1,8 +1,9 @@
 """How fast decode misses read pinned host RAM: one MoE layer's top-k GEMVs with K of the k experts in host memory.
 
-For each shape and K = 1..k (one token): microseconds a call, replayed from a CUDA graph over calls whose missed
-experts are distinct (every replay reads more host bytes than L2 holds), and GB/s of host bytes (K experts' gate, up
-and down) with its ratio to the pinned copy rate measured in the same run (`host_to_device_bandwidth`), for
+For each shape and K = 0..k (one token; K = 0: what the miss path costs a layer whose experts all hit): microseconds
+a call, replayed from a CUDA graph over calls whose missed experts are distinct (every replay reads more host bytes
+than L2 holds), and GB/s of host bytes (K experts' gate, up and down) with its ratio to the pinned copy rate
+measured in the same run (`host_to_device_bandwidth`), for
   inplace  the misses' GEMVs reading host RAM in place (zero-copy, `--misses direct`'s default),
   beside   the same beside the hits' GEMVs (k - K experts in HBM) on a second stream, joined: the layer's expert
            time in decode; `+us` is what the misses add to the hits alone (`hits`),
@@ -55,7 +56,7 @@ class Layer:
 
     def calls(self, k_missed: int, gen: torch.Generator) -> list[dict]:
         """Calls whose missed experts run through all experts once (distinct across calls where K allows)."""
-        n_calls = max(2, -(-self.n_experts // k_missed)) if self.cuda else 1
+        n_calls = (max(2, -(-self.n_experts // k_missed)) if k_missed else 16) if self.cuda else 1
         order = torch.randperm(self.n_experts, generator=gen)
         scratch = torch.zeros(self.top_k, self.expert_bytes, dtype=torch.uint8, device=self.device)  # shared: the
         # calls run one after another
@@ -237,7 +238,8 @@ def sweep(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> bo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench miss-bw", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="qwen4exp-q2_0,a3b-q4_0", help=f"comma-separated, of: {', '.join(SHAPES)}")
-    p.add_argument("--misses", default="", help="comma-separated K values (default: 1..k)")
+    p.add_argument("--misses", default="", help="comma-separated K values (default: 0..k; 0: what the miss path "
+                   "costs a layer that misses nothing)")
     p.add_argument("--sweep", action="store_true", help="tiles of the in-place misses and the gather at one K")
     p.add_argument("--sweep-misses", type=int, default=2, help="K of the sweep (default 2)")
     p.add_argument("--experts", type=int, default=0, help="experts in the layer (default: the shape's, or enough "
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         layer = Layer(shape, device, args.experts or None)
         if layer.cuda and layer.n_experts * layer.expert_bytes < 2 * L2_BYTES:
             print(f"  ({shape}: {layer.n_experts} experts may stay in L2 between replays)", file=out)
-        ks = [int(v) for v in args.misses.split(",")] if args.misses else range(1, layer.top_k + 1)
+        ks = [int(v) for v in args.misses.split(",")] if args.misses else range(layer.top_k + 1)
         for k_missed in ks:
             ok &= bench_k(layer, shape, min(k_missed, layer.top_k), gen, pinned, out)
         if args.sweep:

@@ -13,11 +13,11 @@ from strata.quant import get_format
 
 
 def test_the_tool_checks_every_path_at_a_tiny_shape(capsys):
-    code = main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "1,4"])
+    code = main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "0,1,4"])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-q4_0")]
-    assert [r[1] for r in rows] == ["1", "4"] and all(r[-1] == "same" for r in rows)
+    assert [r[1] for r in rows] == ["0", "1", "4"] and all(r[-1] == "same" for r in rows)
     assert "FAIL" not in out
 
 
