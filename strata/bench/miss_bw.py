@@ -8,6 +8,7 @@ measured in the same run (`host_to_device_bandwidth`), for
   beside   the same beside the hits' GEMVs (k - K experts in HBM) on a second stream, joined: the layer's expert
            time in decode; `+us` is what the misses add to the hits alone (`hits`),
   gather   copy_misses' gather launch alone (`STRATA_MISSES_COPY`), then `gather+gemv` with the HBM GEMVs after it,
+  skip+us  what the in-place misses add beside the hits inside STRATA_MISSES_SKIP's conditional graph node,
   memcpy   one cudaMemcpyAsync a missed part (the host knows the misses here, as a captured step cannot), then
            `memcpy+gemv`.
 Checks: the in-place misses against float64 (gemv.ERROR_BOUND), the copied misses' bytes equal to the in-place ones.
@@ -141,6 +142,27 @@ def memcpy_gemv(layer: Layer, c: dict) -> torch.Tensor:
                     torch.float32)
 
 
+def skipping(layer: Layer, calls: list[dict]) -> float:
+    """`beside` with the misses inside a conditional graph node taken only when one is missing (STRATA_MISSES_SKIP's
+    `only_if_missed`); nan where this CUDA or torch cannot capture one."""
+    from strata.engine.direct_misses import only_if_missed
+
+    def fn(lay, c):
+        return beside(lay, c, lambda lay2, c2: only_if_missed(c2["ids"], c2["missing"], c2["x"].float(),
+                                                              lambda: in_place(lay2, c2)))
+
+    try:
+        return run_graph(layer, fn, calls)
+    except Exception as e:  # noqa: BLE001  (a line, not the end of the run)
+        print(f"  (conditional nodes: {type(e).__name__}: {str(e)[:120]})", flush=True)
+        torch.cuda.synchronize(layer.device)
+        return float("nan")
+
+
+def run_graph(layer: Layer, fn, calls: list[dict]) -> float:
+    return graph_us(lambda c: fn(layer, c), [(c,) for c in calls], layer.device)
+
+
 def eager_if_uncapturable(layer: Layer, fn, calls: list[dict]) -> float:
     """graph_us of fn over the calls, or where a pinned copy does not capture (the host allocator's event), the
     calls queued eagerly between two events (then the host's launch time may show: a bound from above)."""
@@ -179,10 +201,11 @@ def bench_k(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> 
              beside_copy=run(lambda lay, c: beside(lay, c, gather_gemv)))
     t["memcpy"], t["memcpy_gemv"] = eager_if_uncapturable(layer, memcpy, calls), eager_if_uncapturable(
         layer, memcpy_gemv, calls)
+    t["skip"] = skipping(layer, calls)  # last: a capture that fails may leave the stream unusable
     print(f"{name:<14} {k_missed:>2} {n_bytes / 1e6:7.2f} | {t['inplace']:8.2f} {_rate(n_bytes, t['inplace'], pinned)}"
           f" | {t['hits']:7.2f} {t['beside']:8.2f} {t['beside'] - t['hits']:+7.2f} | {t['gather']:8.2f} "
           f"{_rate(n_bytes, t['gather'], pinned)} {t['gather_gemv']:8.2f} {t['beside_copy']:8.2f} "
-          f"{t['beside_copy'] - t['hits']:+7.2f} | {t['memcpy']:8.2f} {_rate(n_bytes, t['memcpy'], pinned)} "
+          f"{t['beside_copy'] - t['hits']:+7.2f} | {t['skip'] - t['hits']:+7.2f} | {t['memcpy']:8.2f} {_rate(n_bytes, t['memcpy'], pinned)} "
           f"{t['memcpy_gemv']:8.2f} | {err:8.1e} {'same' if same else 'DIFF'}{'' if ok else '  FAIL'}",
           file=out, flush=True)
     return ok
@@ -238,7 +261,7 @@ def sweep(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> bo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench miss-bw", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="qwen4exp-q2_0,a3b-q4_0", help=f"comma-separated, of: {', '.join(SHAPES)}")
-    p.add_argument("--misses", default="", help="comma-separated K values (default: 0..k; 0: what the miss path "
+    p.add_argument("--misses", default="", help="comma-separated K values (default: 0..k; none: the sweep only; 0: what the miss path "
                    "costs a layer that misses nothing)")
     p.add_argument("--sweep", action="store_true", help="tiles of the in-place misses and the gather at one K")
     p.add_argument("--sweep-misses", type=int, default=2, help="K of the sweep (default 2)")
@@ -258,14 +281,15 @@ def main(argv: list[str] | None = None) -> int:
           file=out)
     print(f"{'shape':<14} {'K':>2} {'MB host':>7} | {'inplace':>8} {'GB/s':>6} {'%pin':>5} | {'hits':>7} "
           f"{'beside':>8} {'+us':>7} | {'gather':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} {'beside':>8} {'+us':>7} | "
-          f"{'memcpy':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} | {'err':>8}", file=out)
+          f"{'skip+us':>7} | {'memcpy':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} | {'err':>8}", file=out)
     ok = True
     gen = torch.Generator().manual_seed(6)
     for shape in (s.strip() for s in args.shapes.split(",")):
         layer = Layer(shape, device, args.experts or None)
         if layer.cuda and layer.n_experts * layer.expert_bytes < 2 * L2_BYTES:
             print(f"  ({shape}: {layer.n_experts} experts may stay in L2 between replays)", file=out)
-        ks = [int(v) for v in args.misses.split(",")] if args.misses else range(layer.top_k + 1)
+        ks = ([] if args.misses == "none" else [int(v) for v in args.misses.split(",")] if args.misses
+              else range(layer.top_k + 1))
         for k_missed in ks:
             ok &= bench_k(layer, shape, min(k_missed, layer.top_k), gen, pinned, out)
         if args.sweep:

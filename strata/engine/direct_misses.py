@@ -94,6 +94,7 @@ class DeviceTable:
         self.counted: np.ndarray | None = None  # the open window's counts `read_stats` already added
         self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
         self.copy_misses = switches.get("STRATA_MISSES_COPY")
+        self.skip_hits_only = switches.get("STRATA_MISSES_SKIP")
         self.scratch: dict[tuple[int, int], torch.Tensor] = {}  # (pairs, slot bytes) -> copied misses' slots
         self.scratch_table = torch.full((n_experts,), -1, dtype=torch.int32, device=cache.device)
         self.publish()
@@ -298,7 +299,11 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     main = torch.cuda.current_stream(x.device)
     side.wait_stream(main)  # x, ids and weights are ready
     with torch.cuda.stream(side):
-        misses = miss_gemv(device_table, host, stack, row, x, top, w)
+        if device_table.skip_hits_only:
+            misses = only_if_missed(top, device_table.missing[row], x,
+                                    lambda: miss_gemv(device_table, host, stack, row, x, top, w))
+        else:
+            misses = miss_gemv(device_table, host, stack, row, x, top, w)
     hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     main.wait_stream(side)
     return hits + misses
@@ -326,3 +331,22 @@ def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor,
     if configs == (None, None):
         return moe_gemv(x, top, w, in_place)
     return moe_gemv_triton(x, top, w, in_place, x.dtype, configs)
+
+
+def only_if_missed(top: torch.Tensor, missing: torch.Tensor, like: torch.Tensor, misses_fn) -> torch.Tensor:
+    """STRATA_MISSES_SKIP: misses_fn() inside a conditional node of the graph being captured, taken only when some
+    routed expert is missing (`miss_flag.any_missed`); else zeros (a memset). Not capturing (eager steps, the CPU):
+    misses_fn() always, which gives zeros for a step without misses too (every pair adds exactly zero)."""
+    from strata.kernels.moe.miss_flag import any_missed
+
+    if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return misses_fn()
+    flag = any_missed(top, missing)
+    out = torch.zeros_like(like)
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(flag)
+    try:
+        out.copy_(misses_fn())
+    finally:
+        graph.end_capture_to_conditional_node()
+    return out

@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # Issue 4, decode misses at the link's rate (branch missbw), one H200, under 4 minutes. While the A3B-shape file
 # (qwen3moe, Q4_0) is written: the copy kernel's CUDA tests, then `strata bench miss-bw` (one layer's top-k GEMVs
-# with K of k experts in pinned host RAM, K = 1..k, qwen4exp Q2_0 and A3B Q4_0: in place (zero-copy), beside the
+# with K of k experts in pinned host RAM, K = 0..k, qwen4exp Q2_0 and A3B Q4_0: in place (zero-copy), beside the
 # hits, gathered into scratch (STRATA_MISSES_COPY's launch) and per-expert cudaMemcpyAsync, each in GB/s and % of the
 # pinned copy rate), its sweep at K = 2 per shape (in-place tiles of both kernels, then the gather's chunk x warps),
-# and last `bench decode` on the A3B shape at --vram-budget 12 with the misses in place and copied. Carry .whl and
-# .devcache.
+# and last `bench decode` on the A3B shape at --vram-budget 12: misses in place, copied (STRATA_MISSES_COPY=1), copied
+# and skipped where a layer misses nothing (+ STRATA_MISSES_SKIP=1: conditional graph nodes), skipped alone. Carry
+# .whl and .devcache.
 set -uo pipefail
-BUDGET=${BUDGET:-235}
+BUDGET=${BUDGET:-238}
 source tools/device/parts.sh || exit 1
 if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch may have written it, or be writing it)
   (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
     > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
 fi
-part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py
-part missbw 40 python3 -m strata bench miss-bw
-part sweep_q2_0 60 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses 2 --sweep --sweep-misses 2
-part sweep_a3b 50 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses 2 --sweep --sweep-misses 2
+part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py \
+  tests/kernels/moe/test_miss_flag.py
+part missbw 45 python3 -m strata bench miss-bw
+part sweep_q2_0 40 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
+part sweep_a3b 35 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32 --tokens 96"
 part direct12 30 $A --vram-budget 12
 STRATA_MISSES_COPY=1 part direct12_copy 30 $A --vram-budget 12
+STRATA_MISSES_COPY=1 STRATA_MISSES_SKIP=1 part direct12_copy_skip 30 $A --vram-budget 12
+STRATA_MISSES_SKIP=1 part direct12_skip 30 $A --vram-budget 12  # (skipped when the budget is spent)
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
