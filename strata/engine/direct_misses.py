@@ -316,13 +316,14 @@ COPY_MAX_PAIRS = 80  # copied misses' scratch holds a slot a pair: decode and ve
 def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor, top: torch.Tensor,
               w: torch.Tensor) -> torch.Tensor:
     """The misses' GEMVs: read in place from the host stacks (zero-copy, on `miss_tiles`' tiles), or with
-    STRATA_MISSES_COPY copied into device scratch by one gather launch first, then the hits' kernels and tiles."""
+    STRATA_MISSES_COPY copied into device scratch by one gather launch first, then the hits' kernels and tiles
+    (where the experts are 16-byte aligned and the step has at most COPY_MAX_PAIRS pairs)."""
     from strata.kernels.moe.gemv import DecodeExperts, moe_gemv, moe_gemv_triton
-    from strata.kernels.moe.miss_copy import copy_misses
+    from strata.kernels.moe.miss_copy import copy_misses, copyable
     from strata.kernels.moe.miss_tiles import miss_configs
 
     missing = device_table.missing[row]
-    if device_table.copy_misses and top.numel() <= COPY_MAX_PAIRS:
+    if device_table.copy_misses and top.numel() <= COPY_MAX_PAIRS and copyable(host):  # else in place
         scratch, table = device_table.miss_scratch(top.numel(), host)
         copy_misses(top, missing, host, scratch, table)
         return moe_gemv(x, top, w, DecodeExperts.of_slots(scratch, table, stack))

@@ -89,13 +89,24 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
-def check_copyable(host) -> None:
-    """Every part a whole number of 16-byte loads at 16-byte aligned starts (GGUF experts of the kernels' formats
-    are: 18-byte blocks in rows of 64-weight multiples), else one line naming what is not."""
+def _unaligned(host) -> str | None:
     for name, m in (("gate", host.gate), ("up", host.up), ("down", host.down)):
         if m.expert_bytes % 16 or m.stride % 16 or m.raw.data_ptr() % 16:
-            raise StrataError(f"copied misses need 16-byte aligned experts; the {name} experts' bytes "
-                              f"({m.expert_bytes} an expert at stride {m.stride}) are not")
+            return f"the {name} experts' bytes ({m.expert_bytes} an expert at stride {m.stride})"
+    return None
+
+
+def copyable(host) -> bool:
+    """Every part a whole number of 16-byte loads at 16-byte aligned starts (the shapes of the presets are:
+    e.g. qwen4exp's Q2_0 rows of 2560 weights, 720 bytes, 640 of them an expert)."""
+    return _unaligned(host) is None
+
+
+def check_copyable(host) -> None:
+    """`copyable`, else one line naming the part that is not."""
+    what = _unaligned(host)
+    if what is not None:
+        raise StrataError(f"copied misses need 16-byte aligned experts; {what} are not")
 
 
 def copy_misses(ids: torch.Tensor, missing: torch.Tensor, host, scratch: torch.Tensor, table: torch.Tensor,
