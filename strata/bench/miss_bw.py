@@ -7,7 +7,9 @@ measured in the same run (`host_to_device_bandwidth`), for
   inplace  the misses' GEMVs reading host RAM in place (zero-copy, `--misses direct`'s default),
   beside   the same beside the hits' GEMVs (k - K experts in HBM) on a second stream, joined: the layer's expert
            time in decode; `+us` is what the misses add to the hits alone (`hits`),
-  gather   copy_misses' gather launch alone (`STRATA_MISSES_COPY`), then `gather+gemv` with the HBM GEMVs after it,
+  gather   copy_misses' gather launch alone (`STRATA_MISSES_COPY`), then `+gemv` with the HBM GEMVs after it,
+           `overlap` the same with the down parts crossing beside the gate/up GEMV (the engine's), `beside` that
+           beside the hits,
   skip+us  what the in-place misses add beside the hits inside STRATA_MISSES_SKIP's conditional graph node,
   memcpy   one cudaMemcpyAsync a missed part (the host knows the misses here, as a captured step cannot), then
            `memcpy+gemv`.
@@ -119,10 +121,20 @@ def gather(layer: Layer, c: dict, config: CopyConfig | None = None) -> None:
     copy_misses(c["ids"], c["missing"], layer.host, c["scratch"], c["table"], config)
 
 
-def gather_gemv(layer: Layer, c: dict) -> torch.Tensor:
-    gather(layer, c)
-    return moe_gemv(c["x"], c["ids"], c["w"], DecodeExperts.of_slots(c["scratch"], c["table"], layer.stack),
-                    torch.float32)
+def gather_gemv(layer: Layer, c: dict, overlap: bool = False) -> torch.Tensor:
+    """The engine's copied misses (`direct_misses.copied_misses`); `overlap`: the down parts cross on a second
+    stream while the gate/up GEMV runs (the engine's schedule without STRATA_MISSES_SKIP)."""
+    from strata.engine.direct_misses import copied_misses
+
+    stream = None
+    if overlap and layer.cuda:
+        stream = layer.overlap = getattr(layer, "overlap", None) or torch.cuda.Stream(layer.device)
+    return copied_misses(c["x"], c["ids"], c["w"], layer.host, layer.stack, c["missing"], c["scratch"], c["table"],
+                         stream, torch.float32)
+
+
+def gather_overlapped(layer: Layer, c: dict) -> torch.Tensor:
+    return gather_gemv(layer, c, overlap=True)
 
 
 def memcpy(layer: Layer, c: dict) -> None:
@@ -190,24 +202,26 @@ def bench_k(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> 
     _, y64 = moe_gemv_float64(c0["x"].cpu(), c0["ids"].cpu(), (c0["w"] * keep).cpu(),
                               replace(layer.host, slot_of=None))
     err = relative_error(got, y64)
-    copied = gather_gemv(layer, c0)
     # The GPU kernels sum a token's experts in routing order wherever they read them: the same bytes. (The CPU's
     # reference loop adds experts in the order of their indices, which differ: there within the bound.)
-    same = torch.equal(copied, got) if layer.cuda else relative_error(copied, got) <= ERROR_BOUND
+    same = True
+    for copied in (gather_gemv(layer, c0), gather_overlapped(layer, c0)):
+        same &= torch.equal(copied, got) if layer.cuda else relative_error(copied, got) <= ERROR_BOUND
     ok = err <= ERROR_BOUND and same
     run = lambda fn: graph_us(lambda c: fn(layer, c), [(c,) for c in calls], layer.device)  # noqa: E731
     t = dict(inplace=run(in_place), hits=run(hits_only), beside=run(lambda lay, c: beside(lay, c, in_place)),
-             gather=run(gather), gather_gemv=run(gather_gemv),
-             beside_copy=run(lambda lay, c: beside(lay, c, gather_gemv)))
+             gather=run(gather), gather_gemv=run(gather_gemv), overlapped=run(gather_overlapped),
+             beside_copy=run(lambda lay, c: beside(lay, c, gather_overlapped)))
     t["memcpy"], t["memcpy_gemv"] = eager_if_uncapturable(layer, memcpy, calls), eager_if_uncapturable(
         layer, memcpy_gemv, calls)
     t["skip"] = skipping(layer, calls)  # last: a capture that fails may leave the stream unusable
+    hits = t["hits"]
     print(f"{name:<14} {k_missed:>2} {n_bytes / 1e6:7.2f} | {t['inplace']:8.2f} {_rate(n_bytes, t['inplace'], pinned)}"
-          f" | {t['hits']:7.2f} {t['beside']:8.2f} {t['beside'] - t['hits']:+7.2f} | {t['gather']:8.2f} "
-          f"{_rate(n_bytes, t['gather'], pinned)} {t['gather_gemv']:8.2f} {t['beside_copy']:8.2f} "
-          f"{t['beside_copy'] - t['hits']:+7.2f} | {t['skip'] - t['hits']:+7.2f} | {t['memcpy']:8.2f} {_rate(n_bytes, t['memcpy'], pinned)} "
-          f"{t['memcpy_gemv']:8.2f} | {err:8.1e} {'same' if same else 'DIFF'}{'' if ok else '  FAIL'}",
-          file=out, flush=True)
+          f" | {hits:7.2f} {t['beside']:8.2f} {t['beside'] - hits:+7.2f} | {t['gather']:8.2f} "
+          f"{_rate(n_bytes, t['gather'], pinned)} {t['gather_gemv']:8.2f} {t['overlapped']:8.2f} "
+          f"{t['beside_copy']:8.2f} {t['beside_copy'] - hits:+7.2f} | {t['skip'] - hits:+7.2f} | {t['memcpy']:8.2f} "
+          f"{_rate(n_bytes, t['memcpy'], pinned)} {t['memcpy_gemv']:8.2f} | {err:8.1e} "
+          f"{'same' if same else 'DIFF'}{'' if ok else '  FAIL'}", file=out, flush=True)
     return ok
 
 
@@ -261,8 +275,8 @@ def sweep(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> bo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench miss-bw", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="qwen4exp-q2_0,a3b-q4_0", help=f"comma-separated, of: {', '.join(SHAPES)}")
-    p.add_argument("--misses", default="", help="comma-separated K values (default: 0..k; none: the sweep only; 0: what the miss path "
-                   "costs a layer that misses nothing)")
+    p.add_argument("--misses", default="", help="comma-separated K values (default: 0..k; none: the sweep only; "
+                   "0: what the miss path costs a layer that misses nothing)")
     p.add_argument("--sweep", action="store_true", help="tiles of the in-place misses and the gather at one K")
     p.add_argument("--sweep-misses", type=int, default=2, help="K of the sweep (default 2)")
     p.add_argument("--experts", type=int, default=0, help="experts in the layer (default: the shape's, or enough "
@@ -280,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
           f"GB/s then % of the pinned copy rate; error of the in-place misses vs float64 (bound {ERROR_BOUND:g})",
           file=out)
     print(f"{'shape':<14} {'K':>2} {'MB host':>7} | {'inplace':>8} {'GB/s':>6} {'%pin':>5} | {'hits':>7} "
-          f"{'beside':>8} {'+us':>7} | {'gather':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} {'beside':>8} {'+us':>7} | "
-          f"{'skip+us':>7} | {'memcpy':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} | {'err':>8}", file=out)
+          f"{'beside':>8} {'+us':>7} | {'gather':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} {'overlap':>8} {'beside':>8} "
+          f"{'+us':>7} | {'skip+us':>7} | {'memcpy':>8} {'GB/s':>6} {'%pin':>5} {'+gemv':>8} | {'err':>8}", file=out)
     ok = True
     gen = torch.Generator().manual_seed(6)
     for shape in (s.strip() for s in args.shapes.split(",")):

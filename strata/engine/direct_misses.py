@@ -95,6 +95,8 @@ class DeviceTable:
         self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
         self.copy_misses = switches.get("STRATA_MISSES_COPY")
         self.skip_hits_only = switches.get("STRATA_MISSES_SKIP")
+        # Copied misses: the down parts cross on this stream while the gate/up GEMV runs (forked and joined, captured)
+        self.overlap_stream = torch.cuda.Stream(cache.device) if self.cuda and self.copy_misses else None
         self.scratch: dict[tuple[int, int], torch.Tensor] = {}  # (pairs, slot bytes) -> copied misses' slots
         self.scratch_table = torch.full((n_experts,), -1, dtype=torch.int32, device=cache.device)
         self.publish()
@@ -319,14 +321,14 @@ def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor,
     STRATA_MISSES_COPY copied into device scratch by one gather launch first, then the hits' kernels and tiles
     (where the experts are 16-byte aligned and the step has at most COPY_MAX_PAIRS pairs)."""
     from strata.kernels.moe.gemv import DecodeExperts, moe_gemv, moe_gemv_triton
-    from strata.kernels.moe.miss_copy import copy_misses, copyable
+    from strata.kernels.moe.miss_copy import copyable
     from strata.kernels.moe.miss_tiles import miss_configs
 
     missing = device_table.missing[row]
     if device_table.copy_misses and top.numel() <= COPY_MAX_PAIRS and copyable(host):  # else in place
         scratch, table = device_table.miss_scratch(top.numel(), host)
-        copy_misses(top, missing, host, scratch, table)
-        return moe_gemv(x, top, w, DecodeExperts.of_slots(scratch, table, stack))
+        overlap = device_table.overlap_stream if not device_table.skip_hits_only else None
+        return copied_misses(x, top, w, host, stack, missing, scratch, table, overlap)
     in_place = dataclasses.replace(host, slot_of=missing)
     configs = miss_configs(host, top.shape[1]) if x.is_cuda else (None, None)
     if configs == (None, None):
@@ -351,3 +353,24 @@ def only_if_missed(top: torch.Tensor, missing: torch.Tensor, like: torch.Tensor,
     finally:
         graph.end_capture_to_conditional_node()
     return out
+
+
+def copied_misses(x, top, w, host, stack, missing, scratch, table, overlap=None, out_dtype=None) -> torch.Tensor:
+    """STRATA_MISSES_COPY's misses: copy_misses into scratch, then the hits' GEMVs over it. With `overlap` (a
+    stream; on the GPU) the gate/up parts are copied first, then the down parts on `overlap` while the gate/up GEMV
+    runs on this stream, joined before the down GEMV: the same launches on the same bytes, so the same output."""
+    from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv
+    from strata.kernels.moe.miss_copy import DOWN, GATE_UP, copy_misses
+
+    experts = DecodeExperts.of_slots(scratch, table, stack)
+    if overlap is None or not x.is_cuda:
+        copy_misses(top, missing, host, scratch, table)
+        return moe_gemv(x, top, w, experts, out_dtype)
+    here = torch.cuda.current_stream(x.device)
+    copy_misses(top, missing, host, scratch, table, parts=GATE_UP)
+    overlap.wait_stream(here)  # after the gate/up parts (and the last layer's down GEMV, which read the scratch)
+    with torch.cuda.stream(overlap):
+        copy_misses(top, missing, host, scratch, table, parts=DOWN)
+    h = gate_up_swiglu_triton(x, top, experts)
+    here.wait_stream(overlap)
+    return down_sum_triton(h, top, w, experts, out_dtype or x.dtype)

@@ -58,10 +58,10 @@ def _copy_part(src, dst, chunk, WORDS: tl.constexpr, CHUNK: tl.constexpr):
 @triton.jit
 def _copy_misses_kernel(ids, missing, table, wg, wu, wd, scratch, stride_g, stride_u, stride_d, slot_words,
                         PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr, WORDS_G: tl.constexpr, WORDS_D: tl.constexpr,
-                        CHUNK: tl.constexpr):
+                        CHUNK: tl.constexpr, FIRST_PART: tl.constexpr):
     pair = tl.program_id(0)
     chunk = tl.program_id(1)
-    part = tl.program_id(2)
+    part = tl.program_id(2) + FIRST_PART
     lane = tl.arange(0, PAIRS_P2)
     routed = tl.load(ids + lane, mask=lane < PAIRS, other=-1)
     e = tl.load(ids + pair)
@@ -109,18 +109,22 @@ def check_copyable(host) -> None:
         raise StrataError(f"copied misses need 16-byte aligned experts; {what} are not")
 
 
+ALL_PARTS, GATE_UP, DOWN = (0, 3), (0, 2), (2, 3)  # parts [first, end) of a launch: 0 gate, 1 up, 2 down
+
+
 def copy_misses(ids: torch.Tensor, missing: torch.Tensor, host, scratch: torch.Tensor, table: torch.Tensor,
-                config: CopyConfig | None = None) -> None:
+                config: CopyConfig | None = None, parts: tuple[int, int] = ALL_PARTS) -> None:
     """Missed experts of `ids` (int32 [T, k]) from `host` (DecodeExperts over the host stacks) into scratch
-    (uint8 [T * k, scratch_bytes(host)] on the device), and table[e] for every routed e (the scratch slot, or -1).
-    On the GPU one launch (`launch_copy_misses`); elsewhere its definition `copy_misses_ref`."""
+    (uint8 [T * k, scratch_bytes(host)] on the device), and table[e] for every routed e (the scratch slot, or -1),
+    by the launch that copies part 0. `parts`: those parts only (GATE_UP, then DOWN: the gate/up GEMV can start
+    while the down parts cross). On the GPU one launch (`launch_copy_misses`); elsewhere `copy_misses_ref`."""
     if not scratch.is_cuda:
-        return copy_misses_ref(ids, missing, host, scratch, table)
-    launch_copy_misses(ids, missing, host, scratch, table, config)
+        return copy_misses_ref(ids, missing, host, scratch, table, parts)
+    launch_copy_misses(ids, missing, host, scratch, table, config, parts)
 
 
 def launch_copy_misses(ids: torch.Tensor, missing: torch.Tensor, host, scratch: torch.Tensor, table: torch.Tensor,
-                       config: CopyConfig | None = None) -> None:
+                       config: CopyConfig | None = None, parts: tuple[int, int] = ALL_PARTS) -> None:
     """`_copy_misses_kernel`: copy_misses' contract in one launch (on the CPU: under TRITON_INTERPRET, the tests)."""
     cfg = config or copy_config()
     if cfg.chunk % (128 * cfg.warps):
@@ -128,26 +132,28 @@ def launch_copy_misses(ids: torch.Tensor, missing: torch.Tensor, host, scratch: 
     check_copyable(host)
     pairs = ids.numel()
     words_g, words_d = host.gate.expert_bytes // WORD, host.down.expert_bytes // WORD
-    grid = (pairs, triton.cdiv(max(words_g, words_d), cfg.chunk), 3)
+    grid = (pairs, triton.cdiv(max(words_g, words_d), cfg.chunk), parts[1] - parts[0])
     _copy_misses_kernel[grid](
         ids.reshape(-1), missing, table, _words(host.gate.raw), _words(host.up.raw), _words(host.down.raw),
         _words(scratch.reshape(-1)), host.gate.stride // WORD, host.up.stride // WORD, host.down.stride // WORD,
         scratch.shape[1] // WORD, PAIRS=pairs, PAIRS_P2=triton.next_power_of_2(pairs), WORDS_G=words_g,
-        WORDS_D=words_d, CHUNK=cfg.chunk, num_warps=cfg.warps)
+        WORDS_D=words_d, CHUNK=cfg.chunk, FIRST_PART=parts[0], num_warps=cfg.warps)
 
 
-def copy_misses_ref(ids: torch.Tensor, missing: torch.Tensor, host, scratch: torch.Tensor,
-                    table: torch.Tensor) -> None:
+def copy_misses_ref(ids: torch.Tensor, missing: torch.Tensor, host, scratch: torch.Tensor, table: torch.Tensor,
+                    parts: tuple[int, int] = ALL_PARTS) -> None:
     """The definition (the CPU form): the same slots and table entries, by torch on the host."""
     flat = ids.reshape(-1).tolist()
     for p, e in enumerate(flat):
         first = flat.index(e)
         missed = int(missing[e]) >= 0
-        table[e] = first if missed else -1
+        if parts[0] == 0:
+            table[e] = first if missed else -1
         if not missed or first != p:
             continue
         offset = 0
-        for m in (host.gate, host.up, host.down):
-            src = m.raw.reshape(-1)[e * m.stride: e * m.stride + m.expert_bytes]
-            scratch[p, offset: offset + m.expert_bytes].copy_(src)
+        for i, m in enumerate((host.gate, host.up, host.down)):
+            if parts[0] <= i < parts[1]:
+                src = m.raw.reshape(-1)[e * m.stride: e * m.stride + m.expert_bytes]
+                scratch[p, offset: offset + m.expert_bytes].copy_(src)
             offset += m.expert_bytes

@@ -16,7 +16,7 @@ from strata.kernels.moe.miss_copy import DEFAULT_COPY, _copy_misses_kernel  # no
 # specialized as a launch's are (divisible by 16).
 SIGNATURE = {"ids": "*i32", "missing": "*i32", "table": "*i32", "wg": "*i32", "wu": "*i32", "wd": "*i32",
              "scratch": "*i32", "stride_g": "i64", "stride_u": "i64", "stride_d": "i64", "slot_words": "i64"}
-CONSTANTS = dict(PAIRS=10, PAIRS_P2=16, WORDS_G=115200, WORDS_D=115200, CHUNK=DEFAULT_COPY.chunk)
+CONSTANTS = dict(PAIRS=10, PAIRS_P2=16, WORDS_G=115200, WORDS_D=115200, CHUNK=DEFAULT_COPY.chunk, FIRST_PART=0)
 
 if __name__ == "__main__":
     kernel = _copy_misses_kernel

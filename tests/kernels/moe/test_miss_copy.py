@@ -8,7 +8,8 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, GemvConfig, moe_gemv_float64, moe_gemv_triton,
                                      relative_error)
-from strata.kernels.moe.miss_copy import CopyConfig, copy_misses_ref, launch_copy_misses, scratch_bytes
+from strata.kernels.moe.miss_copy import (DOWN, GATE_UP, CopyConfig, copy_misses_ref, launch_copy_misses,
+                                         scratch_bytes)
 
 SMALL = CopyConfig(chunk=512, warps=1)  # under the interpreter: a few programs a part, the last chunk partial
 
@@ -40,6 +41,16 @@ def test_the_gather_launch_matches_its_definition(device):
     on_device = DecodeExperts.of_stack(_to(host, device))
     launch_copy_misses(ids.to(device), missing.to(device), on_device, scratch, table, SMALL)
     assert torch.equal(scratch.cpu(), want_scratch) and torch.equal(table.cpu(), want_table)
+    # In two launches (gate/up, then down: the overlapped schedule), the same slots and table.
+    scratch.zero_()
+    table.fill_(7)
+    for parts in (GATE_UP, DOWN):
+        launch_copy_misses(ids.to(device), missing.to(device), on_device, scratch, table, SMALL, parts)
+    assert torch.equal(scratch.cpu(), want_scratch) and torch.equal(table.cpu(), want_table)
+    halves = torch.zeros_like(want_scratch)
+    copy_misses_ref(ids, missing, host, halves, table.cpu().fill_(7), GATE_UP)
+    assert not halves[:, 2 * g.expert_bytes:].any() and torch.equal(halves[:, : 2 * g.expert_bytes],
+                                                                    want_scratch[:, : 2 * g.expert_bytes])
 
 
 def _to(host, device):
