@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from strata import switches
+from strata.errors import StrataError
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
 
 
@@ -95,6 +96,9 @@ class DeviceTable:
         self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
         self.copy_misses = switches.get("STRATA_MISSES_COPY")
         self.skip_hits_only = switches.get("STRATA_MISSES_SKIP")
+        if self.skip_hits_only and self.cuda and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+            raise StrataError(f"STRATA_MISSES_SKIP needs conditional CUDA graph nodes, which torch {torch.__version__} "
+                              "lacks (begin_capture_to_if_node; CUDA 12.4+)")
         # Copied misses: the down parts cross on this stream while the gate/up GEMV runs (forked and joined, captured)
         self.overlap_stream = torch.cuda.Stream(cache.device) if self.cuda and self.copy_misses else None
         self.scratch: dict[tuple[int, int], torch.Tensor] = {}  # (pairs, slot bytes) -> copied misses' slots
