@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from strata import switches
-from strata.errors import StrataError
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
+from strata.errors import StrataError
 
 
 @dataclasses.dataclass
