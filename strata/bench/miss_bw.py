@@ -226,38 +226,12 @@ def bench_k(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> 
 
 
 def sweep(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> bool:
-    """At K misses: each in-place kernel under miss_sweep_configs, the gather under COPY_SWEEP, beside the first."""
-    from strata.bench.gemv_sweep import describe
-    from strata.kernels.moe.miss_tiles import miss_sweep_configs, tile_entry
-
+    """At K misses: the gather under COPY_SWEEP (first: its kernel builds fast), then each in-place kernel under
+    miss_sweep_configs, every line beside the first (the current default), with its error against float64."""
     calls = layer.calls(k_missed, gen)
     args = [(c,) for c in calls]
-    g, d = layer.host.gate, layer.host.down
-    ok = True
-    for kind, m in (("gate_up", g), ("down", d)):
-        n_bytes = k_missed * (2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes)
-        first_us = first_out = None
-        h = [gate_up_swiglu_triton(c["x"], c["ids"], replace(layer.host, slot_of=c["missing"])) for c in calls]
-        for cfg in miss_sweep_configs(kind, m.spec, m.rows, m.cols, layer.top_k):
-            experts = lambda c: replace(layer.host, slot_of=c["missing"])  # noqa: E731
-            if kind == "gate_up":
-                fn = lambda c, cfg=cfg: gate_up_swiglu_triton(c["x"], c["ids"], experts(c), cfg)  # noqa: E731
-            else:
-                hh = {id(c): hc for c, hc in zip(calls, h)}
-                fn = lambda c, cfg=cfg, hh=hh: down_sum_triton(hh[id(c)], c["ids"], c["w"], experts(c),  # noqa: E731
-                                                               torch.float32, cfg)
-            try:
-                got = fn(calls[0])
-                us = graph_us(fn, args, layer.device)
-            except Exception as e:  # a tile that does not build is a line, not the end of the sweep
-                print(f"  sweep {name} {kind} {describe(cfg)}: {type(e).__name__}: {str(e)[:160]}", file=out)
-                continue
-            first_us, first_out = first_us or us, first_out if first_out is not None else got.clone()
-            same = "same bytes" if torch.equal(got, first_out) else "other bytes"
-            print(f"  sweep {name:<14} {kind:<8} {describe(cfg):<44} {us:8.2f} us {_rate(n_bytes, us, pinned)} of "
-                  f"pinned {first_us / us:5.2f}x default  {same}  {tile_entry(cfg)}", file=out, flush=True)
     n_bytes = k_missed * layer.expert_bytes
-    first_us, want = None, None
+    ok, first_us, want = True, None, None
     for cfg in [copy_config()] + [c for c in COPY_SWEEP if c != copy_config()]:
         us = graph_us(lambda c, cfg=cfg: gather(layer, c, cfg), args, layer.device)
         gather(layer, calls[0], cfg)
@@ -269,6 +243,44 @@ def sweep(layer: Layer, name: str, k_missed: int, gen, pinned: float, out) -> bo
               f"{_rate(n_bytes, us, pinned)} of pinned {first_us / us:5.2f}x default  "
               f"{'same bytes' if torch.equal(got, want) else 'DIFF  FAIL'}  CopyConfig({cfg.chunk}, {cfg.warps})",
               file=out, flush=True)
+    return ok & _sweep_in_place(layer, name, k_missed, calls, pinned, out)
+
+
+def _sweep_in_place(layer: Layer, name: str, k_missed: int, calls: list[dict], pinned: float, out) -> bool:
+    from strata.bench.gemv_sweep import describe
+    from strata.kernels.moe.miss_tiles import miss_sweep_configs, tile_entry
+
+    c0, args = calls[0], [(c,) for c in calls]
+    keep = (c0["missing"][c0["ids"].long()] >= 0).float()
+    h64, y64 = moe_gemv_float64(c0["x"].cpu(), c0["ids"].cpu(), (c0["w"] * keep).cpu(),
+                                replace(layer.host, slot_of=None))
+    want = {"gate_up": h64 * keep.cpu()[:, :, None].double(), "down": y64}
+    experts = lambda c: replace(layer.host, slot_of=c["missing"])  # noqa: E731
+    h = {id(c): gate_up_swiglu_triton(c["x"], c["ids"], experts(c)) for c in calls}
+    g, d = layer.host.gate, layer.host.down
+    ok = True
+    for kind, m in (("gate_up", g), ("down", d)):
+        n_bytes = k_missed * (2 * g.expert_bytes if kind == "gate_up" else d.expert_bytes)
+        first_us = first_out = None
+        for cfg in miss_sweep_configs(kind, m.spec, m.rows, m.cols, layer.top_k):
+            if kind == "gate_up":
+                fn = lambda c, cfg=cfg: gate_up_swiglu_triton(c["x"], c["ids"], experts(c), cfg)  # noqa: E731
+            else:
+                fn = lambda c, cfg=cfg: down_sum_triton(h[id(c)], c["ids"], c["w"], experts(c),  # noqa: E731
+                                                        torch.float32, cfg)
+            try:
+                got = fn(c0)
+                us = graph_us(fn, args, layer.device)
+            except Exception as e:  # a tile that does not build is a line, not the end of the sweep
+                print(f"  sweep {name} {kind} {describe(cfg)}: {type(e).__name__}: {str(e)[:160]}", file=out)
+                continue
+            err = relative_error(got, want[kind])
+            ok &= err <= ERROR_BOUND
+            first_us, first_out = first_us or us, first_out if first_out is not None else got.clone()
+            same = "same bytes" if torch.equal(got, first_out) else "other bytes"
+            print(f"  sweep {name:<14} {kind:<8} {describe(cfg):<44} {us:8.2f} us {_rate(n_bytes, us, pinned)} of "
+                  f"pinned {first_us / us:5.2f}x default  {err:8.1e}{'' if err <= ERROR_BOUND else ' FAIL'}  {same}  "
+                  f"{tile_entry(cfg)}", file=out, flush=True)
     return ok
 
 
@@ -304,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ({shape}: {layer.n_experts} experts may stay in L2 between replays)", file=out)
         ks = ([] if args.misses == "none" else [int(v) for v in args.misses.split(",")] if args.misses
               else range(layer.top_k + 1))
-        for k_missed in ks:
-            ok &= bench_k(layer, shape, min(k_missed, layer.top_k), gen, pinned, out)
+        for k_missed in dict.fromkeys(min(k, layer.top_k) for k in ks):
+            ok &= bench_k(layer, shape, k_missed, gen, pinned, out)
         if args.sweep:
             ok &= sweep(layer, shape, min(args.sweep_misses, layer.top_k), gen, pinned, out)
         del layer

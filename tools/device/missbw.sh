@@ -16,7 +16,7 @@ if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch ma
 fi
 part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py \
   tests/kernels/moe/test_miss_flag.py
-part missbw 45 python3 -m strata bench miss-bw
+part missbw 45 python3 -m strata bench miss-bw --misses 0,1,2,3,4,6,8,10
 part sweep_q2_0 40 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
 part sweep_a3b 35 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done

@@ -39,3 +39,17 @@ def test_sweep_lists_start_at_the_current_tile_and_round_trip(kind, fmt, n_out, 
 def test_copy_sweep_configs_are_whole_vector_loads():
     assert DEFAULT_COPY in COPY_SWEEP
     assert all(c.chunk % (128 * c.warps) == 0 for c in COPY_SWEEP)
+
+
+def test_the_sweep_prints_a_line_a_config_with_its_error(capsys, monkeypatch):
+    from strata.kernels.moe.gemv import GemvConfig
+
+    tiles = [GemvConfig(bn=64, ns=4, warps=4, wide=True, oneshot=True), GemvConfig(bn=32, ns=4, warps=4, wide=True,
+                                                                                    oneshot=True, split=2)]
+    monkeypatch.setattr(miss_tiles, "miss_sweep_configs", lambda *a: tiles)  # interpreter-sized, not the GPU's
+    code = main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "none", "--sweep"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = [line.split() for line in out.splitlines() if line.startswith("  sweep")]
+    assert [(w[2], w[3]) for w in lines if w[2] != "gather"] == [("gate_up", "oneshot")] * 2 + [("down", "oneshot")] * 2
+    assert sum(w[2] == "gather" for w in lines) == len(COPY_SWEEP) and "FAIL" not in out
