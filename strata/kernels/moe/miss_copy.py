@@ -1,11 +1,13 @@
 """Copy-then-compute misses (`STRATA_MISSES_COPY=1`): a layer's missed experts copied from pinned host RAM into
-device scratch by one gather launch, then read by the HBM-tuned decode GEMVs like cache slots.
+device scratch by a gather launch (two in the engine: gate/up, then down beside the gate/up GEMV), then read by
+the HBM-tuned decode GEMVs like cache slots.
 
 Why: the decode GEMVs reading host RAM in place (zero-copy) load 2-byte words spread over a row's blocks; over PCIe
-each warp's load becomes a few small read requests, whose headers halve the link's payload rate (session 6: misses
-cost as if read at ~30 GB/s where pinned copies run at 55). Here every thread loads 16 contiguous bytes, so a warp
-asks for 512 aligned bytes at once, and each program's loads are all issued before any returns (a chunk of CHUNK
-words: several loads a thread), which keeps the link's bandwidth-delay product (~100 KB) in flight many times over.
+each warp's load becomes a few small read requests, whose headers (the likely cause, for `bench miss-bw` to
+confirm) take a large share of the link (session 6: misses cost as if read at ~30 GB/s where pinned copies run at
+55). Here every thread loads 16 contiguous bytes, so a warp asks for 512 aligned bytes at once, and each program's
+loads are all issued before any returns (a chunk of CHUNK words: several loads a thread), which keeps the link's
+bandwidth-delay product (~100 KB) in flight many times over.
 
 The routing stays on the device (capturable, no host wait): program (pair p, chunk, part) reads ids[p] = e, and
 copies chunk `chunk` of part (gate, up, down) of expert e into scratch slot p when e is missing from the cache
