@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 4, decode misses at the link's rate (branch missbw), one H200, under 4 minutes. While the A3B-shape file
-# (qwen3moe, Q4_0) is written: the copy kernel's CUDA tests, then `strata bench miss-bw` (one layer's top-k GEMVs
+# (qwen3moe, Q4_0) is written: the copy kernel's CUDA tests, missbw_check.py (captured decode of a small model with
+# the misses copied / skipped / both gives the default's tokens and logits bytes), then `strata bench miss-bw` (one layer's top-k GEMVs
 # with K of k experts in pinned host RAM, K = 0..k, qwen4exp Q2_0 and A3B Q4_0: in place (zero-copy), beside the
 # hits, gathered into scratch (STRATA_MISSES_COPY's launch) and per-expert cudaMemcpyAsync, each in GB/s and % of the
 # pinned copy rate), its sweep at K = 2 per shape (in-place tiles of both kernels, then the gather's chunk x warps),
@@ -16,9 +17,10 @@ if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch ma
 fi
 part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py \
   tests/kernels/moe/test_miss_flag.py
-part missbw 45 python3 -m strata bench miss-bw --misses 0,1,2,3,4,6,8,10
-part sweep_q2_0 40 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
-part sweep_a3b 35 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
+part check 35 python3 tools/device/missbw_check.py $M 32
+part missbw 40 python3 -m strata bench miss-bw --misses 0,1,2,3,4,6,8,10
+part sweep_q2_0 35 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
+part sweep_a3b 30 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32 --tokens 96"
@@ -29,7 +31,7 @@ STRATA_MISSES_SKIP=1 part direct12_skip 30 $A --vram-budget 12  # (skipped when 
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
-  for f in $L/tests_cuda.log $L/missbw.log $L/sweep_*.log $L/direct12*.log; do
+  for f in $L/tests_cuda.log $L/check.log $L/missbw.log $L/sweep_*.log $L/direct12*.log; do
     [ -f "$f" ] || continue
     echo "=== $(basename $f .log)"
     grep -vE "^\s*$" "$f" | grep -vE "^  sweep" | tail -n 24 | cut -c1-230
