@@ -17,10 +17,11 @@ if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch ma
 fi
 part tests_cuda 20 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_miss_copy.py \
   tests/kernels/moe/test_miss_flag.py
-part check 35 python3 tools/device/missbw_check.py $M 32
-part missbw 40 python3 -m strata bench miss-bw --misses 0,1,2,3,4,6,8,10
-part sweep_q2_0 35 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
-part sweep_a3b 30 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
+part check 30 python3 tools/device/missbw_check.py $M 32
+part missbw_q2_0 30 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses 0,1,2,4,8,10
+part missbw_a3b 25 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses 0,1,2,4,8
+part sweep_q2_0 30 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
+part sweep_a3b 25 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
 while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32 --tokens 96"
@@ -31,7 +32,7 @@ STRATA_MISSES_SKIP=1 part direct12_skip 30 $A --vram-budget 12  # (skipped when 
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 {
   cat $L/times.txt
-  for f in $L/tests_cuda.log $L/check.log $L/missbw.log $L/sweep_*.log $L/direct12*.log; do
+  for f in $L/tests_cuda.log $L/check.log $L/missbw_*.log $L/sweep_*.log $L/direct12*.log; do
     [ -f "$f" ] || continue
     echo "=== $(basename $f .log)"
     grep -vE "^\s*$" "$f" | grep -vE "^  sweep" | tail -n 24 | cut -c1-230
@@ -46,7 +47,7 @@ echo "total ${SECONDS}s" | tee -a $L/times.txt
     END { for (k = 1; k <= n; k++) printf "%-24s default %8s  best %8s\n    %s\n", order[k], base[order[k]],
           best[order[k]], substr(how[order[k]], 1, 220) }'
 } > "$OUT/missbw_summary.txt"
-cp $L/missbw.log $L/sweep_q2_0.log $L/sweep_a3b.log "$OUT/" 2>/dev/null
+cat $L/missbw_*.log $L/sweep_*.log > "$OUT/missbw_bench.txt" 2>/dev/null
 tar czf "$OUT/missbw_logs.tgz" -C $L .
 save_cache
 [ -n "${NESTED:-}" ] && rm -rf $L  # inside a session batch: the archive holds them
