@@ -18,9 +18,6 @@ class ForwardContext:
     want_hidden: bool = False  # keep the final normed hidden states of every token in `hidden` (MTP drafts read them)
     keep_row_states: bool = False  # a verify window: recurrent layers keep each row's state, to roll back rejected rows
     hidden: torch.Tensor | None = None  # set by the model when want_hidden: [n_tokens, embd]
-    # A verify window of a model whose plain steps run a static decoder (qwen4exp's): that decoder, so the rows' ops
-    # that differ between its step and the eager forward (QSA attention and selection) run as its step does.
-    static_steps: object | None = None
 
     def positions(self, device: torch.device) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.n_tokens, device=device)

@@ -104,6 +104,8 @@ class GraphDecoder:
     conv [>= rows, ...], state [>= rows, ...]) that the cache's `window_rows` then names for keep_rows); `pool`
     shares one graph memory pool between the decoders of several row counts."""
 
+    takes_tail = True  # a window's drafts may come as a device tensor (step's `tail`), read by the graphs alone
+
     def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
                  want_hidden: bool = False, keep_row_states: bool = False, pool=None, row_buffers=None):
         self.model, self.kv, self.device, self.rows = model, kv, torch.device(device), rows

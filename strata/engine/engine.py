@@ -163,8 +163,8 @@ class Engine:
 
             from strata.engine.decode import GraphDecoder
 
-            # Windows capture where plain decode does, through GraphDecoder's own program (qwen4exp's: eager windows).
-            captured = type(self.decoder) is GraphDecoder and self.decoder.capture
+            # Windows capture where plain decode does, through the same static program (DecoderLM's or qwen4exp's).
+            captured = isinstance(self.decoder, GraphDecoder) and self.decoder.capture
             return auto_spec(bool(getattr(self.model, "mtp", None)), captured, self.plan.all_resident)
         if isinstance(spec, bool) or not isinstance(spec, int):
             raise StrataError(f"spec must be a window of 1..4 tokens or 'auto', got {spec!r}")

@@ -118,12 +118,16 @@ class Qwen4ExpCache(HybridCache):
         super().begin(start, n_tokens)
         self.window_ngram = None
 
-    def mark_window(self, tokens: list[int]) -> None:
-        """The n-gram block is about to read a verify window's tokens: keep what keep_rows restores from."""
+    def mark_window(self, tokens: list[int], history: torch.Tensor | None = None,
+                    previous: tuple[int, int] | None = None) -> None:
+        """The n-gram block is about to read a verify window's tokens: keep what keep_rows restores from. `history`,
+        `previous`: the conv history and token window before the window, where they have already moved on (a static
+        step hashes its rows before it runs; its history snapshot is a buffer of its own)."""
         if len(tokens) > HISTORY_ROWS:
             raise StrataError(f"a verify window of {len(tokens)} rows is longer than the n-gram history "
                               f"({HISTORY_ROWS} rows) it rolls back through")
-        self.window_ngram = (self.ple_history.clone(), self.previous_tokens, list(tokens))
+        self.window_ngram = (self.ple_history.clone() if history is None else history,
+                             self.previous_tokens if previous is None else previous, list(tokens))
 
     def keep_rows(self, n_rows: int) -> None:
         """After a verify window: keep its first n_rows tokens, as if only they had been decoded (GatedDeltaNet

@@ -242,10 +242,8 @@ class SpecDecoder:
         if self.windows is not None:
             logits, hidden = self.windows.run(window, start, tail)
         else:
-            # qwen4exp's windows run its eager forward, its plain steps a static decoder: the window's QSA layers
-            # take each row as that decoder's step (decode_qwen4exp.qsa_rows_as_steps).
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
-                                 keep_row_states=True, static_steps=_qwen4exp_decoder(engine))
+                                 keep_row_states=True)
             with rows_as_steps():
                 logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
             hidden = ctx.hidden
@@ -348,7 +346,8 @@ class SpecDecoder:
 
         # Opt-in (STRATA_SPEC_PIPELINE): on the H200 this path's 2- and 4-row windows failed to capture.
         return (switches.get("STRATA_SPEC_PIPELINE") and k > 0 and self.mtp_steps is not None and self.min_p == 0
-                and _plain_greedy(sampler) and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
+                and self.windows.takes_tail and _plain_greedy(sampler)
+                and 1 <= len(history) - 1 - self.mtp_cells <= self.window)
 
     def _pipelined_window(self, history: list[int], k: int, sampler: Sampler, lap):
         """A greedy window with one host read: the MTP picks feed the verify window on the device; then the drafts
@@ -391,14 +390,6 @@ class SpecDecoder:
             for r in range(len(window)):
                 yield start + 1 + r, rows[r]
             pos += len(window)
-
-
-def _qwen4exp_decoder(engine):
-    """The engine's static qwen4exp decoder, when its plain steps run one (else None)."""
-    from strata.engine.decode_qwen4exp import Qwen4ExpDecoder
-
-    decoder = getattr(engine, "decoder", None)
-    return decoder if isinstance(decoder, Qwen4ExpDecoder) else None
 
 
 def _plain_greedy(sampler: Sampler) -> bool:

@@ -13,8 +13,9 @@ min_p the host need not read them at all before the window: `launch` leaves them
 takes them from there (GraphDecoder.step's `tail`), and the drafts come back with the rows' argmax in the window's
 one read (SpecDecoder._pipelined_window).
 
-It serves greedy drafting without a repetition penalty (the device's argmax is the sampler's); sampling and
-penalties draft eagerly (spec.py). The CPU form (`capture=False`) runs the same program functions over an exact
+Qwen3-Next's MTP blocks and qwen4exp's (whose drafts read the trunk's residual stack [hc, embd], float32) have this
+static step. It serves greedy drafting without a repetition penalty (the device's argmax is the sampler's);
+sampling and penalties draft eagerly (spec.py). The CPU form (`capture=False`) runs the same program functions over an exact
 span, so its logits and picks are the eager `mtp_forward`'s byte for byte (tests/engine/test_spec_mtp.py).
 """
 
@@ -37,8 +38,10 @@ class MTPSteps:
     def __init__(self, model, cache, device: torch.device, capture: bool, max_rows: int, hidden_dtype: torch.dtype,
                  max_drafts: int):
         from strata.models.qwen3next import Qwen3NextLM
+        from strata.models.qwen4exp import Qwen4ExpLM
 
-        if not isinstance(model, Qwen3NextLM) or type(model).mtp_step is not Qwen3NextLM.mtp_step:
+        # The MTP steps whose every op takes a static context: Qwen3-Next's and qwen4exp's (not a subclass's own).
+        if getattr(type(model), "mtp_step", None) not in (Qwen3NextLM.mtp_step, Qwen4ExpLM.mtp_step):
             raise StrataError(f"{type(model).__name__}'s MTP block has no static step")
         check_static(cache)
         experts = model.experts
@@ -52,8 +55,9 @@ class MTPSteps:
             stack = stacks.get(model.n_main)
             if stack is not None and kernel_path(stack, probe) != "decode":
                 raise StrataError("the MTP block's experts have no decode kernel; their reference loop cannot be captured")
-        n_embd = model.config.n_embd
-        self.hidden = torch.zeros(max_rows, n_embd, dtype=hidden_dtype, device=self.device)
+        # A draft's hidden state: the final normed state [embd], or qwen4exp's residual stack [hc, embd] (float32).
+        shape, hidden_dtype = getattr(model, "mtp_hidden", ((model.config.n_embd,), hidden_dtype))
+        self.hidden = torch.zeros(max_rows, *shape, dtype=hidden_dtype, device=self.device)
         self.ids = torch.zeros(max_rows, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(max_rows, dtype=torch.long, device=self.device)
         self.picks = torch.zeros(max(max_drafts, 1), 2, dtype=torch.float64, device=self.device)  # token, probability

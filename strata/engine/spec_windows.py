@@ -19,26 +19,33 @@ import sys
 
 import torch
 
-from strata.engine.decode import GraphDecoder, graphs_wanted, row_state_buffers
+from strata.engine.decode import decoder_class, graphs_wanted, row_state_buffers
 from strata.engine.hybrid_cache import HybridCache
 from strata.errors import StrataError
 
 
 class VerifyWindows:
-    """Runs verify windows of 1..max_rows tokens, each row count through its own GraphDecoder."""
+    """Runs verify windows of 1..max_rows tokens, each row count through its own GraphDecoder (the model's static
+    program: DecoderLM's loop, or qwen4exp's Qwen4ExpDecoder)."""
 
     def __init__(self, model, kv, device: torch.device, capture: bool, max_rows: int, want_hidden: bool):
         pool = torch.cuda.graph_pool_handle() if capture else None
         # One set of row-state buffers for every row count: a window of k rows writes the first k.
         buffers = row_state_buffers(kv, max_rows) if isinstance(kv, HybridCache) else None
         # All made up front: a model or cache without a static form says so here, once, not mid-generation.
-        self.decoders = {rows: GraphDecoder(model, kv, device, capture, rows=rows, want_hidden=want_hidden,
-                                            keep_row_states=True, pool=pool, row_buffers=buffers)
+        program = decoder_class(model)
+        self.decoders = {rows: program(model, kv, device, capture, rows=rows, want_hidden=want_hidden,
+                                       keep_row_states=True, pool=pool, row_buffers=buffers)
                          for rows in range(1, max_rows + 1)}
 
     @property
     def capture(self) -> bool:
         return all(d.capture for d in self.decoders.values())
+
+    @property
+    def takes_tail(self) -> bool:
+        """Whether a window's drafts may stay on the device (`run`'s `tail`): not for qwen4exp's n-gram rows."""
+        return all(d.takes_tail for d in self.decoders.values())
 
     @property
     def steps(self) -> dict[int, int]:

@@ -235,7 +235,13 @@ class StaticPagedKV(StaticView):
                 short = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=reach)
                 out = torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, out)
             return out
-        return prompt_attention(q.float(), pool, table, ids, width, reference=True).to(q.dtype)
+        # The reference (the CPU form): a window's rows one at a time, each with its one-token step's arithmetic
+        # (the reference's products over several queries may sum in another order than over one) and, over every
+        # cell (no selection) with an exact span, its own step's cells.
+        qf, n = q.float(), q.shape[0]
+        cells = [ids.shape[1] - (n - 1 - r if selection is None and self.exact else 0) for r in range(n)]
+        return torch.cat([prompt_attention(qf[r:r + 1], pool, table, ids[r:r + 1, :cells[r]], width[r:r + 1],
+                                           reference=True) for r in range(n)]).to(q.dtype)
 
     def _quest(self, layer, q, width, kernels, selection):
         """As the cache's `own_selection`: the bounds of the step's blocks refreshed, then the caller's selection,

@@ -291,10 +291,6 @@ class Qwen4ExpLM(DecoderLM):
                     if conv is not cache.conv[i]:  # the decode-step kernel wrote it in place
                         cache.conv[i].copy_(conv)
                     cache.state[i].copy_(state)
-            elif ctx.static_steps is not None:  # a verify window whose plain steps are static: each row as its step
-                from strata.engine.decode_qwen4exp import qsa_rows_as_steps
-
-                y = qsa_rows_as_steps(self, i, x, cache, positions, cos, sin, ctx.static_steps)
             else:
                 selection = qsa_selection(self.mixers[i], self.qsa, x, ctx.start, positions, cache.indexer[i],
                                           c.rms_eps)
@@ -320,13 +316,23 @@ class Qwen4ExpLM(DecoderLM):
         """mtp_draft with the MTP layer's KV backend given (engine/spec.py's interface, as Qwen3-Next's)."""
         if self.mtp is None:
             raise StrataError(f"{self.source}: this model has no MTP block (nextn_predict_layers is 0)")
+        kv.reserve(start + residual.shape[0])
+        return self.mtp_step(residual, next_ids, ForwardContext(kv, start, residual.shape[0]))
+
+    @property
+    def mtp_hidden(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of the hidden state a draft reads: the trunk's final residual stack, float32."""
+        return (self.hc, self.config.n_embd), torch.float32
+
+    def mtp_step(self, residual: torch.Tensor, next_ids: torch.Tensor,
+                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mtp_forward`'s work over a context the caller set up (its MTP cache reserved): the eager step's, or a
+        static one whose positions are a device tensor (engine/spec_mtp.py captures it)."""
         layer, eps = self.n_main, self.config.rms_eps
-        positions = torch.arange(start, start + residual.shape[0], device=self.device)
-        cos, sin = self.rope.cos_sin(positions, self.dtype)
+        cos, sin = self.rope.cos_sin(ctx.positions(self.device), self.dtype)
         stack = mtp_input(self.mtp, residual, self.embed_tokens(next_ids), eps)
         stack, x, inject = hc_write_read(stack, self.hc_attn[layer], eps, None, self.dtype)
-        kv.reserve(start + residual.shape[0])
-        y = qsa_attention(self.mixers[layer], self.qsa, x, kv, 0, start, cos, sin, None, eps)
+        y = qsa_attention(self.mixers[layer], self.qsa, x, ctx.kv, 0, ctx.start, cos, sin, None, eps)
         stack, x, inject = hc_write_read(stack, self.hc_ffn[layer], eps, (y, inject), self.dtype)
         stack, x, _ = hc_write_read(stack, self.mtp.hc_out, eps, (self._feed_forward(layer, x), inject), self.dtype)
         return linear(x, self.output).float(), stack
@@ -338,5 +344,11 @@ class Qwen4ExpLM(DecoderLM):
         if not ctx.want_all_logits:
             residual = residual[-1:]
             pending = tuple(t[-1:] for t in pending) if pending else None
-        _, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
-        return linear(x, self.output).float()
+        return self.final_read(residual, pending)[1]
+
+    def final_read(self, residual: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the final residual stack after the pending write, the logits float32 of its rows): the head's read, the
+        stack being what the MTP block drafts from."""
+        residual, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
+        return residual, linear(x, self.output).float()

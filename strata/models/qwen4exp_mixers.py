@@ -106,20 +106,32 @@ def qsa_attention(w: QSAWeights, s: QSAShape, x: torch.Tensor, kv, layer: int, s
                   sin: torch.Tensor, selection, eps: float, rows_as_steps: bool = False) -> torch.Tensor:
     """One QSA layer over x [T, embd]; `kv.attend` stores the keys/values and attends (over `selection` if any);
     `rows_as_steps` (a verify window): row by row, as plain decoding's steps (kv.attend_as_steps)."""
-    n_tokens, d = x.shape[0], s.head_dim
-    q, gate = linear(x, w.q).view(n_tokens, s.n_heads, 2 * d).split(d, dim=-1)
-    q = rms_norm(q, w.q_norm, eps)
-    k = rms_norm(linear(x, w.k).view(n_tokens, s.n_kv_heads, d), w.k_norm, eps)
-    v = linear(x, w.v).view(n_tokens, s.n_kv_heads, d)
-    q, k = Rope.apply_partial(q, cos, sin, s.n_rot), Rope.apply_partial(k, cos, sin, s.n_rot)
+    q, k, v, gate = qsa_project(w, s, x, cos, sin, eps)
     if rows_as_steps:
         out = attend_as_steps(kv, layer, q, k, v, start, selection)
     elif selection is None:
         out = kv.attend(layer, q, k, v, start)
     else:
         out = kv.attend(layer, q, k, v, start, selection=selection)
+    return qsa_output(w, s, out, gate)
+
+
+def qsa_project(w: QSAWeights, s: QSAShape, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """QSA's inputs to the attention: (q, k normed and turned, v, the output gate), per head."""
+    n_tokens, d = x.shape[0], s.head_dim
+    q, gate = linear(x, w.q).view(n_tokens, s.n_heads, 2 * d).split(d, dim=-1)
+    q = rms_norm(q, w.q_norm, eps)
+    k = rms_norm(linear(x, w.k).view(n_tokens, s.n_kv_heads, d), w.k_norm, eps)
+    v = linear(x, w.v).view(n_tokens, s.n_kv_heads, d)
+    q, k = Rope.apply_partial(q, cos, sin, s.n_rot), Rope.apply_partial(k, cos, sin, s.n_rot)
+    return q, k, v, gate
+
+
+def qsa_output(w: QSAWeights, s: QSAShape, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The attention's output [T, heads, D] gated and projected back: [T, embd]."""
     out = out * torch.sigmoid(gate)
-    return linear(out.reshape(n_tokens, s.n_heads * d), w.o)
+    return linear(out.reshape(out.shape[0], s.n_heads * s.head_dim), w.o)
 
 
 def qwen4exp_gdn(w: Qwen4ExpGDNWeights, s: GDNShape, x: torch.Tensor, conv_state: torch.Tensor,

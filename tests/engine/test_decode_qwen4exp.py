@@ -156,8 +156,8 @@ def test_engine_generate_uses_the_decoder(tiny):
 
 def test_refusals(tiny):
     engine = _engine(tiny)
-    with pytest.raises(StrataError, match="one token"):
-        Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, rows=2)
+    with pytest.raises(StrataError, match="runs 1..4 tokens"):
+        Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False, rows=5)
     with pytest.raises(StrataError, match="no static qwen4exp step"):
         Qwen4ExpDecoder(engine.model, engine.kv.kv, engine.device, capture=False)
     decoder = Qwen4ExpDecoder(engine.model, engine.kv, engine.device, capture=False)

@@ -92,7 +92,7 @@ def _check_windows(path, options, prompt_len: int = 9, windows=WINDOWS):
 @pytest.mark.parametrize("model", ["qwen3moe", "qwen3next", "qwen4exp"], indirect=True)
 def test_window_rows_are_plain_decode_steps_bit_for_bit_float32(model, graphs):
     """float32 with the default fp16 KV cache: a window row reads the earlier rows' keys as the cache stores them.
-    (qwen4exp's windows run its eager forward, its plain steps the static step's CPU form when eager.)"""
+    (qwen4exp: its windows and plain steps through its static step's CPU form when eager, its eager forward off.)"""
     _check_windows(model, dict(decode_graphs=graphs))
 
 
@@ -107,10 +107,10 @@ def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
 
 
 def test_qwen4exp_window_rows_are_its_static_steps_bit_for_bit_bf16_kernels(q4):
-    """qwen4exp's windows run its eager forward, its plain steps the static decoder (engine/decode_qwen4exp.py):
-    bf16 through the GPU's kernels (interpreted), the QSA layers take each row as its step (the indexer key, the
-    selection by the step's own span, the decode attention). Rows at positions 10..12 cross from dense attention
-    (a span of 11 cells, top_k 8 + 3) to the indexer's selection inside the window."""
+    """qwen4exp's windows and plain steps through its static step (engine/decode_qwen4exp.py): bf16 through the
+    GPU's kernels (interpreted), the QSA layers take each row as its step (the indexer key, the selection by the
+    step's own span, the decode attention). Rows at positions 10..12 cross from dense attention (a span of 11
+    cells, top_k 8 + 3) to the indexer's selection inside the window: both kinds, each row's picked by position."""
     layers.FUSED_ON_CPU = True
     try:
         _check_windows(q4, dict(decode_graphs="eager", dtype="bfloat16"), prompt_len=10, windows=((3, 2),))

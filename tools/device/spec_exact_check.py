@@ -10,9 +10,14 @@ one of their rows is not bit-equal or their free-running greedy differs. An expe
 differently under windows than under steps (a window counts once), so those cases only report; the same cache
 frozen after its start ("frozen": adapt_every past the run) is exact again.
 
+PRESET: small (default), tiny (adds qwen4exp tiny with its MTP block), or qwen4exp (that case alone, on the tiny
+shape: its own time cap). qwen4exp's windows run through its static step (engine/decode_qwen4exp.py: captured
+with graphs on, each row the one-row step's bytes), as its plain decode does.
+
     python3 tools/device/spec_exact_check.py MODEL_DIR [N] [PRESET]
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,10 +35,12 @@ if DEVICE == "cpu":  # torch's CPU reductions split by thread count and row coun
 models = Path(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 preset = sys.argv[3] if len(sys.argv) > 3 else "small"
-prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+only_qwen4exp = preset == "qwen4exp"
+preset = "tiny" if only_qwen4exp else preset
+tokens = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(0)).tolist()
 K = "Q4_0" if preset == "tiny" else "Q4_K"  # tiny rows are shorter than a Q4_K block
 FROZEN = {"expert_cache": 40, "frozen": True}
-QWEN4EXP_EXACT = True  # its windows' QSA layers run each row as the static step (decode_qwen4exp.qsa_rows_as_steps)
+QWEN4EXP_EXACT = True  # its windows run its static step over their rows, each row that step's (decode_qwen4exp.py)
 # (arch, quant, model shape, engine options, exact by construction)
 cases = [("qwen3moe", K, {}, {}, True), ("qwen3moe", K, {}, {"decode_graphs": "eager"}, True),
          ("qwen3moe", K, {}, {"decode_graphs": "off"}, True),
@@ -42,13 +49,23 @@ cases = [("qwen3moe", K, {}, {}, True), ("qwen3moe", K, {}, {"decode_graphs": "e
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, FROZEN, True),
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, {"expert_cache": 40, "misses": "cpu"}, False),
          ("qwen3next", "Q4_0", {"nextn_layers": 1}, {**FROZEN, "misses": "cpu"}, True)]
-if preset == "tiny":  # qwen4exp has no small preset; its windows (eager forward) against its static steps
-    cases.append(("qwen4exp", "Q8_0", {"mtp": True, "top_k": 8}, {}, QWEN4EXP_EXACT))
+QWEN4EXP = [("qwen4exp", "Q8_0", {"mtp": True, "top_k": 8}, {}, QWEN4EXP_EXACT),  # selecting past 11 cells
+            ("qwen4exp", "Q8_0", {"mtp": True, "top_k": 8}, {"decode_graphs": "eager"}, QWEN4EXP_EXACT),
+            # An indexer budget of 253 (256 cells): a span of 256 attends densely, 512 selects; windows at 250..
+            # cross 256 cells, so a window at the span of 512 holds rows of both kinds (picked on the device).
+            ("qwen4exp", "Q8_0", {"mtp": True, "top_k": 8}, {"top_k": 253, "prompt": 250}, QWEN4EXP_EXACT)]
+if only_qwen4exp:
+    cases = QWEN4EXP
+elif preset == "tiny":  # qwen4exp has no small preset
+    cases.append(QWEN4EXP[0])
 
 
-def engine(path, frozen: bool, **options) -> Engine:
-    """An engine; `frozen`: its expert cache never adapts (its placement stays the start's, for every engine)."""
+def engine(path, frozen: bool, top_k: int | None = None, **options) -> Engine:
+    """An engine; `frozen`: its expert cache never adapts (its placement stays the start's, for every engine);
+    `top_k`: qwen4exp's indexer budget, in place of the file's."""
     made = Engine(path, EngineConfig(device=DEVICE, n_ctx=1024, **options))
+    if top_k is not None:
+        made.model.qsa = dataclasses.replace(made.model.qsa, top_k=top_k)
     cache = getattr(made.model.experts, "cache", None)
     if frozen and cache is not None:
         cache.adapt_every = 1 << 40
@@ -69,7 +86,10 @@ for arch, quant, shape, options, exact in cases:
         path = make_model(path, arch=arch, preset=preset, quant=quant, **shape)
     options = {"decode_graphs": GRAPHS, **options}
     frozen = options.pop("frozen", False)
+    prompt = tokens[:options.pop("prompt", 40)]
     label = " ".join(f"{k}={v}" for k, v in options.items()) + (" frozen" if frozen else "")
+    if len(prompt) != 40:
+        label += f" prompt={len(prompt)}"
     try:
         plain = engine(path, frozen, **options)
         logits = plain.prefill(prompt)[-1:].float().clone()
@@ -81,9 +101,9 @@ for arch, quant, shape, options, exact in cases:
             logits = plain.decode(token, len(prompt) + i).float()
         spec = engine(path, frozen, spec=4, **options)
         spec.prefill(prompt)
-        pos, windows, rows, equal, agree, worst, margin = 1, 0, 0, 0, 0, 0.0, float("inf")
+        pos, n_windows, rows, equal, agree, worst, margin = 1, 0, 0, 0, 0, 0.0, float("inf")
         while pos + 4 < n:
-            size = 4 - windows % 4
+            size = 4 - n_windows % 4
             window = truth[pos - 1:pos - 1 + size]
             got = spec.spec.verify(window, len(prompt) + pos - 1).float()
             for r in range(size):
@@ -96,7 +116,10 @@ for arch, quant, shape, options, exact in cases:
                 margin = min(margin, (top[0] - top[1]).item())
             spec.spec.keep(len(prompt) + pos - 1, size)
             pos += size
-            windows += 1
+            n_windows += 1
+        windows = spec.spec.windows  # after its runs: a capture that failed leaves them uncaptured
+        label += (" [windows: " + ("eager forward" if windows is None else "captured" if windows.capture else
+                                   "static, uncaptured") + "]")
         same = []
         for w in (2, 3, 4):
             e = engine(path, frozen, spec=w, **options)

@@ -11,7 +11,9 @@ near-ties between a window and one-row steps: reported, not failed), counting th
 window (torch.cuda.set_sync_debug_mode) once the prompt's cells are in. Exit 1 when the MTP steps were not captured
 or too few drafts agree.
 
-    python3 tools/device/spec_mtp_check.py MODEL_DIR [N]
+    python3 tools/device/spec_mtp_check.py MODEL_DIR [N] [qwen4exp]
+
+With `qwen4exp`: the tiny qwen4exp with its MTP block (Q8_0) alone, whose drafts read the trunk's [hc, embd] stack.
 """
 
 import sys
@@ -31,10 +33,18 @@ MIN_EQUAL = 0.9
 ROOT = Path(__file__).resolve().parents[2]
 models = Path(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 48
+only_qwen4exp = len(sys.argv) > 3 and sys.argv[3] == "qwen4exp"
 greedy = SamplingParams(temperature=0)
 
 
 def cases():
+    if only_qwen4exp:
+        path = models / "mtp-check-qwen4exp-tiny.gguf"
+        shard = path.with_name(path.stem + "-00001-of-00002.gguf")
+        if not shard.exists():
+            make_model(path, arch="qwen4exp", preset="tiny", quant="Q8_0", mtp=True)
+        yield "qwen4exp tiny", shard, torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+        return
     default = ROOT / "strata/data/default-model/strata-default-qwen3next-q8_0.gguf"
     if default.exists():
         yield "trained default", default, None
