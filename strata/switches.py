@@ -47,6 +47,11 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "ends, and the swaps made at once (the previous schedule, for before/after runs)"),
     Switch("STRATA_MISSES_SERIAL", False, "direct misses: the misses' GEMVs after the hits' on one stream (the "
            "previous order, for before/after runs) instead of beside them on a second stream"),
+    Switch("STRATA_MISSES_COPY", False, "direct misses: each layer's missed experts copied from pinned host RAM into "
+           "device scratch by one gather launch (16-byte loads), then the hits' GEMVs over it, instead of the GEMVs "
+           "reading host RAM in place; the same bytes"),
+    Switch("STRATA_MISSES_SKIP", False, "direct misses, captured decode: each layer's misses' launches inside a "
+           "conditional graph node taken only when a routed expert is missing (one flag launch a layer)"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
