@@ -115,6 +115,30 @@ class ExpertCache:
         self.stats.misses += len(misses)
         return hits, misses
 
+    def layer_slots(self, layer: int) -> np.ndarray:
+        """The slot of each of the layer's experts, -1 where it is not cached (from the owner arrays, no dict)."""
+        table = np.full(self.count_table.shape[1], -1, dtype=np.int64)
+        mine = np.flatnonzero(self.owner_row == self.layer_row[layer])
+        table[self.owner_expert[mine]] = mine
+        return table
+
+    def lookup_slots(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """`lookup` on arrays (a prompt chunk's hundreds of experts, no Python per expert but the few slots whose
+        copy may not have landed): the slot of each expert, -1 for a miss; counts them."""
+        experts = np.asarray(experts, dtype=np.int64)
+        slots = self.layer_slots(layer)[experts]
+        if self.landing:
+            landing = np.fromiter(self.landing, dtype=np.int64, count=len(self.landing))
+            for i in np.flatnonzero(np.isin(slots, landing)).tolist():
+                if not self._landed(int(slots[i])):
+                    slots[i] = -1
+        self.in_use.update(zip([layer] * len(experts), experts.tolist()))
+        self.counts[layer].numpy()[experts] += 1
+        hits = int((slots >= 0).sum())
+        self.stats.hits += hits
+        self.stats.misses += len(experts) - hits
+        return slots
+
     # ---- filling and adapting
 
     def admit(self, key: Key, slot: int) -> None:
