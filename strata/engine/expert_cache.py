@@ -63,6 +63,7 @@ class ExpertCache:
         self.restoring: set[int] = set()
         self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
         self.device_table = None  # `--misses direct`: the slot map on the device (engine/direct_misses.py)
+        self._queue = None  # the gather launches of `refill` (a CopyQueue on copy_stream), made on first use
 
     def track_on_device(self) -> None:
         """Keep a device table of what is cached (and count routing on the device) for `--misses direct`."""
@@ -145,10 +146,12 @@ class ExpertCache:
         """Copy an expert's bytes from the host into `slot`, evicting whatever was there."""
         self.admit_many([(key, slot)])
 
-    def admit_many(self, placed: list[tuple[Key, int]]) -> None:
+    def admit_many(self, placed: list[tuple[Key, int]], one_launch: bool = False) -> None:
         """Copy experts into slots (distinct slots, experts not cached), evicting what was there: the evictions in
         one table update, one wait for the compute stream and one event for the whole batch (an adapt's swaps cost
-        the host a few copy launches each, not a stream wait and an event each)."""
+        the host a few copy launches each, not a stream wait and an event each). `one_launch`: one gather launch a
+        layer instead (a prompt's lent slots refilled at once; decode's swaps keep the copy engines, whose copies
+        take no SM time from the steps beside them)."""
         if not placed:
             return
         evicted = []
@@ -164,7 +167,10 @@ class ExpertCache:
         if self.copy_stream is not None:
             # Wait for work already queued on the compute stream, which may still read the old experts.
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        for key, slot in placed:
+        if one_launch:  # the CPU's form runs the same grouping (its copies happen at once: no event)
+            landed = self._gather_by_layer(placed)
+            event = landed if self.copy_stream is not None else None
+        for key, slot in ([] if one_launch else placed):
             layer, e = key
             stack = self.stacks[layer]
             parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
@@ -178,7 +184,7 @@ class ExpertCache:
                         self.slots[slot, offset : offset + p.numel()].copy_(p, non_blocking=True)
                         offset += p.numel()
             self.stats.bytes_moved += n
-        if self.copy_stream is not None:
+        if self.copy_stream is not None and not one_launch:
             event = torch.cuda.Event()
             event.record(self.copy_stream)
         for key, slot in placed:
@@ -189,6 +195,21 @@ class ExpertCache:
             self.slot_of[key] = slot
             if self.device_table is not None:
                 self.device_table.admitted(key, slot)
+
+    def _gather_by_layer(self, placed: list[tuple[Key, int]]):
+        """The copies of `admit_many` as one gather launch a layer on the copy stream (engine/copy_queue.py);
+        returns the event after the last (they run in order on one stream)."""
+        from strata.engine.copy_queue import CopyQueue
+
+        if self._queue is None:
+            self._queue = CopyQueue(self.device, self.copy_stream)
+        rows = np.array([(layer, e, slot) for (layer, e), slot in placed], dtype=np.int64).reshape(-1, 3)
+        event = None
+        for layer in np.unique(rows[:, 0]).tolist():
+            mine = rows[rows[:, 0] == layer]
+            event = self._queue.gather(self.slots, self.stacks[layer], mine[:, 1], mine[:, 2])
+            self.stats.bytes_moved += len(mine) * self.stacks[layer].expert_bytes
+        return event
 
     def fill(self, ranking: list[Key]) -> None:
         """Fill empty slots in the order given (a routing profile's ranking, or an even spread)."""
@@ -250,7 +271,7 @@ class ExpertCache:
         placement is the one before the lending from the next step on (`restoring`)."""
         lent, self.lent = self.lent, {}
         placed = [(key, slot) for slot, key in lent.items() if key is not None and key not in self.slot_of]
-        self.admit_many(placed)
+        self.admit_many(placed, one_launch=True)
         restored = [slot for _, slot in placed]
         self.restoring.update(s for s in restored if s in self.landing)
         if self.device_table is not None:  # `--misses direct`: back in the table now, behind a wait for the copies
