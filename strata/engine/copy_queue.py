@@ -71,8 +71,7 @@ class CopyQueue:
                 self._timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 self._timings[-1][0].record(self.stream)
             if self._kernel_reads(stack):
-                pairs = gather_pairs(experts, targets).pin_memory().to(self.device, non_blocking=True)
-                gather_experts_triton(slots, stack, pairs, self.config)
+                self.launch(slots, stack, experts, targets)
             else:
                 self._copy_parts(slots, stack, experts, targets)
             if self.timed:
@@ -89,6 +88,14 @@ class CopyQueue:
             total += start.elapsed_time(end)
         self._timings = []
         return total
+
+    def launch(self, slots, stack, experts: np.ndarray, targets: np.ndarray) -> None:
+        """The kernel's launch on the current stream: the (expert, slot) list uploaded without a host wait (on the
+        CPU, under TRITON_INTERPRET=1, the tests run it as it is)."""
+        pairs = gather_pairs(experts, targets)
+        if self.cuda:
+            pairs = pairs.pin_memory().to(self.device, non_blocking=True)
+        gather_experts_triton(slots, stack, pairs, self.config)
 
     def _kernel_reads(self, stack) -> bool:
         if self.per_part:

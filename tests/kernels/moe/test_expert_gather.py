@@ -18,7 +18,9 @@ N_EXPERTS = 7
 def _stack(part_sizes, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     parts = [torch.randint(0, 256, (N_EXPERTS, 2, n // 2), generator=g, dtype=torch.uint8) for n in part_sizes]
-    return SimpleNamespace(**{name: SimpleNamespace(raw=p.to(device)) for name, p in zip(("gate", "up", "down"), parts)})
+    if device == "cuda":  # where the engine keeps them: pinned host RAM, read by the kernel through UVA
+        parts = [p.pin_memory() for p in parts]
+    return SimpleNamespace(**{name: SimpleNamespace(raw=p) for name, p in zip(("gate", "up", "down"), parts)})
 
 
 def _expected(slots, stack, experts, targets):
@@ -50,6 +52,18 @@ def test_an_empty_list_copies_nothing(device):
     stack, slots = _stack((96, 96, 160), device), torch.zeros((2, 352), dtype=torch.uint8, device=device)
     gather_experts_triton(slots, stack, gather_pairs(np.array([], int), np.array([], int)).to(device))
     assert not slots.any()
+
+
+def test_the_queue_launches_the_kernel_with_its_config(device):
+    from strata.engine.copy_queue import CopyQueue
+
+    stack = _stack((96, 96, 160), device, seed=1)
+    slots = torch.full((6, 352), 7, dtype=torch.uint8, device=device)
+    experts, targets = np.array([6, 1, 3]), np.array([2, 5, 0])
+    queue = CopyQueue(torch.device(device))
+    queue.config = GatherConfig.parse("p2b16w1")
+    queue.launch(slots, stack, experts, targets)
+    assert torch.equal(slots, _expected(torch.full_like(slots, 7), stack, experts, targets))
 
 
 def test_config_text():
