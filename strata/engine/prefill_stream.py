@@ -88,7 +88,7 @@ class PromptStreamer:
         self.next_chunk_tokens = 0  # the size of the prompt chunk after this one (0: none follows)
         self.stats = StreamStats()
         self._over_slots = {}
-        self.last_routed: dict[int, list[int]] = {}  # layer -> experts the last chunk routed to there
+        self.last_routed: dict[int, np.ndarray] = {}  # layer -> experts the last chunk routed to there (sorted)
 
     def takes(self, x: torch.Tensor) -> bool:
         return self.takes_tokens(x.shape[0])
