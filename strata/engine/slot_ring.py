@@ -19,6 +19,7 @@ from strata.engine.copy_queue import CopyQueue
 
 Key = tuple[int, int]  # (layer, expert)
 NONE = -1
+FORGET_AFTER = 32  # events kept before the unreferenced ones are dropped
 
 
 class SlotRing:
@@ -132,6 +133,8 @@ class SlotRing:
         self._forget()
 
     def _forget(self) -> None:
-        """Drop the events no position refers to any more (the table stays a few entries long)."""
+        """Drop the events no position refers to any more, once there are a few dozen (two scans of the ring)."""
+        if len(self._events) <= FORGET_AFTER:
+            return
         live = set(np.unique(self.released).tolist()) | set(np.unique(self.landed).tolist())
         self._events = {k: v for k, v in self._events.items() if k in live}

@@ -11,7 +11,7 @@ import torch
 import strata
 from strata.engine.copy_queue import CopyQueue, Marker
 from strata.engine.expert_cache import ExpertCache
-from strata.engine.slot_ring import NONE, SlotRing
+from strata.engine.slot_ring import FORGET_AFTER, NONE, SlotRing
 from strata.gguf import GGUFModelFile
 from strata.kernels.moe.expert_gather import gather_experts_ref
 
@@ -64,7 +64,12 @@ def test_ring_holds_batches_round_robin_and_never_a_held_slot():
     ring.release(1)
     assert ring.n_free() == 4 and set(ring.where) == {(1, 0), (1, 1), (1, 2), (1, 6)}
     assert all(_holds_expert(ring, stack, s, e) for (_, e), s in ring.where.items())
-    assert len(ring._events) <= 2  # events no position waits for are dropped
+    for layer in range(2, 40):  # events no position waits for are dropped
+        ring.hold_many(layer, stack, np.array([layer % N_EXPERTS]))
+        ring.wait_landed(layer)
+        ring.release(layer)
+    assert len(ring._events) <= FORGET_AFTER + 1
+    assert all(k in ring._events for k in set(ring.released.tolist()) | set(ring.landed.tolist()) - {NONE})
 
 
 def test_three_copies_form_moves_the_same_bytes():
