@@ -9,10 +9,11 @@
 # 3. profile_prompt.py on 12 full-size qwen4exp layers, 4,096 tokens: all resident; at --vram-budget 4.4 (streams the
 #    share 12 GiB streams of 48 layers) with the gather and with the old copies: the "streaming (...)" line gives
 #    per-layer host ms, routing-read ms, copies' GPU ms and GB/s vs the pinned copy rate.
-# 4. `strata bench prompt --ctx 4096` at --vram-budget 12 (asked; 12 layers may fit whole) and 4.4, both paths.
+# 4. `strata bench prompt --ctx 4096` at --vram-budget 4.4 (both paths) and 12 (asked; 12 layers may fit whole);
+#    the sweep's pick (fastest at 64 experts, <= 5 % slower product beside it) profiled end to end if not the default.
 # Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 5-6 minutes.
 set -uo pipefail
-BUDGET=${BUDGET:-345}
+BUDGET=${BUDGET:-350}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
 [ -f $F ] || (part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full --layers 12 \
@@ -28,8 +29,23 @@ STRATA_PF_STREAM_COPIES=1 part profile_4g4_copies 60 $P --vram-budget 4.4
 B="python3 -m strata bench prompt $F --device cuda --ctx 4096"
 part bench_4g4_gather 35 $B --vram-budget 4.4
 STRATA_PF_STREAM_COPIES=1 part bench_4g4_copies 35 $B --vram-budget 4.4
-part bench_12g_gather 30 $B --vram-budget 12
 part profile_resident 45 $P
+# The sweep's fastest config at 64 experts among those that slow a product beside them by <= 5 %, end to end.
+BEST=$(python3 - "$L/gather_sweep.log" <<'PY'
+import re, sys
+best, block = None, None
+for line in open(sys.argv[1]):
+    if re.match(r"\d+ experts", line):
+        block = int(line.split()[0])
+    m = re.search(r"gather (p\d+b\d+w\d+)\s+[\d.]+ ms\s+([\d.]+) GB/s.*beside ([\d.]+)x", line)
+    if m and block == 64 and "bytes equal" in line and float(m.group(3)) <= 1.05 and (best is None or float(m.group(2)) > best[1]):
+        best = (m.group(1), float(m.group(2)))
+print(best[0] if best else "")
+PY
+)
+echo "sweep's pick: ${BEST:-none}" | tee -a $L/times.txt
+[ -n "$BEST" ] && [ "$BEST" != p132b2048w4 ] && STRATA_PF_GATHER=$BEST part profile_4g4_best 60 $P --vram-budget 4.4
+part bench_12g_gather 30 $B --vram-budget 12
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 tar czf "$OUT/pfstream2_logs.tgz" -C $L .
