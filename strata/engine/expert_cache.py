@@ -227,10 +227,10 @@ class ExpertCache:
     def borrow(self, n: int) -> list[int]:
         """Lend n slots: empty ones first, then those of the least-routed experts not in use. Their experts leave the
         cache (lookups miss them) until `refill`; adapting never writes into a lent slot."""
-        counts = self._count_lists()
-        residents = sorted((counts[k[0]][k[1]], s) for s, k in enumerate(self.owner)
-                           if k is not None and k not in self.in_use and s not in self.lent)
-        candidates = self.free_slots() + [s for _, s in residents]
+        stuck = self._unlendable()
+        residents = np.flatnonzero((self.owner_row >= 0) & ~stuck)
+        counts = self.count_table[self.owner_row[residents], self.owner_expert[residents]]
+        candidates = self.free_slots() + residents[np.lexsort((residents, counts))].tolist()
         if n > len(candidates):
             raise StrataError(f"the expert cache cannot lend {n} slots: {len(candidates)} are free or evictable")
         return self._lend(candidates[:n])
@@ -238,19 +238,30 @@ class ExpertCache:
     def borrow_run(self, n: int) -> list[int]:
         """Lend n adjacent slots (one byte range of `slots`: a prompt chunk's work buffers), the run whose experts
         are routed least (empty slots cost nothing); never a lent slot or an expert in use."""
-        cost, blocked = [0.0], [0]  # prefix sums: routing counts of the residents, slots that cannot be lent
-        counts = self._count_lists()
-        for s, key in enumerate(self.owner):
-            stuck = s in self.lent or (key is not None and key in self.in_use)
-            cost.append(cost[-1] + (0.0 if key is None or stuck else counts[key[0]][key[1]]))
-            blocked.append(blocked[-1] + stuck)
-        runs = [(cost[start + n] - cost[start], start) for start in range(self.n_slots - n + 1)
-                if n > 0 and blocked[start + n] == blocked[start]]
-        if not runs:
+        stuck = self._unlendable()
+        held = (self.owner_row >= 0) & ~stuck
+        cost = np.zeros(self.n_slots + 1)  # prefix sums: routing counts of the residents, slots that cannot be lent
+        cost[1:][held] = self.count_table[self.owner_row[held], self.owner_expert[held]]
+        np.cumsum(cost, out=cost)  # in slot order, as the sums were made one by one before
+        blocked = np.concatenate([[0], np.cumsum(stuck)])
+        starts = np.arange(self.n_slots - n + 1) if n > 0 else np.arange(0)
+        starts = starts[blocked[starts + n] == blocked[starts]]
+        if not len(starts):
             raise StrataError(f"the expert cache cannot lend {n} adjacent slots (of {self.n_slots}, "
                               f"{len(self.lent)} lent)")
-        best = min(runs)[1]
+        run_cost = cost[starts + n] - cost[starts]
+        best = int(starts[np.flatnonzero(run_cost == run_cost.min())[0]])  # the cheapest, then the first
         return self._lend(list(range(best, best + n)))
+
+    def _unlendable(self) -> np.ndarray:
+        """Slots that cannot be lent: lent already, or holding an expert in use."""
+        stuck = np.zeros(self.n_slots, dtype=bool)
+        stuck[list(self.lent)] = True
+        for key in self.in_use:
+            slot = self.slot_of.get(key)
+            if slot is not None:
+                stuck[slot] = True
+        return stuck
 
     def _lend(self, taken: list[int]) -> list[int]:
         for slot in taken:
@@ -295,10 +306,6 @@ class ExpertCache:
             self.adapt()
         self.count_table *= self.decay  # every layer's row at once
         self.in_use.clear()
-
-    def _count_lists(self) -> dict[int, list[float]]:
-        """The counts as Python lists, for the borrows: thousands of slots read one by one (not a `.item()` each)."""
-        return {layer: counts.tolist() for layer, counts in self.counts.items()}
 
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use.

@@ -12,6 +12,7 @@ import strata
 from strata.engine.copy_queue import CopyQueue, Marker
 from strata.engine.expert_cache import ExpertCache
 from strata.engine.slot_ring import FORGET_AFTER, NONE, SlotRing
+from strata.errors import StrataError
 from strata.gguf import GGUFModelFile
 from strata.kernels.moe.expert_gather import gather_experts_ref
 
@@ -108,3 +109,52 @@ def test_a_layer_costs_at_most_two_copy_launches(tiny_moe, slots):
     assert layers == llm.config.n_layers * streamer.stats.chunks and streamer.stats.bytes_streamed > 0
     assert 0 < streamer.queue.launches <= 2 * layers + 1  # ahead and late, and the first chunk's first layer
     assert streamer.queue.bytes == streamer.stats.bytes_streamed
+
+
+def _plain_borrow(cache, n):
+    """`borrow`'s rule as plain loops: empty slots, then residents not in use, least routed first (then by slot)."""
+    residents = sorted((cache.counts[k[0]][k[1]].item(), s) for s, k in enumerate(cache.owner)
+                       if k is not None and k not in cache.in_use and s not in cache.lent)
+    return (cache.free_slots() + [s for _, s in residents])[:n]
+
+
+def _plain_run(cache, n):
+    """`borrow_run`'s rule as plain loops: the adjacent run with no lent slot or expert in use, least routed, first."""
+    runs = []
+    for start in range(cache.n_slots - n + 1):
+        keys = [(s, cache.owner[s]) for s in range(start, start + n)]
+        if any(s in cache.lent or (k is not None and k in cache.in_use) for s, k in keys):
+            continue
+        runs.append((sum(cache.counts[k[0]][k[1]].item() for _, k in keys if k is not None), start))
+    return list(range(min(runs)[1], min(runs)[1] + n)) if runs else None
+
+
+def test_borrows_choose_as_their_rule_says(tiny_moe):
+    from strata.models import load_model
+
+    model = load_model(GGUFModelFile(tiny_moe), torch.device("cpu"), torch.float32)
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        cache = ExpertCache(model.expert_stacks, int(rng.integers(6, 16)), torch.device("cpu"))
+        ranking = cache.even_ranking()
+        rng.shuffle(ranking)
+        cache.fill([tuple(k) for k in ranking[: int(rng.integers(3, cache.n_slots + 1))]])
+        cache.count_table[:] = rng.integers(0, 3, cache.count_table.shape)  # ties: the slot order decides
+        keys = list(cache.slot_of)
+        cache.in_use = {keys[i] for i in rng.choice(len(keys), min(len(keys), 2), replace=False)}
+        if trial % 2:
+            cache.borrow(2)
+        n = int(rng.integers(1, 4))
+        want = _plain_run(cache, n)
+        if want is None:
+            with pytest.raises(StrataError, match="cannot lend"):
+                cache.borrow_run(n)
+        else:
+            assert cache.borrow_run(n) == want, trial
+        m = int(rng.integers(1, 4))
+        want = _plain_borrow(cache, m)
+        if len(want) < m:
+            with pytest.raises(StrataError, match="cannot lend"):
+                cache.borrow(m)
+        else:
+            assert cache.borrow(m) == want, trial
