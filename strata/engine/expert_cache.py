@@ -264,17 +264,19 @@ class ExpertCache:
         return stuck
 
     def _lend(self, taken: list[int]) -> list[int]:
+        gone = []
         for slot in taken:
             old = self.owner[slot]
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
                 self.owner_row[slot] = self.owner_expert[slot] = -1
-                if self.device_table is not None:
-                    self.device_table.evicted(old)
+                gone.append(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
             self.restoring.discard(slot)
             self.lent[slot] = old
+        if gone and self.device_table is not None:  # one table update, not an upload a slot (a ring lends ~1,000)
+            self.device_table.evicted_many(gone)
         return taken
 
     def refill(self) -> int:
