@@ -101,7 +101,8 @@ class CopyQueue:
         if self.per_part:
             return False
         if id(stack) not in self._pinned:
-            self._pinned[id(stack)] = all(p.raw.is_pinned() for p in (stack.gate, stack.up, stack.down))
+            parts = (stack.gate.raw, stack.up.raw, stack.down.raw)  # flat views of these are what the kernel reads
+            self._pinned[id(stack)] = all(p.is_pinned() and p.is_contiguous() for p in parts)
         return self._pinned[id(stack)]
 
     @staticmethod
