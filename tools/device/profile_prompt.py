@@ -2,12 +2,18 @@
 prefill under torch.profiler: GPU kernel time against wall time (the rest is host work or waiting), kernels by
 device time, and the host's ops by self time (Python-side costs show there).
 
-Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K]
+Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K] [--stacks]
+
+--stacks adds the device time by input shapes, then one more prefill under a dispatch logger listing each matrix
+product and softmax with its shapes, dtypes and call site (the innermost strata frames): the shapes join the two,
+and say which line of the model issues a slow torch op.
 """
 
 import argparse
+import collections
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -57,6 +63,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--vram-budget", type=float, default=None)
     parser.add_argument("--rows", type=int, default=30, help="rows of each table")
+    parser.add_argument("--stacks", action="store_true", help="also by input shapes and by call site")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget))
@@ -71,7 +78,8 @@ def main() -> None:
     print(f"prefill {args.tokens} tokens: {wall * 1000:.1f} ms = {args.tokens / wall:.1f} tok/s (no profiler)")
     fresh = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(1)).tolist()
     streaming(engine, fresh)  # another prompt: nothing of it is cached or checkpointed
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.stacks,
+                 with_stack=args.stacks) as prof:
         engine.prefill(ids)
         torch.cuda.synchronize()
     table = prof.key_averages()
@@ -81,6 +89,39 @@ def main() -> None:
           f"{sum(e.count for e in kernels)} kernels")
     print(table.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=90))
     print(table.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+    if args.stacks:
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        print(by_shape.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=40,
+                             max_shapes_column_width=90))
+        print_call_sites(engine, ids)
+
+
+LOGGED_OPS = {"mm", "bmm", "addmm", "baddbmm", "_softmax", "_int_mm", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+
+
+def print_call_sites(engine, ids) -> None:
+    """Each matrix product / softmax of one prefill: count, op, input shapes and dtypes, and its call site."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = collections.Counter()
+
+    class CallSites(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name in LOGGED_OPS:
+                frames = [f for f in traceback.extract_stack() if "/strata/" in f.filename]
+                site = " < ".join(f"{f.filename.split('strata/')[-1]}:{f.lineno}" for f in frames[-3:][::-1])
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                seen[(name, str([tuple(t.shape) for t in tensors]), ",".join(str(t.dtype)[6:] for t in tensors),
+                      site)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with CallSites():
+        engine.prefill(ids)
+    print("\nmatrix products and softmax of one prefill: count, op, shapes, dtypes, call site")
+    for key, count in seen.most_common():
+        print(count, *key)
 
 
 if __name__ == "__main__":
