@@ -54,7 +54,9 @@ class ExpertCache:
         self.steps = 0
         self.in_use: set[Key] = set()
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
-        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # High priority: a prompt's gather kernels (engine/copy_queue.py) run here and should take SMs as soon as
+        # the layer computing beside them frees any (copies through the copy engines are not affected).
+        self.copy_stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
         # Slots given back by a prompt and refilled with their former experts: hits at once, behind a wait of the
         # compute stream for their copy, so the placement after a prompt is the one before it whatever the copy's
