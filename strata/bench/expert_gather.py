@@ -46,7 +46,7 @@ def _stack(n_experts: int, n_embd: int, n_ff: int, qtype: int, pinned: bool):
 
 def _beside(fn, a: torch.Tensor, device) -> float:
     """How many times longer a matrix product takes while `fn` runs on another stream (1.00: not at all)."""
-    side = torch.cuda.Stream(device)
+    side = torch.cuda.Stream(device, priority=-1)  # as the cache's copy stream
     timer = Timer(device)
 
     def product():
