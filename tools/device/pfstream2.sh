@@ -13,23 +13,23 @@
 #    the sweep's pick (fastest at 64 experts, <= 5 % slower product beside it) profiled end to end if not the default.
 # Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 5-6 minutes.
 set -uo pipefail
-BUDGET=${BUDGET:-350}
+BUDGET=${BUDGET:-355}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
 [ -f $F ] || (part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full --layers 12 \
   -o $M/q4x12.gguf) &
 part gather_tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_expert_gather.py
 part check_stream 70 python3 tools/device/check_prefill_stream.py
-part gather_sweep 60 python3 -m strata bench expert-gather --sweep --experts 8,64,256
-STRATA_PF_STREAM_COPIES=1 part check_stream_copies 40 python3 tools/device/check_prefill_stream.py
+part gather_sweep 80 python3 -m strata bench expert-gather --sweep --experts 8,64,256
 wait
 P="python3 tools/device/profile_prompt.py $F --tokens 4096 --rows 25"
+B="python3 -m strata bench prompt $F --device cuda --ctx 4096"
 part profile_4g4_gather 60 $P --vram-budget 4.4
 STRATA_PF_STREAM_COPIES=1 part profile_4g4_copies 60 $P --vram-budget 4.4
-B="python3 -m strata bench prompt $F --device cuda --ctx 4096"
+part profile_resident 45 $P
+part bench_12g_gather 35 $B --vram-budget 12
 part bench_4g4_gather 35 $B --vram-budget 4.4
 STRATA_PF_STREAM_COPIES=1 part bench_4g4_copies 35 $B --vram-budget 4.4
-part profile_resident 45 $P
 # The sweep's fastest config at 64 experts among those that slow a product beside them by <= 5 %, end to end.
 BEST=$(python3 - "$L/gather_sweep.log" <<'PY'
 import re, sys
@@ -45,7 +45,7 @@ PY
 )
 echo "sweep's pick: ${BEST:-none}" | tee -a $L/times.txt
 [ -n "$BEST" ] && [ "$BEST" != p132b2048w4 ] && STRATA_PF_GATHER=$BEST part profile_4g4_best 60 $P --vram-budget 4.4
-part bench_12g_gather 30 $B --vram-budget 12
+STRATA_PF_STREAM_COPIES=1 part check_stream_copies 40 python3 tools/device/check_prefill_stream.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 tar czf "$OUT/pfstream2_logs.tgz" -C $L .
