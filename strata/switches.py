@@ -36,6 +36,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
+    Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "
+           "form, for before/after runs) instead of one gather launch a layer reading the pinned host stacks"),
+    Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p132b2048w4 (persistent programs, "
+           "8-byte words a program copies per step, warps; parts left out keep the default's)"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
     Switch("STRATA_CPU_POOL_OLD", False, "CPU expert pool: the numba `blocks` kernels (int16, per-row sums) for parity"),
     Switch("STRATA_GEMV_STREAM", 0, "decode GEMVs (experts, dense matvec): the streamed kernels on the default tiles, "
