@@ -403,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
+        ("expert-gather", "expert_gather", "GB/s of streaming a layer's missing experts (one gather launch vs "
+         "three copies an expert) beside the pinned copy rate (--sweep)"),
         ("moe-decode", "moe_decode", "parity and speed of the decode expert GEMV kernels against float64"),
+        ("miss-bw", "miss_bw", "GB/s of decode misses read from pinned host RAM (in place, gathered, memcpy) beside the link"),
         ("matvec", "matvec", "GB/s of the dense quantized decode matvec beside the HBM floor, against float64"),
         ("decode-attn", "decode_attn", "decode attention per span (split-K vs one launch, --sweep) beside its byte floor"),
         ("gdn-step", "gdn_step", "the GatedDeltaNet decode step's conv and gate kernels against torch (--sweep)"),

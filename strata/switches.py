@@ -36,6 +36,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
+    Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "
+           "form, for before/after runs) instead of one gather launch a layer reading the pinned host stacks"),
+    Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p132b2048w4 (persistent programs, "
+           "8-byte words a program copies per step, warps; parts left out keep the default's)"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
     Switch("STRATA_CPU_POOL_OLD", False, "CPU expert pool: the numba `blocks` kernels (int16, per-row sums) for parity"),
     Switch("STRATA_GEMV_STREAM", 0, "decode GEMVs (experts, dense matvec): the streamed kernels on the default tiles, "
@@ -47,6 +51,11 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "ends, and the swaps made at once (the previous schedule, for before/after runs)"),
     Switch("STRATA_MISSES_SERIAL", False, "direct misses: the misses' GEMVs after the hits' on one stream (the "
            "previous order, for before/after runs) instead of beside them on a second stream"),
+    Switch("STRATA_MISSES_COPY", False, "direct misses: each layer's missed experts copied from pinned host RAM into "
+           "device scratch by one gather launch (16-byte loads), then the hits' GEMVs over it, instead of the GEMVs "
+           "reading host RAM in place; the same bytes"),
+    Switch("STRATA_MISSES_SKIP", False, "direct misses, captured decode: each layer's misses' launches inside a "
+           "conditional graph node taken only when a routed expert is missing (one flag launch a layer)"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "

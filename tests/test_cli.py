@@ -60,7 +60,7 @@ def test_offload_flags_plan_and_profile(tiny_moe, tmp_path):
 
 def test_kernel_benches_are_wired():
     for tool, option in (("prompt-attn", "--queries"), ("moe-prefill", "--tokens"), ("cpu-experts", "--formats"),
-                         ("gdn-step", "--sweep")):
+                         ("gdn-step", "--sweep"), ("expert-gather", "--experts")):
         result = strata("bench", tool, "--help")
         assert result.returncode == 0 and option in result.stdout, result.stderr
     assert strata("run", "m.gguf", "-p", "x", "--bogus").returncode == 2

@@ -97,7 +97,8 @@ def bench_prompt(args, placement: dict) -> None:
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
     time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
     for n_tokens in contexts:
-        before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks) if streamer else None
+        before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
+                  streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
         mads, read = routed_work(engine, n_tokens)
         matrix_floor = 2 * mads / int8_rate
@@ -119,5 +120,9 @@ def bench_prompt(args, placement: dict) -> None:
                   f"({streamed / max(chunks, 1) / 1e9:.2f} GB per chunk, {late / max(streamed, 1):.0%} after the "
                   f"router); {seconds / pcie_floor:.2f}x the PCIe floor, "
                   f"{seconds / max(pcie_floor, matrix_floor):.2f}x the larger floor")
+            layers = max(streamer.stats.layers - before[3], 1)
+            print(f"  streaming host {(streamer.stats.host_s - before[4]) * 1e3 / layers:.3f} ms a routed layer "
+                  f"(bookkeeping and copy launches), waiting for its routing "
+                  f"{(streamer.stats.sync_s - before[5]) * 1e3 / layers:.3f} ms")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")

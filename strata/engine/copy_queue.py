@@ -2,13 +2,21 @@
 
 On a GPU the copies run on a CUDA stream and the events are CUDA events. On the CPU the same calls are made: the
 copies happen at once and the events are markers with nothing to wait for, so CPU tests run the GPU's code path.
+
+A batch of experts goes to the device in one launch (`gather`: kernels/moe/expert_gather.py reads the pinned host
+stacks itself), whatever its size: the host's cost a layer is flat. Memory-mapped stacks (`--no-pin-experts`), or
+STRATA_PF_STREAM_COPIES=1 for before/after runs, take the previous form: three copies an expert.
 """
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
+
+from strata import switches
+from strata.kernels.moe.expert_gather import GatherConfig, gather_experts_ref, gather_experts_triton, gather_pairs
 
 
 class Marker:
@@ -31,6 +39,13 @@ class CopyQueue:
             stream = torch.cuda.Stream(self.device)
         self.stream = stream if self.cuda else None
         self.bytes = 0  # copied so far
+        self.launches = 0  # gathers queued (one a batch; tests check the host's work is flat)
+        self.per_part = switches.get("STRATA_PF_STREAM_COPIES")
+        config = switches.get("STRATA_PF_GATHER")
+        self.config = GatherConfig.parse(config) if config else GatherConfig()
+        self._pinned: dict[int, bool] = {}  # id(stack) -> whether the kernel may read it (pinned host memory)
+        self.timed = False  # profiles: time each batch on the copy stream (`gather_ms`)
+        self._timings: list = []
 
     def mark(self):
         """An event recorded on the compute stream: everything launched so far has finished when it fires."""
@@ -40,26 +55,64 @@ class CopyQueue:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def copy(self, dst: torch.Tensor, parts: list[torch.Tensor], after=None):
-        """Copy the host tensors `parts` back to back into the flat uint8 `dst`, once `after` (an event or None) has
-        fired; returns the event that fires when the bytes have landed."""
-        offset = 0
+    def gather(self, slots: torch.Tensor, stack, experts: np.ndarray, targets: np.ndarray, after=()):
+        """Copy each experts[i]'s bytes (gate, up, down back to back) into slot targets[i] of `slots`, once every
+        event in `after` has fired; returns the event that fires when all of them have landed."""
+        self.launches += 1
+        self.bytes += len(experts) * stack.expert_bytes
         if not self.cuda:
-            for p in parts:
-                dst[offset : offset + p.numel()].copy_(p.reshape(-1))
-                offset += p.numel()
-            self.bytes += offset
+            gather_experts_ref(slots, stack, torch.from_numpy(experts), torch.from_numpy(targets))
             return Marker()
-        if after is not None:
-            self.stream.wait_event(after)
+        for event in after:
+            if event is not None:
+                self.stream.wait_event(event)
         with torch.cuda.stream(self.stream):
-            for p in parts:
-                dst[offset : offset + p.numel()].copy_(p.reshape(-1), non_blocking=True)
-                offset += p.numel()
+            if self.timed:
+                self._timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                self._timings[-1][0].record(self.stream)
+            if self._kernel_reads(stack):
+                self.launch(slots, stack, experts, targets)
+            else:
+                self._copy_parts(slots, stack, experts, targets)
+            if self.timed:
+                self._timings[-1][1].record(self.stream)
             landed = torch.cuda.Event()
             landed.record(self.stream)
-        self.bytes += offset
         return landed
+
+    def gather_ms(self) -> float:
+        """Milliseconds the copy stream spent in the batches timed since the last call (waits for them)."""
+        total = 0.0
+        for start, end in self._timings:
+            end.synchronize()
+            total += start.elapsed_time(end)
+        self._timings = []
+        return total
+
+    def launch(self, slots, stack, experts: np.ndarray, targets: np.ndarray) -> None:
+        """The kernel's launch on the current stream: the (expert, slot) list uploaded without a host wait (on the
+        CPU, under TRITON_INTERPRET=1, the tests run it as it is)."""
+        pairs = gather_pairs(experts, targets)
+        if self.cuda:
+            pairs = pairs.pin_memory().to(self.device, non_blocking=True)
+        gather_experts_triton(slots, stack, pairs, self.config)
+
+    def _kernel_reads(self, stack) -> bool:
+        if self.per_part:
+            return False
+        if id(stack) not in self._pinned:
+            parts = (stack.gate.raw, stack.up.raw, stack.down.raw)  # flat views of these are what the kernel reads
+            self._pinned[id(stack)] = all(p.is_pinned() and p.is_contiguous() for p in parts)
+        return self._pinned[id(stack)]
+
+    @staticmethod
+    def _copy_parts(slots, stack, experts, targets) -> None:
+        """The previous form: three host-to-device copies an expert (each ~11 us of host time)."""
+        for e, slot in zip(experts.tolist(), targets.tolist()):
+            offset = 0
+            for part in (stack.gate.raw[e], stack.up.raw[e], stack.down.raw[e]):
+                slots[slot, offset : offset + part.numel()].copy_(part.reshape(-1), non_blocking=True)
+                offset += part.numel()
 
     def drain(self) -> None:
         """Make the compute stream wait for every copy queued so far (before it writes memory they may write)."""

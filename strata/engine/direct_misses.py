@@ -36,6 +36,7 @@ import torch
 
 from strata import switches
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
+from strata.errors import StrataError
 
 
 @dataclasses.dataclass
@@ -93,6 +94,15 @@ class DeviceTable:
         self.spare: list[Readout] = []  # taken-in readouts' buffers, reused (no allocation in steady decode)
         self.counted: np.ndarray | None = None  # the open window's counts `read_stats` already added
         self.sync = switches.get("STRATA_ADAPT_SYNC")  # the old schedule, for before/after runs
+        self.copy_misses = switches.get("STRATA_MISSES_COPY")
+        self.skip_hits_only = switches.get("STRATA_MISSES_SKIP")
+        if self.skip_hits_only and self.cuda and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+            raise StrataError(f"STRATA_MISSES_SKIP needs conditional CUDA graph nodes, which torch {torch.__version__} "
+                              "lacks (begin_capture_to_if_node; CUDA 12.4+)")
+        # Copied misses: the down parts cross on this stream while the gate/up GEMV runs (forked and joined, captured)
+        self.overlap_stream = torch.cuda.Stream(cache.device) if self.cuda and self.copy_misses else None
+        self.scratch: dict[tuple[int, int], torch.Tensor] = {}  # (pairs, slot bytes) -> copied misses' slots
+        self.scratch_table = torch.full((n_experts,), -1, dtype=torch.int32, device=cache.device)
         self.publish()
 
     # ---- the table
@@ -161,6 +171,19 @@ class DeviceTable:
         would synchronize the stream, draining the queued steps)."""
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory().to(self.table.device, non_blocking=True) if self.cuda else t
+
+    def miss_scratch(self, pairs: int, host) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copied misses' device slots for a step of `pairs` (token, expert) pairs, and their table expert -> slot.
+        Buffers are kept for good (a captured step's graph holds its address) and shared by every step they fit:
+        steps run one after another, layers too (each joins the miss stream before the next)."""
+        from strata.kernels.moe.miss_copy import scratch_bytes
+
+        slot = scratch_bytes(host)
+        fits = [n for n, b in self.scratch if n >= pairs and b == slot]
+        if not fits:
+            self.scratch[(pairs, slot)] = torch.empty(pairs, slot, dtype=torch.uint8, device=self.table.device)
+            fits = [pairs]
+        return self.scratch[(min(fits), slot)][:pairs], self.scratch_table
 
     # ---- routing counts
 
@@ -274,15 +297,84 @@ def direct_gemv(cache, stack, layer: int, x: torch.Tensor, weights: torch.Tensor
     top, w = ids.to(torch.int32), weights.float()
     if layer not in device_table.host_experts:
         device_table.host_experts[layer] = DecodeExperts.of_stack(stack)
-    misses_experts = dataclasses.replace(device_table.host_experts[layer], slot_of=device_table.missing[row])
+    host = device_table.host_experts[layer]
     side = device_table.miss_stream
     if side is None or switches.get("STRATA_MISSES_SERIAL"):
         hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
-        return hits + moe_gemv(x, top, w, misses_experts)
+        return hits + miss_gemv(device_table, host, stack, row, x, top, w)
     main = torch.cuda.current_stream(x.device)
     side.wait_stream(main)  # x, ids and weights are ready
     with torch.cuda.stream(side):
-        misses = moe_gemv(x, top, w, misses_experts)
+        if device_table.skip_hits_only:
+            misses = only_if_missed(top, device_table.missing[row], x,
+                                    lambda: miss_gemv(device_table, host, stack, row, x, top, w))
+        else:
+            misses = miss_gemv(device_table, host, stack, row, x, top, w)
     hits = moe_gemv(x, top, w, DecodeExperts.of_slots(cache.slots, device_table.table[row], stack))
     main.wait_stream(side)
     return hits + misses
+
+
+COPY_MAX_PAIRS = 80  # copied misses' scratch holds a slot a pair: decode and verify windows (8 tokens x top 10);
+# longer direct steps (short prompts) read in place rather than hold hundreds of MB of scratch
+
+
+def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor, top: torch.Tensor,
+              w: torch.Tensor) -> torch.Tensor:
+    """The misses' GEMVs: read in place from the host stacks (zero-copy, on `miss_tiles`' tiles), or with
+    STRATA_MISSES_COPY copied into device scratch by one gather launch first, then the hits' kernels and tiles
+    (where the experts are 16-byte aligned and the step has at most COPY_MAX_PAIRS pairs)."""
+    from strata.kernels.moe.gemv import DecodeExperts, moe_gemv, moe_gemv_triton
+    from strata.kernels.moe.miss_copy import copyable
+    from strata.kernels.moe.miss_tiles import miss_configs
+
+    missing = device_table.missing[row]
+    if device_table.copy_misses and top.numel() <= COPY_MAX_PAIRS and copyable(host):  # else in place
+        scratch, table = device_table.miss_scratch(top.numel(), host)
+        overlap = device_table.overlap_stream if not device_table.skip_hits_only else None
+        return copied_misses(x, top, w, host, stack, missing, scratch, table, overlap)
+    in_place = dataclasses.replace(host, slot_of=missing)
+    configs = miss_configs(host, top.shape[1]) if x.is_cuda else (None, None)
+    if configs == (None, None):
+        return moe_gemv(x, top, w, in_place)
+    return moe_gemv_triton(x, top, w, in_place, x.dtype, configs)
+
+
+def only_if_missed(top: torch.Tensor, missing: torch.Tensor, like: torch.Tensor, misses_fn) -> torch.Tensor:
+    """STRATA_MISSES_SKIP: misses_fn() inside a conditional node of the graph being captured, taken only when some
+    routed expert is missing (`miss_flag.any_missed`); else zeros (a memset). Not capturing (eager steps, the CPU):
+    misses_fn() always, which gives zeros for a step without misses too (every pair adds exactly zero)."""
+    from strata.kernels.moe.miss_flag import any_missed
+
+    if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return misses_fn()
+    flag = any_missed(top, missing)
+    out = torch.zeros_like(like)
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(flag)
+    try:
+        out.copy_(misses_fn())
+    finally:
+        graph.end_capture_to_conditional_node()
+    return out
+
+
+def copied_misses(x, top, w, host, stack, missing, scratch, table, overlap=None, out_dtype=None) -> torch.Tensor:
+    """STRATA_MISSES_COPY's misses: copy_misses into scratch, then the hits' GEMVs over it. With `overlap` (a
+    stream; on the GPU) the gate/up parts are copied first, then the down parts on `overlap` while the gate/up GEMV
+    runs on this stream, joined before the down GEMV: the same launches on the same bytes, so the same output."""
+    from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv
+    from strata.kernels.moe.miss_copy import DOWN, GATE_UP, copy_misses
+
+    experts = DecodeExperts.of_slots(scratch, table, stack)
+    if overlap is None or not x.is_cuda:
+        copy_misses(top, missing, host, scratch, table)
+        return moe_gemv(x, top, w, experts, out_dtype)
+    here = torch.cuda.current_stream(x.device)
+    copy_misses(top, missing, host, scratch, table, parts=GATE_UP)
+    overlap.wait_stream(here)  # after the gate/up parts (and the last layer's down GEMV, which read the scratch)
+    with torch.cuda.stream(overlap):
+        copy_misses(top, missing, host, scratch, table, parts=DOWN)
+    h = gate_up_swiglu_triton(x, top, experts)
+    here.wait_stream(overlap)
+    return down_sum_triton(h, top, w, experts, out_dtype or x.dtype)

@@ -54,7 +54,9 @@ class ExpertCache:
         self.steps = 0
         self.in_use: set[Key] = set()
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
-        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # High priority: a prompt's gather kernels (engine/copy_queue.py) run here and should take SMs as soon as
+        # the layer computing beside them frees any (copies through the copy engines are not affected).
+        self.copy_stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.landing: dict[int, torch.cuda.Event] = {}
         # Slots given back by a prompt and refilled with their former experts: hits at once, behind a wait of the
         # compute stream for their copy, so the placement after a prompt is the one before it whatever the copy's
@@ -63,6 +65,7 @@ class ExpertCache:
         self.restoring: set[int] = set()
         self.lent: dict[int, Key | None] = {}  # slots lent out (`borrow`) -> the expert each held before
         self.device_table = None  # `--misses direct`: the slot map on the device (engine/direct_misses.py)
+        self._queue = None  # the gather launches of `refill` (a CopyQueue on copy_stream), made on first use
 
     def track_on_device(self) -> None:
         """Keep a device table of what is cached (and count routing on the device) for `--misses direct`."""
@@ -115,16 +118,42 @@ class ExpertCache:
         self.stats.misses += len(misses)
         return hits, misses
 
+    def layer_slots(self, layer: int) -> np.ndarray:
+        """The slot of each of the layer's experts, -1 where it is not cached (from the owner arrays, no dict)."""
+        table = np.full(self.count_table.shape[1], -1, dtype=np.int64)
+        mine = np.flatnonzero(self.owner_row == self.layer_row[layer])
+        table[self.owner_expert[mine]] = mine
+        return table
+
+    def lookup_slots(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """`lookup` on arrays (a prompt chunk's hundreds of experts, no Python per expert but the few slots whose
+        copy may not have landed): the slot of each expert, -1 for a miss; counts them."""
+        experts = np.asarray(experts, dtype=np.int64)
+        slots = self.layer_slots(layer)[experts]
+        if self.landing:
+            landing = np.fromiter(self.landing, dtype=np.int64, count=len(self.landing))
+            for i in np.flatnonzero(np.isin(slots, landing)).tolist():
+                if not self._landed(int(slots[i])):
+                    slots[i] = -1
+        self.in_use.update(zip([layer] * len(experts), experts.tolist()))
+        self.counts[layer].numpy()[experts] += 1
+        hits = int((slots >= 0).sum())
+        self.stats.hits += hits
+        self.stats.misses += len(experts) - hits
+        return slots
+
     # ---- filling and adapting
 
     def admit(self, key: Key, slot: int) -> None:
         """Copy an expert's bytes from the host into `slot`, evicting whatever was there."""
         self.admit_many([(key, slot)])
 
-    def admit_many(self, placed: list[tuple[Key, int]]) -> None:
+    def admit_many(self, placed: list[tuple[Key, int]], one_launch: bool = False) -> None:
         """Copy experts into slots (distinct slots, experts not cached), evicting what was there: the evictions in
         one table update, one wait for the compute stream and one event for the whole batch (an adapt's swaps cost
-        the host a few copy launches each, not a stream wait and an event each)."""
+        the host a few copy launches each, not a stream wait and an event each). `one_launch`: one gather launch a
+        layer instead (a prompt's lent slots refilled at once; decode's swaps keep the copy engines, whose copies
+        take no SM time from the steps beside them)."""
         if not placed:
             return
         evicted = []
@@ -140,7 +169,10 @@ class ExpertCache:
         if self.copy_stream is not None:
             # Wait for work already queued on the compute stream, which may still read the old experts.
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        for key, slot in placed:
+        if one_launch:  # the CPU's form runs the same grouping (its copies happen at once: no event)
+            landed = self._gather_by_layer(placed)
+            event = landed if self.copy_stream is not None else None
+        for key, slot in ([] if one_launch else placed):
             layer, e = key
             stack = self.stacks[layer]
             parts = [p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)]
@@ -154,7 +186,7 @@ class ExpertCache:
                         self.slots[slot, offset : offset + p.numel()].copy_(p, non_blocking=True)
                         offset += p.numel()
             self.stats.bytes_moved += n
-        if self.copy_stream is not None:
+        if self.copy_stream is not None and not one_launch:
             event = torch.cuda.Event()
             event.record(self.copy_stream)
         for key, slot in placed:
@@ -165,6 +197,21 @@ class ExpertCache:
             self.slot_of[key] = slot
             if self.device_table is not None:
                 self.device_table.admitted(key, slot)
+
+    def _gather_by_layer(self, placed: list[tuple[Key, int]]):
+        """The copies of `admit_many` as one gather launch a layer on the copy stream (engine/copy_queue.py);
+        returns the event after the last (they run in order on one stream)."""
+        from strata.engine.copy_queue import CopyQueue
+
+        if self._queue is None:
+            self._queue = CopyQueue(self.device, self.copy_stream)
+        rows = np.array([(layer, e, slot) for (layer, e), slot in placed], dtype=np.int64).reshape(-1, 3)
+        event = None
+        for layer in np.unique(rows[:, 0]).tolist():
+            mine = rows[rows[:, 0] == layer]
+            event = self._queue.gather(self.slots, self.stacks[layer], mine[:, 1], mine[:, 2])
+            self.stats.bytes_moved += len(mine) * self.stacks[layer].expert_bytes
+        return event
 
     def fill(self, ranking: list[Key]) -> None:
         """Fill empty slots in the order given (a routing profile's ranking, or an even spread)."""
@@ -182,10 +229,10 @@ class ExpertCache:
     def borrow(self, n: int) -> list[int]:
         """Lend n slots: empty ones first, then those of the least-routed experts not in use. Their experts leave the
         cache (lookups miss them) until `refill`; adapting never writes into a lent slot."""
-        counts = self._count_lists()
-        residents = sorted((counts[k[0]][k[1]], s) for s, k in enumerate(self.owner)
-                           if k is not None and k not in self.in_use and s not in self.lent)
-        candidates = self.free_slots() + [s for _, s in residents]
+        stuck = self._unlendable()
+        residents = np.flatnonzero((self.owner_row >= 0) & ~stuck)
+        counts = self.count_table[self.owner_row[residents], self.owner_expert[residents]]
+        candidates = self.free_slots() + residents[np.lexsort((residents, counts))].tolist()
         if n > len(candidates):
             raise StrataError(f"the expert cache cannot lend {n} slots: {len(candidates)} are free or evictable")
         return self._lend(candidates[:n])
@@ -193,32 +240,45 @@ class ExpertCache:
     def borrow_run(self, n: int) -> list[int]:
         """Lend n adjacent slots (one byte range of `slots`: a prompt chunk's work buffers), the run whose experts
         are routed least (empty slots cost nothing); never a lent slot or an expert in use."""
-        cost, blocked = [0.0], [0]  # prefix sums: routing counts of the residents, slots that cannot be lent
-        counts = self._count_lists()
-        for s, key in enumerate(self.owner):
-            stuck = s in self.lent or (key is not None and key in self.in_use)
-            cost.append(cost[-1] + (0.0 if key is None or stuck else counts[key[0]][key[1]]))
-            blocked.append(blocked[-1] + stuck)
-        runs = [(cost[start + n] - cost[start], start) for start in range(self.n_slots - n + 1)
-                if n > 0 and blocked[start + n] == blocked[start]]
-        if not runs:
+        stuck = self._unlendable()
+        held = (self.owner_row >= 0) & ~stuck
+        cost = np.zeros(self.n_slots + 1)  # prefix sums: routing counts of the residents, slots that cannot be lent
+        cost[1:][held] = self.count_table[self.owner_row[held], self.owner_expert[held]]
+        np.cumsum(cost, out=cost)  # in slot order, as the sums were made one by one before
+        blocked = np.concatenate([[0], np.cumsum(stuck)])
+        starts = np.arange(self.n_slots - n + 1) if n > 0 else np.arange(0)
+        starts = starts[blocked[starts + n] == blocked[starts]]
+        if not len(starts):
             raise StrataError(f"the expert cache cannot lend {n} adjacent slots (of {self.n_slots}, "
                               f"{len(self.lent)} lent)")
-        best = min(runs)[1]
+        run_cost = cost[starts + n] - cost[starts]
+        best = int(starts[np.flatnonzero(run_cost == run_cost.min())[0]])  # the cheapest, then the first
         return self._lend(list(range(best, best + n)))
 
+    def _unlendable(self) -> np.ndarray:
+        """Slots that cannot be lent: lent already, or holding an expert in use."""
+        stuck = np.zeros(self.n_slots, dtype=bool)
+        stuck[list(self.lent)] = True
+        for key in self.in_use:
+            slot = self.slot_of.get(key)
+            if slot is not None:
+                stuck[slot] = True
+        return stuck
+
     def _lend(self, taken: list[int]) -> list[int]:
+        gone = []
         for slot in taken:
             old = self.owner[slot]
             if old is not None:
                 del self.slot_of[old]
                 self.owner[slot] = None
                 self.owner_row[slot] = self.owner_expert[slot] = -1
-                if self.device_table is not None:
-                    self.device_table.evicted(old)
+                gone.append(old)
             self.landing.pop(slot, None)  # a pending admit lands first anyway: copies share the copy stream
             self.restoring.discard(slot)
             self.lent[slot] = old
+        if gone and self.device_table is not None:  # one table update, not an upload a slot (a ring lends ~1,000)
+            self.device_table.evicted_many(gone)
         return taken
 
     def refill(self) -> int:
@@ -226,7 +286,7 @@ class ExpertCache:
         placement is the one before the lending from the next step on (`restoring`)."""
         lent, self.lent = self.lent, {}
         placed = [(key, slot) for slot, key in lent.items() if key is not None and key not in self.slot_of]
-        self.admit_many(placed)
+        self.admit_many(placed, one_launch=True)
         restored = [slot for _, slot in placed]
         self.restoring.update(s for s in restored if s in self.landing)
         if self.device_table is not None:  # `--misses direct`: back in the table now, behind a wait for the copies
@@ -250,10 +310,6 @@ class ExpertCache:
             self.adapt()
         self.count_table *= self.decay  # every layer's row at once
         self.in_use.clear()
-
-    def _count_lists(self) -> dict[int, list[float]]:
-        """The counts as Python lists, for the borrows: thousands of slots read one by one (not a `.item()` each)."""
-        return {layer: counts.tolist() for layer, counts in self.counts.items()}
 
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use.

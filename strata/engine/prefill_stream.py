@@ -21,12 +21,19 @@ work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_s
 rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
 PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) when the engine's prompt
 ends (`return_slots`), or at the first step that is not a prompt chunk.
+
+Host cost (issue 6): a layer reads its routing once (a bincount, the layer's one sync), looks its experts up and
+places the misses in the ring on numpy arrays, and streams a batch in one launch (`CopyQueue.gather`: the GPU reads
+the pinned host stacks itself); no Python or torch op per expert, so a layer costs the host the same for 3 missing
+experts or 500 and the copy runs at the link's rate. `stats` keeps the host time per layer for the profiles.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from strata.engine.copy_queue import CopyQueue
@@ -58,6 +65,9 @@ class StreamStats:
     bytes_streamed: int = 0  # expert bytes copied into the ring
     bytes_late: int = 0  # of those, copied after the layer's router (not ahead)
     streamed_unused: int = 0  # experts copied ahead that no token of the chunk routed to
+    layers: int = 0  # routed layers run
+    host_s: float = 0.0  # host time of the streaming itself (bookkeeping, copy launches; not the experts' launches)
+    sync_s: float = 0.0  # host time waiting for each layer's routing (the layer's one device read)
 
 
 class PromptStreamer:
@@ -78,7 +88,7 @@ class PromptStreamer:
         self.next_chunk_tokens = 0  # the size of the prompt chunk after this one (0: none follows)
         self.stats = StreamStats()
         self._over_slots = {}
-        self.last_routed: dict[int, list[int]] = {}  # layer -> experts the last chunk routed to there
+        self.last_routed: dict[int, np.ndarray] = {}  # layer -> experts the last chunk routed to there (sorted)
 
     def takes(self, x: torch.Tensor) -> bool:
         return self.takes_tokens(x.shape[0])
@@ -113,51 +123,52 @@ class PromptStreamer:
         self.next_chunk_tokens = next_tokens
         if not self.takes_tokens(n_tokens) or not self.host_stacks:
             return
+        started = time.perf_counter()
         self._ensure_ring()
         self._prefetch(min(self.host_stacks), n_tokens, top_k)
-
-    def _parts(self, layer: int, e: int) -> list[torch.Tensor]:
-        stack = self.host_stacks[layer]
-        return [stack.gate.raw[e], stack.up.raw[e], stack.down.raw[e]]
+        self.stats.host_s += time.perf_counter() - started
 
     def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
         """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
-        counts) in case the ring runs short."""
-        ring, n_experts = self.ring, self.host_stacks[layer].n_experts
+        counts) in case the ring runs short: one launch, numpy bookkeeping."""
+        stack = self.host_stacks[layer]
         predicted = self.last_routed.get(layer)
         if predicted is None:
-            if expected_coverage(n_tokens, top_k, n_experts) < PREFETCH_COVERAGE:
+            if expected_coverage(n_tokens, top_k, stack.n_experts) < PREFETCH_COVERAGE:
                 return
-            predicted = range(n_experts)
-        counts = self.cache.counts[layer].tolist()
-        ranked = sorted(predicted, key=lambda e: (-counts[e], e))
-        for e in ranked:
-            if (layer, e) in self.cache.slot_of:
-                continue
-            slot, copied = ring.hold((layer, e), self._parts(layer, e))
-            if slot is None:
-                return
-            if copied:
-                self.stats.bytes_streamed += self.host_stacks[layer].expert_bytes
+            predicted = np.arange(stack.n_experts)
+        predicted = np.asarray(predicted, dtype=np.int64)
+        missing = predicted[self.cache.layer_slots(layer)[predicted] < 0]
+        counts = self.cache.counts[layer].numpy()
+        ranked = missing[np.lexsort((missing, -counts[missing]))]
+        _, copied = self.ring.hold_many(layer, stack, ranked)
+        self.stats.bytes_streamed += copied * stack.expert_bytes
+
+    @staticmethod
+    def _routed(ids: torch.Tensor, n_experts: int) -> np.ndarray:
+        """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync."""
+        return np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=n_experts).cpu().numpy())
 
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
-        self.last_routed[layer] = ids.unique().tolist()  # one sync; sorted, like routed_tokens
-        hits, misses = self.cache.lookup(layer, self.last_routed[layer])
-        slot_of = dict(hits)
-        for e in misses:
-            slot, copied = ring.hold((layer, e), self._parts(layer, e))
-            if slot is None:
-                raise StrataError(f"layer {layer}: the streaming ring of {len(ring)} slots cannot hold its "
-                                  f"{len(misses)} missing experts")
-            if copied:
-                self.stats.bytes_streamed += stack.expert_bytes
-                self.stats.bytes_late += stack.expert_bytes
-            slot_of[e] = slot
-        self.stats.streamed_unused += len(set(ring.held_for(layer)) - {slot_of[e] for e in misses})
-        ring.wait_landed(ring.held_for(layer))
-        out = self._compute(layer, stack, x, weights, ids, slot_of)
+        routed = self.last_routed[layer] = self._routed(ids, stack.n_experts)
+        read = time.perf_counter()
+        slots = self.cache.lookup_slots(layer, routed)
+        misses = np.flatnonzero(slots < 0)
+        held, copied = ring.hold_many(layer, stack, routed[misses])
+        if (held < 0).any():
+            raise StrataError(f"layer {layer}: the streaming ring of {len(ring)} slots cannot hold its "
+                              f"{len(misses)} missing experts")
+        slots[misses] = held
+        self.stats.bytes_streamed += copied * stack.expert_bytes
+        self.stats.bytes_late += copied * stack.expert_bytes
+        self.stats.streamed_unused += len(ring.held_for(layer)) - len(misses)  # held slots include every miss's
+        ring.wait_landed(layer)
+        computing = time.perf_counter()
+        out = self._compute(layer, stack, x, weights, ids, routed, slots)
+        computed = time.perf_counter()
         if layer in self.next_layer:
             self._prefetch(self.next_layer[layer], x.shape[0], ids.shape[1])
         else:
@@ -167,20 +178,29 @@ class PromptStreamer:
                 self._prefetch(min(self.host_stacks), self.next_chunk_tokens, ids.shape[1])
             self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
         ring.release(layer)
+        self.stats.layers += 1
+        self.stats.sync_s += read - started
+        self.stats.host_s += (computing - read) + (time.perf_counter() - computed)
         return out
 
-    def _compute(self, layer, stack, x, weights, ids, slot_of: dict[int, int]) -> torch.Tensor:
-        """The same kernels (or reference loop) as `ResidentExperts`, reading each expert from its slot."""
+    def _compute(self, layer, stack, x, weights, ids, experts: np.ndarray, slots: np.ndarray) -> torch.Tensor:
+        """The same kernels (or reference loop) as `ResidentExperts`, reading expert experts[i] from slot slots[i]."""
         if kernel_path(stack, x) == "prompt":
             from strata.kernels.moe import PromptExperts, moe_prefill
 
             if layer not in self._over_slots:
                 self._over_slots[layer] = PromptExperts.over_slots(self.cache.slots, stack)
-            table = torch.full((stack.n_experts,), -1, dtype=torch.int32)
-            table[list(slot_of)] = torch.tensor(list(slot_of.values()), dtype=torch.int32)
+            table = np.full(stack.n_experts, -1, dtype=np.int32)
+            table[experts] = slots
             return moe_prefill(x, ids.to(torch.int32), weights.float(), self._over_slots[layer],
-                               slot_of=table.to(x.device), scratch=self.arena)
+                               slot_of=self._upload(torch.from_numpy(table), x.device), scratch=self.arena)
         routes = routed_tokens(ids)
+        slot_of = dict(zip(experts.tolist(), slots.tolist()))
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, slot_of[e]), routes)
         return out
+
+    @staticmethod
+    def _upload(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A host table onto the device without a host wait (a pageable copy would synchronize the stream)."""
+        return table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table

@@ -12,6 +12,7 @@ def test_bench_prompt_streamed_and_resident(tiny_moe, capsys):
     assert len(re.findall(r"ctx +(20|36): +[\d.]+ tok/s", out)) == 2, out
     chunks = [int(n) for n in re.findall(r"GB streamed in (\d+) chunks", out)]
     assert chunks == [2, 3], out  # the equal chunks of up to 16 tokens
+    assert len(re.findall(r"streaming host [\d.]+ ms a routed layer", out)) == 2, out
     assert main(args + ["--ctx", "20"]) in (0, None)
     out = capsys.readouterr().out
     assert "all resident" in out and "read floor" in out and "PCIe" not in out.split("ctx ")[-1], out

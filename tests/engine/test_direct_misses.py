@@ -114,3 +114,46 @@ def test_the_device_counter_takes_the_largest_direct_step(tiny_moe):
     ids = torch.arange((PROMPT_KERNEL_MIN_TOKENS - 1) * n_experts) % n_experts
     table.count(layer, ids.reshape(-1, n_experts))
     assert torch.equal(table.routed[table.row[layer]], torch.bincount(ids, minlength=table.host.shape[1]).float())
+
+
+def test_copied_misses_sum_like_misses_read_in_place(tmp_path):
+    """STRATA_MISSES_COPY: the misses copied into scratch slots (the CPU form of the gather launch) then the GEMVs
+    over them give the in-place result; the scratch holds exactly the missed experts' bytes, a slot each."""
+    from strata import switches
+
+    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q4_0", n_embd=128, expert_ff=64)
+    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
+    backend = llm.engine.model.experts
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 128, generator=g)
+    weights, ids = route_topk(torch.randn(2, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
+    layer = next(iter(backend.host_stacks))
+    cache, stack = backend.cache, backend.host_stacks[layer]
+    in_place = direct_gemv(cache, stack, layer, x, weights, ids)
+    with switches.override(STRATA_MISSES_COPY=True):
+        cache.device_table.copy_misses = True
+        copied = direct_gemv(cache, stack, layer, x, weights, ids)
+    assert ((copied - in_place).norm() / in_place.norm()).item() < 1e-6
+    (scratch,) = cache.device_table.scratch.values()
+    flat = ids.reshape(-1).tolist()
+    missed = [p for p, e in enumerate(flat) if (layer, e) not in cache.slot_of and flat.index(e) == p]
+    assert missed and len(missed) < len(flat)
+    gate = stack.gate.raw.reshape(stack.n_experts, -1)
+    for p in missed:
+        assert torch.equal(scratch[p, : gate.shape[1]], gate[flat[p]])
+
+
+def test_copied_misses_scratch_is_shared_by_the_steps_it_fits(tiny_moe):
+    """A buffer made for a step is kept (a graph holds its address) and lent to every smaller step; a larger step
+    gets its own."""
+    from strata.kernels.moe.gemv import DecodeExperts
+
+    backend = strata.LLM(tiny_moe, device="cpu", expert_cache=3, misses="direct").engine.model.experts
+    table = backend.cache.device_table
+    host = DecodeExperts.of_stack(next(iter(backend.host_stacks.values())))
+    eight, _ = table.miss_scratch(8, host)
+    four, _ = table.miss_scratch(4, host)
+    twelve, _ = table.miss_scratch(12, host)
+    assert four.shape[0] == 4 and four.data_ptr() == eight.data_ptr()
+    assert twelve.shape[0] == 12 and twelve.data_ptr() != eight.data_ptr() and len(table.scratch) == 2
+    assert table.miss_scratch(8, host)[0].data_ptr() == eight.data_ptr()  # the smallest that fits

@@ -90,7 +90,8 @@ def test_first_layer_of_each_chunk_is_fetched_ahead(deep_moe):
     first, last = min(streamer.host_stacks), max(streamer.host_stacks)
     cache.adapt_every = 10**9
     for key in [k for k in cache.slot_of if k[0] == first]:  # the cache lacks the first layer: every chunk wants some
-        cache.owner[cache.slot_of.pop(key)] = None
+        slot = cache.slot_of.pop(key)
+        cache.owner[slot], cache.owner_row[slot], cache.owner_expert[slot] = None, -1, -1
     log = []
 
     def fetched_ahead() -> bool:

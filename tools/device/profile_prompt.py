@@ -24,6 +24,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 
 
+def streaming(engine, ids) -> None:
+    """One more prefill with the streamer's copy batches timed: per routed layer, the host's streaming time (its
+    bookkeeping and copy launches), the wait for the routing, the copies' GPU time and GB/s against pinned copies."""
+    from strata.bench.ceilings import host_to_device_bandwidth
+    from strata.bench.prompt import _streamer
+
+    streamer = _streamer(engine)
+    if streamer is None or not hasattr(streamer, "queue"):
+        print("streaming: none (all resident, or split across cards)")
+        return
+    stats = streamer.stats
+    before = (stats.layers, stats.host_s, stats.sync_s, stats.bytes_streamed, stats.bytes_late, streamer.queue.launches)
+    streamer.queue.timed = True
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    engine.prefill(ids)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    streamer.queue.timed = False
+    copy_ms = streamer.queue.gather_ms()
+    layers = stats.layers - before[0]
+    moved, late = stats.bytes_streamed - before[3], stats.bytes_late - before[4]
+    pinned = host_to_device_bandwidth(torch.device("cuda"))
+    rate = moved / (copy_ms * 1e-3) if copy_ms else 0.0
+    path = "three copies an expert" if streamer.queue.per_part else f"gather {streamer.queue.config.name()}"
+    print(f"streaming ({path}): {layers} routed layers, {(streamer.queue.launches - before[5]) / max(layers, 1):.2f} "
+          f"copy batches a layer, {moved / 2**20 / max(layers, 1):.1f} MiB a layer ({late / max(moved, 1):.0%} late); "
+          f"host {(stats.host_s - before[1]) * 1e3 / max(layers, 1):.3f} ms a layer, routing read "
+          f"{(stats.sync_s - before[2]) * 1e3 / max(layers, 1):.3f} ms a layer; copies' GPU time "
+          f"{copy_ms / max(layers, 1):.3f} ms a layer, {rate / 1e9:.1f} GB/s = {rate / pinned:.0%} of the pinned copy "
+          f"rate {pinned / 1e9:.1f} GB/s; PCIe floor {moved / pinned * 1e3:.1f} ms of this run's {wall * 1e3:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -43,6 +76,8 @@ def main() -> None:
     torch.cuda.synchronize()
     wall = time.perf_counter() - started
     print(f"prefill {args.tokens} tokens: {wall * 1000:.1f} ms = {args.tokens / wall:.1f} tok/s (no profiler)")
+    fresh = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(1)).tolist()
+    streaming(engine, fresh)  # another prompt: nothing of it is cached or checkpointed
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.stacks,
                  with_stack=args.stacks) as prof:
         engine.prefill(ids)

@@ -16,7 +16,7 @@ import triton  # noqa: E402  (before strata.kernels, which would switch the inte
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from strata.kernels.moe import combine, dense, fused, fused_q2_0, grouping, mmq, quantize32  # noqa: E402
+from strata.kernels.moe import combine, dense, expert_gather, fused, fused_q2_0, grouping, mmq, quantize32  # noqa: E402
 from strata.kernels.moe.decode import SPECS  # noqa: E402
 from strata.kernels.moe.stack import tile_config  # noqa: E402
 
@@ -99,6 +99,11 @@ def helper_kernels():
                                          "n_pairs": "i32", "top_k": "i32"}, dict(BLOCK=1024))
     yield build(combine._combine_kernel, {"rows_out": "*fp32", "pair_row": "*i32", "weights": "*fp32", "y": "*bf16",
                                           "n_tokens": "i32", "n_out": "i32"}, dict(TOP_K=10, BT=16, BN=256))
+    config = expert_gather.GatherConfig()  # the prompt streamer's gather, at the full-size expert's word counts
+    yield build(expert_gather._gather_kernel, {"gate": "*i64", "up": "*i64", "down": "*i64", "dst": "*i64",
+                                               "pairs": "*i32", "n_tiles": "i32", "tiles_per_expert": "i32",
+                                               "gate_words": "i32", "up_words": "i32", "down_words": "i32",
+                                               "slot_words": "i32"}, dict(BLOCK=config.block), num_warps=config.warps)
 
 
 if __name__ == "__main__":
