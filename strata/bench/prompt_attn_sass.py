@@ -52,6 +52,8 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
             meta["EARLY"] = config.early
         if config.uniform:
             meta["UNIFORM"] = True
+        if config.ahead:
+            meta["AHEAD"] = True
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel

@@ -29,9 +29,10 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # caps for 3-7 programs an SM. imma's own first, then v2's (imma runs those without d2 with its int8 P.V), n2 (q
     # in 16 bits) last. Session 7 (`imma2`) first: u1, p normalized by the pool's largest V scale (no cross-warp max
     # of each chunk's V scales, no accumulator rescale: 13 -> 8 barriers a chunk; --sass: 887 -> 750 loop
-    # instructions with d2, 717 and no spill at two stages)
-    "t2p16r128x1g1d2u1", "t2p16r128x1g1u1", "s2t2p16r128x1g1d2u1", "t2p16x1g1d2u1", "t2p16r168x1g1d2u1",
-    "t2p16r128x1g1d2e1u1", "s2t2p16r128x1g1u1", "c64s2t2p16r128x1g1d2u1",
+    # instructions with d2, 717 and no spill at two stages); a1, the next chunk's K and V scales loaded during this
+    # one (no chunk waits on its scales' global loads)
+    "t2p16r128x1g1d2u1", "s2t2p16r128x1g1d2u1a1", "t2p16r128x1g1d2u1a1", "s2t2p16r128x1g1d2u1", "t2p16r128x1g1u1",
+    "t2p16x1g1d2u1", "t2p16r168x1g1d2u1a1", "s2t2p16r128x1g1u1", "c64s2t2p16r128x1g1d2u1",
     "t2p16r128x1g1d2e1", "t2p16r128x1g1d2", "t2p16r128x1g1d2e2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1",
     "t2p16r168x1g1d2e2", "t2p16x1g1d2", "t2p16r96x1g1d2e1", "t2p16r64x1g1d2e1", "t2p16r128x2g1d2e1",
     "s4t2p16r128x1g1d2e1", "t1p16r128x1g1d2e1",

@@ -77,9 +77,12 @@ def _scale_rows(tile, g, BM: tl.constexpr):
 def _group_part(h, low, m, qdown, k_ptr, ks_ptr, rows, valid, g, NG: tl.constexpr, QPARTS: tl.constexpr, ks_tile,
                 TILE: tl.constexpr, BM: tl.constexpr):
     """Group g's scaled partial scores [rows, cells]: the exact int8 dots of q's parts with the K codes, times q's
-    and K's scales (TILE, `e1`, `e2`: from `ks_tile`, the chunk's `_scale_tile` of K scales)."""
+    and K's scales (TILE, `e1`, `e2`: from `ks_tile`, the chunk's `_scale_tile` of K scales; TILE 2, `a1`: `ks_tile`
+    is group g's K scales [CH] themselves)."""
     k = tl.load(k_ptr + rows[None, :] * (NG * 64) + g * 64 + tl.arange(0, 64)[:, None], mask=valid[None, :], other=0)
-    if TILE:
+    if TILE == 2:  # a1: this group's K scales [CH], loaded during the previous chunk
+        ks = ks_tile.to(tl.float32)[None, :]
+    elif TILE:
         ks = _scale_rows(ks_tile, g, BM)
     else:
         ks = tl.load(ks_ptr + rows * NG + g, mask=valid, other=0.0).to(tl.float32)[None, :]
@@ -129,12 +132,36 @@ def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: t
 
 
 @triton.jit
+def _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_heads, NG: tl.constexpr,
+               CH: tl.constexpr, TRANSLATED: tl.constexpr):
+    """`a1`: the K scales of each group ([CH] fp16 each; groups past NG repeat group 0) and the V scales [NG, CH]
+    (fp16) of merged cells `c0 .. c0 + CH`: loaded a chunk ahead and carried by the loop, so no chunk waits on its
+    scales' global loads (Triton's pipeliner copies ahead only the loads that feed a dot)."""
+    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
+    k0 = tl.load(ks_ptr + rows * NG, mask=valid, other=0.0)
+    k1 = k0
+    k2 = k0
+    k3 = k0
+    if NG > 1:
+        k1 = tl.load(ks_ptr + rows * NG + 1, mask=valid, other=0.0)
+    if NG > 2:
+        k2 = tl.load(ks_ptr + rows * NG + 2, mask=valid, other=0.0)
+        k3 = tl.load(ks_ptr + rows * NG + 3, mask=valid, other=0.0)
+    vs = tl.load(vs_ptr + rows[None, :] * NG + tl.arange(0, NG)[:, None], mask=valid[None, :], other=0.0)
+    return k0, k1, k2, k3, vs
+
+
+@triton.jit
 def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
-                HALVES: tl.constexpr):
+                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False):
     """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
-    in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by."""
-    g = tl.arange(0, NG)
-    vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+    in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by. GIVEN (`a1`): the V
+    scales are `vs_given` [NG, CH], loaded a chunk ahead."""
+    if GIVEN:
+        vs = vs_given.to(tl.float32)
+    else:
+        g = tl.arange(0, NG)
+        vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
     hi, lo = split_hilo(e[None, :, :] * (vs * up[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
     f = alpha[None, :, None]
     if HALVES:
@@ -155,7 +182,8 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               CH: tl.constexpr, TRANSLATED: tl.constexpr, SPLITS: tl.constexpr,
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
                               EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
-                              EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False):
+                              EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False,
+                              AHEAD: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -185,6 +213,9 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     c_lo, c_hi = split_range(count, CH, SPLITS)
     if PREFETCH:
         rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
+    if AHEAD:  # a1: the first chunk's scales; each step then loads the next chunk's
+        ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count, kvh,
+                                                  n_kv_heads, NG, CH, TRANSLATED)
     for c0 in range(c_lo, c_hi, CH):
         if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
             rows, valid = rows_next, valid_next
@@ -198,12 +229,27 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
             ks_tile = _scale_tile(ks_ptr, rows, valid, NG)
         else:
             ks_tile = 0.0  # unused
-        s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks_tile, EARLY >= 1, BM)
-        if NG > 1:
-            s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS, ks_tile, EARLY >= 1, BM)
-        if NG > 2:
-            s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks_tile, EARLY >= 1, BM)
-            s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks_tile, EARLY >= 1, BM)
+        if AHEAD:
+            vs_now = vs_ahead
+            s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks0, 2, BM)
+            if NG > 1:
+                s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS, ks1, 2, BM)
+            if NG > 2:
+                s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks2, 2, BM)
+                s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks3, 2, BM)
+            ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0 + CH, count, kvh,
+                                                      n_kv_heads, NG, CH, TRANSLATED)
+        else:
+            vs_now = 0.0  # unused
+            s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks_tile, EARLY >= 1, BM)
+            if NG > 1:
+                s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS, ks_tile, EARLY >= 1,
+                                    BM)
+            if NG > 2:
+                s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks_tile, EARLY >= 1,
+                                    BM)
+                s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks_tile, EARLY >= 1,
+                                    BM)
         s = tl.where(attend, s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -212,7 +258,8 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         m = m_new
         l_cells = l_cells * alpha[:, None] + e
         if PV == 16 and UNIFORM:
-            acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES)
+            acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES,
+                                       vs_now, AHEAD)
         elif PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
                                               HALVES, EARLY >= 2, BM)

@@ -1,5 +1,6 @@
 """imma g1's `u1`: p normalized by the pool's largest V scale instead of each chunk's (no cross-warp max a chunk):
-within the parity bounds, also where the pool's largest V scale is 2^14 x every selected one."""
+within the parity bounds, also where the pool's largest V scale is 2^14 x every selected one; `a1`: its K and V scales
+loaded a chunk ahead, the same bytes."""
 
 import pytest
 import torch
@@ -40,6 +41,12 @@ def test_uniform_bound_where_the_pool_bound_is_far_above_the_selected_scales():
     assert within_bounds(err, vs_fp32, err_fp32, ref.abs().max().item(), fp32.abs().max().item()), err
 
 
+@pytest.mark.parametrize("text", ["t2p16x1g1d2u1", "q2h4k2p16x1g1u1", "t1p16g1u1"])
+def test_scales_a_chunk_ahead_give_the_same_bytes(case, text):  # noqa: F811
+    # the same scale values in the same products; with splits the last chunk's look-ahead reads past its share
+    assert torch.equal(run(case, "imma", text + "a1"), run(case, "imma", text))
+
+
 def test_v_bound_is_the_largest_scale_or_one():
     scales = torch.tensor([[0.5, 0.25], [3.0, 0.125]], dtype=torch.float16, device=DEVICE)
     assert v_bound(scales).cpu().tolist() == [3.0] and v_bound(scales).dtype == torch.float16
@@ -50,8 +57,28 @@ def test_uniform_bound_config_and_refusals(case):  # noqa: F811
     config = PromptConfig.parse("t2p16r128x1g1u1")
     assert config.uniform == 1 and PromptConfig.parse(config.label) == config
     assert config.label == "q1h0c32w4s3t2p16r128x1g1u1"
-    with pytest.raises(StrataError, match="u 0 or 1"):
-        PromptConfig.parse("g1u2").resolve(12)
-    for text in ("p16u1", "g1u1"):
-        with pytest.raises(StrataError, match="u1 goes with g1 and p16"):
+    assert PromptConfig.parse("t2p16x1g1u1a1").label == "q1h0c32w4s3t2p16x1g1u1a1"
+    for bad in ("g1u2", "g1u1a2"):
+        with pytest.raises(StrataError, match="u and a 0 or 1"):
+            PromptConfig.parse(bad).resolve(12)
+    for text in ("p16u1", "g1u1", "p16g1a1"):
+        with pytest.raises(StrataError, match="u1 goes with g1 and p16, a1 with u1"):
             run(case, "imma", text)
+
+
+@pytest.mark.parametrize("dim,text", [(64, "p16x1g1u1a1"), (256, "h1p16x1g1d2u1a1")])
+def test_uniform_bound_for_one_and_four_groups(dim, text):
+    # head dims of 1 and 4 groups (the kernel unrolls them; a1 loads each group's K scales), one head a program in
+    # the second
+    from strata.bench.prompt_attn import make_selections, within_bounds
+    from strata.kernels.attention.prompt_ref import prompt_attn_ref
+
+    pool, table = random_pool(41, 2, dim, seed=6)
+    ids, width = (t.to(DEVICE) for t in make_selections(41, 3, 35, 8, seed=6))
+    q = queries(3, 6, dim, seed=6)
+    ref = prompt_attn_ref(q, pool, table, ids, width).cpu()
+    fp32 = VARIANTS["fp32"](q, pool, table, ids, width).cpu()
+    out = VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse(text)).cpu()
+    err_fp32 = (fp32.double() - ref).abs().max().item()
+    err, vs_fp32 = (out.double() - ref).abs().max().item(), (out - fp32).abs().max().item()
+    assert within_bounds(err, vs_fp32, err_fp32, ref.abs().max().item(), fp32.abs().max().item()), (dim, err)
