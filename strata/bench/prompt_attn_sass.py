@@ -54,6 +54,8 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
             meta["UNIFORM"] = True
         if config.ahead:
             meta["AHEAD"] = True
+        if config.pairs:
+            meta["PAIRS"] = True
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel

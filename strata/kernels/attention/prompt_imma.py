@@ -131,8 +131,9 @@ def check_config(config: PromptConfig) -> None:
     """A clear error for imma options that do not go together."""
     if (config.qparts or config.early) and not config.scores or (config.halves or config.early > 1) and config.pv != 16:
         raise StrataError(f"prompt-attention config {config.label}: n2 and e1 go with g1, d2 and e2 with p16")
-    if config.uniform and not (config.scores and config.pv == 16) or config.ahead and not config.uniform:
-        raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1 with u1")
+    uniform_ok = config.scores and config.pv == 16
+    if config.uniform and not uniform_ok or (config.ahead or config.pairs) and not config.uniform:
+        raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1 and o1 with u1")
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -162,5 +163,7 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
             extra["UNIFORM"] = True
         if config.ahead:
             extra["AHEAD"] = True
+        if config.pairs:
+            extra["PAIRS"] = True
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           PV=config.pv or 8, EXACT=config.exact, **extra)

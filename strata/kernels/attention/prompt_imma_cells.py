@@ -21,7 +21,10 @@ no sync), instead of each chunk's largest: no cross-warp max of the chunk's V sc
 by the ratio of two chunks' bounds (about five barriers a chunk fewer on sm_90). p = e * vs * 2^14 / vbound <= 2^14
 as before; its lo part stays a normal fp16 (p kept to about 22 bits) where e * vs >= vbound * 2^-17, so a cell whose
 V scale is far below the pool's largest loses bits only in terms that weigh under 2^-17 of the largest: within the
-parity bounds, not g1's bytes.
+parity bounds, not g1's bytes. `a1` (with u1): the next chunk's K and V scales loaded during this chunk and carried
+by the loop (`_scales_at`), so no chunk waits on their global loads; u1's bytes. `o1` (with u1): the V codes read as
+16-bit words and split into even and odd dims (`_v_pairs`): ldmatrix instead of a shared-memory byte load per code,
+the accumulators [NG, M, 32] each, interleaved at the end; u1's bytes.
 """
 
 from __future__ import annotations
@@ -152,11 +155,27 @@ def _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_h
 
 
 @triton.jit
+def _v_pairs(v_ptr, rows, valid, NG: tl.constexpr):
+    """`o1`: V codes of each 64-dim group read as 32 16-bit words [NG, CH, 32] (a 16-bit operand, which reaches the
+    dot through ldmatrix.trans, not a byte load per code), split into the even and the odd dims as fp16 (exact)."""
+    g = tl.arange(0, NG)[:, None, None]
+    w = tl.load(v_ptr.to(tl.pointer_type(tl.int16)) + rows[None, :, None] * (NG * 32) + g * 32
+                + tl.arange(0, 32)[None, None, :], mask=valid[None, :, None], other=0)
+    u = w.to(tl.uint16, bitcast=True)
+    # a byte b of code c (b = c mod 256) as the fp16 of bits 0x6400 | (b ^ 0x80): 1024 + c + 128, exact; minus 1152.
+    # Little-endian: the low byte is dim 2j, the high byte dim 2j + 1. Bitwise ops only (two codes a 32-bit word)
+    even = ((u & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
+    odd = ((u >> 8) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
+    return even, odd
+
+
+@triton.jit
 def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
-                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False):
+                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False, PAIRS: tl.constexpr = False):
     """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
     in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by. GIVEN (`a1`): the V
-    scales are `vs_given` [NG, CH], loaded a chunk ahead."""
+    scales are `vs_given` [NG, CH], loaded a chunk ahead. PAIRS (`o1`): acc_a holds the even dims of each group and
+    acc_b the odd ones [NG, M, 32] (`_v_pairs`), interleaved once at the end."""
     if GIVEN:
         vs = vs_given.to(tl.float32)
     else:
@@ -164,7 +183,11 @@ def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.c
         vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
     hi, lo = split_hilo(e[None, :, :] * (vs * up[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
     f = alpha[None, :, None]
-    if HALVES:
+    if PAIRS:
+        v_even, v_odd = _v_pairs(v_ptr, rows, valid, NG)
+        acc_a = acc_a * f + tl.dot(lo, v_even, tl.dot(hi, v_even))
+        acc_b = acc_b * f + tl.dot(lo, v_odd, tl.dot(hi, v_odd))
+    elif HALVES:
         v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
         acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
         v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
@@ -183,7 +206,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
                               EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
                               EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False,
-                              AHEAD: tl.constexpr = False):
+                              AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -198,7 +221,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     m = tl.full((BM,), float("-inf"), tl.float32)
     l_cells = tl.zeros((BM, CH), tl.float32)  # the running sum per cell slot: rows summed across warps once, at the end
     if PV == 16:  # accumulators in units of `down` (_pv_rescaled)
-        acc_a = tl.zeros((NG, BM, 32 if HALVES else 64), tl.float32)
+        acc_a = tl.zeros((NG, BM, 32 if HALVES or PAIRS else 64), tl.float32)
         acc_b = tl.zeros((NG, BM, 32), tl.float32)  # unused without HALVES
         down = tl.full((NG,), 1.0, tl.float32)
         if UNIFORM:  # u1: one bound for every chunk (the pool's largest V scale, > 0)
@@ -259,7 +282,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         l_cells = l_cells * alpha[:, None] + e
         if PV == 16 and UNIFORM:
             acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES,
-                                       vs_now, AHEAD)
+                                       vs_now, AHEAD, PAIRS)
         elif PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
                                               HALVES, EARLY >= 2, BM)
@@ -274,7 +297,9 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         else:  # 0: no P.V (the sweep's probe)
             acc = acc * alpha[None, :, None]
     if PV == 16:
-        if HALVES:
+        if PAIRS:  # o1: dim 2j from acc_a, 2j + 1 from acc_b
+            acc_a = tl.reshape(tl.join(acc_a, acc_b), (NG, BM, 64))
+        elif HALVES:
             acc_a = join_halves(acc_a, acc_b, NG, BM)
         acc = acc_a * down[:, None, None]
     block_store(out_ptr, parts_ptr, ml_ptr, acc, m, tl.sum(l_cells, axis=1), head, ok, NG, SPLITS)

@@ -1,14 +1,16 @@
 """imma g1's `u1`: p normalized by the pool's largest V scale instead of each chunk's (no cross-warp max a chunk):
 within the parity bounds, also where the pool's largest V scale is 2^14 x every selected one; `a1`: its K and V scales
-loaded a chunk ahead, the same bytes."""
+loaded a chunk ahead, and `o1`: V codes read as 16-bit words split into even and odd dims, the same bytes."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from strata.errors import StrataError
 from strata.kernels.attention.prompt import VARIANTS
 from strata.kernels.attention.prompt_blocks import PromptConfig
-from strata.kernels.attention.prompt_imma_cells import v_bound
+from strata.kernels.attention.prompt_imma_cells import _v_pairs, v_bound
 from tests.kernels import DEVICE
 from tests.kernels.attention.common import queries, random_pool
 from tests.kernels.attention.test_prompt_split import assert_within_bounds, case, run  # noqa: F401  (the fixture)
@@ -47,6 +49,31 @@ def test_scales_a_chunk_ahead_give_the_same_bytes(case, text):  # noqa: F811
     assert torch.equal(run(case, "imma", text + "a1"), run(case, "imma", text))
 
 
+@pytest.mark.parametrize("text", ["t2p16x1g1u1", "q2h4k2p16g1u1a1"])
+def test_v_as_word_pairs_gives_the_same_bytes(case, text):  # noqa: F811
+    # o1: each dim's products and sums over the chunk's cells in the same dot as before, the codes exact as fp16
+    assert torch.equal(run(case, "imma", text + "o1"), run(case, "imma", text))
+
+
+@triton.jit
+def _pairs_kernel(v_ptr, even_ptr, odd_ptr, CH: tl.constexpr):
+    rows = tl.arange(0, CH)
+    even, odd = _v_pairs(v_ptr, rows, rows < CH, 1)
+    i = rows[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    tl.store(even_ptr + i, even)
+    tl.store(odd_ptr + i, odd)
+
+
+def test_v_word_pairs_are_exact_for_every_pair_of_codes():
+    # every (low, high) byte pair once: 65,536 words, rows of 64 codes (one group)
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    pairs = torch.stack(torch.meshgrid(codes, codes, indexing="ij"), -1).reshape(2048, 64)  # (even, odd) per word
+    even = torch.empty(2048, 32, dtype=torch.float16, device=DEVICE)
+    odd = torch.empty_like(even)
+    _pairs_kernel[(1,)](pairs.to(DEVICE), even, odd, CH=2048)
+    assert torch.equal(even.cpu(), pairs[:, 0::2].half()) and torch.equal(odd.cpu(), pairs[:, 1::2].half())
+
+
 def test_v_bound_is_the_largest_scale_or_one():
     scales = torch.tensor([[0.5, 0.25], [3.0, 0.125]], dtype=torch.float16, device=DEVICE)
     assert v_bound(scales).cpu().tolist() == [3.0] and v_bound(scales).dtype == torch.float16
@@ -58,15 +85,15 @@ def test_uniform_bound_config_and_refusals(case):  # noqa: F811
     assert config.uniform == 1 and PromptConfig.parse(config.label) == config
     assert config.label == "q1h0c32w4s3t2p16r128x1g1u1"
     assert PromptConfig.parse("t2p16x1g1u1a1").label == "q1h0c32w4s3t2p16x1g1u1a1"
-    for bad in ("g1u2", "g1u1a2"):
-        with pytest.raises(StrataError, match="u and a 0 or 1"):
+    for bad in ("g1u2", "g1u1a2", "g1u1o2"):
+        with pytest.raises(StrataError, match="u, a and o 0 or 1"):
             PromptConfig.parse(bad).resolve(12)
-    for text in ("p16u1", "g1u1", "p16g1a1"):
-        with pytest.raises(StrataError, match="u1 goes with g1 and p16, a1 with u1"):
+    for text in ("p16u1", "g1u1", "p16g1a1", "p16g1o1"):
+        with pytest.raises(StrataError, match="u1 goes with g1 and p16, a1 and o1 with u1"):
             run(case, "imma", text)
 
 
-@pytest.mark.parametrize("dim,text", [(64, "p16x1g1u1a1"), (256, "h1p16x1g1d2u1a1")])
+@pytest.mark.parametrize("dim,text", [(64, "p16x1g1u1a1o1"), (256, "h1p16x1g1d2u1a1")])
 def test_uniform_bound_for_one_and_four_groups(dim, text):
     # head dims of 1 and 4 groups (the kernel unrolls them; a1 loads each group's K scales), one head a program in
     # the second
