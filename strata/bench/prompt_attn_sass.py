@@ -56,6 +56,8 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
             meta["AHEAD"] = True
         if config.pairs:
             meta["PAIRS"] = True
+        if config.vside:
+            meta["SIDE"] = True
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel

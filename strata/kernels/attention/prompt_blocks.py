@@ -36,7 +36,8 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   u1): the next chunk's K and V scales loaded during this one, carried by the loop (the pipeliner copies ahead only
   loads that feed a dot); u1's bytes. `o1` (with u1): the V codes read as 16-bit words (a 16-bit dot operand reaches
   the MMA through ldmatrix.trans; int8 codes took a byte load each) and split into the even and odd dims by bitwise
-  ops, two dots over 32 dims; u1's bytes.
+  ops, two dots over 32 dims; u1's bytes. `v1` (with u1, not a1): p made in the scores' layout, each group's V
+  scales loaded as a column as the K scales are, then moved into P.V's layout as one tensor; u1's bytes.
 """
 
 from __future__ import annotations
@@ -82,23 +83,24 @@ class PromptConfig:
     uniform: int = 0  # imma g1 p16: 1 p normalized by the pool's largest V scale, not each chunk's (no cross-warp max)
     ahead: int = 0  # imma u1: 1 the next chunk's K and V scales loaded during this one (carried by the loop)
     pairs: int = 0  # imma u1: 1 V codes read as 16-bit words, split into even and odd dims (ldmatrix, not byte loads)
+    vside: int = 0  # imma u1: 1 p made in the scores' layout (each group's V scales as a column), one layout change
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
                  "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores, "n": self.qparts,
                  "d": self.halves, "e": self.early, "u": self.uniform,
-                 "a": self.ahead, "o": self.pairs}
+                 "a": self.ahead, "o": self.pairs, "v": self.vside}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`, `o1`); a
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`, `o1`, `v1`);
         left out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
                          r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?"
-                         r"(?:u(\d+))?(?:a(\d+))?(?:o(\d+))?", text)
+                         r"(?:u(\d+))?(?:a(\d+))?(?:o(\d+))?(?:v(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
                               "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1, u1)")
@@ -130,8 +132,8 @@ class PromptConfig:
         if self.exact not in (0, 1, 2) or self.scores not in (0, 1) or self.qparts not in (0, 2) \
                 or self.halves not in (0, 2) or self.early not in (0, 1, 2):
             raise StrataError(f"prompt-attention config {self.label}: x and e 0 to 2, g 0 or 1, n and d 2")
-        if self.uniform not in (0, 1) or self.ahead not in (0, 1) or self.pairs not in (0, 1):
-            raise StrataError(f"prompt-attention config {self.label}: u, a and o 0 or 1")
+        if any(x not in (0, 1) for x in (self.uniform, self.ahead, self.pairs, self.vside)):
+            raise StrataError(f"prompt-attention config {self.label}: u, a, o and v 0 or 1")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
@@ -139,7 +141,7 @@ class PromptConfig:
 
 
 FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
-          "scores", "qparts", "halves", "early", "uniform", "ahead", "pairs")
+          "scores", "qparts", "halves", "early", "uniform", "ahead", "pairs", "vside")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):

@@ -170,18 +170,45 @@ def _v_pairs(v_ptr, rows, valid, NG: tl.constexpr):
 
 
 @triton.jit
+def _p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr):
+    """`v1`: u1's p [NG, M, CH] made in the scores' layout, where each group's V scales [CH] load as the K scales do
+    (one column each), then moved into P.V's layout as one tensor: one layout change a chunk where e and the V scales
+    took one each (with their barriers). The same products as `_pv_uniform`'s: u1's bytes."""
+    p0 = e * (tl.load(vs_ptr + rows * NG, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+    if NG == 1:
+        p = p0[None, :, :]
+    else:
+        p1 = e * (tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+        if NG == 2:
+            p = tl.permute(tl.join(p0, p1), (2, 0, 1))
+        else:
+            p2 = e * (tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+            p3 = e * (tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+            # [M, CH, 2, 2] whose [i, j] is group 2i + j, then groups first
+            p = tl.join(tl.join(p0, p2), tl.join(p1, p3))
+            p = tl.permute(tl.reshape(p, (p0.shape[0], p0.shape[1], 4)), (2, 0, 1))
+    return p
+
+
+@triton.jit
 def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
-                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False, PAIRS: tl.constexpr = False,
+                SIDE: tl.constexpr = False, up_one=1.0):
     """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
     in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by. GIVEN (`a1`): the V
     scales are `vs_given` [NG, CH], loaded a chunk ahead. PAIRS (`o1`): acc_a holds the even dims of each group and
-    acc_b the odd ones [NG, M, 32] (`_v_pairs`), interleaved once at the end."""
-    if GIVEN:
+    acc_b the odd ones [NG, M, 32] (`_v_pairs`), interleaved once at the end. SIDE (`v1`): p from `_p_score_side`
+    (`up_one`: up as a scalar)."""
+    if SIDE:
+        p = _p_score_side(e, vs_ptr, rows, valid, up_one, NG)
+    elif GIVEN:
         vs = vs_given.to(tl.float32)
     else:
         g = tl.arange(0, NG)
         vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-    hi, lo = split_hilo(e[None, :, :] * (vs * up[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
+    if not SIDE:
+        p = e[None, :, :] * (vs * up[:, None])[:, None, :]  # [NG, M, CH], <= 2^14
+    hi, lo = split_hilo(p)
     f = alpha[None, :, None]
     if PAIRS:
         v_even, v_odd = _v_pairs(v_ptr, rows, valid, NG)
@@ -206,7 +233,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
                               EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
                               EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False,
-                              AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                              AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False, SIDE: tl.constexpr = False):
     D: tl.constexpr = NG * 64
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
@@ -228,6 +255,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
             vbound = tl.load(vbound_ptr + tl.arange(0, NG) * 0).to(tl.float32)  # [NG]: a per-group bound's layout
             up = 16384.0 / vbound
             down = vbound * (1.0 / 16384.0)
+            up_one = 16384.0 / tl.load(vbound_ptr).to(tl.float32)  # v1: the same up, a scalar
     else:
         acc = tl.zeros((NG, BM, 64), tl.float32)
     gi = tl.arange(0, NG)
@@ -282,7 +310,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         l_cells = l_cells * alpha[:, None] + e
         if PV == 16 and UNIFORM:
             acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES,
-                                       vs_now, AHEAD, PAIRS)
+                                       vs_now, AHEAD, PAIRS, SIDE, up_one)
         elif PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,
                                               HALVES, EARLY >= 2, BM)
