@@ -5,8 +5,8 @@
 #    stages, register caps, 64-cell chunks, `a1` (the next chunk's K and V scales loaded during this one: no chunk
 #    waits on its scales' global loads), `o1` (V codes read as 16-bit words through ldmatrix, split into even and odd
 #    dims), `v1` (p made in the scores' layout: 8 -> 5 barriers a chunk), and `t2p16r128x1g1d2` (d2 alone, to tell
-#    d2's share from u1's); each line PASS/FAIL against the parity
-#    bounds, its speed-up over the default, registers and spills; the ranking at the end;
+#    d2's share from u1's); each line PASS/FAIL against the parity bounds, its speed-up over the default, registers
+#    and spills; the ranking at the end;
 # 2. the CUDA tests of u1 (within the parity bounds, also where the pool's largest V scale is 2^14 x every selected
 #    one), a1, o1 and v1 (u1's bytes; o1's conversion exact for every pair of codes), compiled.
 # Under 4 minutes (BUDGET 230 s); carry .whl (and .devcache). Files: summary.txt, sweep.txt, logs.tgz.
