@@ -33,7 +33,8 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # one (no chunk waits on its scales' global loads); o1, V codes read as 16-bit words (ldmatrix) split into even
     # and odd dims by bitwise ops (64 byte loads a warp a chunk -> 32 ldmatrix; 850 -> 781 loop instructions); v1, p
     # made in the scores' layout (one layout change a chunk instead of two: 8 -> 5 barriers, 40 instructions more)
-    "s2t2p16r128x1g1u1a1o1", "s2t2p16r128x1g1u1o1", "s2t2p16r128x1g1u1o1v1", "t2p16r128x1g1u1a1o1",
+    "s2t2p16r128x1g1u1a1o1", "s2t2p16r128x1g1u1o1", "s2t2p16r128x1g1u1o1v1", "s2t2p16r168x1g1u1a1o1v1",
+    "t2p16r128x1g1u1a1o1",
     "t2p16r128x1g1u1o1v1", "t2p16r128x1g1d2u1", "s2t2p16r168x1g1u1a1o1", "t2p16r128x1g1u1", "t2p16r128x1g1u1o1",
     "s2t2p16r128x1g1d2u1a1", "t2p16x1g1u1o1", "c64s2t2p16r128x1g1u1o1",
     "t2p16r128x1g1d2e1", "t2p16r128x1g1d2", "t2p16r128x1g1d2e2", "t2p16r128x1", "t2p16r128x1d2", "t2p16r128x1g1",

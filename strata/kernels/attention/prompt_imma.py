@@ -132,10 +132,8 @@ def check_config(config: PromptConfig) -> None:
     if (config.qparts or config.early) and not config.scores or (config.halves or config.early > 1) and config.pv != 16:
         raise StrataError(f"prompt-attention config {config.label}: n2 and e1 go with g1, d2 and e2 with p16")
     uniform_ok = config.scores and config.pv == 16
-    if config.uniform and not uniform_ok or (config.ahead or config.pairs or config.vside) and not config.uniform \
-            or config.vside and config.ahead:
-        raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1, o1 and v1 with u1 "
-                          "(v1 without a1)")
+    if config.uniform and not uniform_ok or (config.ahead or config.pairs or config.vside) and not config.uniform:
+        raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1, o1 and v1 with u1")
 
 
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,

@@ -155,6 +155,31 @@ def _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_h
 
 
 @triton.jit
+def _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_heads, NG: tl.constexpr,
+                CH: tl.constexpr, TRANSLATED: tl.constexpr):
+    """`a1` with `v1`: `_scales_at`'s K scales, and the V scales as columns too ([CH] fp16 a group, as `_p_score_side`
+    takes them; groups past NG repeat group 0)."""
+    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
+    k0 = tl.load(ks_ptr + rows * NG, mask=valid, other=0.0)
+    v0 = tl.load(vs_ptr + rows * NG, mask=valid, other=0.0)
+    k1 = k0
+    k2 = k0
+    k3 = k0
+    v1 = v0
+    v2 = v0
+    v3 = v0
+    if NG > 1:
+        k1 = tl.load(ks_ptr + rows * NG + 1, mask=valid, other=0.0)
+        v1 = tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0)
+    if NG > 2:
+        k2 = tl.load(ks_ptr + rows * NG + 2, mask=valid, other=0.0)
+        k3 = tl.load(ks_ptr + rows * NG + 3, mask=valid, other=0.0)
+        v2 = tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0)
+        v3 = tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0)
+    return k0, k1, k2, k3, v0, v1, v2, v3
+
+
+@triton.jit
 def _v_pairs(v_ptr, rows, valid, NG: tl.constexpr):
     """`o1`: V codes of each 64-dim group read as 32 16-bit words [NG, CH, 32] (a 16-bit operand, which reaches the
     dot through ldmatrix.trans, not a byte load per code), split into the even and the odd dims as fp16 (exact)."""
@@ -170,20 +195,33 @@ def _v_pairs(v_ptr, rows, valid, NG: tl.constexpr):
 
 
 @triton.jit
-def _p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr):
+def _p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr, columns=None, GIVEN: tl.constexpr = False):
     """`v1`: u1's p [NG, M, CH] made in the scores' layout, where each group's V scales [CH] load as the K scales do
     (one column each), then moved into P.V's layout as one tensor: one layout change a chunk where e and the V scales
-    took one each (with their barriers). The same products as `_pv_uniform`'s: u1's bytes."""
-    p0 = e * (tl.load(vs_ptr + rows * NG, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+    took one each (with their barriers). The same products as `_pv_uniform`'s: u1's bytes. GIVEN (`a1`): the columns
+    are `columns` (four, `_columns_at`'s), loaded a chunk ahead."""
+    if GIVEN:
+        c0, c1, c2, c3 = columns
+    else:
+        c0 = tl.load(vs_ptr + rows * NG, mask=valid, other=0.0)
+        c1 = c0
+        c2 = c0
+        c3 = c0
+        if NG > 1:
+            c1 = tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0)
+        if NG > 2:
+            c2 = tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0)
+            c3 = tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0)
+    p0 = e * (c0.to(tl.float32) * up)[None, :]
     if NG == 1:
         p = p0[None, :, :]
     else:
-        p1 = e * (tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+        p1 = e * (c1.to(tl.float32) * up)[None, :]
         if NG == 2:
             p = tl.permute(tl.join(p0, p1), (2, 0, 1))
         else:
-            p2 = e * (tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
-            p3 = e * (tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0).to(tl.float32) * up)[None, :]
+            p2 = e * (c2.to(tl.float32) * up)[None, :]
+            p3 = e * (c3.to(tl.float32) * up)[None, :]
             # [M, CH, 2, 2] whose [i, j] is group 2i + j, then groups first
             p = tl.join(tl.join(p0, p2), tl.join(p1, p3))
             p = tl.permute(tl.reshape(p, (p0.shape[0], p0.shape[1], 4)), (2, 0, 1))
@@ -196,11 +234,11 @@ def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.c
                 SIDE: tl.constexpr = False, up_one=1.0):
     """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
     in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by. GIVEN (`a1`): the V
-    scales are `vs_given` [NG, CH], loaded a chunk ahead. PAIRS (`o1`): acc_a holds the even dims of each group and
+    scales are `vs_given` [NG, CH] (with SIDE: four columns), loaded a chunk ahead. PAIRS (`o1`): acc_a holds the even dims of each group and
     acc_b the odd ones [NG, M, 32] (`_v_pairs`), interleaved once at the end. SIDE (`v1`): p from `_p_score_side`
     (`up_one`: up as a scalar)."""
     if SIDE:
-        p = _p_score_side(e, vs_ptr, rows, valid, up_one, NG)
+        p = _p_score_side(e, vs_ptr, rows, valid, up_one, NG, vs_given, GIVEN)
     elif GIVEN:
         vs = vs_given.to(tl.float32)
     else:
@@ -264,7 +302,10 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     c_lo, c_hi = split_range(count, CH, SPLITS)
     if PREFETCH:
         rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
-    if AHEAD:  # a1: the first chunk's scales; each step then loads the next chunk's
+    if AHEAD and SIDE:  # a1 v1: the first chunk's scales as columns
+        ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count,
+                                                             kvh, n_kv_heads, NG, CH, TRANSLATED)
+    elif AHEAD:  # a1: the first chunk's scales; each step then loads the next chunk's
         ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count, kvh,
                                                   n_kv_heads, NG, CH, TRANSLATED)
     for c0 in range(c_lo, c_hi, CH):
@@ -281,15 +322,23 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         else:
             ks_tile = 0.0  # unused
         if AHEAD:
-            vs_now = vs_ahead
+            if SIDE:
+                vs_now = (vc0, vc1, vc2, vc3)
+            else:
+                vs_now = vs_ahead
             s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks0, 2, BM)
             if NG > 1:
                 s = s + _group_part(h1, l1, m1, d1, k_ptr, ks_ptr, rows, valid, 1, NG, QPARTS, ks1, 2, BM)
             if NG > 2:
                 s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks2, 2, BM)
                 s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks3, 2, BM)
-            ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0 + CH, count, kvh,
-                                                      n_kv_heads, NG, CH, TRANSLATED)
+            if SIDE:
+                ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr,
+                                                                     c0 + CH, count, kvh, n_kv_heads, NG, CH,
+                                                                     TRANSLATED)
+            else:
+                ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0 + CH, count,
+                                                          kvh, n_kv_heads, NG, CH, TRANSLATED)
         else:
             vs_now = 0.0  # unused
             s = _group_part(h0, l0, m0, d0, k_ptr, ks_ptr, rows, valid, 0, NG, QPARTS, ks_tile, EARLY >= 1, BM)
