@@ -156,7 +156,7 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
     if config.early:
         extra["EARLY"] = config.early
     if config.scores:  # the per-group kernel's V bound: u1's (the pool's largest V scale), else unused
-        from strata.kernels.attention.prompt_imma_cells import v_bound
+        from strata.kernels.attention.prompt_imma_uniform import v_bound
 
         extra["vbound_ptr"] = v_bound(pool.v_scale) if config.uniform else pool.v_scale
         if config.uniform:

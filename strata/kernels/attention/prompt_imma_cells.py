@@ -16,36 +16,21 @@ is pv_hilo's, its accumulator rescaled in one multiply-add a chunk (`_pv_rescale
 each, the same p and products in another order of issue, the same sums, half the dot result live at a time.
 `e1`: the K scales reach the scores through a one-hot dot (`_scale_rows`), so Triton's pipeliner copies them ahead
 with K instead of the loop waiting on their loads; `e2`: the V scales too. The same values (exact), the same bytes.
-`u1` (with p16): p normalized by one bound for the launch, the pool's largest V scale (`vbound`, from the host side,
-no sync), instead of each chunk's largest: no cross-warp max of the chunk's V scales, no rescale of the accumulator
-by the ratio of two chunks' bounds (about five barriers a chunk fewer on sm_90). p = e * vs * 2^14 / vbound <= 2^14
-as before; its lo part stays a normal fp16 (p kept to about 22 bits) where e * vs >= vbound * 2^-17, so a cell whose
-V scale is far below the pool's largest loses bits only in terms that weigh under 2^-17 of the largest: within the
-parity bounds, not g1's bytes. `a1` (with u1): the next chunk's K and V scales loaded during this chunk and carried
-by the loop (`_scales_at`), so no chunk waits on their global loads; u1's bytes. `o1` (with u1): the V codes read as
-16-bit words and split into even and odd dims (`_v_pairs`): ldmatrix instead of a shared-memory byte load per code,
-the accumulators [NG, M, 32] each, interleaved at the end; u1's bytes.
+`u1` (with p16) and its `a1`, `o1`, `v1`: P.V over one V bound for the launch (prompt_imma_uniform.py).
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
+from strata.kernels.attention.prompt_imma_uniform import columns_at, pv_uniform, scales_at
 from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
 GROUP_COUNTS = (1, 2, 4)  # the numbers of 64-dim groups the kernel unrolls (head dims 64, 128, 256)
-
-
-def v_bound(v_scale: torch.Tensor) -> torch.Tensor:
-    """`u1`'s bound: the pool's largest V scale as a one-element fp16 tensor (1 for an all-zero pool), on the device
-    (no host sync). An fp16 scale's maximum is itself an fp16 value: exact."""
-    top = v_scale.amax().reshape(1)
-    return torch.where(top > 0, top, torch.ones_like(top))
 
 
 @triton.jit
@@ -135,135 +120,6 @@ def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: t
 
 
 @triton.jit
-def _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_heads, NG: tl.constexpr,
-               CH: tl.constexpr, TRANSLATED: tl.constexpr):
-    """`a1`: the K scales of each group ([CH] fp16 each; groups past NG repeat group 0) and the V scales [NG, CH]
-    (fp16) of merged cells `c0 .. c0 + CH`: loaded a chunk ahead and carried by the loop, so no chunk waits on its
-    scales' global loads (Triton's pipeliner copies ahead only the loads that feed a dot)."""
-    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
-    k0 = tl.load(ks_ptr + rows * NG, mask=valid, other=0.0)
-    k1 = k0
-    k2 = k0
-    k3 = k0
-    if NG > 1:
-        k1 = tl.load(ks_ptr + rows * NG + 1, mask=valid, other=0.0)
-    if NG > 2:
-        k2 = tl.load(ks_ptr + rows * NG + 2, mask=valid, other=0.0)
-        k3 = tl.load(ks_ptr + rows * NG + 3, mask=valid, other=0.0)
-    vs = tl.load(vs_ptr + rows[None, :] * NG + tl.arange(0, NG)[:, None], mask=valid[None, :], other=0.0)
-    return k0, k1, k2, k3, vs
-
-
-@triton.jit
-def _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_heads, NG: tl.constexpr,
-                CH: tl.constexpr, TRANSLATED: tl.constexpr):
-    """`a1` with `v1`: `_scales_at`'s K scales, and the V scales as columns too ([CH] fp16 a group, as `_p_score_side`
-    takes them; groups past NG repeat group 0)."""
-    rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
-    k0 = tl.load(ks_ptr + rows * NG, mask=valid, other=0.0)
-    v0 = tl.load(vs_ptr + rows * NG, mask=valid, other=0.0)
-    k1 = k0
-    k2 = k0
-    k3 = k0
-    v1 = v0
-    v2 = v0
-    v3 = v0
-    if NG > 1:
-        k1 = tl.load(ks_ptr + rows * NG + 1, mask=valid, other=0.0)
-        v1 = tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0)
-    if NG > 2:
-        k2 = tl.load(ks_ptr + rows * NG + 2, mask=valid, other=0.0)
-        k3 = tl.load(ks_ptr + rows * NG + 3, mask=valid, other=0.0)
-        v2 = tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0)
-        v3 = tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0)
-    return k0, k1, k2, k3, v0, v1, v2, v3
-
-
-@triton.jit
-def _v_pairs(v_ptr, rows, valid, NG: tl.constexpr):
-    """`o1`: V codes of each 64-dim group read as 32 16-bit words [NG, CH, 32] (a 16-bit operand, which reaches the
-    dot through ldmatrix.trans, not a byte load per code), split into the even and the odd dims as fp16 (exact)."""
-    g = tl.arange(0, NG)[:, None, None]
-    w = tl.load(v_ptr.to(tl.pointer_type(tl.int16)) + rows[None, :, None] * (NG * 32) + g * 32
-                + tl.arange(0, 32)[None, None, :], mask=valid[None, :, None], other=0)
-    u = w.to(tl.uint16, bitcast=True)
-    # a byte b of code c (b = c mod 256) as the fp16 of bits 0x6400 | (b ^ 0x80): 1024 + c + 128, exact; minus 1152.
-    # Little-endian: the low byte is dim 2j, the high byte dim 2j + 1. Bitwise ops only (two codes a 32-bit word)
-    even = ((u & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
-    odd = ((u >> 8) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
-    return even, odd
-
-
-@triton.jit
-def _p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr, columns=None, GIVEN: tl.constexpr = False):
-    """`v1`: u1's p [NG, M, CH] made in the scores' layout, where each group's V scales [CH] load as the K scales do
-    (one column each), then moved into P.V's layout as one tensor: one layout change a chunk where e and the V scales
-    took one each (with their barriers). The same products as `_pv_uniform`'s: u1's bytes. GIVEN (`a1`): the columns
-    are `columns` (four, `_columns_at`'s), loaded a chunk ahead."""
-    if GIVEN:
-        c0, c1, c2, c3 = columns
-    else:
-        c0 = tl.load(vs_ptr + rows * NG, mask=valid, other=0.0)
-        c1 = c0
-        c2 = c0
-        c3 = c0
-        if NG > 1:
-            c1 = tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0)
-        if NG > 2:
-            c2 = tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0)
-            c3 = tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0)
-    p0 = e * (c0.to(tl.float32) * up)[None, :]
-    if NG == 1:
-        p = p0[None, :, :]
-    else:
-        p1 = e * (c1.to(tl.float32) * up)[None, :]
-        if NG == 2:
-            p = tl.permute(tl.join(p0, p1), (2, 0, 1))
-        else:
-            p2 = e * (c2.to(tl.float32) * up)[None, :]
-            p3 = e * (c3.to(tl.float32) * up)[None, :]
-            # [M, CH, 2, 2] whose [i, j] is group 2i + j, then groups first
-            p = tl.join(tl.join(p0, p2), tl.join(p1, p3))
-            p = tl.permute(tl.reshape(p, (p0.shape[0], p0.shape[1], 4)), (2, 0, 1))
-    return p
-
-
-@triton.jit
-def _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
-                HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                SIDE: tl.constexpr = False, up_one=1.0):
-    """pv_hilo's P.V with p = e * vs * up (`up = 2^14 / vbound`, the same for every chunk: `u1`), into accumulators
-    in units of 1 / up: `acc = acc * alpha + dot`, no per-group bound to find or rescale by. GIVEN (`a1`): the V
-    scales are `vs_given` [NG, CH] (with SIDE: four columns), loaded a chunk ahead. PAIRS (`o1`): acc_a holds the even dims of each group and
-    acc_b the odd ones [NG, M, 32] (`_v_pairs`), interleaved once at the end. SIDE (`v1`): p from `_p_score_side`
-    (`up_one`: up as a scalar)."""
-    if SIDE:
-        p = _p_score_side(e, vs_ptr, rows, valid, up_one, NG, vs_given, GIVEN)
-    elif GIVEN:
-        vs = vs_given.to(tl.float32)
-    else:
-        g = tl.arange(0, NG)
-        vs = tl.load(vs_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-    if not SIDE:
-        p = e[None, :, :] * (vs * up[:, None])[:, None, :]  # [NG, M, CH], <= 2^14
-    hi, lo = split_hilo(p)
-    f = alpha[None, :, None]
-    if PAIRS:
-        v_even, v_odd = _v_pairs(v_ptr, rows, valid, NG)
-        acc_a = acc_a * f + tl.dot(lo, v_even, tl.dot(hi, v_even))
-        acc_b = acc_b * f + tl.dot(lo, v_odd, tl.dot(hi, v_odd))
-    elif HALVES:
-        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
-        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
-        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
-    else:
-        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
-    return acc_a, acc_b
-
-
-@triton.jit
 def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, page_table_ptr,
                               k_ptr, v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                               vbound_ptr, G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
@@ -303,10 +159,10 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
     if PREFETCH:
         rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c_lo, count, kvh, n_kv_heads, CH, TRANSLATED)
     if AHEAD and SIDE:  # a1 v1: the first chunk's scales as columns
-        ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count,
+        ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count,
                                                              kvh, n_kv_heads, NG, CH, TRANSLATED)
     elif AHEAD:  # a1: the first chunk's scales; each step then loads the next chunk's
-        ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count, kvh,
+        ks0, ks1, ks2, ks3, vs_ahead = scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c_lo, count, kvh,
                                                   n_kv_heads, NG, CH, TRANSLATED)
     for c0 in range(c_lo, c_hi, CH):
         if PREFETCH:  # this chunk's rows came with the previous step; the next chunk's load now
@@ -333,11 +189,11 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                 s = s + _group_part(h2, l2, m2, d2, k_ptr, ks_ptr, rows, valid, 2, NG, QPARTS, ks2, 2, BM)
                 s = s + _group_part(h3, l3, m3, d3, k_ptr, ks_ptr, rows, valid, 3, NG, QPARTS, ks3, 2, BM)
             if SIDE:
-                ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = _columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr,
+                ks0, ks1, ks2, ks3, vc0, vc1, vc2, vc3 = columns_at(cells_row, page_table_ptr, ks_ptr, vs_ptr,
                                                                      c0 + CH, count, kvh, n_kv_heads, NG, CH,
                                                                      TRANSLATED)
             else:
-                ks0, ks1, ks2, ks3, vs_ahead = _scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0 + CH, count,
+                ks0, ks1, ks2, ks3, vs_ahead = scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0 + CH, count,
                                                           kvh, n_kv_heads, NG, CH, TRANSLATED)
         else:
             vs_now = 0.0  # unused
@@ -358,7 +214,7 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         m = m_new
         l_cells = l_cells * alpha[:, None] + e
         if PV == 16 and UNIFORM:
-            acc_a, acc_b = _pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES,
+            acc_a, acc_b = pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG, EXACT, HALVES,
                                        vs_now, AHEAD, PAIRS, SIDE, up_one)
         elif PV == 16:
             acc_a, acc_b, down = _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG, EXACT,

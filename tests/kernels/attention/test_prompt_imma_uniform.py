@@ -11,7 +11,7 @@ import triton.language as tl
 from strata.errors import StrataError
 from strata.kernels.attention.prompt import VARIANTS
 from strata.kernels.attention.prompt_blocks import PromptConfig
-from strata.kernels.attention.prompt_imma_cells import _v_pairs, v_bound
+from strata.kernels.attention.prompt_imma_uniform import v_pairs, v_bound
 from tests.kernels import DEVICE
 from tests.kernels.attention.common import queries, random_pool
 from tests.kernels.attention.test_prompt_split import assert_within_bounds, case, run  # noqa: F401  (the fixture)
@@ -66,7 +66,7 @@ def test_p_made_in_the_scores_layout_gives_the_same_bytes(case, text):  # noqa: 
 @triton.jit
 def _pairs_kernel(v_ptr, even_ptr, odd_ptr, CH: tl.constexpr):
     rows = tl.arange(0, CH)
-    even, odd = _v_pairs(v_ptr, rows, rows < CH, 1)
+    even, odd = v_pairs(v_ptr, rows, rows < CH, 1)
     i = rows[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
     tl.store(even_ptr + i, even)
     tl.store(odd_ptr + i, odd)
