@@ -92,7 +92,7 @@ def _map_stack(stack, fn):
 
 
 def in_place(layer: Layer, c: dict, configs=(None, None)) -> torch.Tensor:
-    experts = replace(layer.host, slot_of=c["missing"])
+    experts = replace(layer.host, slot_of=c["missing"], sparse=True)  # as direct_misses.miss_gemv reads them
     if configs == (None, None):
         return moe_gemv(c["x"], c["ids"], c["w"], experts, torch.float32)
     h = gate_up_swiglu_triton(c["x"], c["ids"], experts, configs[0])
@@ -255,7 +255,7 @@ def _sweep_in_place(layer: Layer, name: str, k_missed: int, calls: list[dict], p
     h64, y64 = moe_gemv_float64(c0["x"].cpu(), c0["ids"].cpu(), (c0["w"] * keep).cpu(),
                                 replace(layer.host, slot_of=None))
     want = {"gate_up": h64 * keep.cpu()[:, :, None].double(), "down": y64}
-    experts = lambda c: replace(layer.host, slot_of=c["missing"])  # noqa: E731
+    experts = lambda c: replace(layer.host, slot_of=c["missing"], sparse=True)  # noqa: E731
     h = {id(c): gate_up_swiglu_triton(c["x"], c["ids"], experts(c)) for c in calls}
     g, d = layer.host.gate, layer.host.down
     ok = True

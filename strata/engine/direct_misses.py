@@ -333,7 +333,7 @@ def miss_gemv(device_table: DeviceTable, host, stack, row: int, x: torch.Tensor,
         scratch, table = device_table.miss_scratch(top.numel(), host)
         overlap = device_table.overlap_stream if not device_table.skip_hits_only else None
         return copied_misses(x, top, w, host, stack, missing, scratch, table, overlap)
-    in_place = dataclasses.replace(host, slot_of=missing)
+    in_place = dataclasses.replace(host, slot_of=missing, sparse=True)
     configs = miss_configs(host, top.shape[1]) if x.is_cuda else (None, None)
     if configs == (None, None):
         return moe_gemv(x, top, w, in_place)

@@ -92,6 +92,10 @@ class DecodeExperts:
     up: ExpertOperand
     down: ExpertOperand
     slot_of: torch.Tensor | None = None
+    # Most pairs absent (the direct misses' launch over the host stacks): the one-shot programs of absent pairs skip
+    # their loads and dots (19 -> 4 us a layer at every expert a hit, H200); off elsewhere, where the branch cost the
+    # hits' kernels ~6 % of a step.
+    sparse: bool = False
 
     @classmethod
     def of_stack(cls, stack) -> "DecodeExperts":
@@ -383,7 +387,8 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
     if cfg.wide and not _takes_words(cfg, g, u):  # operands at odd offsets: the byte kernel's own tiles
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
     if h.numel() and _takes_oneshot(cfg, g, u):
-        launch_oneshot_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.warps, cfg.split)
+        launch_oneshot_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.warps, cfg.split,
+                               skip_absent=experts.sparse)
     elif h.numel() and _takes_stream(cfg, g, u):
         launch_stream_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif h.numel() and _takes_words(cfg, g, u):
@@ -401,11 +406,12 @@ def down_sum_triton(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     """y[t] = sum_j topk_weights[t, j] * (Wd of expert topk_ids[t, j]) h[t, j]: [T, embd], summed in order of j."""
     d = experts.down
     cfg = config or gemv_config("down", d.spec, d.rows, d.cols, topk_ids.shape[1], h.is_cuda)
-    return launch_down(h, topk_ids, topk_weights, d, experts.slot_of, out_dtype, cfg)
+    return launch_down(h, topk_ids, topk_weights, d, experts.slot_of, out_dtype, cfg, skip_absent=experts.sparse)
 
 
 def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, d: ExpertOperand,
-                slot_of: torch.Tensor | None, out_dtype: torch.dtype, cfg: GemvConfig) -> torch.Tensor:
+                slot_of: torch.Tensor | None, out_dtype: torch.dtype, cfg: GemvConfig,
+                skip_absent: bool = False) -> torch.Tensor:
     """The down kernel over operand d: y [T, d.rows] (also the dense matvec of kernels/quant: one "expert")."""
     n_tokens, top_k = topk_ids.shape
     y = torch.empty(n_tokens, d.rows, dtype=out_dtype, device=h.device)
@@ -413,7 +419,8 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if cfg.wide and not _takes_words(cfg, d):
         cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
     if y.numel() and _takes_oneshot(cfg, d):
-        launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.warps, cfg.split)
+        launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.warps, cfg.split,
+                            skip_absent=skip_absent)
     elif y.numel() and _takes_stream(cfg, d):
         launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif y.numel() and _takes_words(cfg, d):

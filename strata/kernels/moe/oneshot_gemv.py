@@ -89,12 +89,11 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                          N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr,
                          BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                          ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                         UNITS_PER_BLOCK: tl.constexpr):
+                         UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False):
     """y[t, rows] = sum over chosen experts j and their units of w[t, j] * (unit's rows . h[t, j]'s slice), every
     unit of the slice loaded at once. Program (token group, row tile, slice): SHARED (one operand at stride 0: the
     dense matvec) a group is all ROWS tokens, which reuse the loaded words; else one token. SPLIT > 1: slice s into
-    y[s, t, rows]."""
-    ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
+    y[s, t, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below."""
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
@@ -105,30 +104,42 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     if SLOTS:
         index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
     index = tl.where(um, index, -1)
-    # A program none of whose experts is there (every pair a hit, in the misses' launch) stores its zeros and skips
-    # the loads and dots: a decode step's misses launch costs a launch, not a full GEMV of masked loads.
-    if tl.max(index, axis=0) >= 0:
-        bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
-        w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
-        off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
-        word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
-        for r in tl.static_range(ROWS if SHARED else 1):
-            token = first + r
-            xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
-            if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
-                out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * \
-                    tl.load(topk_w + token).to(tl.float32)
-            else:  # an expert's weight scales its activations: fewer products than its partial dots
-                weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
-                xa = xa.to(tl.float32) * weight
-                xb = xb.to(tl.float32) * weight
-                out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
-            at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + token).to(tl.int64) * N_OUT
-            tl.store(y + at + rows, out, mask=rows < N_OUT)
+    if SKIP_ABSENT:  # the misses' launch: a program none of whose experts is missing stores its zeros, no loads
+        if tl.max(index, axis=0) >= 0:
+            _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
+                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK)
+        else:
+            for r in tl.static_range(ROWS if SHARED else 1):
+                at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64)
+                tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
     else:
-        for r in tl.static_range(ROWS if SHARED else 1):
-            at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64) * N_OUT
-            tl.store(y + at + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
+        _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
+                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK)
+
+
+@triton.jit
+def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT: tl.constexpr,
+               TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+               BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+               UNITS_PER_BLOCK: tl.constexpr):
+    """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
+    ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
+    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+    w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
+    off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
+    word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
+    for r in tl.static_range(ROWS if SHARED else 1):
+        token = first + r
+        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+        if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
+        else:  # an expert's weight scales its activations: fewer products than its partial dots
+            weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
+            xa = xa.to(tl.float32) * weight
+            xb = xb.to(tl.float32) * weight
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
+        at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + token).to(tl.int64) * N_OUT
+        tl.store(y + at + rows, out, mask=rows < N_OUT)
 
 
 @triton.jit
@@ -136,11 +147,11 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
                             N_OUT: tl.constexpr, TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
                             N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr,
                             BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
-                            BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
+                            BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+                            SKIP_ABSENT: tl.constexpr = False):
     """H[pair, rows] = silu(gate rows . x) * (up rows . x): the gate and up rows of one (token, chosen expert) pair
     loaded at once by one program, SwiGLU in its epilogue. SPLIT > 1: slice s's gate and up dots into
-    hid[s, 0 / 1, pair, rows]."""
-    ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
+    hid[s, 0 / 1, pair, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below."""
     pair = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
@@ -149,21 +160,34 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
     if SLOTS:
         index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
     index = tl.where(um, index, -1)
-    # A pair whose expert is not there stores its zeros (what the masked dots gave) without loads or dots: a hit in
-    # the misses' launch costs a store.
-    if tl.max(index, axis=0) >= 0:
-        bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
-        expert = tl.maximum(index, 0).to(tl.int64)[:, None]
-        off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
-        g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
-        u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
-        xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
-        g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
-        u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
-        store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
+    if SKIP_ABSENT:  # the misses' launch: a pair whose expert is not missing stores its zeros, no loads or dots
+        if tl.max(index, axis=0) >= 0:
+            _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
+                          N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
+        else:
+            zero = tl.zeros((BN,), tl.float32)
+            store_gate_up(hid, pair, rows, zero, zero, N_OUT, rows < N_OUT, SPLIT)
     else:
-        store_gate_up(hid, pair, rows, tl.zeros((BN,), tl.float32), tl.zeros((BN,), tl.float32), N_OUT, rows < N_OUT,
-                      SPLIT)
+        _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
+                      N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
+
+
+@triton.jit
+def _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT: tl.constexpr,
+                  TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+                  UNIT_W: tl.constexpr, SPLIT: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+                  UNITS_PER_BLOCK: tl.constexpr):
+    """The gate/up program's loads, dots and SwiGLU store (`_oneshot_gate_up_kernel`)."""
+    ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
+    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+    expert = tl.maximum(index, 0).to(tl.int64)[:, None]
+    off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
+    g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
+    u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
+    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+    g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
+    u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
+    store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
 
 
 def _pow2(n: int) -> int:
@@ -216,7 +240,7 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
 
 
 def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, warps: int,
-                        split: int = 1):
+                        split: int = 1, skip_absent: bool = False):
     """`_oneshot_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract
     (and the dense matvec's: an operand at stride 0 read once for all T rows)."""
     n_tokens, top_k = topk_ids.shape
@@ -227,21 +251,23 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
     _oneshot_down_kernel[(groups, triton.cdiv(d.rows, bn), split)](
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
         **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
-        num_warps=warps)  # (ROWS only where shared: routed calls of any T share one build)
+        SKIP_ABSENT=skip_absent, num_warps=warps)  # (ROWS only where shared: routed calls of any T share one build)
     if split > 1:
         _sum_slices(out, y, split, False)
     return y
 
 
-def launch_oneshot_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: int, warps: int, split: int = 1):
-    """`_oneshot_gate_up_kernel` over operands g, u into H [T, k, ff] (float32): gate_up_swiglu's contract."""
+def launch_oneshot_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: int, warps: int, split: int = 1,
+                           skip_absent: bool = False):
+    """`_oneshot_gate_up_kernel` over operands g, u into H [T, k, ff] (float32): gate_up_swiglu's contract.
+    `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     out = hid if split == 1 else torch.empty(split, 2, *hid.shape, dtype=torch.float32, device=hid.device)
     constants = _constants(spec, g.rows, g.cols, 1, slots, bn, split)
     _oneshot_gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, bn), split)](
         x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, out, g.stride,
-        u.stride, **{**constants, "TOP_K": top_k}, num_warps=warps)
+        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps)
     if split > 1:
         _sum_slices(out, hid, split, True)
     return hid

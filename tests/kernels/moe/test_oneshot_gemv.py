@@ -18,7 +18,10 @@ if __name__ == "__main__":  # building for the GPU: Triton imported before strat
     os.environ.pop("TRITON_INTERPRET", None)
     import triton  # noqa: F401
 
+import dataclasses  # noqa: E402
+
 import numpy as np  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -83,6 +86,10 @@ def test_oneshot_kernels_from_slots_leave_missing_experts_out(device):
     assert relative_error(h, h64 * resident[:, :, None]) <= ERROR_BOUND
     y = down_sum_triton(h, ids, w, cached, torch.float32, _oneshot(64, 2))
     assert relative_error(y, y64) <= ERROR_BOUND
+    # The misses' launch form (programs of absent pairs skip their loads and dots): the same values
+    sparse = dataclasses.replace(cached, sparse=True)
+    assert torch.equal(gate_up_swiglu_triton(x, ids, sparse, _oneshot(64)), h)
+    assert torch.equal(down_sum_triton(h, ids, w, sparse, torch.float32, _oneshot(64, 2)), y)
 
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K"])

@@ -119,3 +119,18 @@ def test_launch_shapes_give_the_same_bytes(device):
     # The fused Q2_0 kernels: two 32-value dots a step instead of one block-diagonal 64, gate/up and down shapes apart.
     split = Tiles(32, 4, 2, down=Tiles(64, 4, 2, split=True), split=True)
     assert torch.equal(moe_prefill_triton(*args, "fused"), moe_prefill_triton(*args, "fused", tiles=split))
+
+
+def test_fused_q2_0_chunks_of_few_rows_an_expert_take_the_small_tiles():
+    from types import SimpleNamespace
+
+    from strata.kernels.moe.prefill import FUSED_Q2_0_SMALL, SMALL_CHUNK_ROWS, small_chunk_tiles
+
+    def experts(fmt):
+        return SimpleNamespace(gate=SimpleNamespace(spec=SimpleNamespace(scale_per_64=fmt == "Q2_0")))
+
+    assert FUSED_Q2_0_SMALL.rows == 64 and FUSED_Q2_0_SMALL.fp16 and FUSED_Q2_0_SMALL.down.fp16
+    assert small_chunk_tiles(experts("Q2_0"), 2048 * 10, 512) is FUSED_Q2_0_SMALL  # 40 rows an expert
+    assert small_chunk_tiles(experts("Q2_0"), SMALL_CHUNK_ROWS * 512, 512) is None  # from there the defaults
+    assert small_chunk_tiles(experts("Q2_0"), 16384 * 10, 512) is None
+    assert small_chunk_tiles(experts("IQ2_XS"), 2048 * 10, 512) is None  # measured for Q2_0 only
