@@ -14,10 +14,10 @@ set -uo pipefail
 BUDGET=${BUDGET:-230}
 source tools/device/parts.sh || exit 1
 T=tests/kernels/attention
-part shapes 170 python3 -m strata.bench.prompt_attn --variants imma --no-sdpa --reps 3 --sweep t2p16r128x1g1 \
+part shapes 130 python3 -m strata.bench.prompt_attn --variants imma --no-sdpa --reps 3 --sweep t2p16r128x1g1 \
   s2t2p16r128x1g1u1a1o1 s2t2p16r128x1g1u1o1 s2t2p16r128x1g1u1o1v1 s2t2p16r168x1g1u1a1o1v1 t2p16r128x1g1u1a1o1 \
   t2p16r128x1g1u1o1v1 t2p16r128x1g1d2u1 s2t2p16r168x1g1u1a1o1 t2p16r128x1g1u1 t2p16r128x1g1d2
-part tests 50 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_imma_uniform.py
+part tests 90 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_imma_uniform.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
 cp $L/shapes.log "$OUT/sweep.txt" 2>/dev/null
