@@ -21,7 +21,7 @@ P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,3
 (nice -n 5 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
   && touch $Q/made) &
 (export CUDA_VISIBLE_DEVICES=0
- script imma2 150
+ script imma2 190
  part moe_prefill 35 python3 -m strata bench moe-prefill --only "Q2_0 / Q2_0" --tokens 2048,16384 --paths mmq,fused
  while [ ! -f $Q/made ] && [ $SECONDS -lt 280 ]; do sleep 2; done
  part prompt_int8 110 $P --kv-dtype int8) &
