@@ -58,6 +58,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "conditional graph node taken only when a routed expert is missing (one flag launch a layer)"),
     Switch("STRATA_SPEC_PIPELINE", False, "speculation: greedy MTP drafts go into the verify window on the device, one "
            "host read a window (the H200 failed to capture 2/4-row windows this way in session 5)"),
+    Switch("STRATA_HC_FP32", False, "qwen4exp prompts on a GPU: the hyper-connection read's GEMMs in float32 "
+           "instead of TF32 (for before/after runs and parity)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
            "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),

@@ -124,22 +124,31 @@ def bench_rows(rows: int, embd: int, hc: int, rank: int, device, bandwidth: floa
 
 
 def bench_prompt(rows: int, embd: int, hc: int, rank: int, device) -> None:
-    """A prompt chunk's read: torch's passes against the two row-wise kernels around the same GEMMs."""
+    """A prompt chunk's read: torch's passes against the two row-wise kernels around the same GEMMs, those GEMMs on
+    TF32 tensor cores (the default) and in float32 (STRATA_HC_FP32), each against float64."""
+    from strata import switches
     from strata.models.hyper_connections import _read_many_rows
 
     w, residual, pending = _inputs(rows, embd, hc, rank, device)
+    exact_mixed, exact_inject = _float64_read(residual, pending, w, hc, embd)
 
     def torch_form():
         gate = 2 * torch.sigmoid(pending[1].float() / hc)
         mixed, inject = hc_read(residual + pending[0].float()[:, None, :] * gate[:, :, None], w, EPS)
         return mixed.to(torch.bfloat16), inject
 
-    _, got, _ = _read_many_rows(residual, w, EPS, pending, torch.bfloat16)
-    want, _ = torch_form()
+    want, want_inject = torch_form()
     torch_us = graph_us(torch_form, [()] * 2, device)
-    fused_us = graph_us(lambda: _read_many_rows(residual, w, EPS, pending, torch.bfloat16), [()] * 2, device)
-    print(f"prompt, {rows} rows: torch {torch_us / 1e3:7.3f} ms, GEMMs + row-wise kernels {fused_us / 1e3:7.3f} ms "
-          f"({torch_us / fused_us:4.2f}x); mixed (bf16) vs torch {_err(got, want.double()):.1e}")
+    print(f"prompt, {rows} rows: torch {torch_us / 1e3:7.3f} ms; vs float64: mixed (bf16) "
+          f"{_err(want, exact_mixed):.1e}, inject {_err(want_inject, exact_inject):.1e}")
+    for label, fp32 in (("GEMMs on TF32 + row-wise kernels (default)", False),
+                        ("GEMMs in float32 + row-wise kernels (STRATA_HC_FP32)", True)):
+        with switches.override(STRATA_HC_FP32=fp32):
+            _, got, inject = _read_many_rows(residual, w, EPS, pending, torch.bfloat16)
+            us = graph_us(lambda: _read_many_rows(residual, w, EPS, pending, torch.bfloat16), [()] * 2, device)
+        print(f"  {label:52} {us / 1e3:7.3f} ms ({torch_us / us:4.2f}x torch); vs float64: mixed (bf16) "
+              f"{_err(got, exact_mixed):.1e}, inject {_err(inject, exact_inject):.1e}; mixed vs torch "
+              f"{_err(got, want.double()):.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ grouped_rms_norm are the reference, which the CPU and the float32 (exact) mode k
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -94,9 +96,33 @@ def _read_many_rows(residual: torch.Tensor, w: HyperConnectionWeights, eps: floa
     y, gate = pending if pending is not None else (None, None)
     residual, _, xn = write_stats_triton(residual.contiguous(), eps, y, gate, norm=w.norm.contiguous())
     flat = xn.view(residual.shape[0], -1)
-    low = F.silu(linear(flat, w.down) / residual.shape[1])
-    mixed = gate_mix_triton(xn, linear(low, w.up), dtype)
-    return residual, mixed, (linear(flat, w.inject) if w.inject is not None else None)
+    with _tf32(residual.is_cuda and not switches.get("STRATA_HC_FP32")):
+        low = F.silu(linear(flat, w.down) / residual.shape[1])
+        mixed = gate_mix_triton(xn, linear(low, w.up), dtype)
+        return residual, mixed, (linear(flat, w.inject) if w.inject is not None else None)
+
+
+@contextlib.contextmanager
+def _tf32(wanted: bool):
+    """A prompt's float32 GEMMs on TF32 tensor cores (about 8x float32's FMA rate on an H200: the 4,096-row read's
+    GEMMs took 16 % of a prompt's GPU time). Their inputs lose 13 mantissa bits, an error of ~1e-4 of the result
+    against the bf16 rounding (4e-3) of the mixed row they feed; `bench hc-read --prompt` checks it against float64."""
+    if not wanted:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9's setting (the older flag warns there)
+        before, matmul.fp32_precision = matmul.fp32_precision, "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:
+        before, matmul.allow_tf32 = matmul.allow_tf32, True
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = before
 
 
 def _on_kernels(residual: torch.Tensor, compute_dtype: torch.dtype) -> bool:

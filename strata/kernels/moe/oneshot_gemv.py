@@ -105,22 +105,30 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     if SLOTS:
         index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
     index = tl.where(um, index, -1)
-    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
-    w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
-    off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
-    word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
-    for r in tl.static_range(ROWS if SHARED else 1):
-        token = first + r
-        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
-        if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
-            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
-        else:  # an expert's weight scales its activations: fewer products than its partial dots
-            weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
-            xa = xa.to(tl.float32) * weight
-            xb = xb.to(tl.float32) * weight
-            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
-        at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + token).to(tl.int64) * N_OUT
-        tl.store(y + at + rows, out, mask=rows < N_OUT)
+    # A program none of whose experts is there (every pair a hit, in the misses' launch) stores its zeros and skips
+    # the loads and dots: a decode step's misses launch costs a launch, not a full GEMV of masked loads.
+    if tl.max(index, axis=0) >= 0:
+        bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+        w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
+        off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
+        word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
+        for r in tl.static_range(ROWS if SHARED else 1):
+            token = first + r
+            xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+            if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
+                out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * \
+                    tl.load(topk_w + token).to(tl.float32)
+            else:  # an expert's weight scales its activations: fewer products than its partial dots
+                weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
+                xa = xa.to(tl.float32) * weight
+                xb = xb.to(tl.float32) * weight
+                out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
+            at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + token).to(tl.int64) * N_OUT
+            tl.store(y + at + rows, out, mask=rows < N_OUT)
+    else:
+        for r in tl.static_range(ROWS if SHARED else 1):
+            at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64) * N_OUT
+            tl.store(y + at + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
 
 
 @triton.jit
@@ -141,15 +149,21 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
     if SLOTS:
         index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
     index = tl.where(um, index, -1)
-    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
-    expert = tl.maximum(index, 0).to(tl.int64)[:, None]
-    off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
-    g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
-    u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
-    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
-    g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
-    u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
-    store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
+    # A pair whose expert is not there stores its zeros (what the masked dots gave) without loads or dots: a hit in
+    # the misses' launch costs a store.
+    if tl.max(index, axis=0) >= 0:
+        bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+        expert = tl.maximum(index, 0).to(tl.int64)[:, None]
+        off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
+        g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
+        u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
+        xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+        g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
+        u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
+        store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
+    else:
+        store_gate_up(hid, pair, rows, tl.zeros((BN,), tl.float32), tl.zeros((BN,), tl.float32), N_OUT, rows < N_OUT,
+                      SPLIT)
 
 
 def _pow2(n: int) -> int:

@@ -223,3 +223,22 @@ def test_quantized_matrices_take_the_row_wise_kernels():
     exact_mixed, exact_inject = _read_float64(new_residual.double(), wq, EPS)
     assert mixed.dtype == torch.bfloat16 and _rel(mixed, exact_mixed) < 2 ** -7
     assert _rel(inject, exact_inject) < BOUND
+
+
+def test_prompt_gemms_take_tf32_only_inside_the_read():
+    # The TF32 setting is global to torch: the read sets it for its own GEMMs and gives the caller's back, also when
+    # the read fails; off (STRATA_HC_FP32, or a CPU stack) it leaves it alone.
+    from strata.models.hyper_connections import _tf32
+
+    matmul = torch.backends.cuda.matmul
+    read = (lambda: matmul.fp32_precision) if hasattr(matmul, "fp32_precision") else (lambda: matmul.allow_tf32)
+    before = read()
+    with _tf32(True):
+        assert read() in ("tf32", True)
+    assert read() == before
+    with pytest.raises(RuntimeError):
+        with _tf32(True):
+            raise RuntimeError("a failing GEMM")
+    assert read() == before
+    with _tf32(False):
+        assert read() == before
