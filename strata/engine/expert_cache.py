@@ -52,7 +52,8 @@ class ExpertCache:
         self.counts = {layer: torch.from_numpy(self.count_table[i]) for layer, i in self.layer_row.items()}
         self.stats = CacheStats()
         self.steps = 0
-        self.in_use: set[Key] = set()
+        self._in_use: set[Key] = set()
+        self._in_use_rows: list[tuple[int, np.ndarray]] = []  # lookups' experts not yet in the set (`in_use`)
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
         # High priority: a prompt's gather kernels (engine/copy_queue.py) run here and should take SMs as soon as
         # the layer computing beside them frees any (copies through the copy engines are not affected).
@@ -75,6 +76,24 @@ class ExpertCache:
             self.device_table = DeviceTable(self)
 
     # ---- what is where
+
+    @property
+    def in_use(self) -> set[Key]:
+        """The experts routed this step: never evicted or lent before it ends. A prompt chunk's lookups add hundreds
+        a layer as arrays; they join the set only when it is read (adapting, lending), not at every layer."""
+        if self._in_use_rows:
+            for layer, experts in self._in_use_rows:
+                self._in_use.update(zip([layer] * len(experts), experts.tolist()))
+            self._in_use_rows = []
+        return self._in_use
+
+    @in_use.setter
+    def in_use(self, keys) -> None:
+        self._in_use, self._in_use_rows = set(keys), []
+
+    def _end_use(self) -> None:
+        self._in_use.clear()
+        self._in_use_rows = []
 
     def expert_weights(self, layer: int, slot: int) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         """Views of a slot's bytes shaped like the layer's gate, up and down matrices of one expert."""
@@ -135,7 +154,7 @@ class ExpertCache:
             for i in np.flatnonzero(np.isin(slots, landing)).tolist():
                 if not self._landed(int(slots[i])):
                     slots[i] = -1
-        self.in_use.update(zip([layer] * len(experts), experts.tolist()))
+        self._in_use_rows.append((layer, experts))
         self.counts[layer].numpy()[experts] += 1
         hits = int((slots >= 0).sum())
         self.stats.hits += hits
@@ -304,12 +323,12 @@ class ExpertCache:
         self.steps += 1
         if self.device_table is not None:
             self.device_table.end_step(self.decay, self.adapt_every, self.adapt)
-            self.in_use.clear()
+            self._end_use()
             return
         if self.steps % self.adapt_every == 0:
             self.adapt()
         self.count_table *= self.decay  # every layer's row at once
-        self.in_use.clear()
+        self._end_use()
 
     def adapt(self) -> int:
         """Empty slots fill first, then a missing expert replaces a resident routed less often; never one in use.
