@@ -50,14 +50,7 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
             meta["QPARTS"] = config.qparts
         if config.early:
             meta["EARLY"] = config.early
-        if config.uniform:
-            meta["UNIFORM"] = True
-        if config.ahead:
-            meta["AHEAD"] = True
-        if config.pairs:
-            meta["PAIRS"] = True
-        if config.vside:
-            meta["SIDE"] = True
+        meta.update(prompt_imma.uniform_flags(config))
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel

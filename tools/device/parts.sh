@@ -1,6 +1,7 @@
 # Sourced by the one-call device batches (session*.sh): wheels on the path, $M for models, $L for logs, and
 # `part NAME CAP COMMAND...`, which runs COMMAND into $L/NAME.log under min(CAP, what is left of BUDGET) seconds,
-# or says it was skipped when under 20 s are left. The caller tars $L into $OUT (a call returns at most 8 files).
+# or says it was skipped when under 20 s are left; and `script NAME CAP`, which runs a branch's own batch
+# tools/device/NAME.sh nested (its logs under $L/NAME) under min(CAP, what is left) seconds. The caller tars $L into $OUT (a call returns at most 8 files).
 # A branch's script that sources this too, run by a batch with OUT=its own folder, finds everything set up: it
 # installs nothing (installing the wheels again would replace packages under the other queue) and logs to $OUT/logs.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
@@ -34,3 +35,10 @@ part() {  # name cap command...
   timeout -s USR1 -k 5 "$cap" "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$L/times.txt"
 }
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; git log -1 --format=%h; } | tee "$L/gpu.txt"
+script() {  # name cap: a branch's batch script nested, logging to $L/name (its own BUDGET, not the batch's)
+  local name=$1 cap=$2; shift 2
+  mkdir -p $L/$name
+  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+  OUT=$L/$name BUDGET=$((cap - 10)) timeout -k 5 $cap bash tools/device/$name.sh > $L/$name.log 2>&1
+  echo "$name rc=$? by ${SECONDS}s" | tee -a $L/times.txt
+}

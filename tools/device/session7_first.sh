@@ -8,13 +8,6 @@
 set -uo pipefail
 BUDGET=${BUDGET:-560}
 source tools/device/parts.sh || exit 1
-script() {  # name cap: a branch's batch script nested, logging to $L/name (its own BUDGET, not this batch's)
-  local name=$1 cap=$2; shift 2
-  mkdir -p $L/$name
-  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-  OUT=$L/$name BUDGET=$((cap - 10)) timeout -k 5 $cap bash tools/device/$name.sh > $L/$name.log 2>&1
-  echo "$name rc=$? by ${SECONDS}s" | tee -a $L/times.txt
-}
 Q=/tmp/q4x; mkdir -p $Q
 (export CUDA_VISIBLE_DEVICES=0
  script specexact 470) &

@@ -8,13 +8,6 @@
 set -uo pipefail
 BUDGET=${BUDGET:-390}
 source tools/device/parts.sh || exit 1
-script() {  # name cap: a branch's batch script nested, logging to $L/name (its own BUDGET, not this batch's)
-  local name=$1 cap=$2; shift 2
-  mkdir -p $L/$name
-  local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
-  OUT=$L/$name BUDGET=$((cap - 10)) timeout -k 5 $cap bash tools/device/$name.sh > $L/$name.log 2>&1
-  echo "$name rc=$? by ${SECONDS}s" | tee -a $L/times.txt
-}
 Q=/tmp/q4x; mkdir -p $Q
 F=$Q/full-00001-of-00002.gguf
 P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --reps 1"

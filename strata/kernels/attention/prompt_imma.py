@@ -139,6 +139,12 @@ def check_config(config: PromptConfig) -> None:
         raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1, o1 and v1 with u1")
 
 
+def uniform_flags(config: PromptConfig) -> dict:
+    """The per-group kernel's constexprs for the u1 options a config sets (the kernel's defaults: off)."""
+    flags = {"UNIFORM": config.uniform, "AHEAD": config.ahead, "PAIRS": config.pairs, "SIDE": config.vside}
+    return {name: True for name, on in flags.items() if on}
+
+
 def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                      width: torch.Tensor, sm_scale: float | None = None,
                      config: PromptConfig | None = None) -> torch.Tensor:
@@ -162,13 +168,6 @@ def prompt_attn_imma(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, i
         from strata.kernels.attention.prompt_imma_uniform import v_bound
 
         extra["vbound_ptr"] = v_bound(pool.v_scale) if config.uniform else pool.v_scale
-        if config.uniform:
-            extra["UNIFORM"] = True
-        if config.ahead:
-            extra["AHEAD"] = True
-        if config.pairs:
-            extra["PAIRS"] = True
-        if config.vside:
-            extra["SIDE"] = True
+        extra.update(uniform_flags(config))
     return launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           PV=config.pv or 8, EXACT=config.exact, **extra)
