@@ -27,7 +27,7 @@ import triton.language as tl
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
-from strata.kernels.attention.prompt_imma_uniform import columns_at, pv_uniform, scales_at
+from strata.kernels.attention.prompt_imma_uniform import columns_at, pv_dots, pv_uniform, scales_at
 from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
 GROUP_COUNTS = (1, 2, 4)  # the numbers of 64-dim groups the kernel unrolls (head dims 64, 128, 256)
@@ -108,15 +108,9 @@ def _pv_rescaled(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, down, NG: t
         hi, lo = split_hilo(e[None, :, :] * (vs * (16384.0 / vmax)[:, None])[:, None, :])  # [NG, M, CH], <= 2^14
     new_down = vmax * (1.0 / 16384.0)
     f = (alpha[None, :] * (down / new_down)[:, None])[:, :, None]  # [NG, M, 1]
-    if HALVES:
-        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
-        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
-        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
-    else:
-        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+    acc_a, acc_b = pv_dots(hi, lo, v_ptr, rows, valid, acc_a, acc_b, f, NG, EXACT, HALVES)
     return acc_a, acc_b, new_down
+
 
 
 @triton.jit

@@ -126,6 +126,22 @@ def p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr, columns=None, GIV
 
 
 @triton.jit
+def pv_dots(hi, lo, v_ptr, rows, valid, acc_a, acc_b, f, NG: tl.constexpr, EXACT: tl.constexpr,
+            HALVES: tl.constexpr):
+    """`acc * f + (hi + lo) . V` of the chunk's V codes: one dot pair over 64 dims into acc_a, or (HALVES) over dims
+    0-31 into acc_a and 32-63 into acc_b."""
+    if HALVES:
+        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
+        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
+    else:
+        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
+        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+    return acc_a, acc_b
+
+
+@triton.jit
 def pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.constexpr, EXACT: tl.constexpr,
                 HALVES: tl.constexpr, vs_given=0.0, GIVEN: tl.constexpr = False, PAIRS: tl.constexpr = False,
                 SIDE: tl.constexpr = False, up_one=1.0):
@@ -149,12 +165,6 @@ def pv_uniform(e, v_ptr, vs_ptr, rows, valid, acc_a, acc_b, alpha, up, NG: tl.co
         v_even, v_odd = v_pairs(v_ptr, rows, valid, NG)
         acc_a = acc_a * f + tl.dot(lo, v_even, tl.dot(hi, v_even))
         acc_b = acc_b * f + tl.dot(lo, v_odd, tl.dot(hi, v_odd))
-    elif HALVES:
-        v = v_codes(v_ptr, rows, valid, 0, 32, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
-        v = v_codes(v_ptr, rows, valid, 32, 32, NG, EXACT)
-        acc_b = acc_b * f + tl.dot(lo, v, tl.dot(hi, v))
     else:
-        v = v_codes(v_ptr, rows, valid, 0, 64, NG, EXACT)
-        acc_a = acc_a * f + tl.dot(lo, v, tl.dot(hi, v))
+        acc_a, acc_b = pv_dots(hi, lo, v_ptr, rows, valid, acc_a, acc_b, f, NG, EXACT, HALVES)
     return acc_a, acc_b
