@@ -109,6 +109,7 @@ def test_a_layer_costs_at_most_two_copy_launches(tiny_moe, slots):
     assert layers == llm.config.n_layers * streamer.stats.chunks and streamer.stats.bytes_streamed > 0
     assert 0 < streamer.queue.launches <= 2 * layers + 1  # ahead and late, and the first chunk's first layer
     assert streamer.queue.bytes == streamer.stats.bytes_streamed
+    assert streamer.stats.refill_bytes > 0 and not streamer.cache.lent  # the lent slots came back, refilled
 
 
 def _plain_borrow(cache, n):
