@@ -8,8 +8,9 @@ V scale is far below the pool's largest loses bits only in terms that weigh unde
 parity bounds, not g1's bytes. `a1` (with u1): the next chunk's K and V scales loaded during this chunk and carried
 by the loop (`scales_at`), so no chunk waits on their global loads; u1's bytes. `o1` (with u1): the V codes read as
 16-bit words and split into even and odd dims (`v_pairs`): ldmatrix instead of a shared-memory byte load per code,
-the accumulators [NG, M, 32] each, interleaved at the end; u1's bytes. `v1` (with u1): p made in the scores' layout
-(`p_score_side`), each group's V scales a column as the K scales are, one layout change a chunk; u1's bytes.
+the accumulators [NG, M, 32] each, interleaved at the end; u1's bytes under the interpreter (compiled for the
+H200 the dots sum in another order: within 1e-5 of the output scale). `v1` (with u1): p made in the scores' layout
+(`p_score_side`), each group's V scales a column as the K scales are, one layout change a chunk; u1's bytes interpreted (the H200: as o1).
 The kernel is prompt_imma_cells.py's; these are its u1 steps.
 """
 

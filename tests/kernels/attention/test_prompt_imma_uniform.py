@@ -50,17 +50,26 @@ def test_scales_a_chunk_ahead_give_the_same_bytes(case, text):  # noqa: F811
     assert torch.equal(run(case, "imma", text + "a1"), run(case, "imma", text))
 
 
+def same_sums(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The same products summed: byte for byte under the interpreter; compiled (the H200, Triton 3.6) the dots of
+    another operand layout sum in another order, so within 1e-5 of the output scale (the parity tool's bound against
+    the fp32 kernel is 1e-4)."""
+    if torch.device(DEVICE).type != "cuda":
+        return torch.equal(got, want)
+    return (got.float() - want.float()).abs().max().item() <= 1e-5 * want.float().abs().max().item()
+
+
 @pytest.mark.parametrize("text", ["t2p16x1g1u1", "q2h4k2p16g1u1a1"])
-def test_v_as_word_pairs_gives_the_same_bytes(case, text):  # noqa: F811
+def test_v_as_word_pairs_gives_the_same_sums(case, text):  # noqa: F811
     # o1: each dim's products and sums over the chunk's cells in the same dot as before, the codes exact as fp16
-    assert torch.equal(run(case, "imma", text + "o1"), run(case, "imma", text))
+    assert same_sums(run(case, "imma", text + "o1"), run(case, "imma", text))
 
 
 @pytest.mark.parametrize("text", ["t2p16x1g1u1", "q2h4k2p16g1d2u1", "t1p16g1u1a1o1"])
-def test_p_made_in_the_scores_layout_gives_the_same_bytes(case, text):  # noqa: F811
+def test_p_made_in_the_scores_layout_gives_the_same_sums(case, text):  # noqa: F811
     # v1: the same products e * (v_scale * up), moved as one tensor (a1: its columns loaded a chunk ahead); two groups
     # here (head dim 128)
-    assert torch.equal(run(case, "imma", text + "v1"), run(case, "imma", text))
+    assert same_sums(run(case, "imma", text + "v1"), run(case, "imma", text))
 
 
 @triton.jit
