@@ -137,6 +137,25 @@ class ExpertCache:
         self.stats.misses += len(misses)
         return hits, misses
 
+    def _drop_unlanded(self, slots: np.ndarray, pending: list[int]) -> None:
+        """`_landed` for slots[i], i in `pending` (slots with a copy event), asking each distinct event once: a
+        prompt's first chunk after a refill finds hundreds of restored slots a layer behind one event, where a
+        stream wait each cost the host more than the layer's streaming. A slot not landed turns -1 (a miss)."""
+        verdicts: dict[tuple[int, bool], bool] = {}
+        for i in pending:
+            slot = int(slots[i])
+            event, restoring = self.landing[slot], slot in self.restoring
+            key = (id(event), restoring)
+            if key not in verdicts:
+                if restoring:
+                    self._wait_on_compute(event)
+                verdicts[key] = restoring or event.query()
+            if verdicts[key]:
+                del self.landing[slot]
+                self.restoring.discard(slot)
+            else:
+                slots[i] = -1
+
     def layer_slots(self, layer: int) -> np.ndarray:
         """The slot of each of the layer's experts, -1 where it is not cached (from the owner arrays, no dict)."""
         table = np.full(self.count_table.shape[1], -1, dtype=np.int64)
@@ -151,9 +170,7 @@ class ExpertCache:
         slots = self.layer_slots(layer)[experts]
         if self.landing:
             landing = np.fromiter(self.landing, dtype=np.int64, count=len(self.landing))
-            for i in np.flatnonzero(np.isin(slots, landing)).tolist():
-                if not self._landed(int(slots[i])):
-                    slots[i] = -1
+            self._drop_unlanded(slots, np.flatnonzero(np.isin(slots, landing)).tolist())
         self._in_use_rows.append((layer, experts))
         self.counts[layer].numpy()[experts] += 1
         hits = int((slots >= 0).sum())

@@ -68,6 +68,9 @@ class StreamStats:
     layers: int = 0  # routed layers run
     host_s: float = 0.0  # host time of the streaming itself (bookkeeping, copy launches; not the experts' launches)
     sync_s: float = 0.0  # host time waiting for each layer's routing (the layer's one device read)
+    lend_s: float = 0.0  # host time lending the ring (and work slots) at a prompt's start
+    refill_s: float = 0.0  # host time giving them back, refilled, at its end
+    refill_bytes: int = 0  # expert bytes copied back into lent slots
 
 
 class PromptStreamer:
@@ -102,6 +105,7 @@ class PromptStreamer:
 
     def _ensure_ring(self) -> SlotRing:
         if self.ring is None:
+            started = time.perf_counter()
             released = self.queue.mark()  # queued decode work may still read the lent slots' experts
             if self.work_slots:  # first: a run of adjacent slots is harder to find than any slots
                 run = self.cache.borrow_run(self.work_slots)
@@ -109,13 +113,17 @@ class PromptStreamer:
                 self.queue.drain()  # an admit into the run still in flight lands before kernels write buffers there
             lent = self.cache.borrow(self.ring_slots)
             self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
+            self.stats.lend_s += time.perf_counter() - started
         return self.ring
 
     def return_slots(self) -> None:
         """Give the lent slots back to the cache, refilled with the experts they held before."""
         if self.ring is not None:
+            started, moved = time.perf_counter(), self.cache.stats.bytes_moved
             self.ring, self.arena = None, None
             self.cache.refill()  # admits wait for the compute stream: the last chunk is done with its buffers
+            self.stats.refill_s += time.perf_counter() - started
+            self.stats.refill_bytes += self.cache.stats.bytes_moved - moved
 
     def begin_chunk(self, n_tokens: int, next_tokens: int, top_k: int) -> None:
         """The engine starts a prompt chunk of n_tokens (next_tokens follow it, 0 for none; top_k experts a token):

@@ -109,6 +109,7 @@ def test_a_layer_costs_at_most_two_copy_launches(tiny_moe, slots):
     assert layers == llm.config.n_layers * streamer.stats.chunks and streamer.stats.bytes_streamed > 0
     assert 0 < streamer.queue.launches <= 2 * layers + 1  # ahead and late, and the first chunk's first layer
     assert streamer.queue.bytes == streamer.stats.bytes_streamed
+    assert streamer.stats.refill_bytes > 0 and not streamer.cache.lent  # the lent slots came back, refilled
 
 
 def _plain_borrow(cache, n):
@@ -158,3 +159,40 @@ def test_borrows_choose_as_their_rule_says(tiny_moe):
                 cache.borrow(m)
         else:
             assert cache.borrow(m) == want, trial
+
+
+class _Event:
+    def __init__(self, done):
+        self.done, self.queries = done, 0
+
+    def query(self):
+        self.queries += 1
+        return self.done
+
+
+def test_array_lookup_asks_each_copy_event_once(tiny_moe):
+    """Slots behind copy events (a GPU's admits, faked here): restored ones are hits behind one compute-stream wait
+    per event, others hits once their event has fired, else misses that keep their event."""
+    from strata.models import load_model
+
+    model = load_model(GGUFModelFile(tiny_moe), torch.device("cpu"), torch.float32)
+    cache = ExpertCache(model.expert_stacks, 16, torch.device("cpu"))
+    cache.fill(cache.even_ranking())
+    waits = []
+    cache._wait_on_compute = waits.append
+    refill, swap_done, swap_pending = _Event(False), _Event(True), _Event(False)
+    table = cache.layer_slots(0)
+    slot_of = {e: int(table[e]) for e in range(8) if table[e] >= 0}
+    experts = sorted(slot_of)
+    assert len(experts) >= 6
+    restored, landed, pending = experts[:3], experts[3:4], experts[4:6]
+    for e in restored:
+        cache.landing[slot_of[e]] = refill
+        cache.restoring.add(slot_of[e])
+    for e, event in [(landed[0], swap_done)] + [(e, swap_pending) for e in pending]:
+        cache.landing[slot_of[e]] = event
+    slots = cache.lookup_slots(0, np.array(experts))
+    assert waits == [refill] and swap_done.queries == 1 and swap_pending.queries == 1
+    got = dict(zip(experts, slots.tolist()))
+    assert all(got[e] == slot_of[e] for e in restored + landed) and all(got[e] == -1 for e in pending)
+    assert set(cache.landing) == {slot_of[e] for e in pending} and not cache.restoring

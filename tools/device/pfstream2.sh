@@ -54,6 +54,6 @@ tar czf "$OUT/pfstream2_logs.tgz" -C $L .
 cat $L/times.txt
 for f in $L/*.log; do
   echo "=== $f"
-  grep -E "streaming|prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|ALL OK|passed|failed|gather|copies|floor|Error" "$f" \
+  grep -E "streaming|lending|prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|ALL OK|passed|failed|gather|copies|floor|Error" "$f" \
     | grep -v "^\s*$" | tail -n 40 | cut -c1-260
 done

@@ -35,7 +35,8 @@ def streaming(engine, ids) -> None:
         print("streaming: none (all resident, or split across cards)")
         return
     stats = streamer.stats
-    before = (stats.layers, stats.host_s, stats.sync_s, stats.bytes_streamed, stats.bytes_late, streamer.queue.launches)
+    before = (stats.layers, stats.host_s, stats.sync_s, stats.bytes_streamed, stats.bytes_late, streamer.queue.launches,
+              stats.lend_s, stats.refill_s, stats.refill_bytes)
     streamer.queue.timed = True
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -55,6 +56,10 @@ def streaming(engine, ids) -> None:
           f"{(stats.sync_s - before[2]) * 1e3 / max(layers, 1):.3f} ms a layer; copies' GPU time "
           f"{copy_ms / max(layers, 1):.3f} ms a layer, {rate / 1e9:.1f} GB/s = {rate / pinned:.0%} of the pinned copy "
           f"rate {pinned / 1e9:.1f} GB/s; PCIe floor {moved / pinned * 1e3:.1f} ms of this run's {wall * 1e3:.1f} ms")
+    refilled = stats.refill_bytes - before[8]
+    print(f"lending: {(stats.lend_s - before[6]) * 1e3:.1f} ms of host at the prompt's start; giving back: "
+          f"{(stats.refill_s - before[7]) * 1e3:.1f} ms of host and {refilled / 2**20:.0f} MiB refilled "
+          f"({refilled / pinned * 1e3:.1f} ms at the pinned rate, in the run's wall time)")
 
 
 def main() -> None:

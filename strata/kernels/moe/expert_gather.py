@@ -113,20 +113,37 @@ def _gather_kernel(gate, up, down, dst, pairs, n_tiles, tiles_per_expert, gate_w
         tl.store(dst + slot * slot_words + w, v, mask=w < total)
 
 
-def gather_experts_triton(slots: torch.Tensor, stack, pairs: torch.Tensor, config: GatherConfig | None = None) -> None:
+@dataclass(frozen=True)
+class GatherOperands:
+    """What a launch reads and writes, as words: the three host parts, the slots, their sizes (made once a layer's
+    stack: views and address checks cost the host more than the launch's other work)."""
+
+    sources: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    dst: torch.Tensor
+    words: tuple[int, int, int]  # gate, up, down words an expert
+    slot_words: int
+
+    @classmethod
+    def of(cls, slots: torch.Tensor, stack) -> "GatherOperands":
+        width = word_bytes(slots, stack)
+        sources = tuple(_flat_words(p.raw, width) for p in (stack.gate, stack.up, stack.down))
+        words = tuple(b // width for b in part_bytes(stack))
+        return cls(sources, _flat_words(slots, width), words, slots.stride(0) // width)
+
+
+def gather_experts_triton(slots: torch.Tensor, stack, pairs: torch.Tensor, config: GatherConfig | None = None,
+                          operands: GatherOperands | None = None) -> None:
     """One launch: `pairs` int32 [n, 2] (expert, slot) on the slots' device; the host stacks pinned (on a GPU)."""
     config = config or GatherConfig()
     n = pairs.shape[0]
     if n == 0:
         return
-    width = word_bytes(slots, stack)
-    g, u, d = (b // width for b in part_bytes(stack))
-    tiles_per_expert = triton.cdiv(g + u + d, config.block)
+    ops = operands or GatherOperands.of(slots, stack)
+    tiles_per_expert = triton.cdiv(sum(ops.words), config.block)
     n_tiles = n * tiles_per_expert
-    sources = [_flat_words(p.raw, width) for p in (stack.gate, stack.up, stack.down)]
-    grid = (min(config.programs, n_tiles),)
-    _gather_kernel[grid](*sources, _flat_words(slots, width), pairs, n_tiles, tiles_per_expert, g, u, d,
-                         slots.stride(0) // width, BLOCK=config.block, num_warps=config.warps)
+    _gather_kernel[(min(config.programs, n_tiles),)](*ops.sources, ops.dst, pairs, n_tiles, tiles_per_expert,
+                                                     *ops.words, ops.slot_words, BLOCK=config.block,
+                                                     num_warps=config.warps)
 
 
 def gather_pairs(experts: np.ndarray, targets: np.ndarray) -> torch.Tensor:
