@@ -1,7 +1,8 @@
 # Sourced by the one-call device batches (session*.sh): wheels on the path, $M for models, $L for logs, and
 # `part NAME CAP COMMAND...`, which runs COMMAND into $L/NAME.log under min(CAP, what is left of BUDGET) seconds,
 # or says it was skipped when under 20 s are left; and `script NAME CAP`, which runs a branch's own batch
-# tools/device/NAME.sh nested (its logs under $L/NAME) under min(CAP, what is left) seconds. The caller tars $L into $OUT (a call returns at most 8 files).
+# tools/device/NAME.sh nested (its logs under $L/NAME) under min(CAP, what is left) seconds. The caller tars $L
+# into $OUT (a call returns at most 8 files).
 # A branch's script that sources this too, run by a batch with OUT=its own folder, finds everything set up: it
 # installs nothing (installing the wheels again would replace packages under the other queue) and logs to $OUT/logs.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
@@ -41,4 +42,16 @@ script() {  # name cap: a branch's batch script nested, logging to $L/name (its 
   local left=$((BUDGET - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
   OUT=$L/$name BUDGET=$((cap - 10)) timeout -k 5 $cap bash tools/device/$name.sh > $L/$name.log 2>&1
   echo "$name rc=$? by ${SECONDS}s" | tee -a $L/times.txt
+}
+finish() {  # [LINES]: a batch's end: its total time, the caches and logs into $OUT, the last lines of each log
+  local lines=${1:-16}
+  echo "total ${SECONDS}s" | tee -a $L/times.txt
+  save_cache
+  tar czf "$OUT/logs.tgz" -C $L .
+  cat $L/times.txt
+  for f in $L/*.log $L/*/logs/*.log; do
+    [ -f "$f" ] || continue
+    echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | grep -v "Warning\|warn_once\|^strata: \(loading\|reading\)" \
+      | tail -n $lines | cut -c1-200
+  done
 }

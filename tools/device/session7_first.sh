@@ -23,11 +23,4 @@ Q=/tmp/q4x; mkdir -p $Q
    --vram-budget 24
  part full_prompt12 150 python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --reps 1) &
 wait
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-tar czf "$OUT/logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log $L/specexact/logs/*.log; do
-  echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | grep -v "Warning\|warn_once\|^strata: \(loading\|reading\)" \
-    | tail -n 24 | cut -c1-220
-done
+finish 24

@@ -26,11 +26,4 @@ P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,3
  while [ ! -f $Q/made ] && [ $SECONDS -lt 280 ]; do sleep 2; done
  part prompt_fp16 110 $P) &
 wait
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-tar czf "$OUT/logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log $L/*/logs/*.log; do
-  echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | grep -v "Warning\|warn_once\|^strata: \(loading\|reading\)" \
-    | tail -n 14 | cut -c1-200
-done
+finish 14

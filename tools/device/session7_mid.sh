@@ -28,11 +28,4 @@ source tools/device/parts.sh || exit 1
  part profile_stacks 75 python3 tools/device/profile_prompt.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --rows 25 \
    --stacks) &
 wait
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-tar czf "$OUT/logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log $L/*/logs/*.log; do
-  echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | grep -v "Warning\|warn_once\|^strata: \(loading\|reading\)" \
-    | tail -n 20 | cut -c1-200
-done
+finish 20

@@ -26,11 +26,4 @@ Q=/tmp/q4x; mkdir -p $Q
  part full12 150 python3 -m strata bench decode $Q/full-00001-of-00002.gguf --device cuda --ctx 4096 \
    --prompt-tokens 32 --tokens 64 --vram-budget 12) &
 wait
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-tar czf "$OUT/logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log $L/*/logs/*.log; do
-  echo "=== $f"; grep -v "^\s*$" "$f" | grep -v "^-\{20\}" | grep -v "Warning\|warn_once\|^strata: \(loading\|reading\)" \
-    | tail -n 16 | cut -c1-200
-done
+finish 16

@@ -38,17 +38,25 @@ def scales_at(cells_row, page_table_ptr, ks_ptr, vs_ptr, c0, count, kvh, n_kv_he
     (fp16) of merged cells `c0 .. c0 + CH`: loaded a chunk ahead and carried by the loop, so no chunk waits on its
     scales' global loads (Triton's pipeliner copies ahead only the loads that feed a dot)."""
     rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
-    k0 = tl.load(ks_ptr + rows * NG, mask=valid, other=0.0)
-    k1 = k0
-    k2 = k0
-    k3 = k0
-    if NG > 1:
-        k1 = tl.load(ks_ptr + rows * NG + 1, mask=valid, other=0.0)
-    if NG > 2:
-        k2 = tl.load(ks_ptr + rows * NG + 2, mask=valid, other=0.0)
-        k3 = tl.load(ks_ptr + rows * NG + 3, mask=valid, other=0.0)
+    k0, k1, k2, k3 = group_columns(ks_ptr, rows, valid, NG)
     vs = tl.load(vs_ptr + rows[None, :] * NG + tl.arange(0, NG)[:, None], mask=valid[None, :], other=0.0)
     return k0, k1, k2, k3, vs
+
+
+@triton.jit
+def group_columns(s_ptr, rows, valid, NG: tl.constexpr):
+    """Each 64-dim group's fp16 scale of the chunk's cells ([CH] each, `s_ptr + row * NG + g`); groups past NG
+    repeat group 0 (unused)."""
+    c0 = tl.load(s_ptr + rows * NG, mask=valid, other=0.0)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    if NG > 1:
+        c1 = tl.load(s_ptr + rows * NG + 1, mask=valid, other=0.0)
+    if NG > 2:
+        c2 = tl.load(s_ptr + rows * NG + 2, mask=valid, other=0.0)
+        c3 = tl.load(s_ptr + rows * NG + 3, mask=valid, other=0.0)
+    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -100,15 +108,7 @@ def p_score_side(e, vs_ptr, rows, valid, up, NG: tl.constexpr, columns=None, GIV
     if GIVEN:
         c0, c1, c2, c3 = columns
     else:
-        c0 = tl.load(vs_ptr + rows * NG, mask=valid, other=0.0)
-        c1 = c0
-        c2 = c0
-        c3 = c0
-        if NG > 1:
-            c1 = tl.load(vs_ptr + rows * NG + 1, mask=valid, other=0.0)
-        if NG > 2:
-            c2 = tl.load(vs_ptr + rows * NG + 2, mask=valid, other=0.0)
-            c3 = tl.load(vs_ptr + rows * NG + 3, mask=valid, other=0.0)
+        c0, c1, c2, c3 = group_columns(vs_ptr, rows, valid, NG)
     p0 = e * (c0.to(tl.float32) * up)[None, :]
     if NG == 1:
         p = p0[None, :, :]
