@@ -3,6 +3,7 @@ prefill under torch.profiler: GPU kernel time against wall time (the rest is hos
 device time, and the host's ops by self time (Python-side costs show there).
 
 Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K] [--stacks]
+       [--kv-dtype float16|int8]
 
 --stacks adds the device time by input shapes, then one more prefill under a dispatch logger listing each matrix
 product and softmax with its shapes, dtypes and call site (the innermost strata frames): the shapes join the two,
@@ -69,9 +70,10 @@ def main() -> None:
     parser.add_argument("--vram-budget", type=float, default=None)
     parser.add_argument("--rows", type=int, default=30, help="rows of each table")
     parser.add_argument("--stacks", action="store_true", help="also by input shapes and by call site")
+    parser.add_argument("--kv-dtype", default="float16", help="KV cache: float16 (the default) or int8 (paged)")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
-                                             vram_budget=args.vram_budget))
+                                             vram_budget=args.vram_budget, kv_dtype=args.kv_dtype))
     vocab = engine.model.config.vocab_size
     ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     engine.prefill(ids)  # compile and warm
