@@ -12,7 +12,8 @@ from strata.kernels.attention.prompt_blocks import PromptConfig
 from strata.kernels.attention.prompt_v1 import codes_to_half
 from tests.kernels import DEVICE
 from tests.kernels.attention.common import queries, random_pool
-from tests.kernels.attention.test_prompt_split import assert_within_bounds, case, run  # noqa: F401  (the fixture)
+from tests.kernels.attention.test_prompt_split import (  # noqa: F401  (the fixture)
+    assert_parity, assert_within_bounds, case, run)
 
 
 @triton.jit
@@ -68,10 +69,13 @@ def test_scales_through_one_hot_dots_give_the_same_bytes(case, text):  # noqa: F
         assert torch.equal(run(case, "imma", text + "e2"), base)
 
 
-@pytest.mark.parametrize("dim,text", [(64, "p16x1g1"), (256, "h1p16x2g1d2")])
+@pytest.mark.parametrize("dim,text", [(64, "p16x1g1"), (256, "h1p16x2g1d2"),
+                                      # u1 (prompt_imma_uniform.py), whose a1 loads each group's K scales
+                                      (64, "p16x1g1u1a1o1"), (256, "h1p16x1g1d2u1a1"), (64, "p16g1u1v1"),
+                                      (256, "p16x1g1u1a1o1v1")])
 def test_scores_per_group_for_one_and_four_groups(dim, text):
-    # head dims of 1 and 4 groups (the kernel unrolls them), 3 query heads a KV head, one a program in the second
-    from strata.bench.prompt_attn import make_selections, within_bounds
+    # head dims of 1 and 4 groups (the kernel unrolls them), 3 query heads a KV head, one a program in some
+    from strata.bench.prompt_attn import make_selections
     from strata.kernels.attention.prompt_ref import prompt_attn_ref
 
     pool, table = random_pool(41, 2, dim, seed=6)
@@ -80,9 +84,7 @@ def test_scores_per_group_for_one_and_four_groups(dim, text):
     ref = prompt_attn_ref(q, pool, table, ids, width).cpu()
     fp32 = VARIANTS["fp32"](q, pool, table, ids, width).cpu()
     out = VARIANTS["imma"](q, pool, table, ids, width, config=PromptConfig.parse(text)).cpu()
-    err_fp32 = (fp32.double() - ref).abs().max().item()
-    err, vs_fp32 = (out.double() - ref).abs().max().item(), (out - fp32).abs().max().item()
-    assert within_bounds(err, vs_fp32, err_fp32, ref.abs().max().item(), fp32.abs().max().item()), (dim, err)
+    assert_parity(out, ref, fp32, (dim, text))
 
 
 def test_scores_per_group_refused_where_it_cannot_run(case):  # noqa: F811
