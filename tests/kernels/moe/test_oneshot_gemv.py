@@ -29,17 +29,13 @@ from strata.kernels.moe.gemv import (  # noqa: E402
     ERROR_BOUND, DecodeExperts, ExpertOperand, GemvConfig, _takes_oneshot, down_sum_triton, gate_up_swiglu_triton,
     launch_down, moe_gemv_float64, relative_error)
 
+from tests.kernels.moe.partly_cached import cpu_stack, partly_cached  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _oneshot(bn: int, split: int = 1) -> GemvConfig:
     return GemvConfig(bn=bn, ns=4, warps=4, wide=True, split=split, oneshot=True)
-
-
-def _cpu(stack):
-    from strata.engine.experts import ExpertStack
-
-    return ExpertStack(*(p.to("cpu") for p in (stack.gate, stack.up, stack.down)))
 
 
 @pytest.mark.parametrize("fmt, split", [("Q2_0", 1), ("Q4_0", 3), ("Q8_0", 2), ("Q4_K", 1)])
@@ -53,7 +49,7 @@ def test_oneshot_expert_kernels_match_float64(device, fmt, split):
     gen = torch.Generator().manual_seed(62)
     ids, w = routing(2, 2, 4, gen, shared=1)
     x = torch.randn(2, embd, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
     up, down = _oneshot(32, split), _oneshot(128, split)
     assert _takes_oneshot(up, experts.gate, experts.up) and _takes_oneshot(down, experts.down)
     x, ids, w = x.to(device), ids.to(device), w.to(device)
@@ -68,24 +64,11 @@ def test_oneshot_expert_kernels_match_float64(device, fmt, split):
 
 
 def test_oneshot_kernels_from_slots_leave_missing_experts_out(device):
-    from strata.bench.moe_decode import routing, slots_of, synthetic_stack
-
-    stack = synthetic_stack("Q4_0", "Q4_0", 6, 128, 64, seed=63, device=device)
-    gen = torch.Generator().manual_seed(64)
-    order = torch.randperm(6, generator=gen)
-    slots, table = slots_of(stack, order, 4)  # experts order[4:] are not resident: they add exactly zero
-    cached = DecodeExperts.of_slots(slots, table, stack)
-    ids, w = routing(2, 3, 6, gen, shared=1)
-    x = torch.randn(2, 128, generator=gen)
-    resident = torch.isin(ids, order[:4])
-    assert not resident.all() and resident.any()
-    h64, y64 = moe_gemv_float64(x, ids, w * resident, DecodeExperts.of_stack(_cpu(stack)))
-    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    case = partly_cached(device, n_experts=6, n_resident=4, n_tokens=2, top_k=3, shared=1, seed=63)
+    x, ids, w, cached = case.x, case.ids, case.weights, case.cached
     h = gate_up_swiglu_triton(x, ids, cached, _oneshot(64))
-    assert (h.cpu()[~resident] == 0).all()
-    assert relative_error(h, h64 * resident[:, :, None]) <= ERROR_BOUND
     y = down_sum_triton(h, ids, w, cached, torch.float32, _oneshot(64, 2))
-    assert relative_error(y, y64) <= ERROR_BOUND
+    case.check(h, y)
     # The misses' launch form (programs of absent pairs skip their loads and dots): the same values
     sparse = dataclasses.replace(cached, sparse=True)
     assert torch.equal(gate_up_swiglu_triton(x, ids, sparse, _oneshot(64)), h)
@@ -128,7 +111,7 @@ def test_operands_the_oneshot_kernels_cannot_read_take_the_word_kernels(device):
     gen = torch.Generator().manual_seed(69)
     ids, w = routing(1, 2, 4, gen)
     x = torch.randn(1, 128, generator=gen)
-    h64, _ = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64,
+    h64, _ = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64,
                                                                                        seed=67))))
     h = gate_up_swiglu_triton(x.to(device), ids.to(device), DecodeExperts(odd, q4.up, q4.down), _oneshot(32))
     assert relative_error(h, h64) <= ERROR_BOUND

@@ -11,19 +11,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from strata.bench.moe_decode import routing, slots_of, synthetic_stack
+from strata.bench.moe_decode import routing, synthetic_stack
 from strata.kernels.moe.gemv import (ERROR_BOUND, DecodeExperts, GemvConfig, _takes_stream, down_sum_triton,
                                      gate_up_swiglu_triton, launch_down, moe_gemv_float64, relative_error)
+from tests.kernels.moe.partly_cached import cpu_stack, partly_cached
 
 # gate/up: 2 steps of 2 units (Q2_0: 1 step) over 64-row tiles; down: k * units flattened, 4 a step (a partial last)
 WORDS_UP = GemvConfig(bn=32, ns=2, warps=4, wide=True)
 WORDS_DOWN = GemvConfig(bn=64, ns=4, warps=4, wide=True)
-
-
-def _cpu(stack):
-    from strata.engine.experts import ExpertStack
-
-    return ExpertStack(*(p.to("cpu") for p in (stack.gate, stack.up, stack.down)))
 
 
 def _interpreted(device) -> bool:
@@ -39,7 +34,7 @@ def test_streamed_kernels_match_float64_and_the_word_kernels(device, fmt, per_sm
     gen = torch.Generator().manual_seed(42)
     ids, w = routing(2, 3, 8, gen, shared=1)
     x = torch.randn(2, 128, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
     up, down = replace(WORDS_UP, stream=per_sm), replace(WORDS_DOWN, stream=per_sm)
     assert _takes_stream(up, experts.gate, experts.up) and _takes_stream(down, experts.down)
     x, ids, w = x.to(device), ids.to(device), w.to(device)
@@ -60,7 +55,7 @@ def test_experts_of_one_unit_width_stream_too(device):
     gen = torch.Generator().manual_seed(57)
     ids, w = routing(2, 4, 8, gen, shared=1)
     x = torch.randn(2, 256, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
     x, ids, w = x.to(device), ids.to(device), w.to(device)
     h = gate_up_swiglu_triton(x, ids, experts, GemvConfig(bn=16, ns=4, warps=4, wide=True, stream=3))
     y = down_sum_triton(h, ids, w, experts, torch.float32, GemvConfig(bn=64, ns=2, warps=4, wide=True, stream=3))
@@ -74,7 +69,7 @@ def test_streamed_q4_k_matches_float64_and_the_word_kernels(device):
     gen = torch.Generator().manual_seed(53)
     ids, w = routing(1, 2, 4, gen)
     x = torch.randn(1, 256, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
     up, down = GemvConfig(bn=64, ns=2, warps=4, wide=True), GemvConfig(bn=128, ns=4, warps=4, wide=True)
     assert _takes_stream(replace(up, stream=4), experts.gate, experts.up)
     x, ids, w = x.to(device), ids.to(device), w.to(device)
@@ -88,22 +83,11 @@ def test_streamed_q4_k_matches_float64_and_the_word_kernels(device):
 
 
 def test_streamed_kernels_from_slots_leave_missing_experts_out(device):
-    stack = synthetic_stack("Q4_0", "Q4_0", 12, 128, 64, seed=43, device=device)
-    gen = torch.Generator().manual_seed(44)
-    order = torch.randperm(12, generator=gen)
-    slots, table = slots_of(stack, order, 9)  # experts order[9:] are not resident: they add exactly zero
-    cached = DecodeExperts.of_slots(slots, table, stack)
-    ids, w = routing(3, 4, 12, gen, shared=2)
-    x = torch.randn(3, 128, generator=gen)
-    resident = torch.isin(ids, order[:9])
-    assert not resident.all() and resident.any()
-    h64, y64 = moe_gemv_float64(x, ids, w * resident, DecodeExperts.of_stack(_cpu(stack)))
-    x, ids, w = x.to(device), ids.to(device), w.to(device)
+    case = partly_cached(device, n_experts=12, n_resident=9, n_tokens=3, top_k=4, shared=2, seed=43)
+    x, ids, w, cached = case.x, case.ids, case.weights, case.cached
     h = gate_up_swiglu_triton(x, ids, cached, replace(WORDS_UP, stream=3))
-    assert (h.cpu()[~resident] == 0).all()
-    assert relative_error(h, h64 * resident[:, :, None]) <= ERROR_BOUND
     y = down_sum_triton(h, ids, w, cached, torch.float32, replace(WORDS_DOWN, stream=3))
-    assert relative_error(y, y64) <= ERROR_BOUND
+    case.check(h, y)
 
 
 def test_dense_matvec_through_the_streamed_down_kernel(device):
@@ -139,7 +123,7 @@ def test_formats_and_offsets_the_streamed_kernels_cannot_read_take_the_word_or_b
     gen = torch.Generator().manual_seed(49)
     ids, w = routing(1, 2, 4, gen)
     x = torch.randn(1, 128, generator=gen)
-    h64, _ = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64,
+    h64, _ = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(synthetic_stack("Q4_0", "Q4_0", 4, 128, 64,
                                                                                        seed=48))))
     h = gate_up_swiglu_triton(x.to(device), ids.to(device), DecodeExperts(odd, q4.up, q4.down),
                               replace(WORDS_UP, stream=2))
@@ -170,7 +154,7 @@ def test_stream_sweep_lists_the_default_then_streamed_configs_and_checks_them(de
         calls.append((torch.randn(1, 128, generator=gen).to(device), ids.to(device), w.to(device), experts,
                       torch.float32))
     want = moe_gemv_float64(calls[0][0].cpu(), calls[0][1].cpu(), calls[0][2].cpu(),
-                            DecodeExperts.of_stack(_cpu(stack)))
+                            DecodeExperts.of_stack(cpu_stack(stack)))
     seen = []
     monkeypatch.setattr(moe_decode, "sweep_configs", lambda kind, spec, n_out, n_in, top_k, family="all": seen.append(
         family) or [WORDS_UP if kind == "gate_up" else WORDS_DOWN, replace(WORDS_UP, stream=2)])
@@ -221,7 +205,7 @@ def test_as_many_programs_as_fit_run_the_same_sums(device):
     gen = torch.Generator().manual_seed(55)
     ids, w = routing(1, 3, 6, gen)
     x = torch.randn(1, 128, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(_cpu(stack)))
+    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
     x, ids, w = x.to(device), ids.to(device), w.to(device)
     h = gate_up_swiglu_triton(x, ids, experts, replace(WORDS_UP, stream=-1))
     y = down_sum_triton(h, ids, w, experts, torch.float32, replace(WORDS_DOWN, stream=-1))
