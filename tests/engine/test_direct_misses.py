@@ -24,6 +24,19 @@ def _decode(path, steps=12, **options):
     return engine, tokens, logits.numpy().tobytes()
 
 
+def _direct_layer(tmp_path, quant: str, n_tokens: int, seed: int):
+    """A tiny model behind a 5-slot cache with direct misses: (its expert backend, its first routed layer, x, and a
+    random routing of n_tokens rows)."""
+    path = make_model(tmp_path / "m.gguf", preset="tiny", quant=quant, n_embd=128, expert_ff=64)
+    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
+    backend = llm.engine.model.experts
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, 128, generator=g)
+    weights, ids = route_topk(torch.randn(n_tokens, llm.config.n_experts, generator=g), llm.config.n_experts_used,
+                              True)
+    return backend, next(iter(backend.host_stacks)), x, weights, ids
+
+
 @pytest.mark.parametrize("graphs", ["off", "eager"])
 def test_direct_misses_give_the_resident_tokens_and_bytes(tiny_moe, graphs):
     _, want_tokens, want_logits = _decode(tiny_moe, decode_graphs=graphs)
@@ -70,13 +83,7 @@ def test_an_evicted_expert_reads_from_the_host_at_once(tiny_moe):
 
 def test_the_two_launches_sum_to_the_loop(tmp_path):
     """direct_gemv's hits (slots) + misses (host stack) through complementary tables = every expert once."""
-    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q8_0", n_embd=128, expert_ff=64)
-    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
-    backend = llm.engine.model.experts
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 128, generator=g)
-    weights, ids = route_topk(torch.randn(3, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
-    layer = next(iter(backend.host_stacks))
+    backend, layer, x, weights, ids = _direct_layer(tmp_path, "Q8_0", n_tokens=3, seed=1)
     hits = [e for e in ids.unique().tolist() if (layer, e) in backend.cache.slot_of]
     assert 0 < len(hits) < ids.unique().numel()  # some hits, some misses
     want = ResidentExperts(backend.host_stacks).run(layer, x, weights, ids)
@@ -121,13 +128,7 @@ def test_copied_misses_sum_like_misses_read_in_place(tmp_path):
     over them give the in-place result; the scratch holds exactly the missed experts' bytes, a slot each."""
     from strata import switches
 
-    path = make_model(tmp_path / "m.gguf", preset="tiny", quant="Q4_0", n_embd=128, expert_ff=64)
-    llm = strata.LLM(path, device="cpu", expert_cache=5, misses="direct")
-    backend = llm.engine.model.experts
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 128, generator=g)
-    weights, ids = route_topk(torch.randn(2, llm.config.n_experts, generator=g), llm.config.n_experts_used, True)
-    layer = next(iter(backend.host_stacks))
+    backend, layer, x, weights, ids = _direct_layer(tmp_path, "Q4_0", n_tokens=2, seed=2)
     cache, stack = backend.cache, backend.host_stacks[layer]
     in_place = direct_gemv(cache, stack, layer, x, weights, ids)
     with switches.override(STRATA_MISSES_COPY=True):
