@@ -152,15 +152,13 @@ def _timed_steps(engine, prompt: list[int], n_tokens: int, cached: list[CachedEx
     for _ in tokens:
         now = time.perf_counter()
         spans_now = len(decoder.programs) if decoder is not None else 0
+        adapts_now = sum(c.stats.adapts for c in caches)  # host integers: nothing read from the device
         if spans_now > spans:  # the step crossed into a longer span and captured its graphs: once a process, not
             run.capture_seconds += now - last  # decode's rate (a 256-token run crosses 256 cells: ~1 s of capture)
         else:
             run.steps.append(now - last)
-        spans, last = spans_now, now
-        adapts_now = sum(c.stats.adapts for c in caches)  # host integers: nothing read from the device
-        if len(run.adapted) < len(run.steps):
             run.adapted.append(adapts_now > adapts)
-        adapts = adapts_now
+        spans, last, adapts = spans_now, now, adapts_now
     sync(engine.device)
     if cached:
         run.counters = tuple(a - b for a, b in zip(_counters(cached), before))
