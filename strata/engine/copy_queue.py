@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from strata import switches
+from strata.engine.staging import upload
 from strata.kernels.moe.expert_gather import (GatherConfig, GatherOperands, gather_experts_ref, gather_experts_triton,
                                               gather_pairs)
 
@@ -94,9 +95,7 @@ class CopyQueue:
     def launch(self, slots, stack, experts: np.ndarray, targets: np.ndarray) -> None:
         """The kernel's launch on the current stream: the (expert, slot) list uploaded without a host wait (on the
         CPU, under TRITON_INTERPRET=1, the tests run it as it is)."""
-        pairs = gather_pairs(experts, targets)
-        if self.cuda:
-            pairs = pairs.pin_memory().to(self.device, non_blocking=True)
+        pairs = upload(gather_pairs(experts, targets), self.device)
         key = (id(stack), slots.data_ptr(), slots.shape)  # the cache's slots stay put; a bench's may not
         if key not in self._operands:
             self._operands[key] = GatherOperands.of(slots, stack)

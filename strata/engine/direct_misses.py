@@ -36,6 +36,7 @@ import torch
 
 from strata import switches
 from strata.engine.experts import PROMPT_KERNEL_MIN_TOKENS
+from strata.engine.staging import upload
 from strata.errors import StrataError
 
 
@@ -167,10 +168,8 @@ class DeviceTable:
             self._close(adapt=False)
 
     def _upload(self, values: list[int], dtype=torch.long) -> torch.Tensor:
-        """A small host list onto the table's device without a host wait (pinned, non-blocking: a pageable copy
-        would synchronize the stream, draining the queued steps)."""
-        t = torch.tensor(values, dtype=dtype)
-        return t.pin_memory().to(self.table.device, non_blocking=True) if self.cuda else t
+        """A small host list onto the table's device without a host wait (`staging.upload`)."""
+        return upload(torch.tensor(values, dtype=dtype), self.table.device)
 
     def miss_scratch(self, pairs: int, host) -> tuple[torch.Tensor, torch.Tensor]:
         """Copied misses' device slots for a step of `pairs` (token, expert) pairs, and their table expert -> slot.

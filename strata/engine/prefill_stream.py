@@ -39,6 +39,7 @@ import torch
 from strata.engine.copy_queue import CopyQueue
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
 from strata.engine.slot_ring import SlotRing
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.kernels.work_arena import WorkArena
 
@@ -201,14 +202,9 @@ class PromptStreamer:
             table = np.full(stack.n_experts, -1, dtype=np.int32)
             table[experts] = slots
             return moe_prefill(x, ids.to(torch.int32), weights.float(), self._over_slots[layer],
-                               slot_of=self._upload(torch.from_numpy(table), x.device), scratch=self.arena)
+                               slot_of=upload(torch.from_numpy(table), x.device), scratch=self.arena)
         routes = routed_tokens(ids)
         slot_of = dict(zip(experts.tolist(), slots.tolist()))
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, lambda e: self.cache.expert_weights(layer, slot_of[e]), routes)
         return out
-
-    @staticmethod
-    def _upload(table: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """A host table onto the device without a host wait (a pageable copy would synchronize the stream)."""
-        return table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table

@@ -1,8 +1,15 @@
-"""A static step's tokens and positions, uploaded to the device through one pinned buffer."""
+"""Host data onto the device without a host wait: a static step's tokens and positions through one pinned buffer
+(`TokenUpload`), and small tables made on the host (`upload`)."""
 
 from __future__ import annotations
 
 import torch
+
+
+def upload(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device`, the copy queued behind the stream's work: pinned first, since a pageable
+    copy would synchronize the stream (draining the queued steps). Off CUDA the tensor itself."""
+    return table.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else table
 
 
 class TokenUpload:
