@@ -51,9 +51,13 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
         if config.early:
             meta["EARLY"] = config.early
         meta.update(prompt_imma.uniform_flags(config))
+        if config.prefix:  # the prefix launch (the one-query launch beside it is the one-query config's kernel)
+            meta["PREFIX"] = 1
         kernel = prompt_imma_cells._prompt_imma_cells_kernel if config.scores else prompt_imma._prompt_imma_kernel
     else:
         kernel = prompt_v2._prompt_v2_kernel
+    if config.order:
+        meta["REVERSE"] = True
     return kernel, meta
 
 

@@ -150,7 +150,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
 
 def imma_only(config) -> bool:
     """Whether `config` uses one of imma's own options (v2 and v2t skip it)."""
-    return bool(config.pv or config.scores or config.qparts or config.early or config.uniform)
+    return bool(config.pv or config.scores or config.qparts or config.early or config.uniform or config.prefix)
 
 
 def fits(name: str, config) -> bool:

@@ -43,6 +43,7 @@ KV head as the rows of its dots, and walks the cells that block's queries select
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 
@@ -85,26 +86,32 @@ class PromptConfig:
     ahead: int = 0  # imma u1: 1 the next chunk's K and V scales loaded during this one (carried by the loop)
     pairs: int = 0  # imma u1: 1 V codes read as 16-bit words, split into even and odd dims (ldmatrix, not byte loads)
     vside: int = 0  # imma u1: 1 p made in the scores' layout (each group's V scales as a column), one layout change
+    prefix: int = 0  # imma g1, q2+: 1 prefix blocks (prompt_prefix.py), the rest a second launch; 2 that one beside
+    order: int = 0  # 1: blocks launched last first (the widest first where widths grow with the position)
+    spread: int = 0  # programs an SM wanted: splits added (`spread_splits`) where the blocks give fewer (0: k alone)
 
     @property
     def label(self) -> str:
         extra = {"k": self.splits - 1 and self.splits, "t": self.translate, "f": self.prefetch,
                  "p": self.pv, "r": self.maxreg, "x": self.exact, "g": self.scores, "n": self.qparts,
                  "d": self.halves, "e": self.early, "u": self.uniform,
-                 "a": self.ahead, "o": self.pairs, "v": self.vside}
+                 "a": self.ahead, "o": self.pairs, "v": self.vside, "i": self.prefix, "z": self.order,
+                 "y": self.spread}
         return (f"q{self.queries}h{self.heads}c{self.chunk}w{self.warps}s{self.stages}"
                 + "".join(f"{key}{value}" for key, value in extra.items() if value))
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`, `o1`, `v1`);
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`, `o1`, `v1`,
+        `i1`, `z1`, `y4`);
         left out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
                          r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?"
-                         r"(?:u(\d+))?(?:a(\d+))?(?:o(\d+))?(?:v(\d+))?", text)
+                         r"(?:u(\d+))?(?:a(\d+))?(?:o(\d+))?(?:v(\d+))?(?:i(\d+))?(?:z(\d+))?"
+                         r"(?:y(\d+))?", text)
         if not m or not text:
             raise StrataError(f"prompt-attention config {text!r}: expected the form q5h6c32w4s3 "
-                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1, u1)")
+                              "(then k2, t1, f1, p16, r128, x1, g1, n2, d2, e1, u1, a1, o1, v1, i1, z1, y4)")
         given = {k: int(v) for k, v in zip(FIELDS, m.groups()) if v}
         return replace(base or cls(), **given)
 
@@ -135,6 +142,8 @@ class PromptConfig:
             raise StrataError(f"prompt-attention config {self.label}: x and e 0 to 2, g 0 or 1, n and d 2")
         if any(x not in (0, 1) for x in (self.uniform, self.ahead, self.pairs, self.vside)):
             raise StrataError(f"prompt-attention config {self.label}: u, a, o and v 0 or 1")
+        if self.prefix not in (0, 1, 2) or self.order not in (0, 1) or self.spread > 32:
+            raise StrataError(f"prompt-attention config {self.label}: i 0 to 2, z 0 or 1, y 0 to 32")
         return replace(self, heads=heads)
 
     def rows(self) -> int:
@@ -142,7 +151,8 @@ class PromptConfig:
 
 
 FIELDS = ("queries", "heads", "chunk", "warps", "stages", "splits", "translate", "prefetch", "pv", "maxreg", "exact",
-          "scores", "qparts", "halves", "early", "uniform", "ahead", "pairs", "vside")
+          "scores", "qparts", "halves", "early", "uniform", "ahead", "pairs", "vside", "prefix", "order",
+          "spread")
 
 
 def shared_cells(ids: torch.Tensor, width: torch.Tensor, queries: int):
@@ -183,11 +193,14 @@ def _merge_into(ids, width, queries: int, merged: torch.Tensor, members: torch.T
 
 
 @triton.jit
-def block_rows(block0, n_q, n_kv_heads, G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr):
+def block_rows(block0, n_q, n_kv_heads, G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
+               REVERSE: tl.constexpr = False):
     """This program's block, KV head, and per row: the query's slot in the block, its flat head index into q
-    [n_q * H] (int64), and whether the row is real."""
+    [n_q * H] (int64), and whether the row is real. REVERSE (`z1`): the last block first."""
     part = tl.program_id(0)  # fastest: the programs reading one block's cells run side by side (L2 hits)
     blk = tl.program_id(1) + block0
+    if REVERSE:  # the widest blocks (the latest queries) start first: no long program is left to run alone at the end
+        blk = tl.cdiv(n_q, BQ) - 1 - blk
     kvh = part // (G // HP)
     r = tl.arange(0, BM)
     slot = r // HP
@@ -306,19 +319,28 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
                    **meta) -> torch.Tensor:
     """The host side of the blocked kernels: check, merge the blocks' selections (more than one query per program),
     launch `kernel` over (KV heads x head parts, query blocks, splits) and merge the splits; `meta` carries the
-    variant's own constexprs."""
+    variant's own constexprs. Prefix blocks (`i1`, `i2`): no merge; the prefix launch, then the one-query launch
+    for the queries of blocks that do not qualify (prompt_prefix.py)."""
     from strata.kernels.attention.decode import merge_splits
+    from strata.kernels.attention.prompt_prefix import prefix_flags
 
     n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
     config = config.resolve(group)
     if n_q < config.queries:  # a lone query's merged cells are its own: skip the merge
         config = replace(config, queries=max(1, n_q))
+    if config.queries == 1 and config.prefix:  # one query a program: its own list already
+        config = replace(config, prefix=0)
+    blocks = triton.cdiv(n_q, config.queries)
+    config = replace(config, splits=spread_splits(config, pool.n_kv_heads * (group // config.heads) * blocks,
+                                                  ids.shape[1], q.device))
     scale = dim ** -0.5 if sm_scale is None else sm_scale
     out = torch.empty(n_q, n_heads, dim, dtype=torch.float32, device=q.device)
     if n_q == 0:
         return out
     ids, width = ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous()
-    if config.queries == 1:
+    if config.prefix:  # the blocks' flags stand where the members would (no merge)
+        cells, members, count = ids, prefix_flags(ids, width, config.queries), width
+    elif config.queries == 1:
         cells, members, count = ids, ids, width  # members unused
     elif q.is_cuda and switches.get("STRATA_PA_MERGE_KERNEL"):
         from strata.kernels.attention.merge_cells import merge_cells_triton
@@ -336,17 +358,81 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     if splits > 1:
         parts = torch.empty(n_q * n_heads, splits, dim, dtype=torch.float32, device=q.device)
         ml = torch.empty(n_q * n_heads, splits, 2, dtype=torch.float32, device=q.device)
-    programs, blocks = pool.n_kv_heads * (group // config.heads), count.shape[0]
     args = (q.float().contiguous(), out, parts, ml, cells, members, count, page_table, pool.k, pool.v, pool.k_scale,
             pool.v_scale)
-    options = {"maxnreg": config.maxreg} if config.maxreg else {}  # unset: the launch exactly as before
-    for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
-        _LAST["kernel"] = kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
-            *args, block0, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, G=group, HP=config.heads,
-            BQ=config.queries, BM=config.rows(), CH=config.chunk, SPLITS=splits,
-            TRANSLATED=2 if config.translate == 2 else bool(config.translate),  # t0/t1 as before: the same kernel
-            PREFETCH=bool(config.prefetch),
-            num_warps=config.warps, num_stages=config.stages, **options, **meta)
+    launch = _Launch(kernel, args, n_q, cells.shape[1], pool.n_kv_heads, scale * LOG2E, group, meta)
+    if not config.prefix:
+        launch(config, blocks)
+    else:
+        rest = replace(config, queries=1, heads=0, prefix=0).resolve(group)  # the one-query form, its own bytes
+        if config.prefix == 2 and q.is_cuda:
+            _beside(lambda: launch(rest, n_q, PREFIX=2, FBQ=config.queries),
+                    lambda: launch(config, blocks, PREFIX=1), q.device)
+        else:
+            launch(config, blocks, PREFIX=1)
+            launch(rest, n_q, PREFIX=2, FBQ=config.queries)
     if splits > 1:
         merge_splits(parts, ml, out.view(n_q * n_heads, dim))
     return out
+
+
+SPREAD_SMS = 132  # `spread_splits`' SM count off the GPU (the H200's): the interpreter's tests see the device's choice
+SPLIT_CHUNKS = 8  # the fewest chunks of a full selection a split gets from `y`
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def spread_splits(config: PromptConfig, programs: int, cap: int, device: torch.device) -> int:
+    """The splits a launch of `programs` programs (KV heads x head parts x blocks) runs with: with `y` (spread) at
+    least enough for y programs an SM, as long as each split keeps SPLIT_CHUNKS chunks of a `cap`-cell selection;
+    never fewer than k. Shapes only (no host sync): few queries x KV heads leave SMs idle or a last partial wave, and
+    a long context's launch already has programs enough (k stays, and its bytes)."""
+    if not config.spread:
+        return config.splits
+    device = torch.device(device)
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else SPREAD_SMS
+    want = -(-config.spread * sms // max(1, programs))
+    return max(config.splits, min(want, max(1, cap // (config.chunk * SPLIT_CHUNKS)), MAX_SPLITS))
+
+
+class _Launch:
+    """One blocked launch of `kernel` over (KV heads x head parts, blocks, splits) for a config, in grids of at most
+    MAX_GRID_Y blocks; the extra constexprs (PREFIX, FBQ, REVERSE) are passed only when set, so a launch without them
+    is exactly the launch before they existed."""
+
+    def __init__(self, kernel, args, n_q, row_len, n_kv_heads, scale_log2, group, meta):
+        self.kernel, self.args, self.n_q, self.row_len = kernel, args, n_q, row_len
+        self.n_kv_heads, self.scale_log2, self.group, self.meta = n_kv_heads, scale_log2, group, meta
+
+    def __call__(self, config: PromptConfig, blocks: int, **extra) -> None:
+        programs = self.n_kv_heads * (self.group // config.heads)
+        options = {"maxnreg": config.maxreg} if config.maxreg else {}  # unset: the launch exactly as before
+        if config.order:
+            options["REVERSE"] = True
+        for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
+            _LAST["kernel"] = self.kernel[(programs, min(MAX_GRID_Y, blocks - block0), config.splits)](
+                *self.args, block0, self.n_q, self.row_len, self.n_kv_heads, self.scale_log2, G=self.group,
+                HP=config.heads, BQ=config.queries, BM=config.rows(), CH=config.chunk, SPLITS=config.splits,
+                TRANSLATED=2 if config.translate == 2 else bool(config.translate),  # t0/t1 as before: one kernel
+                PREFETCH=bool(config.prefetch),
+                num_warps=config.warps, num_stages=config.stages, **options, **extra, **self.meta)
+
+
+_SIDE = {}  # device index: the second stream of `i2`
+
+
+def _beside(side_launch, main_launch, device: torch.device) -> None:
+    """`side_launch` on a second stream and `main_launch` on the current one, both after the work queued so far, the
+    current stream then waiting for the second (fork and join: also inside a CUDA graph's capture)."""
+    main = torch.cuda.current_stream(device)
+    side = _SIDE.setdefault(device.index if device.index is not None else torch.cuda.current_device(),
+                            torch.cuda.Stream(device))
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        side_launch()
+    main_launch()
+    main.wait_stream(side)

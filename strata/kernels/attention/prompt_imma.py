@@ -73,9 +73,10 @@ def _prompt_imma_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_pt
                         v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                         G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
                         TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
-                        PV: tl.constexpr = 8, EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False):
+                        PV: tl.constexpr = 8, EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False,
+                        REVERSE: tl.constexpr = False):
     D: tl.constexpr = NG * 64
-    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM, REVERSE)
     gi = tl.arange(0, NG)
     g = gi[:, None, None]
     d = tl.arange(0, 64)[None, None, :]
@@ -137,6 +138,8 @@ def check_config(config: PromptConfig) -> None:
     uniform_ok = config.scores and config.pv == 16
     if config.uniform and not uniform_ok or (config.ahead or config.pairs or config.vside) and not config.uniform:
         raise StrataError(f"prompt-attention config {config.label}: u1 goes with g1 and p16, a1, o1 and v1 with u1")
+    if config.prefix and not config.scores:
+        raise StrataError(f"prompt-attention config {config.label}: prefix blocks (i1, i2) go with g1")
 
 
 def uniform_flags(config: PromptConfig) -> dict:

@@ -27,6 +27,7 @@ import triton.language as tl
 from strata.kernels.attention.prompt_blocks import (block_chunk, block_rows, block_store, cell_attend, cell_rows,
                                                      split_range)
 from strata.kernels.attention.prompt_imma import dot3, split3
+from strata.kernels.attention.prompt_prefix import block_source, prefix_attend
 from strata.kernels.attention.prompt_imma_uniform import columns_at, pv_dots, pv_uniform, scales_at
 from strata.kernels.attention.prompt_v1 import join_halves, split_hilo, v_codes
 
@@ -121,18 +122,18 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
                               PREFETCH: tl.constexpr, NG: tl.constexpr, PV: tl.constexpr = 16,
                               EXACT: tl.constexpr = 0, QPARTS: tl.constexpr = 3, HALVES: tl.constexpr = False,
                               EARLY: tl.constexpr = 0, UNIFORM: tl.constexpr = False,
-                              AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False, SIDE: tl.constexpr = False):
+                              AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False, SIDE: tl.constexpr = False,
+                              PREFIX: tl.constexpr = 0, FBQ: tl.constexpr = 1, REVERSE: tl.constexpr = False):
     D: tl.constexpr = NG * 64
-    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM, REVERSE)
+    cells_row, members_row, count, ok, w_row = block_source(cells_ptr, members_ptr, count_ptr, blk, n_q, row_len,
+                                                            slot, ok, BQ, PREFIX, FBQ)
     h0, l0, m0, d0 = _q_parts(q_ptr, head, ok, 0, D, QPARTS)
     if NG > 1:
         h1, l1, m1, d1 = _q_parts(q_ptr, head, ok, 1, D, QPARTS)
     if NG > 2:
         h2, l2, m2, d2 = _q_parts(q_ptr, head, ok, 2, D, QPARTS)
         h3, l3, m3, d3 = _q_parts(q_ptr, head, ok, 3, D, QPARTS)
-    count = tl.load(count_ptr + blk)
-    cells_row = cells_ptr + blk.to(tl.int64) * row_len
-    members_row = members_ptr + blk.to(tl.int64) * row_len
     m = tl.full((BM,), float("-inf"), tl.float32)
     l_cells = tl.zeros((BM, CH), tl.float32)  # the running sum per cell slot: rows summed across warps once, at the end
     if PV == 16:  # accumulators in units of `down` (_pv_rescaled)
@@ -163,7 +164,13 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
             rows, valid = rows_next, valid_next
             rows_next, valid_next = cell_rows(cells_row, page_table_ptr, c0 + CH, count, kvh, n_kv_heads, CH,
                                               TRANSLATED)
-            attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+            if PREFIX == 1:
+                attend = prefix_attend(c0, valid, w_row, CH)
+            else:
+                attend = cell_attend(members_row, c0, valid, slot, CH, BQ)
+        elif PREFIX == 1:  # a row attends to the last query's entries below its own query's width
+            rows, valid = cell_rows(cells_row, page_table_ptr, c0, count, kvh, n_kv_heads, CH, TRANSLATED)
+            attend = prefix_attend(c0, valid, w_row, CH)
         else:
             rows, valid, attend = block_chunk(cells_row, members_row, page_table_ptr, c0, count, kvh, n_kv_heads,
                                               slot, CH, BQ, TRANSLATED)

@@ -10,6 +10,8 @@ they run and that the gather probe's sums are the V codes' sums.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -57,7 +59,8 @@ def _probe_gather_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_p
 def probe_gather(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor, width: torch.Tensor,
                  config: PromptConfig) -> torch.Tensor:
     """[n_q, H, D]: per query and KV head, the sum of its cells' V codes per dim (one split only)."""
-    return launch_blocked(_probe_gather_kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64)
+    return launch_blocked(_probe_gather_kernel, q, pool, page_table, ids, width, None, _plain(config),
+                          NG=q.shape[-1] // 64)
 
 
 def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
@@ -68,4 +71,10 @@ def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, 
 
     kernel = _prompt_imma_cells_kernel if config.scores else _prompt_imma_kernel
     extra = {"vbound_ptr": pool.v_scale} if config.scores else {}  # unused without P.V
-    return launch_blocked(kernel, q, pool, page_table, ids, width, None, config, NG=q.shape[-1] // 64, PV=0, **extra)
+    return launch_blocked(kernel, q, pool, page_table, ids, width, None, _plain(config), NG=q.shape[-1] // 64, PV=0,
+                          **extra)
+
+
+def _plain(config: PromptConfig) -> PromptConfig:
+    """The probes' form of a config: without prefix blocks and the launch order (their kernels take neither)."""
+    return replace(config, prefix=0, order=0)

@@ -40,9 +40,10 @@ def _prompt_v2_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr,
                       v_ptr, ks_ptr, vs_ptr, block0, n_q, row_len, n_kv_heads, scale_log2,
                       G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
                       TRANSLATED: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, NG: tl.constexpr,
-                      EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False):
+                      EXACT: tl.constexpr = 0, HALVES: tl.constexpr = False,
+                      REVERSE: tl.constexpr = False):
     D: tl.constexpr = NG * 64
-    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
+    blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM, REVERSE)
     g = tl.arange(0, NG)[:, None, None]
     d = tl.arange(0, 64)[None, None, :]
     hd = head[None, :, None]
@@ -95,6 +96,8 @@ def prompt_attn_v2(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids
     config = PromptConfig.chosen(config, DEFAULT)
     if config.pv not in (0, 16) or config.scores or config.qparts:
         raise StrataError(f"prompt-attention config {config.label}: v2's P.V is fp16 (p16) only, its scores batched")
+    if config.prefix:
+        raise StrataError(f"prompt-attention config {config.label}: prefix blocks (i1, i2) are imma g1's")
     extra = {"HALVES": True} if config.halves else {}  # unset: the launch as before
     return launch_blocked(_prompt_v2_kernel, q, pool, page_table, ids, width, sm_scale, config, NG=q.shape[-1] // 64,
                           EXACT=config.exact, **extra)
