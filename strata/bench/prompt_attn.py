@@ -120,6 +120,8 @@ def shape_data(ctx: int, n_q: int, args, device: torch.device, bandwidth: float)
     from strata.kernels.attention.prompt_ref import prompt_attn_ref
 
     cap = args.top_k + 3
+    if device.type == "cuda":  # each shape's own peak (`memory_line`)
+        torch.cuda.reset_peak_memory_stats(device)
     pool, table = make_pool(ctx, args.kv_heads, args.dim, device, args.seed)
     ids, width = (t.to(device) for t in make_selections(ctx, n_q, cap, min(args.recent, cap), args.seed))
     g = torch.Generator(device=device).manual_seed(args.seed + 1)
@@ -132,8 +134,19 @@ def shape_data(ctx: int, n_q: int, args, device: torch.device, bandwidth: float)
     print(f"ctx {ctx} x {n_q} queries ({args.heads}/{args.kv_heads} heads x {args.dim}, width <= {cap}, "
           f"{n_sparse} sparse): "
           f"floor {data.floor_ms:.3f} ms ({n_bytes / 1e9:.3f} GB at {bandwidth / 1e12:.2f} TB/s); "
-          f"output scale {data.ref_scale:.3f}")
+          f"output scale {data.ref_scale:.3f}; pool {pool_bytes(pool) / 1e9:.2f} GB, selections "
+          f"{(ids.numel() + width.numel()) * 4 / 1e6:.1f} MB")
     return data
+
+
+def pool_bytes(pool) -> int:
+    return sum(t.numel() * t.element_size() for t in (pool.k, pool.v, pool.k_scale, pool.v_scale) if t is not None)
+
+
+def memory_line(device: torch.device) -> None:
+    """The shape's peak of allocated GPU memory (data, references, SDPA's gathered cells, the kernels' buffers)."""
+    if device.type == "cuda":
+        print(f"  info peak GPU memory {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB")
 
 
 def within_bounds(err: float, vs_fp32: float, err_fp32: float, ref_scale: float, fp32_scale: float) -> bool:
@@ -193,6 +206,7 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
                   f"vs fp32 {vs_fp32 / fp32_scale:.2e}  (cells pre-gathered, {2 * sk.numel() * 2 / 1e9:.2f} GB)")
         except Exception as e:  # noqa: BLE001  (information only)
             print(f"  info sdpa-bf16 failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    memory_line(device)
     return ok
 
 

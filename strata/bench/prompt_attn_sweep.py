@@ -17,7 +17,7 @@ import math
 import torch
 
 from strata.bench.ceilings import Timer
-from strata.bench.prompt_attn import fp32_yardstick, shape_data, within_bounds
+from strata.bench.prompt_attn import fp32_yardstick, memory_line, shape_data, within_bounds
 
 SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
     # session 6 (`--sass` gives each one's registers and loop instructions without a GPU): x1 int8 codes to fp16
@@ -33,7 +33,15 @@ SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its K
     # one (no chunk waits on its scales' global loads); o1, V codes read as 16-bit words (ldmatrix) split into even
     # and odd dims by bitwise ops (64 byte loads a warp a chunk -> 32 ldmatrix; 850 -> 781 loop instructions); v1, p
     # made in the scores' layout (one layout change a chunk instead of two: 8 -> 5 barriers, 40 instructions more)
-    "s2t2p16r128x1g1u1a1o1", "s2t2p16r128x1g1u1o1", "s2t2p16r128x1g1u1o1v1", "s2t2p16r168x1g1u1a1o1v1",
+    # Session 8 (`imma3`): session 7's default first (at the long shapes the new default's bytes: `=bytes`), its
+    # launch order (z1) and splits rule (y4, y8) alone, then prefix blocks (i1: consecutive queries whose selections
+    # are prefixes of the block's last share its chunks; the rest one query a program after them, i2 beside them)
+    # with 4 queries x 4 heads (16 real rows) or 8 x 2, and with the order and the splits rule
+    "s2t2p16r128x1g1u1a1o1", "s2t2p16r128x1g1u1a1o1z1", "s2t2p16r128x1g1u1a1o1y4", "s2t2p16r128x1g1u1a1o1y8",
+    "q4h4s2t2p16r128x1g1u1a1o1i1", "q4h4s2t2p16r128x1g1u1a1o1i2", "q4h4s2t2p16r128x1g1u1a1o1i2z1",
+    "q4h4s2t2p16r128x1g1u1a1o1i1z1y4", "q4h4s2t2p16r128x1g1u1a1o1i2z1y8", "q8h2s2t2p16r128x1g1u1a1o1i2z1y4",
+    "q4h4s2t2p16r136x1g1u1a1o1i2z1y4",
+    "s2t2p16r128x1g1u1o1", "s2t2p16r128x1g1u1o1v1", "s2t2p16r168x1g1u1a1o1v1",
     "t2p16r128x1g1u1a1o1",
     "t2p16r128x1g1u1o1v1", "t2p16r128x1g1d2u1", "s2t2p16r168x1g1u1a1o1", "t2p16r128x1g1u1", "t2p16r128x1g1u1o1",
     "s2t2p16r128x1g1d2u1a1", "t2p16x1g1u1o1", "c64s2t2p16r128x1g1u1o1",
@@ -69,6 +77,20 @@ def _merge_lines(data, queries: list[int], timer: Timer, reps: int) -> None:
               f"({count.float().mean().item() / width:.2f}x one selection)")
 
 
+def _prefix_lines(data, queries: list[int], timer: Timer, reps: int) -> None:
+    """Per queries-per-program value of the prefix configs (`i1`, `i2`): how many blocks qualify (their queries
+    share the last one's chunks; the rest run one query a program) and the flags' launch time."""
+    from strata.kernels.attention.prompt_prefix import prefix_flags
+
+    ids, width = data.ids.to(torch.int32).contiguous(), data.width.to(torch.int32).contiguous()
+    for n in queries:
+        flags = prefix_flags(ids, width, n)
+        ms = timer(lambda n=n: prefix_flags(ids, width, n), reps)
+        shared = int(flags.repeat_interleave(n)[: ids.shape[0]].sum())
+        print(f"  prefix q{n:<3} {int(flags.sum())} of {flags.numel()} blocks qualify ({shared} of {ids.shape[0]} "
+              f"queries); flags {ms:.3f} ms")
+
+
 def _merge_kernel_line(data, n: int, want, timer: Timer, reps: int) -> str:
     from strata.kernels.attention.merge_cells import merge_cells_triton
 
@@ -102,7 +124,8 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
     for ctx, n_q in shapes:
         data = shape_data(ctx, min(n_q, ctx), args, device, bandwidth)
         fp32, fp32_scale, err_fp32 = fp32_yardstick(data, VARIANTS["fp32"](*data.inputs()))
-        _merge_lines(data, sorted({c.queries for c in configs} - {1}), timer, args.reps)
+        _merge_lines(data, sorted({c.queries for c in configs if not c.prefix} - {1}), timer, args.reps)
+        _prefix_lines(data, sorted({c.queries for c in configs if c.prefix} - {1}), timer, args.reps)
         _probe_lines(data, configs, variants, timer, args.reps, device)
         for name in variants:
             call, default = kernels[name]
@@ -139,6 +162,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 ms, label = min(passing)
                 print(f"  best {name:<5} {label:<22} {ms:9.3f} ms  {data.floor_ms / ms:6.1%} of floor  "
                       f"{base / ms:5.2f}x default")
+        memory_line(device)
     for name in variants:
         ranked = sorted(((_geomean(v), label) for (n, label), v in speedups.items() if n == name and v),
                         key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
@@ -165,7 +189,7 @@ def fits(name: str, config) -> bool:
     return True
 
 
-PROBED = ("s2t2p16r128x1g1u1a1o1",)  # the swept configs whose probes print too (imma's default always does)
+PROBED = ()  # the swept configs whose probes print too (imma's default always does)
 
 
 def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, device: torch.device) -> None:

@@ -39,6 +39,10 @@ KV head as the rows of its dots, and walks the cells that block's queries select
   ops, two dots over 32 dims; u1's bytes interpreted (on the H200 within 1e-5 of the output scale: the dots
   sum in another order). `v1` (with u1): p made in the scores' layout, each group's V
   scales loaded as a column as the K scales are, then moved into P.V's layout as one tensor; u1's bytes interpreted (the H200: as o1).
+- `i1`, `i2` (imma g1, q2 or more): prefix blocks, no merge (prompt_prefix.py); the queries of blocks that do not
+  qualify run the one-query config (`i2`: on a second stream beside the prefix launch), its bytes. `z1`: the blocks
+  launched last first; the same bytes. `y4`: splits added while the launch has fewer than 4 programs an SM
+  (`spread_splits`, from the shapes alone); where it adds none, the bytes of k.
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ class PromptConfig:
 
     @classmethod
     def parse(cls, text: str, base: "PromptConfig | None" = None) -> "PromptConfig":
-        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`, `o1`, `v1`,
-        `i1`, `z1`, `y4`);
+        """`q5h6c32w4s3` (then optionally `k2`, `t1`, `f1`, `p16`, `r128`, `x1`, `g1`, `n2`, `d2`, `e1`, `u1`, `a1`,
+        `o1`, `v1`, `i1`, `z1`, `y4`);
         left out keeps `base`'s value (default: the class defaults)."""
         m = re.fullmatch(r"(?:q(\d+))?(?:h(\d+))?(?:c(\d+))?(?:w(\d+))?(?:s(\d+))?(?:k(\d+))?(?:t(\d+))?(?:f(\d+))?"
                          r"(?:p(\d+))?(?:r(\d+))?(?:x(\d+))?(?:g(\d+))?(?:n(\d+))?(?:d(\d+))?(?:e(\d+))?"

@@ -34,8 +34,15 @@ from strata.kernels.attention.prompt_v1 import join_halves, pv_hilo, pv_hilo_hal
 # Session 7's sweep (branch imma2): `s2...u1a1o1` (p scaled by the pool's largest V scale, the next chunk's scales
 # loaded ahead, V read as 16-bit words; 2 stages, no spills) 1.21x the previous default over the five shapes
 # (1.10-1.31x), errors vs FP64 7e-7 against 1.2-1.6e-6, within the bounds (not the previous bytes)
-DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
-                       scores=1, uniform=1, ahead=1, pairs=1)
+# Session 8 (branch imma3), by reasoning, to be confirmed by the sweep: prefix blocks of 4 queries x 4 heads (`q4h4i2`:
+# 16 real rows of the MMA's 16 where one query's group of 12 fills 12; `--sass`: 746 loop instructions against 737),
+# the other queries one a program beside them on a second stream (the session 7 default's form and bytes: every
+# query of a long context's sparse selections), the widest blocks first (`z1`), splits where the launch has fewer
+# than 4 programs an SM (`y4`: none at the three long shapes)
+DEFAULT = PromptConfig(queries=4, heads=4, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
+                       scores=1, uniform=1, ahead=1, pairs=1, prefix=2, order=1, spread=4)
+BEFORE = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
+                      scores=1, uniform=1, ahead=1, pairs=1)  # session 7's default: DEFAULT's one-query launch
 
 SPLIT_LIMIT = 127 * 65536
 

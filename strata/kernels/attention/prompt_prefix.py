@@ -80,7 +80,8 @@ def block_source(cells_ptr, members_ptr, count_ptr, blk, n_q, row_len, slot, ok,
     """A program's cell list: (its row, its members' row, its count, which rows are its own, each row's width).
     PREFIX 0: the block's merged list (count per block). 1: the block's last query's selection (`cells` is ids,
     `count` the widths, `members` the flags per block), nothing where the block does not qualify. 2 (one query a
-    program): the query's own selection, nothing where its block of FBQ queries qualifies."""
+    program): the query's own selection, nothing where its block of FBQ queries qualifies. A program with nothing
+    runs no chunk and stores nothing (an early return would cost the chunk loop registers: sm_90 spills 32-48 B)."""
     w_row = tl.zeros_like(slot)
     if PREFIX == 1:
         last = tl.minimum(blk * BQ + BQ - 1, n_q - 1)

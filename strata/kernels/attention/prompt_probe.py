@@ -76,5 +76,8 @@ def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, 
 
 
 def _plain(config: PromptConfig) -> PromptConfig:
-    """The probes' form of a config: without prefix blocks and the launch order (their kernels take neither)."""
+    """The probes' form of a config (their kernels take neither prefix blocks nor the launch order): a prefix
+    config's one-query launch, which is all of it at a long context's sparse selections."""
+    if config.prefix:
+        config = replace(config, queries=1, heads=0)
     return replace(config, prefix=0, order=0)

@@ -67,7 +67,7 @@ def test_config_parse_and_resolve():
     config = PromptConfig.parse("q5h8").resolve(12)
     assert config.heads == 6 and config.rows() == 32  # the largest divisor of 12 not above 8; 30 rows padded
     assert PromptConfig(queries=1).resolve(12).rows() == 16 and PromptConfig().resolve(3).heads == 3
-    for bad in ("y5", "q5h", ""):
+    for bad in ("b5", "q5h", ""):
         with pytest.raises(StrataError, match="q5h6c32w4s3"):
             PromptConfig.parse(bad)
     for bad in ("q17", "q0", "c8", "c48", "w3", "s0"):

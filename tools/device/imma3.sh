@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the GPU machine (H200, Triton 3.6), from the repo root; issue 5, session 8 (`imma3`): imma's two short shapes
+# within 2x of the floor, and the long contexts. imma's default is now `q4h4s2t2p16r128x1g1u1a1o1i2z1y4`: prefix
+# blocks of 4 queries x 4 heads (queries whose selections are prefixes of their block's last one, the identity below
+# 2,051 cells, share its chunks: 16 real rows of 16), the other queries one a program beside them on a second stream
+# (session 7's default `s2t2p16r128x1g1u1a1o1`, its bytes), the widest blocks first, splits below 4 programs an SM.
+# 1. the sweep at the five default shapes: session 7's default (`=bytes` expected at the three long shapes, where no
+#    block qualifies), z1 and y4 alone, prefix blocks on one stream (i1) and beside (i2), with the order and the
+#    splits rule, 8 x 2 rows; `prefix` lines (how many blocks qualify, the flags' launch), the ranking at the end;
+# 2. the long contexts 131,072 x 512 and 524,288 x 256: the parity table (fp32, v2, imma's default, SDPA; the pool's
+#    and the selections' size, the peak GPU memory), then imma's default against session 7's there;
+# 3. the CUDA tests of prefix blocks (within the bounds; prefix queries within 1e-5 of the one-query sums, the others
+#    its exact bytes; the second stream's bytes = the same stream's), z1 (the same bytes), the splits rule.
+# Under 5 minutes (BUDGET 285 s); carry .whl (and .devcache). Files: summary.txt, sweep.txt, logs.tgz (+ caches).
+set -uo pipefail
+BUDGET=${BUDGET:-285}
+source tools/device/parts.sh || exit 1
+T=tests/kernels/attention
+D=s2t2p16r128x1g1u1a1o1
+P="python3 -m strata.bench.prompt_attn"
+part shapes 140 $P --variants imma --no-sdpa --reps 3 --sweep $D ${D}z1 ${D}y4 q4h4${D}i1 q4h4${D}i2z1 \
+  q4h4${D}i2z1y8 q8h2${D}i2z1y4
+part long128k 35 $P --ctx 131072 --queries 512 --variants fp32 v2 imma --reps 3
+part long512k 30 $P --ctx 524288 --queries 256 --variants fp32 v2 imma --reps 3
+part long_rule 35 sh -c "$P --ctx 131072 --queries 512 --variants imma --no-sdpa --reps 3 --sweep $D && \
+  $P --ctx 524288 --queries 256 --variants imma --no-sdpa --reps 3 --sweep $D"
+part tests 80 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_prefix.py
+echo "total ${SECONDS}s" | tee -a $L/times.txt
+save_cache
+cp $L/shapes.log "$OUT/sweep.txt" 2>/dev/null
+{
+  cat $L/times.txt
+  tail -n 3 $L/tests.log 2>/dev/null
+  echo "--- default shapes"
+  grep -hE "^ctx|PASS|FAIL|best|prefix|info|configs by|defaults" $L/shapes.log 2>/dev/null | cut -c1-230
+  echo "--- long contexts"
+  grep -hE "^ctx|PASS|FAIL|info|best|configs by" $L/long128k.log $L/long512k.log $L/long_rule.log 2>/dev/null \
+    | cut -c1-230
+} > "$OUT/summary.txt"
+tar czf "$OUT/logs.tgz" -C $L .
+cat "$OUT/summary.txt"
