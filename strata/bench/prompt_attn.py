@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from strata.bench.ceilings import Timer, copy_bandwidth
+from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
 
 DEFAULT_SHAPES = [(32768, 1024), (65536, 512), (1500, 1500), (2100, 256), (32768, 2048)]
 VARIANT_ORDER = ["fp32", "v1", "v2", "v2t", "imma"]
@@ -149,6 +150,24 @@ def memory_line(device: torch.device) -> None:
         print(f"  info peak GPU memory {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB")
 
 
+def graph_ms(call, reps: int, device: torch.device) -> float:
+    """ms per call replayed from one CUDA graph of `reps` calls: the kernels' time without the launches' host work
+    (Python, Triton's launcher, tensor setup), which eager timing counts wherever it outlasts the GPU's; nan off the
+    GPU or where the capture fails."""
+    if device.type != "cuda":
+        return math.nan
+    try:
+        return graph_us(lambda: call(), [()] * max(1, reps), device) / 1e3
+    except Exception as e:  # noqa: BLE001  (information: the eager figure stands)
+        print(f"  info graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}")
+        return math.nan
+
+
+def graph_text(ms: float | None, floor_ms: float) -> str:
+    """`graph 0.250 ms (52.0% of floor)  ` beside an eager figure, or nothing (no --graph)."""
+    return "" if ms is None else f"graph {ms:7.3f} ms ({floor_ms / ms:6.1%} of floor)  "
+
+
 def within_bounds(err: float, vs_fp32: float, err_fp32: float, ref_scale: float, fp32_scale: float) -> bool:
     """Strata's parity bounds: against float64 no worse than max(4 x the fp32 kernel, 1e-6 of the scale), and
     within 1e-4 of the scale of the fp32 kernel."""
@@ -180,10 +199,12 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
             print(f"  FAIL {n:<9} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             del calls[n]
             ok = False
-    ms = {}
+    ms, graphed = {}, {}
     for _ in range(2):  # alternate the variants twice; the second round counts
         for n, call in calls.items():
             ms[n] = timer(call, args.reps)
+    for n, call in calls.items() if args.graph and device.type == "cuda" else ():
+        graphed[n] = graph_ms(call, args.reps, device)
     fp32, fp32_scale, err_fp32 = fp32_yardstick(data, outs.get("fp32"))  # without the kernel: the torch reference
     for n in calls:
         out = outs[n]
@@ -192,6 +213,7 @@ def run_shape(ctx: int, n_q: int, args, device: torch.device, bandwidth: float) 
         ok &= good
         digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()[:12]
         print(f"  {'PASS' if good else 'FAIL'} {n:<9} {ms[n]:9.3f} ms  {floor_ms / ms[n]:6.1%} of floor  "
+              f"{graph_text(graphed.get(n), floor_ms)}"
               f"vs FP64 {err / ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}  hash {digest}{blocking(n)}")
     if args.sdpa:
         import torch.nn.functional as F
@@ -236,6 +258,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=VARIANT_ORDER, choices=VARIANT_ORDER)
     p.add_argument("--no-sdpa", dest="sdpa", action="store_false")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--graph", action="store_true",
+                   help="also time each launch replayed from a CUDA graph (no host work; the sweep then ranks by it)")
     p.add_argument("--sweep", nargs="*", metavar="CONFIG",
                    help="time v2 / v2t / imma over tunable sets such as q5h6c32w4s3 (queries and heads per program, "
                         "chunk, warps, stages; none given: a built-in list) beside each variant's default")

@@ -7,7 +7,9 @@ config, the parity bounds, whether its output bytes equal the default's (`=bytes
 without changing any output; `~bytes`: within the bounds only); before them `info probe` lines (prompt_probe.py: the
 gathers alone, imma without its P.V) for the default and a few configs, which say where the time goes. At the end,
 per variant, the configs ranked by the geometric mean of their speed-up over the default across the shapes (a config
-failing its bounds or its compile anywhere is ranked out).
+failing its bounds or its compile anywhere is ranked out). With `--graph` each config is also timed replayed from a
+CUDA graph, the kernels without the launches' host work (at ~0.3 ms a launch eager timing can be host-bound), and
+that figure ranks them, the eager one beside.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import torch
 
 from strata.bench.ceilings import Timer
-from strata.bench.prompt_attn import fp32_yardstick, memory_line, shape_data, within_bounds
+from strata.bench.prompt_attn import fp32_yardstick, graph_ms, memory_line, shape_data, within_bounds
 
 SWEEP = [  # around the defaults (v2 t1r128, imma t1p16r128: one query and its KV group a program, ids translated)
     # session 6 (`--sass` gives each one's registers and loop instructions without a GPU): x1 int8 codes to fp16
@@ -136,8 +138,11 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                 tag = "default " + config.label if config is default else config.label
                 try:
                     out = call(*data.inputs(), config=config)
-                    ms = min(timer(lambda: call(*data.inputs(), config=config), args.reps)
-                             for _ in range(rounds(device)))
+                    ms = eager = min(timer(lambda: call(*data.inputs(), config=config), args.reps)
+                                     for _ in range(rounds(device)))
+                    if args.graph:  # the kernels alone rank the configs; eager beside
+                        graphed = graph_ms(lambda: call(*data.inputs(), config=config), args.reps, device)
+                        ms = eager if math.isnan(graphed) else graphed
                 except Exception as e:  # noqa: BLE001  (a config that does not compile is reported and ranked out)
                     print(f"  FAIL {name:<5} {tag:<22} {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                     results[tag] = (math.nan, False)
@@ -151,7 +156,7 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                                                      and torch.equal(out, default_out) else "  ~bytes")
                 print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
                       f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
-                      f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
+                      + (f"eager {eager:7.3f} ms  " if args.graph else "") + f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
                       f"{resources(device)}")
             passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
             base, ok_default = results.pop("default " + default.label)

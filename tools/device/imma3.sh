@@ -4,8 +4,10 @@
 # blocks of 4 queries x 4 heads (queries whose selections are prefixes of their block's last one, the identity below
 # 2,051 cells, share its chunks: 16 real rows of 16), the other queries one a program beside them on a second stream
 # (session 7's default `s2t2p16r128x1g1u1a1o1`, its bytes), the widest blocks first, splits below 4 programs an SM.
+# Every time twice: eager (what a caller sees, host work included: at ~0.3 ms a launch it can be host-bound) and
+# replayed from a CUDA graph (`--graph`: the kernels alone), which ranks the sweep's configs.
 # 1. the sweep at the five default shapes: session 7's default (`=bytes` expected at the three long shapes, where no
-#    block qualifies), z1 and y4 alone, prefix blocks on one stream (i1) and beside (i2), with the order and the
+#    block qualifies), z1, y4 and k4 alone, prefix blocks on one stream (i1) and beside (i2), with the order and the
 #    splits rule, 8 x 2 rows; `prefix` lines (how many blocks qualify, the flags' launch), the ranking at the end;
 # 2. the long contexts 131,072 x 512 and 524,288 x 256: the parity table (fp32, v2, imma's default, SDPA; the pool's
 #    and the selections' size, the peak GPU memory), then imma's default against session 7's there;
@@ -18,12 +20,12 @@ source tools/device/parts.sh || exit 1
 T=tests/kernels/attention
 D=s2t2p16r128x1g1u1a1o1
 P="python3 -m strata.bench.prompt_attn"
-part shapes 140 $P --variants imma --no-sdpa --reps 3 --sweep $D ${D}z1 ${D}y4 q4h4${D}i1 q4h4${D}i2z1 \
-  q4h4${D}i2z1y8 q8h2${D}i2z1y4
-part long128k 35 $P --ctx 131072 --queries 512 --variants fp32 v2 imma --reps 3
-part long512k 30 $P --ctx 524288 --queries 256 --variants fp32 v2 imma --reps 3
-part long_rule 35 sh -c "$P --ctx 131072 --queries 512 --variants imma --no-sdpa --reps 3 --sweep $D && \
-  $P --ctx 524288 --queries 256 --variants imma --no-sdpa --reps 3 --sweep $D"
+part shapes 140 $P --variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1 \
+  q4h4${D}i2z1 q4h4${D}i2z1y8 q8h2${D}i2z1y4
+part long128k 35 $P --ctx 131072 --queries 512 --variants fp32 v2 imma --reps 3 --graph
+part long512k 30 $P --ctx 524288 --queries 256 --variants fp32 v2 imma --reps 3 --graph
+part long_rule 35 sh -c "$P --ctx 131072 --queries 512 --variants imma --no-sdpa --reps 3 --graph --sweep $D && \
+  $P --ctx 524288 --queries 256 --variants imma --no-sdpa --reps 3 --graph --sweep $D"
 part tests 80 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_prefix.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache

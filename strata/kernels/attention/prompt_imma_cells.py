@@ -142,9 +142,11 @@ def _prompt_imma_cells_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, memb
         down = tl.full((NG,), 1.0, tl.float32)
         if UNIFORM:  # u1: one bound for every chunk (the pool's largest V scale, > 0)
             vbound = tl.load(vbound_ptr + tl.arange(0, NG) * 0).to(tl.float32)  # [NG]: a per-group bound's layout
+            vbound = tl.where(vbound > 0, vbound, 1.0)  # an all-zero pool's bound: 1
             up = 16384.0 / vbound
             down = vbound * (1.0 / 16384.0)
-            up_one = 16384.0 / tl.load(vbound_ptr).to(tl.float32)  # v1: the same up, a scalar
+            vbound_one = tl.load(vbound_ptr).to(tl.float32)
+            up_one = 16384.0 / tl.where(vbound_one > 0, vbound_one, 1.0)  # v1: the same up, a scalar
     else:
         acc = tl.zeros((NG, BM, 64), tl.float32)
     gi = tl.arange(0, NG)

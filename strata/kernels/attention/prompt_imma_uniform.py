@@ -25,10 +25,9 @@ from strata.kernels.attention.prompt_v1 import split_hilo, v_codes
 
 
 def v_bound(v_scale: torch.Tensor) -> torch.Tensor:
-    """`u1`'s bound: the pool's largest V scale as a one-element fp16 tensor (1 for an all-zero pool), on the device
-    (no host sync). An fp16 scale's maximum is itself an fp16 value: exact."""
-    top = v_scale.amax().reshape(1)
-    return torch.where(top > 0, top, torch.ones_like(top))
+    """`u1`'s bound: the pool's largest V scale as a one-element fp16 tensor on the device (no host sync; one launch),
+    0 for an all-zero pool, which the kernel reads as 1. An fp16 scale's maximum is itself an fp16 value: exact."""
+    return v_scale.amax().reshape(1)
 
 
 @triton.jit

@@ -54,12 +54,15 @@ def _prefix_flags_kernel(ids_ptr, width_ptr, flags_ptr, n_q, cap, BQ: tl.constex
         w = tl.load(width_ptr + qi, mask=qi < last, other=0)  # past the last query: nothing to compare
         bad += (w > w_last).to(tl.int32)
         row = ids_ptr + qi.to(tl.int64) * cap
-        for i0 in range(0, tl.minimum(w, w_last), TILE):
+        n = tl.where(bad == 0, tl.minimum(w, w_last), 0)
+        i0 = n * 0
+        while i0 < n:  # stops at the first tile that differs (a sparse selection's first, mostly)
             i = i0 + tl.arange(0, TILE)
-            inside = i < w
-            mine = tl.load(row + i, mask=inside, other=0)
-            theirs = tl.load(last_row + i, mask=inside, other=0)
-            bad += tl.sum((mine != theirs).to(tl.int32), axis=0)
+            inside = i < n
+            differ = tl.sum((tl.load(row + i, mask=inside, other=0) != tl.load(last_row + i, mask=inside, other=0))
+                            .to(tl.int32), axis=0)
+            bad += differ
+            i0 = tl.where(differ > 0, n, i0 + TILE)
     tl.store(flags_ptr + blk, (bad == 0).to(tl.int32))
 
 

@@ -57,6 +57,16 @@ def test_tiny_sweep_lists_every_config(capsys, monkeypatch):
     assert "defaults PASS" in text
 
 
+def test_tiny_sweep_with_graph_timing_keeps_the_eager_figure(capsys):
+    # off the GPU no graph is captured: the eager figure ranks, and is printed beside as on the GPU
+    rc = main(["--ctx", "160", "--queries", "8", "--reps", "1", "--heads", "4", "--kv-heads", "2", "--dim", "64",
+               "--top-k", "29", "--recent", "8", "--variants", "v2", "--graph", "--sweep", "t1"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    line = text.split("PASS v2    q1h0c32w4s3t1")[1].splitlines()[0]
+    assert "x default  eager " in line and "vs FP64" in line, line
+
+
 def test_programs_per_sm():
     from strata.bench.prompt_attn_sweep import programs_per_sm
 

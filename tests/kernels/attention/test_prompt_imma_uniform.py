@@ -90,10 +90,22 @@ def test_v_word_pairs_are_exact_for_every_pair_of_codes():
     assert torch.equal(even.cpu(), pairs[:, 0::2].half()) and torch.equal(odd.cpu(), pairs[:, 1::2].half())
 
 
-def test_v_bound_is_the_largest_scale_or_one():
+def test_v_bound_is_the_largest_scale():
     scales = torch.tensor([[0.5, 0.25], [3.0, 0.125]], dtype=torch.float16, device=DEVICE)
     assert v_bound(scales).cpu().tolist() == [3.0] and v_bound(scales).dtype == torch.float16
-    assert v_bound(torch.zeros_like(scales)).cpu().tolist() == [1.0]
+    assert v_bound(torch.zeros_like(scales)).cpu().tolist() == [0.0]  # the kernel reads it as 1
+
+
+def test_all_zero_v_scales_give_zeros():
+    # the pool's bound is 0 (every V scale 0): the kernel's bound is 1, p stays finite, the output exactly 0
+    from strata.bench.prompt_attn import make_selections
+
+    pool, table = random_pool(40, 2, 128, seed=4)
+    pool.v_scale.zero_()
+    ids, width = (t.to(DEVICE) for t in make_selections(40, 4, 35, 8, seed=4))
+    out = VARIANTS["imma"](queries(4, 4, 128, seed=4), pool, table, ids, width,
+                           config=PromptConfig.parse("t2p16x1g1u1a1o1")).cpu()
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 def test_uniform_bound_config_and_refusals(case):  # noqa: F811
