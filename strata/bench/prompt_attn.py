@@ -25,6 +25,7 @@ import torch
 from strata.bench.ceilings import Timer, copy_bandwidth, graph_us
 
 DEFAULT_SHAPES = [(32768, 1024), (65536, 512), (1500, 1500), (2100, 256), (32768, 2048)]
+LONG_SHAPES = [(131072, 512), (524288, 256)]  # issue 5's "to 512K tokens": a pool of 0.53 GB at 512K, ids 2 MB
 VARIANT_ORDER = ["fp32", "v1", "v2", "v2t", "imma"]
 DRIFT = 0.03
 
@@ -248,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata bench prompt-attn", description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", type=int, help="context cells (default: the five standard shapes)")
     p.add_argument("--queries", type=int, default=1024, help="queries with --ctx")
+    p.add_argument("--long", action="store_true", help="the long contexts 131,072 x 512 and 524,288 x 256 instead "
+                   "of the five standard shapes")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--heads", type=int, default=24)
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"prompt attention parity on {name}, torch {torch.__version__}")
-    shapes = [(args.ctx, args.queries)] if args.ctx else DEFAULT_SHAPES
+    shapes = [(args.ctx, args.queries)] if args.ctx else LONG_SHAPES if args.long else DEFAULT_SHAPES
     if args.sweep is not None:
         from strata.bench.prompt_attn_sweep import run_sweep
 
