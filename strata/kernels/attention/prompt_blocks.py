@@ -58,6 +58,7 @@ import triton.language as tl
 from strata import switches
 from strata.errors import StrataError
 from strata.kernels.attention.prompt_parts import LOG2E, check_inputs, chunk_rows
+from strata.kernels.attention.prompt_prefix import FLAG_TILE, block_flag, prefix_flags
 
 MAX_QUERIES = 16  # the merge packs the query's slot in a block into 4 bits of its int32 sort key
 MAX_GRID_Y = 65535
@@ -291,26 +292,50 @@ def last_resources() -> tuple[int, int, int, int] | None:
     return compiled.n_regs, compiled.n_spills, compiled.metadata.shared, compiled.metadata.num_warps
 
 
-def translate_cells(cells: torch.Tensor, page_table: torch.Tensor, n_kv_heads: int = 1) -> torch.Tensor:
+def translate_cells(cells: torch.Tensor, page_table: torch.Tensor, n_kv_heads: int = 1, width=None,
+                    queries: int = 0):
     """Logical cells -> physical ones (`page_table[cell // 4] * 4 + cell % 4`), int32, same shape; with `n_kv_heads`
     (t2) the pool rows of KV head 0 (`page_table[cell // 4] * 4 * n_kv_heads + cell % 4`: KV head h's row is 4 h
     further). Entries outside the table (padding) become 0, which no kernel reads. One launch (torch's ops would take
-    about six)."""
+    about six). With `queries` (and the selections' `width`): (translated, `prefix_flags` of the untranslated cells),
+    both from the one launch."""
     cells = cells.contiguous()
     out = torch.empty(cells.shape, dtype=torch.int32, device=cells.device)
     n = cells.numel()
-    if n:
-        _translate_kernel[(triton.cdiv(n, TRANSLATE_BLOCK),)](cells, page_table, out, n, 4 * page_table.shape[0],
-                                                             4 * n_kv_heads, BLOCK=TRANSLATE_BLOCK)
-    return out
+    tiles = triton.cdiv(n, TRANSLATE_BLOCK)
+    if not queries:
+        if n:
+            _translate_kernel[(tiles,)](cells, page_table, out, n, 4 * page_table.shape[0], 4 * n_kv_heads,
+                                        BLOCK=TRANSLATE_BLOCK)
+        return out
+    blocks = triton.cdiv(cells.shape[0], queries)
+    flags = torch.empty(blocks, dtype=torch.int32, device=cells.device)
+    if tiles + blocks:
+        _translate_kernel[(tiles + blocks,)](cells, page_table, out, n, 4 * page_table.shape[0], 4 * n_kv_heads,
+                                             BLOCK=TRANSLATE_BLOCK, width_ptr=width, flags_ptr=flags,
+                                             n_q=cells.shape[0], cap=cells.shape[1], tiles=tiles, BQ=queries,
+                                             TILE=FLAG_TILE)
+    return out, flags
 
 
 TRANSLATE_BLOCK = 1024
 
 
 @triton.jit
-def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, page_rows, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _translate_kernel(cells_ptr, table_ptr, out_ptr, n, n_cells, page_rows, BLOCK: tl.constexpr, width_ptr=None,
+                      flags_ptr=None, n_q=0, cap=0, tiles=0, BQ: tl.constexpr = 0, TILE: tl.constexpr = 1):
+    # BQ > 0: the programs past the translation's tiles make the prefix flags of blocks of BQ queries (`block_flag`)
+    if BQ == 0:
+        _translate_tile(cells_ptr, table_ptr, out_ptr, tl.program_id(0), n, n_cells, page_rows, BLOCK)
+    elif tl.program_id(0) < tiles:
+        _translate_tile(cells_ptr, table_ptr, out_ptr, tl.program_id(0), n, n_cells, page_rows, BLOCK)
+    else:
+        block_flag(cells_ptr, width_ptr, flags_ptr, tl.program_id(0) - tiles, n_q, cap, BQ, TILE)
+
+
+@triton.jit
+def _translate_tile(cells_ptr, table_ptr, out_ptr, tile, n, n_cells, page_rows, BLOCK: tl.constexpr):
+    i = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     cell = tl.load(cells_ptr + i, mask=live, other=0)
     inside = (cell >= 0) & (cell < n_cells)
@@ -326,7 +351,6 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     variant's own constexprs. Prefix blocks (`i1`, `i2`): no merge; the prefix launch, then the one-query launch
     for the queries of blocks that do not qualify (prompt_prefix.py)."""
     from strata.kernels.attention.decode import merge_splits
-    from strata.kernels.attention.prompt_prefix import prefix_flags
 
     n_q, n_heads, dim, group = check_inputs(q, pool, ids, width, need_int8=True)
     config = config.resolve(group)
@@ -342,7 +366,13 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
     if n_q == 0:
         return out
     ids, width = ids.to(torch.int32).contiguous(), width.to(torch.int32).contiguous()
-    if config.prefix:  # the blocks' flags stand where the members would (no merge)
+    page_table = page_table.to(torch.int32).contiguous()
+    if config.translate == 2 and pool.k.numel() >= 2**31:  # t2's int32 offsets would overflow: t1's rows (the same)
+        config = replace(config, translate=1)
+    page_rows = pool.n_kv_heads if config.translate == 2 else 1
+    if config.prefix and config.translate:  # the blocks' flags stand where the members would (no merge)
+        (cells, members), count = translate_cells(ids, page_table, page_rows, width, config.queries), width
+    elif config.prefix:
         cells, members, count = ids, prefix_flags(ids, width, config.queries), width
     elif config.queries == 1:
         cells, members, count = ids, ids, width  # members unused
@@ -352,11 +382,8 @@ def launch_blocked(kernel, q, pool, page_table, ids, width, sm_scale: float | No
         cells, members, count = merge_cells_triton(ids, width, config.queries)
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
-    page_table = page_table.to(torch.int32).contiguous()
-    if config.translate == 2 and pool.k.numel() >= 2**31:  # t2's int32 offsets would overflow: t1's rows (the same)
-        config = replace(config, translate=1)
-    if config.translate:
-        cells = translate_cells(cells, page_table, pool.n_kv_heads if config.translate == 2 else 1)
+    if config.translate and not config.prefix:
+        cells = translate_cells(cells, page_table, page_rows)
     splits = config.splits
     parts = ml = out  # unused with one split
     if splits > 1:

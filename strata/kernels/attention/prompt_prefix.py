@@ -43,8 +43,9 @@ def prefix_flags_ref(ids: torch.Tensor, width: torch.Tensor, queries: int) -> to
 
 
 @triton.jit
-def _prefix_flags_kernel(ids_ptr, width_ptr, flags_ptr, n_q, cap, BQ: tl.constexpr, TILE: tl.constexpr):
-    blk = tl.program_id(0)
+def block_flag(ids_ptr, width_ptr, flags_ptr, blk, n_q, cap, BQ: tl.constexpr, TILE: tl.constexpr):
+    """flags[blk]: 1 where block `blk` of BQ queries is a prefix block (each query's cells the first `width` of the
+    last query's, its width at most the last one's)."""
     last = tl.minimum(blk * BQ + BQ - 1, n_q - 1)
     w_last = tl.load(width_ptr + last)
     last_row = ids_ptr + last.to(tl.int64) * cap
@@ -66,9 +67,15 @@ def _prefix_flags_kernel(ids_ptr, width_ptr, flags_ptr, n_q, cap, BQ: tl.constex
     tl.store(flags_ptr + blk, (bad == 0).to(tl.int32))
 
 
+@triton.jit
+def _prefix_flags_kernel(ids_ptr, width_ptr, flags_ptr, n_q, cap, BQ: tl.constexpr, TILE: tl.constexpr):
+    block_flag(ids_ptr, width_ptr, flags_ptr, tl.program_id(0), n_q, cap, BQ, TILE)
+
+
 def prefix_flags(ids: torch.Tensor, width: torch.Tensor, queries: int) -> torch.Tensor:
     """int32 [blocks]: 1 where the block of `queries` consecutive queries is a prefix block (`prefix_flags_ref`'s
-    values); one launch, no host sync. `ids` int32 [n_q, cap] contiguous, `width` int32 [n_q]."""
+    values); one launch, no host sync (`translate_cells` makes them in its own launch where the ids are translated
+    too). `ids` int32 [n_q, cap] contiguous, `width` int32 [n_q]."""
     n_q, cap = ids.shape
     blocks = triton.cdiv(n_q, queries)
     flags = torch.empty(blocks, dtype=torch.int32, device=ids.device)

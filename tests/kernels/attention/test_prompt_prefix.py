@@ -7,7 +7,7 @@ import torch
 from strata.bench.prompt_attn import make_selections
 from strata.errors import StrataError
 from strata.kernels.attention.prompt import VARIANTS
-from strata.kernels.attention.prompt_blocks import PromptConfig, spread_splits
+from strata.kernels.attention.prompt_blocks import PromptConfig, spread_splits, translate_cells
 from strata.kernels.attention.prompt_prefix import prefix_flags, prefix_flags_ref
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
 from tests.kernels import DEVICE
@@ -40,10 +40,15 @@ def test_flags_equal_the_reference():
     ids, width = make_selections(70, 13, 67, 16, seed=3)
     width[5] = 0
     ids[9, :3], width[9] = torch.tensor([0, 1, 2], dtype=torch.int32), 3  # a prefix of anything identity
+    table = torch.randperm(18).int().to(DEVICE)
     for queries_ in (2, 3, 4, 5):
         want = prefix_flags_ref(ids, width, queries_)
         got = prefix_flags(ids.to(DEVICE), width.to(DEVICE), queries_).cpu()
         assert torch.equal(got, want), queries_
+        # with the translation, in its launch (t1, t2): its cells as alone, the same flags
+        for rows in (1, 2):
+            cells, flags = translate_cells(ids.to(DEVICE), table, rows, width.to(DEVICE), queries_)
+            assert torch.equal(flags.cpu(), want) and torch.equal(cells, translate_cells(ids.to(DEVICE), table, rows))
     # 57..60 identity; 61..64 with an empty row (a prefix of any list); 65..68 identity, sparse; 69 alone
     assert prefix_flags_ref(ids, width, 4).tolist() == [1, 1, 0, 1]
     wider = width.clone()
