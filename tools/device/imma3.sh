@@ -8,7 +8,8 @@
 # replayed from a CUDA graph (`--graph`: the kernels alone), which ranks the sweep's configs.
 # 1. the sweep at the five default shapes: session 7's default (`=bytes` expected at the three long shapes, where no
 #    block qualifies), z1, y4 and k4 alone, prefix blocks on one stream (i1) and beside (i2), with the order and the
-#    splits rule, 8 x 2 rows; `prefix` lines (how many blocks qualify, the flags' launch), the ranking at the end;
+#    splits rule (y8: 3 splits at 2.1K x 256) or 4 splits; `prefix` lines (how many blocks qualify, the flags'
+#    launch), the ranking at the end;
 # 2. the long contexts 131,072 x 512 and 524,288 x 256: the parity table (fp32, v2, imma's default, SDPA; the pool's
 #    and the selections' size, the peak GPU memory), then imma's default against session 7's there (=bytes at 128K
 #    x 512; at 512K x 256, 512 programs, y4 splits each selection in two: ~bytes, within the bounds);
@@ -22,7 +23,7 @@ T=tests/kernels/attention
 D=s2t2p16r128x1g1u1a1o1
 P="python3 -m strata.bench.prompt_attn"
 part shapes 140 $P --variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1 \
-  q4h4${D}i2z1 q4h4${D}i2z1y8 q8h2${D}i2z1y4
+  q4h4${D}i2z1 q4h4${D}i2z1y8 q4h4${D}i2z1k4
 part long 50 $P --long --variants fp32 v2 imma --reps 3 --graph
 part long_rule 35 $P --long --variants imma --no-sdpa --reps 3 --graph --sweep $D
 part tests 70 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_prefix.py
