@@ -156,7 +156,8 @@ def run_sweep(args, device: torch.device, bandwidth: float, shapes: list[tuple[i
                                                      and torch.equal(out, default_out) else "  ~bytes")
                 print(f"  {'PASS' if results[tag][1] else 'FAIL'} {name:<5} {tag:<22} {ms:9.3f} ms  "
                       f"{data.floor_ms / ms:6.1%} of floor  {base / ms:5.2f}x default  "
-                      + (f"eager {eager:7.3f} ms  " if args.graph else "") + f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
+                      + (f"eager {eager:7.3f} ms  " if args.graph else "")
+                      + f"vs FP64 {err / data.ref_scale:.2e}  vs fp32 {vs_fp32 / fp32_scale:.2e}{same}"
                       f"{resources(device)}")
             passing = [(ms, label) for label, (ms, good) in results.items() if good]  # the default included
             base, ok_default = results.pop("default " + default.label)
@@ -201,10 +202,11 @@ def _probe_lines(data, configs, variants: list[str], timer: Timer, reps: int, de
     """Where the time goes (information, never results): the loads alone, and imma without its P.V, per config."""
     from strata.kernels.attention import prompt_imma
     from strata.kernels.attention.prompt_blocks import PromptConfig
-    from strata.kernels.attention.prompt_probe import probe_gather, probe_imma_scores
+    from strata.kernels.attention.prompt_probe import probe_config, probe_gather, probe_imma_scores
 
     wanted = {PromptConfig.parse(text).label for text in PROBED}
     for config in [prompt_imma.DEFAULT] + [c for c in configs if c.label in wanted and c != prompt_imma.DEFAULT]:
+        config = probe_config(config)  # the form the probes run (a prefix config's one-query launch)
         probes = [("gathers only", probe_gather)] + [("imma without P.V", probe_imma_scores)] * ("imma" in variants)
         for what, probe in probes:
             try:

@@ -59,7 +59,7 @@ def _probe_gather_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_p
 def probe_gather(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor, width: torch.Tensor,
                  config: PromptConfig) -> torch.Tensor:
     """[n_q, H, D]: per query and KV head, the sum of its cells' V codes per dim (one split only)."""
-    return launch_blocked(_probe_gather_kernel, q, pool, page_table, ids, width, None, _plain(config),
+    return launch_blocked(_probe_gather_kernel, q, pool, page_table, ids, width, None, probe_config(config),
                           NG=q.shape[-1] // 64)
 
 
@@ -71,13 +71,13 @@ def probe_imma_scores(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, 
 
     kernel = _prompt_imma_cells_kernel if config.scores else _prompt_imma_kernel
     extra = {"vbound_ptr": pool.v_scale} if config.scores else {}  # unused without P.V
-    return launch_blocked(kernel, q, pool, page_table, ids, width, None, _plain(config), NG=q.shape[-1] // 64, PV=0,
-                          **extra)
+    return launch_blocked(kernel, q, pool, page_table, ids, width, None, probe_config(config), NG=q.shape[-1] // 64,
+                          PV=0, **extra)
 
 
-def _plain(config: PromptConfig) -> PromptConfig:
+def probe_config(config: PromptConfig) -> PromptConfig:
     """The probes' form of a config (their kernels take neither prefix blocks nor the launch order): a prefix
-    config's one-query launch, which is all of it at a long context's sparse selections."""
+    config's one-query launch, which is all of it at a long context's sparse selections; without `y`'s splits."""
     if config.prefix:
         config = replace(config, queries=1, heads=0)
-    return replace(config, prefix=0, order=0)
+    return replace(config, prefix=0, order=0, spread=0)
