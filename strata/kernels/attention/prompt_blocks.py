@@ -460,8 +460,10 @@ def _beside(side_launch, main_launch, device: torch.device) -> None:
     """`side_launch` on a second stream and `main_launch` on the current one, both after the work queued so far, the
     current stream then waiting for the second (fork and join: also inside a CUDA graph's capture)."""
     main = torch.cuda.current_stream(device)
-    side = _SIDE.setdefault(device.index if device.index is not None else torch.cuda.current_device(),
-                            torch.cuda.Stream(device))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE:
+        _SIDE[index] = torch.cuda.Stream(index)
+    side = _SIDE[index]
     side.wait_stream(main)
     with torch.cuda.stream(side):
         side_launch()

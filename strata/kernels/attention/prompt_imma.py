@@ -11,7 +11,8 @@ sides. Each part's int32 sum is exact; `join3 = float(sum h b) + float(256 sum l
 v2's blocks (prompt_blocks.py: queries x heads as rows, each chunk of their shared cells loaded once), pipeline and
 softmax; int8 pools, sm_80+. Config `p16`: P.V as v2's fp16 hi + lo dots instead (q . k stays int8), to measure what
 the int8 P.V costs: its B operand (V codes, dims contiguous) is not K-contiguous, which int8 MMAs want. `d2` (with
-p16): that P.V in two halves of the dims; `g1` (and `n2`, `u1`): the scores per 64-dim group, prompt_imma_cells.py.
+p16): that P.V in two halves of the dims; `g1` (and `n2`, `u1`): the scores per 64-dim group, prompt_imma_cells.py;
+with g1, `i1`/`i2`: prefix blocks (prompt_prefix.py).
 """
 
 from __future__ import annotations
