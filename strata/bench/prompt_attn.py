@@ -245,10 +245,25 @@ def blocking(variant: str) -> str:
     return f"  {config.label if variant != 'v2t' else replace(config, stages=1).label}"
 
 
+def _numbers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or a comma-separated list") from None
+
+
+def _shapes(contexts: list[int], queries: list[int]) -> list[tuple[int, int]]:
+    """(ctx, queries) per context: one query count for all, or one each."""
+    if len(queries) not in (1, len(contexts)):
+        raise SystemExit(f"strata bench prompt-attn: {len(contexts)} contexts but {len(queries)} query counts")
+    return list(zip(contexts, queries * len(contexts) if len(queries) == 1 else queries))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata bench prompt-attn", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ctx", type=int, help="context cells (default: the five standard shapes)")
-    p.add_argument("--queries", type=int, default=1024, help="queries with --ctx")
+    p.add_argument("--ctx", type=_numbers, help="context cells, or a comma-separated list (default: the five "
+                   "standard shapes)")
+    p.add_argument("--queries", type=_numbers, default=[1024], help="queries with --ctx (one value, or one a ctx)")
     p.add_argument("--long", action="store_true", help="the long contexts 131,072 x 512 and 524,288 x 256 instead "
                    "of the five standard shapes")
     p.add_argument("--reps", type=int, default=5)
@@ -283,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"prompt attention parity on {name}, torch {torch.__version__}")
-    shapes = [(args.ctx, args.queries)] if args.ctx else LONG_SHAPES if args.long else DEFAULT_SHAPES
+    shapes = _shapes(args.ctx, args.queries) if args.ctx else LONG_SHAPES if args.long else DEFAULT_SHAPES
     if args.sweep is not None:
         from strata.bench.prompt_attn_sweep import run_sweep
 

@@ -6,7 +6,7 @@
 # (session 7's default `s2t2p16r128x1g1u1a1o1`, its bytes), the widest blocks first, splits below 4 programs an SM.
 # Every time twice: eager (what a caller sees, host work included: at ~0.3 ms a launch it can be host-bound) and
 # replayed from a CUDA graph (`--graph`: the kernels alone), which ranks the sweep's configs.
-# 1. the sweep at the five default shapes: session 7's default (`=bytes` expected at the three long shapes, where no
+# 1. the sweep at the five default shapes, the two short ones first: session 7's default (`=bytes` expected at the three long shapes, where no
 #    block qualifies), z1, y4 and k4 alone, prefix blocks on one stream (i1) and beside (i2), with the order and the
 #    splits rule (y8: 3 splits at 2.1K x 256) or 4 splits; `prefix` lines (how many blocks qualify, the flags'
 #    launch), the ranking at the end;
@@ -22,19 +22,22 @@ source tools/device/parts.sh || exit 1
 T=tests/kernels/attention
 D=s2t2p16r128x1g1u1a1o1
 P="python3 -m strata.bench.prompt_attn"
-part shapes 140 $P --variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1 \
-  q4h4${D}i2z1 q4h4${D}i2z1y8 q4h4${D}i2z1k4
-part long 50 $P --long --variants fp32 v2 imma --reps 3 --graph
-part long_rule 35 $P --long --variants imma --no-sdpa --reps 3 --graph --sweep $D
-part tests 70 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_prefix.py
+S="--variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1 q4h4${D}i2z1 q4h4${D}i2z1y8 \
+  q4h4${D}i2z1k4"
+part short 120 $P --ctx 1500,2100 --queries 1500,256 $S
+part shapes 60 $P --ctx 32768,65536,32768 --queries 1024,512,2048 $S
+part long 45 $P --long --variants fp32 v2 imma --reps 3 --graph
+part long_rule 30 $P --long --variants imma --no-sdpa --reps 3 --graph --sweep $D
+part tests 60 python3 -m pytest -q -p no:cacheprovider -W ignore $T/test_prompt_prefix.py
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 save_cache
-cp $L/shapes.log "$OUT/sweep.txt" 2>/dev/null
+cat $L/short.log $L/shapes.log > "$OUT/sweep.txt" 2>/dev/null
 {
   cat $L/times.txt
   tail -n 3 $L/tests.log 2>/dev/null
   echo "--- default shapes"
-  grep -hE "^ctx|PASS|FAIL|best|prefix|info|configs by|defaults" $L/shapes.log 2>/dev/null | cut -c1-230
+  grep -hE "^ctx|PASS|FAIL|best|prefix|info|configs by|defaults" $L/short.log $L/shapes.log 2>/dev/null \
+    | cut -c1-260
   echo "--- long contexts"
   grep -hE "^ctx|PASS|FAIL|info|best|configs by" $L/long.log $L/long_rule.log 2>/dev/null \
     | cut -c1-230

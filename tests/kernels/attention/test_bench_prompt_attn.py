@@ -67,6 +67,20 @@ def test_tiny_sweep_with_graph_timing_keeps_the_eager_figure(capsys):
     assert "x default  eager " in line and "vs FP64" in line, line
 
 
+def test_shape_lists():
+    import pytest
+
+    from strata.bench.prompt_attn import LONG_SHAPES, _shapes, parser
+
+    args = parser().parse_args(["--ctx", "1500,2100", "--queries", "1500,256"])
+    assert _shapes(args.ctx, args.queries) == [(1500, 1500), (2100, 256)]
+    args = parser().parse_args(["--ctx", "160,200", "--queries", "8"])
+    assert _shapes(args.ctx, args.queries) == [(160, 8), (200, 8)]
+    assert parser().parse_args(["--long"]).long and LONG_SHAPES == [(131072, 512), (524288, 256)]
+    with pytest.raises(SystemExit):
+        _shapes([1, 2, 3], [4, 5])
+
+
 def test_programs_per_sm():
     from strata.bench.prompt_attn_sweep import programs_per_sm
 
