@@ -57,7 +57,8 @@ def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, r
         return None
     from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
 
-    return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize)
+    kept = router.kept_as(h.dtype)  # before the call that may convert it (kernels/pdl.py: read before the wait)
+    return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize, router_kept=kept)
 
 
 def shared_gate_add_rms_norm(h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,
