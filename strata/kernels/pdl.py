@@ -16,8 +16,12 @@ completion as always, which breaks the chain harmlessly.
 
 Modes (`STRATA_PDL`): 1, each program lets the next kernel launch at its very start (`pdl_start`: the most overlap;
 several kernels ahead may become resident, each waiting); 2, only once past its own wait (at most the next kernel
-waits beside this one). 0 (unset): no launch option and no constexpr is passed, so the kernels compile and run
-exactly as before (`PDL` defaults to 0 in each kernel, and every line of this file's code sits under it).
+waits beside this one); 3, as 1 except that the experts' gate/up kernel triggers past its wait, so that when the
+experts' down kernel launches the routing (written before the gate/up kernel) is complete: the down kernel then reads
+the routing (through L2) and streams its experts' weights before its wait (`routing_ahead`). In general a kernel
+may read before its wait what a kernel W wrote if some kernel after W and before it triggers only past its own
+wait. 0 (unset): no launch option and no constexpr is passed, so the kernels compile and run exactly as before (`PDL`
+defaults to 0 in each kernel, and every line of this file's code sits under it).
 
 Triton's interpreter cannot run `griddepcontrol` (inline assembly); under it the two instructions are no-ops, so
 CPU tests can run each kernel's PDL form (its loads reordered around the wait) against the default form
@@ -34,7 +38,7 @@ import triton.language as tl
 
 from strata.errors import StrataError
 
-MODES = (0, 1, 2)
+MODES = (0, 1, 2, 3)
 FORCE_ON_CPU = False  # tests: CPU tensors take the PDL options too (the interpreter's no-op waits)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels decided before Triton was imported
@@ -73,11 +77,19 @@ def mode_for(t: torch.Tensor) -> int:
     return wanted if FORCE_ON_CPU else 0
 
 
-def launch_options(t: torch.Tensor, **early) -> dict:
+def launch_options(t: torch.Tensor, late: bool = False, **early) -> dict:
     """The keywords a launch over t adds: none when PDL is off (the launch as before), else the kernel's `PDL`
-    constexpr, Triton's `launch_pdl` and the given constexprs (a kernel's loads to issue before its wait)."""
+    constexpr (1: trigger at the start, 2: past the wait; mode 3 gives 2 to a `late` launch, 1 to the others),
+    Triton's `launch_pdl` and the given constexprs (a kernel's loads to issue before its wait)."""
     m = mode_for(t)
-    return {"PDL": m, "launch_pdl": True, **early} if m else {}
+    if not m:
+        return {}
+    return {"PDL": (2 if late else 1) if m == 3 else m, "launch_pdl": True, **early}
+
+
+def routing_ahead(t: torch.Tensor) -> bool:
+    """Mode 3 over t: the experts' gate/up launch triggers late and their down kernel reads its routing early."""
+    return mode_for(t) == 3
 
 
 @triton.jit

@@ -4,10 +4,10 @@
 # 1. the tests compiled on CUDA: tests/kernels/pdl (each kernel's PDL form launched for real with launch_pdl, the
 #    default form's bytes; where the grid dependency instructions sit in the sm_90 builds) and the kernels' own tests;
 # 2. (while the A3B file is made, ~90 s, if absent) pdl_check.py on a small qwen3next and the tiny qwen4exp: greedy
-#    tokens and logits bytes with STRATA_PDL=1 and 2 against unset, each captured;
-# 3. `bench decode` on the A3B shape (Q4_0, --vram-budget 24: all resident) unset, STRATA_PDL=1, STRATA_PDL=2
-#    (tok/s, median step: the session's 447.9 tok/s / 2.10 ms GPU step against a 0.45 ms HBM bound);
-# 4. pdl_check.py on the A3B shape (32 tokens: tokens equal, logits byte-equal, both modes captured);
+#    tokens and logits bytes with STRATA_PDL=1, 2 and 3 against unset, each captured;
+# 3. `bench decode` on the A3B shape (Q4_0, --vram-budget 24: all resident) unset, STRATA_PDL=1, 3, 2 (tok/s,
+#    median step: the session's 447.9 tok/s / 2.10 ms GPU step against a 0.45 ms HBM bound): the mode to keep;
+# 4. pdl_check.py on the A3B shape (32 tokens: tokens equal, logits byte-equal, each mode captured);
 # 5. profile_decode.py unset and with STRATA_PDL=1: per-kernel device time (the eight kernels a layer) and GPU ms a
 #    token. Note: a kernel's time under PDL counts from its launch, so a kernel launched early and waiting shows
 #    longer; the step's tok/s and the GPU ms a token are what tell.
@@ -20,8 +20,8 @@ A=$M/a3b.gguf N=$M/pdl-next-small.gguf Q=$M/pdl-q4x-tiny.gguf
 small() {  # 2.: the small qwen3next and the tiny qwen4exp
   part make_small 40 sh -c "[ -f $N ] || python3 -m strata make-model --arch qwen3next --preset small --quant Q4_0 \
     -o $N; [ -f $Q ] || python3 -m strata make-model --arch qwen4exp --preset tiny --quant Q8_0 -o $Q"
-  part check_qwen3next 40 python3 tools/device/pdl_check.py $N --tokens 24
-  part check_qwen4exp 40 python3 tools/device/pdl_check.py $Q --tokens 24
+  part check_qwen3next 40 python3 tools/device/pdl_check.py $N --tokens 24 --modes 1,2,3
+  part check_qwen4exp 40 python3 tools/device/pdl_check.py $Q --tokens 24 --modes 1,2,3
 }
 MADE=
 if [ ! -f $A ]; then
@@ -35,10 +35,11 @@ while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64 --vram-budget 24"
 part bench_default 40 $B
 part bench_pdl1 40 env STRATA_PDL=1 $B
-part check_a3b 50 python3 tools/device/pdl_check.py $A --tokens 32 --vram-budget 24
+part check_a3b 50 python3 tools/device/pdl_check.py $A --tokens 32 --vram-budget 24 --modes 1,2,3
 P="python3 tools/device/profile_decode.py $A --graphs on --steps 8 --top 14"
 part profile_default 30 $P
 part profile_pdl1 30 env STRATA_PDL=1 $P
+part bench_pdl3 40 env STRATA_PDL=3 $B
 part bench_pdl2 40 env STRATA_PDL=2 $B
 [ -z "$MADE" ] && small
 {
@@ -47,7 +48,7 @@ part bench_pdl2 40 env STRATA_PDL=2 $B
   for f in check_qwen3next check_qwen4exp check_a3b; do
     echo "=== $f"; grep -h "captured\|PASS\|FAIL\|Error\|graphs off" $L/$f.log | cut -c1-230
   done
-  for f in bench_default bench_pdl1 bench_pdl2; do
+  for f in bench_default bench_pdl1 bench_pdl3 bench_pdl2; do
     echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | tail -n 8 | cut -c1-230
   done
   for f in profile_default profile_pdl1; do

@@ -5,7 +5,7 @@ be). One engine (one model load); each mode's graphs are captured afresh (a span
 under switches.override, the prompt prefilled again each time (after a first default run, so that every compared
 run reuses the prompt's cached prefix the same way).
 
-    python3 tools/device/pdl_check.py MODEL.gguf [--tokens 32] [--prompt-tokens 32] [--modes 1,2] [--vram-budget GIB]
+    python3 tools/device/pdl_check.py MODEL.gguf [--tokens 32] [--prompt-tokens 32] [--modes 1,2,3] [--vram-budget GIB]
 
 Prints per mode: whether the steps ran captured, tokens equal, logits equal (or the largest difference in units
 of the largest logit, and the first step that differs). Exit 1 if any mode's tokens or logits differ, or if a
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("model")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--modes", default="1,2")
+    parser.add_argument("--modes", default="1,2,3")
     parser.add_argument("--vram-budget", type=float, default=None)
     parser.add_argument("--ctx", type=int, default=4096)
     args = parser.parse_args()

@@ -91,13 +91,15 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                          BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                          ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                          UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False,
-                         PDL: tl.constexpr = 0, WEIGHTS_FIRST: tl.constexpr = False):
+                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0):
     """y[t, rows] = sum over chosen experts j and their units of w[t, j] * (unit's rows . h[t, j]'s slice), every
     unit of the slice loaded at once. Program (token group, row tile, slice): SHARED (one operand at stride 0: the
     dense matvec) a group is all ROWS tokens, which reuse the loaded words; else one token. SPLIT > 1: slice s into
     y[s, t, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below. PDL (kernels/pdl.py):
-    WEIGHTS_FIRST (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one
-    expert's index being 0 without reading `ids`; otherwise the routing is read after the wait."""
+    AHEAD 1 (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one expert's
+    index being 0 without reading `ids`; AHEAD 2 (experts, no slot table, STRATA_PDL=3: the routing is complete
+    when this kernel launches) reads the routing through L2 and issues the weight loads before the wait; AHEAD 0
+    reads everything after the wait."""
     pdl_start(PDL)
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -105,8 +107,11 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     g, um = _units(SPLIT, PER, TOP_K * N_UNITS, NU)
     j = g // N_UNITS
     blk = g % N_UNITS
-    if WEIGHTS_FIRST:
+    if AHEAD == 1:
         index = tl.where(um, 0, -1)  # what `ids` (zeros) gives: the operand at stride 0 is every row's "expert"
+    elif AHEAD == 2:  # .cg: from L2, where the routing kernel's stores are (not a line this SM's L1 kept)
+        index = tl.load(ids + first * TOP_K + j, mask=um, other=0, cache_modifier=".cg").to(tl.int32)
+        index = tl.where(um, index, -1)
     else:
         pdl_wait(PDL)
         index = tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32)
@@ -116,28 +121,28 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     if SKIP_ABSENT:  # the misses' launch: a program none of whose experts is missing stores its zeros, no loads
         if tl.max(index, axis=0) >= 0:
             _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, WEIGHTS_FIRST)
+                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
         else:
             for r in tl.static_range(ROWS if SHARED else 1):
                 at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64)
                 tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
     else:
         _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, WEIGHTS_FIRST)
+                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
 
 
 @triton.jit
 def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT: tl.constexpr,
                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
                BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, WEIGHTS_FIRST: tl.constexpr):
+               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):
     """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
     bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
     w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
-    if WEIGHTS_FIRST:
+    if AHEAD:
         pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
@@ -254,9 +259,10 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
 
 
 def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, warps: int,
-                        split: int = 1, skip_absent: bool = False):
+                        split: int = 1, skip_absent: bool = False, routing_ahead: bool = False):
     """`_oneshot_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract
-    (and the dense matvec's: an operand at stride 0 read once for all T rows)."""
+    (and the dense matvec's: an operand at stride 0 read once for all T rows). `routing_ahead` (STRATA_PDL=3, the
+    launch after the experts' gate/up launch): the routing was complete before this launch (kernels/pdl.py)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     shared = d.stride == 0 and top_k == 1 and not slots
@@ -266,23 +272,25 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
         **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
         SKIP_ABSENT=skip_absent, num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
-        **launch_options(h, WEIGHTS_FIRST=shared and not skip_absent))
+        **launch_options(h, AHEAD=1 if shared and not skip_absent else
+                         2 if routing_ahead and not (slots or skip_absent) else 0))
     if split > 1:
         _sum_slices(out, y, split, False)
     return y
 
 
 def launch_oneshot_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: int, warps: int, split: int = 1,
-                           skip_absent: bool = False):
+                           skip_absent: bool = False, late: bool = False):
     """`_oneshot_gate_up_kernel` over operands g, u into H [T, k, ff] (float32): gate_up_swiglu's contract.
-    `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse)."""
+    `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse). `late`
+    (STRATA_PDL=3): the next kernel launches once this one is past its wait (kernels/pdl.py)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     out = hid if split == 1 else torch.empty(split, 2, *hid.shape, dtype=torch.float32, device=hid.device)
     constants = _constants(spec, g.rows, g.cols, 1, slots, bn, split)
     _oneshot_gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, bn), split)](
         x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, out, g.stride,
-        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps, **launch_options(x))
+        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps, **launch_options(x, late))
     if split > 1:
         _sum_slices(out, hid, split, True)
     return hid

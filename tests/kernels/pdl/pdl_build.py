@@ -79,7 +79,9 @@ def kernels():
     yield "decode_short", (decode_short._decode_short_kernel, attn, attn_c, 4, {})
     for kind in ("qkv", "down", "gate_up"):
         kernel, sig, c, warps = _oneshot(kind)
-        yield f"oneshot_{kind}", (kernel, sig, c, warps, {"WEIGHTS_FIRST": True} if kind == "qkv" else {})
+        yield f"oneshot_{kind}", (kernel, sig, c, warps, {"AHEAD": 1} if kind == "qkv" else {})
+    kernel, sig, c, warps = _oneshot("down")
+    yield "oneshot_down_routing_ahead", (kernel, sig, c, warps, {"AHEAD": 2})  # STRATA_PDL=3's experts' down
     yield "split_sum", (wide_gemv._split_sum_kernel, {"part": "*fp32", "out": "*fp32", "n": "i32"},
                         dict(SPLIT=2, SWIGLU=False, BLOCK=1024), 4, {})
 
@@ -91,7 +93,10 @@ def placement(ptx: str) -> dict:
     def first(prefix: str) -> int:
         return next((i for i, line in enumerate(lines) if line.startswith(prefix)), -1)
 
+    wait = first("griddepcontrol.wait")
+    loads = [i for i, line in enumerate(lines) if line.startswith("ld.global")]
     return {"waits": sum(line.startswith("griddepcontrol.wait") for line in lines),
+            "loads": len(loads), "loads_before_wait": sum(i < wait for i in loads),
             "triggers": sum(line.startswith("griddepcontrol.launch_dependents") for line in lines),
             "first_wait": first("griddepcontrol.wait"), "first_trigger": first("griddepcontrol.launch_dependents"),
             "first_load": min((i for i, line in enumerate(lines) if line.startswith("ld.global")), default=-1),
@@ -114,7 +119,7 @@ def main(argv: list[str]) -> None:
             if out_dir:
                 with open(os.path.join(out_dir, f"{name}.{mode}.ptx"), "w") as f:
                     f.write(ptx)
-            print(json.dumps({"kernel": name, "mode": mode, "weights_first": bool(early) and mode > 0,
+            print(json.dumps({"kernel": name, "mode": mode, "ahead": early.get("AHEAD", 0) if mode else 0,
                               **placement(ptx)}), flush=True)
 
 

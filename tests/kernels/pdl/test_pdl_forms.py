@@ -23,7 +23,7 @@ SPIED = [(add_rms_norm, "_add_rms_norm_kernel"), (rms_norm, "_rms_norm_kernel"),
          (add_norm_route, "_add_norm_route_kernel"), (qk_norm_rope_store, "_qk_norm_rope_store_kernel"),
          (decode_short, "_decode_short_kernel"), (oneshot_gemv, "_oneshot_down_kernel"),
          (oneshot_gemv, "_oneshot_gate_up_kernel"), (wide_gemv, "_split_sum_kernel")]
-PDL_KEYS = ("PDL", "launch_pdl", "WEIGHTS_FIRST")
+PDL_KEYS = ("PDL", "launch_pdl", "AHEAD")
 
 
 class _Spy:
@@ -56,8 +56,7 @@ def _step_kernels():
     from strata.bench.moe_decode import routing, synthetic_stack
     from strata.kernels.attention.decode import decode_attn_dense_triton
     from strata.kernels.attention.decode_short import ShortConfig
-    from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand, GemvConfig, down_sum_triton, \
-        gate_up_swiglu_triton, launch_down
+    from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand, GemvConfig, launch_down, moe_gemv_triton
     from strata.kernels.quant.matvec import one_expert
     from strata.quant import get_format, random_blocks
 
@@ -91,8 +90,8 @@ def _step_kernels():
     experts = DecodeExperts.of_stack(synthetic_stack("Q4_0", "Q4_0", 4, 64, 64, seed=13, device=DEVICE))
     ids, weights = routing(1, 2, 4, torch.Generator().manual_seed(14))
     ids, weights = ids.to(torch.int32).to(DEVICE), weights.to(DEVICE)
-    hid = gate_up_swiglu_triton(h, ids, experts, dataclasses.replace(oneshot, bn=32))
-    yield "experts", (hid, down_sum_triton(hid, ids, weights, experts, torch.float32, oneshot))
+    yield "experts", (moe_gemv_triton(h, ids, weights, experts, torch.float32,
+                                      (dataclasses.replace(oneshot, bn=32), oneshot)),)
 
 
 def _run(log):
@@ -104,7 +103,7 @@ def _run(log):
     return results
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 def test_the_switch_puts_the_step_kernels_on_pdl_with_the_default_bytes(launches, mode):
     default = _run(launches)
     for name, (_, calls) in default.items():
@@ -120,8 +119,12 @@ def test_the_switch_puts_the_step_kernels_on_pdl_with_the_default_bytes(launches
             assert calls == [("_add_norm_route_kernel", {})]
             continue
         for kernel, kw in calls:
-            first = kernel == "_oneshot_down_kernel" and name.startswith("matvec")  # the dense weight, never written
-            assert (kw["PDL"], kw["launch_pdl"], kw.get("WEIGHTS_FIRST", False)) == (mode, True, first), (name, kw)
+            # mode 3: the experts' gate/up triggers past its wait (2), so that their down may read the routing ahead
+            late = mode == 2 or (mode == 3 and kernel == "_oneshot_gate_up_kernel")
+            ahead = 0
+            if kernel == "_oneshot_down_kernel":  # the dense weight, never written; mode 3: the experts' routing too
+                ahead = 1 if name.startswith("matvec") else 2 if mode == 3 else 0
+            assert (kw["PDL"], kw["launch_pdl"], kw.get("AHEAD", 0)) == (2 if late else 1, True, ahead), (name, kw)
     assert [k for k, _ in forms["matvec, 2 slices"][1]] == ["_oneshot_down_kernel", "_split_sum_kernel"]
     assert [k for k, _ in forms["experts"][1]] == ["_oneshot_gate_up_kernel", "_oneshot_down_kernel"]
 
@@ -130,7 +133,7 @@ def test_the_switch_is_checked_and_left_to_gpus_that_have_pdl():
     x = torch.zeros(4)
     with switches.override(STRATA_PDL=1):
         assert pdl.mode() == 1 and pdl.launch_options(x) == {}  # a CPU tensor: no PDL (the interpreter's forms)
-    with switches.override(STRATA_PDL=3):
+    with switches.override(STRATA_PDL=4):
         with pytest.raises(StrataError, match="STRATA_PDL"):
             pdl.launch_options(x)
     assert pdl.launch_options(x) == {}  # unset
