@@ -70,15 +70,16 @@ def _step_kernels():
     yield "add_norm_route (router just made)", add_norm_route.add_norm_route_triton(
         h, delta, norm, router, 1e-6, 2, True, router_kept=False)
     q, k, v = rand((1, 4, 32), 5, dt, 2), rand((1, 2, 32), 6, dt, 2), rand((1, 2, 32), 7, dt, 2)
-    keys, values = (rand((16, 2, 32), s, torch.float16) for s in (8, 9))
+    keys, values = (rand((64, 2, 32), s, torch.float16) for s in (8, 9))
     cos, sin = rand((1, 32), 10, dt), rand((1, 32), 11, dt)
-    position = torch.tensor([9], dtype=torch.int32, device=DEVICE)
+    position = torch.tensor([39], dtype=torch.int32, device=DEVICE)
     turned = qk_norm_rope_store.qk_norm_rope_store_dense(q, k, v, norm[:32], norm[32:], 1e-6, cos, sin, keys, values,
                                                          position)
     yield "qk_norm_rope_store", (turned, keys, values)
     width = position + 1
-    yield "decode_short", (decode_attn_dense_triton(turned, keys, values, width, 16, out_dtype=dt,
-                                                    short=ShortConfig(cells=4, chunk=4)),)
+    # 4 programs a KV head over the span, 3 of them sharing the row's 40 cells: the counted merge
+    yield "decode_short", (decode_attn_dense_triton(turned, keys, values, width, 64, out_dtype=dt,
+                                                    short=ShortConfig(cells=16, chunk=16)),)
     info = get_format("Q4_0")
     raw = torch.from_numpy(random_blocks("Q4_0", 48 * 64 // 32, np.random.default_rng(12), 0.02)).to(DEVICE)
     matrix = ExpertOperand(raw, info.ggml_type, 48, 64, stride=0)
