@@ -30,6 +30,7 @@ CPU tests can run each kernel's PDL form (its loads reordered around the wait) a
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -73,8 +74,13 @@ def mode_for(t: torch.Tensor) -> int:
     if not wanted:
         return 0
     if t.is_cuda:
-        return wanted if torch.cuda.get_device_capability(t.device) >= (9, 0) else 0
+        return wanted if _has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device()) else 0
     return wanted if FORCE_ON_CPU else 0
+
+
+@functools.cache
+def _has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 def launch_options(t: torch.Tensor, late: bool = False, **early) -> dict:
