@@ -34,10 +34,10 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe.decode import DecodeSpec
-from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 from strata.kernels.moe.stream_steps import fetch_x, step_dot
 from strata.kernels.moe.wide_gemv import SMS, UNIT, WORDS, _sum_slices, store_gate_up
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 ONESHOT_FORMATS = set(STREAM_FORMATS)
 MIN_WARPS_PER_SM = 12  # resident warps an SM the grid should give at least (loads in flight), before rows shrink
