@@ -123,6 +123,8 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
             _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
                        UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
         else:
+            if AHEAD:  # (the launches never ask for both; a store still waits)
+                pdl_wait(PDL)
             for r in tl.static_range(ROWS if SHARED else 1):
                 at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64)
                 tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
