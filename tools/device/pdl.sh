@@ -42,13 +42,16 @@ part profile_default 30 $P
 part profile_pdl1 30 env STRATA_PDL=1 $P
 part bench_pdl1 40 env STRATA_PDL=1 $B
 [ -z "$MADE" ] && small
+# 6. as time allows: the offloaded A3B (12 GiB, direct misses: the hits' and misses' GEMVs take PDL too)
+part bench_offload 70 python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64 \
+  --vram-budget 12 --gpu-floor bytes --pdl-sweep 1,3
 {
   cat $L/times.txt
   tail -n 3 $L/tests.log
   for f in check_qwen3next check_qwen4exp check_a3b; do
     echo "=== $f"; grep -h "captured\|PASS\|FAIL\|Error\|graphs off" $L/$f.log | cut -c1-230
   done
-  for f in bench_sweep bench_pdl1; do
+  for f in bench_sweep bench_pdl1 bench_offload; do
     echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | tail -n 12 | cut -c1-230
   done
   for f in profile_default profile_pdl1; do
