@@ -16,6 +16,8 @@ import triton
 ROOT = Path(__file__).resolve().parents[3]
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 WEIGHTS_FIRST = {"add_rms_norm", "rms_norm", "add_norm_route", "oneshot_qkv", "oneshot_down_routing_ahead"}
+# Loads a thread issues before the wait: exactly its share of the weight (2048 wide, 8 warps; the router's 4 rows)
+WEIGHT_LOADS = {"add_rms_norm": 2048 // 256, "rms_norm": 2048 // 256, "add_norm_route": 4 * 2048 // 256}
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build carries no ptxas")
@@ -28,6 +30,9 @@ def test_pdl_forms_wait_before_their_stores_and_dependent_loads():
     builds = [json.loads(line) for line in run.stdout.splitlines()]
     assert {b["kernel"] for b in builds} == WEIGHTS_FIRST | {"qk_norm_rope_store", "decode_short", "oneshot_down",
                                                            "oneshot_gate_up", "split_sum"}
+    by = {(b["kernel"], b["mode"]): b for b in builds}
+    for mode in (1, 2):  # the routing read ahead moves the down kernel's loads, it adds or drops none
+        assert by["oneshot_down_routing_ahead", mode]["loads"] == by["oneshot_down", mode]["loads"]
     for b in builds:
         assert b["first_load"] >= 0 and b["first_store"] >= 0, b
         if b["mode"] == 0:
@@ -41,5 +46,7 @@ def test_pdl_forms_wait_before_their_stores_and_dependent_loads():
         weights_first = b["kernel"] in WEIGHTS_FIRST
         assert (b["first_load"] < b["first_wait"]) == weights_first, b
         assert b["ahead"] == {"oneshot_qkv": 1, "oneshot_down_routing_ahead": 2}.get(b["kernel"], 0), b
+        if b["kernel"] in WEIGHT_LOADS:
+            assert b["loads_before_wait"] == WEIGHT_LOADS[b["kernel"]], b
         if b["ahead"]:  # the weights' loads (most of them) before the wait; the activations and combine weights after
             assert b["loads_before_wait"] >= 2 * (b["loads"] - b["loads_before_wait"]) > 0, b
