@@ -19,7 +19,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from strata.kernels.attention import decode_short  # noqa: E402
 from strata.kernels.moe import oneshot_gemv, wide_gemv  # noqa: E402
 from strata.kernels.moe.decode import SPECS  # noqa: E402
-from strata.kernels.pointwise import add_norm_route, add_rms_norm, qk_norm_rope_store, rms_norm  # noqa: E402
+from strata.kernels.pointwise import (add_norm_route, add_rms_norm, qk_norm_rope_store, rms_norm,  # noqa: E402
+                                      shared_gate_add_norm)
 
 EMBD, HEADS, KV_HEADS, DIM, EXPERTS, TOP_K, FF = 2048, 32, 4, 128, 128, 8, 768
 BF16 = "*bf16"
@@ -69,6 +70,10 @@ def kernels():
     yield "add_rms_norm", (add_rms_norm._add_rms_norm_kernel,
                            {"h_ptr": BF16, "d_ptr": BF16, "w_ptr": BF16, "res_ptr": BF16, "out_ptr": BF16,
                             "n_cols": "i32", "eps": "fp32"}, dict(BLOCK=EMBD), 8, {})
+    yield "shared_gate_add_norm", (shared_gate_add_norm._shared_gate_add_norm_kernel,
+                                   {n: BF16 for n in ("routed_ptr", "shared_ptr", "x_ptr", "gate_ptr", "h_ptr", "nw_ptr",
+                                                      "res_ptr", "out_ptr")} | {"n_cols": "i32", "eps": "fp32"},
+                                   dict(BLOCK=EMBD), 8, {})
     yield "rms_norm", (rms_norm._rms_norm_kernel, {"x_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16, "n_cols": "i32",
                                                    "x_row_stride": "i32", "eps": "fp32"}, dict(BLOCK=EMBD), 8, {})
     yield "add_norm_route", (add_norm_route._add_norm_route_kernel, rows,

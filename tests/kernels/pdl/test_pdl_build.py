@@ -15,9 +15,11 @@ import triton
 
 ROOT = Path(__file__).resolve().parents[3]
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-WEIGHTS_FIRST = {"add_rms_norm", "rms_norm", "add_norm_route", "oneshot_qkv", "oneshot_down_routing_ahead"}
+WEIGHTS_FIRST = {"add_rms_norm", "rms_norm", "add_norm_route", "shared_gate_add_norm", "oneshot_qkv",
+                 "oneshot_down_routing_ahead"}
 # Loads a thread issues before the wait: exactly its share of the weight (2048 wide, 8 warps; the router's 4 rows)
-WEIGHT_LOADS = {"add_rms_norm": 2048 // 256, "rms_norm": 2048 // 256, "add_norm_route": 4 * 2048 // 256}
+WEIGHT_LOADS = {"add_rms_norm": 2048 // 256, "rms_norm": 2048 // 256, "add_norm_route": 4 * 2048 // 256,
+                "shared_gate_add_norm": 2048 // 256}
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build carries no ptxas")

@@ -15,14 +15,15 @@ from strata.errors import StrataError
 from strata.kernels import pdl
 from strata.kernels.attention import decode_short
 from strata.kernels.moe import oneshot_gemv, wide_gemv
-from strata.kernels.pointwise import add_norm_route, add_rms_norm, qk_norm_rope_store, rms_norm
+from strata.kernels.pointwise import add_norm_route, add_rms_norm, qk_norm_rope_store, rms_norm, shared_gate_add_norm
 from tests.kernels import DEVICE
 from tests.kernels.pointwise.common import rand
 
 SPIED = [(add_rms_norm, "_add_rms_norm_kernel"), (rms_norm, "_rms_norm_kernel"),
          (add_norm_route, "_add_norm_route_kernel"), (qk_norm_rope_store, "_qk_norm_rope_store_kernel"),
          (decode_short, "_decode_short_kernel"), (oneshot_gemv, "_oneshot_down_kernel"),
-         (oneshot_gemv, "_oneshot_gate_up_kernel"), (wide_gemv, "_split_sum_kernel")]
+         (oneshot_gemv, "_oneshot_gate_up_kernel"), (wide_gemv, "_split_sum_kernel"),
+         (shared_gate_add_norm, "_shared_gate_add_norm_kernel")]
 PDL_KEYS = ("PDL", "launch_pdl", "AHEAD")
 
 
@@ -65,6 +66,9 @@ def _step_kernels():
     norm = (1 + 0.1 * rand((64,), 3, torch.float32)).to(dt)
     yield "add_rms_norm", add_rms_norm.add_rms_norm_triton(h, delta, norm, 1e-6)
     yield "rms_norm", (rms_norm.rms_norm_triton(h, norm, 1e-6),)
+    gate = rand((64,), 15, dt, 0.1)
+    yield "shared_gate_add_norm", shared_gate_add_norm.shared_gate_add_norm_triton(h, delta, delta * 0.5, h, gate,
+                                                                                    norm, 1e-6)
     router = rand((8, 64), 4, dt, 0.1)
     yield "add_norm_route", add_norm_route.add_norm_route_triton(h, delta, norm, router, 1e-6, 2, True)
     yield "add_norm_route (router just made)", add_norm_route.add_norm_route_triton(
