@@ -93,6 +93,19 @@ def launch_options(t: torch.Tensor, late: bool = False, **early) -> dict:
     return {"PDL": (2 if late else 1) if m == 3 else m, "launch_pdl": True, **early}
 
 
+def weights_settled(w: torch.Tensor, fresh: bool) -> bool:
+    """Whether a launch may read weights w before its wait: yes unless a kernel queued just now made them (`fresh`:
+    a router converted on first use). On a GPU with PDL on, a fresh tensor is waited for once from the host (outside
+    a capture), so that the eager first step and the captured ones launch the same build (none compiles while a
+    graph records); on the CPU the conversion is done when the call returns."""
+    if not (fresh and mode_for(w)) or not w.is_cuda:
+        return True
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    torch.cuda.current_stream(w.device).synchronize()
+    return True
+
+
 def routing_ahead(t: torch.Tensor) -> bool:
     """Mode 3 over t: the experts' gate/up launch triggers late and their down kernel reads its routing early."""
     return mode_for(t) == 3

@@ -11,7 +11,6 @@ from strata import switches
 from strata.engine.engine import Engine, EngineConfig
 from strata.kernels import pdl
 from strata.models import layers
-from strata.models.weights import QuantWeight
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -32,8 +31,6 @@ def _logits(path, **options) -> torch.Tensor:
 def test_pdl_step_gives_the_default_bytes(tiny_moe, options, monkeypatch):
     monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
     monkeypatch.setattr(pdl, "FORCE_ON_CPU", True)
-    # On the CPU a converted router is never kept (only a GPU's, outside a capture): as on a GPU after the first step
-    monkeypatch.setattr(QuantWeight, "kept_as", lambda self, dtype: True)
     modes = []
     real = pdl.mode_for  # what every launch's options ask (kernels/pdl.py's `launch_options`)
     monkeypatch.setattr(pdl, "mode_for", lambda t: modes.append(real(t)) or modes[-1])

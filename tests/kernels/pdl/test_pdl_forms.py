@@ -154,3 +154,11 @@ def test_a_router_converted_once_is_kept_and_then_read_before_the_wait():
     assert not router.kept_as(torch.bfloat16)
     router._converted[torch.bfloat16] = router.dequantize(torch.bfloat16)
     assert router.kept_as(torch.bfloat16)
+
+
+def test_weights_made_by_a_queued_kernel_are_settled_before_a_launch_reads_them_ahead(monkeypatch):
+    w = torch.zeros(4)
+    assert pdl.weights_settled(w, fresh=True)  # unset: nothing is read ahead
+    monkeypatch.setattr(pdl, "FORCE_ON_CPU", True)
+    with switches.override(STRATA_PDL=1):
+        assert pdl.weights_settled(w, fresh=False) and pdl.weights_settled(w, fresh=True)  # the CPU's op is done
