@@ -12,9 +12,11 @@
 # 5. profile_decode.py unset and with STRATA_PDL=1: per-kernel device time (the eight kernels a layer) and GPU ms a
 #    token. Note: a kernel's time under PDL counts from its launch, so a kernel launched early and waiting shows
 #    longer; the step's tok/s and the GPU ms a token are what tell; last, bench decode in a process started with
-#    STRATA_PDL=1 (the switch read from the environment).
-# Under 4 minutes with a3b.gguf present (BUDGET 235 s; 2. then runs last, as time allows), 5.5 without (2. runs
-# while the file is made); logs in $OUT (logs.tgz, pdl_summary.txt; the compile caches when run alone).
+#    STRATA_PDL=1 (the switch read from the environment);
+# 6. as time allows: the offloaded A3B (--vram-budget 12, direct misses) unset and with modes 1 and 3.
+# Under 4 minutes with a3b.gguf present (BUDGET 235 s; 2. and 6. then run last, as time allows), 5.5 without (2.
+# runs while the file is made); logs in $OUT (logs.tgz, pdl_summary.txt; the compile caches when run alone).
+# Carry .whl (and .devcache).
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
