@@ -1,0 +1,19 @@
+"""`strata bench qsa-attn` at a tiny size: both paths timed, the kernel within its bound, every sweep config a row."""
+
+import torch
+
+from strata.bench.qsa_attn import floor_bytes, main
+
+
+def test_tiny_run_with_sweep_passes(capsys):
+    rc = main(["--ctx", "64", "--tokens", "8", "--heads", "4", "--kv-heads", "2", "--dim", "32", "--top-k", "13",
+               "--recent", "4", "--reps", "1", "--sweep", "q1c32w4s3", "q2h0c16w4s1"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "info dense-mask SDPA (old)" in text and "PASS kernel q1h0c32w4s3" in text and "all PASS" in text
+    assert text.count("PASS sweep") == 2 and "q2h0c16w4s1" in text  # the default's other spelling runs once
+
+
+def test_floor_counts_cells_heads_and_io():
+    width = torch.tensor([3, 5])
+    assert floor_bytes(width, 2, 4, 32) == 8 * (2 * 2 * 32 * 2 + 4) + 2 * 2 * 4 * 32 * 4
