@@ -1,5 +1,5 @@
 """A tiny qwen4exp's chunked prompt over the fp16 KV cache, its QSA layers selecting (top_k 8: past 11 cells): the
-selected-cells kernel (under the interpreter here) gives the next-token logits of the dense-mask SDPA within 1e-3
+selected-cells kernel (under the interpreter without a GPU) gives the next-token logits of the dense-mask SDPA within 1e-3
 relative, and the switch STRATA_QSA_DENSE_MASK=1 gives the old path's bytes."""
 
 import dataclasses
@@ -12,6 +12,7 @@ from strata import switches
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.kv import KVCache
 from strata.models.synthetic import make_model
+from tests.kernels import DEVICE
 
 PROMPT = [(i * 37 + 5) % 500 for i in range(40)]  # chunks of 16: each ends past 11 cells, so each selects
 SELECTED_KERNEL = KVCache.selected_kernel
@@ -30,7 +31,7 @@ def _prompt_logits(path, kernels: bool, monkeypatch, dtype: str = "auto") -> tup
     monkeypatch.setattr(KVCache, "kernels", kernels)
     used = []
     monkeypatch.setattr(KVCache, "selected_kernel", lambda self, q: used.append(SELECTED_KERNEL(self, q)) or used[-1])
-    engine = Engine(path, EngineConfig(device="cpu", kv_dtype="float16", prefill_chunk=16, dtype=dtype))
+    engine = Engine(path, EngineConfig(device=DEVICE, kv_dtype="float16", prefill_chunk=16, dtype=dtype))
     engine.model.qsa = dataclasses.replace(engine.model.qsa, top_k=8)  # the selection starts past 11 cells
     return engine.prefill(PROMPT), used
 
