@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from strata import switches
 from strata.errors import StrataError
 from strata.kernels.attention.paged import GROUP
-from strata.kernels.attention.prompt_dense import dense_kernel_applies, dense_selected_attention
+from strata.kernels.attention.prompt_dense import ROW_EXACT, dense_kernel_applies, dense_selected_attention
 from strata.models.layers import attend
 
 DENSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -210,7 +210,9 @@ class KVCache(KVBackend):
             # The selected cells read in place from the cache, this step's keys as stored: bf16 activations are
             # exact in fp16 from 2^-17 to 65,504 in magnitude (the decode steps read them back the same way).
             ids, width = check_selection(selection, q.shape[0])
-            return dense_selected_attention(q, self.keys[layer], self.values[layer], ids, width).to(q.dtype)
+            config = ROW_EXACT if q.shape[0] == 1 else None  # a decode step: the bytes of a window's row
+            return dense_selected_attention(q, self.keys[layer], self.values[layer], ids, width,
+                                            config=config).to(q.dtype)
         # Past positions come from the cache; this step's keys and values are used at full precision.
         past_k, past_v = self.read(layer, start, q.dtype)
         keys, values = torch.cat((past_k, k)), torch.cat((past_v, v))

@@ -33,6 +33,9 @@ from strata.kernels.attention.prompt_v1 import q_exponent, split_hilo
 # Reasoned for the H200 (sweep pending): one query's KV group a program (its 12 heads pad 16 MMA rows), 32 cells a
 # step (K and V tiles of 16 KB each at D = 256, three stages in 96 KB of shared memory), no merge of selections.
 DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
+# Each query its own programs, whatever DEFAULT becomes: a row's bytes do not depend on the launch's other rows, so
+# a verify window's rows are its decode steps' bytes (the static decode views take this one).
+ROW_EXACT = replace(DEFAULT, queries=1)
 P_SCALE = 16384.0  # e <= 1 scaled to 2^14 before its hi + lo split: lo stays clear of fp16's subnormals
 
 

@@ -121,3 +121,22 @@ def test_kv_cache_keeps_sdpa_where_the_kernel_does_not_apply():
         with switches.override(STRATA_QSA_DENSE_MASK=True):
             want = kv_old.attend(0, *rest)
         assert torch.equal(kv.attend(0, q, k, v, start, sel), want), (dtype, kernels)
+
+
+def test_static_view_window_rows_are_their_decode_steps_bytes():
+    """The static decode view over an fp16 cache with a selection: a 3-row window's rows equal, byte for byte, the
+    one-token steps of KVCache.attend (and of the view) at their positions; the kernel, not SDPA."""
+    from strata.engine.static_kv import StaticDenseKV
+
+    kv, q, k, v, start, (ids, width) = _kv_cache_case(torch.float16, kernels=True)
+    q, k, v, ids, width = q[:3], k[:3], v[:3], ids[:3], width[:3]
+    kv.reserve(64)
+    positions = torch.arange(start, start + 3, device=DEVICE)
+    window = StaticDenseKV(kv, positions, 64).attend(0, q, k, v, start, (ids, width))
+    for r in range(3):
+        step = kv.attend(0, q[r:r + 1], k[r:r + 1], v[r:r + 1], start + r, (ids[r:r + 1], width[r:r + 1]))
+        view = StaticDenseKV(kv, positions[r:r + 1], 64).attend(0, q[r:r + 1], k[r:r + 1], v[r:r + 1], start + r,
+                                                                (ids[r:r + 1], width[r:r + 1]))
+        assert torch.equal(window[r], step[0]) and torch.equal(view, step)
+    ref = dense_selected_ref(q, kv.keys[0], kv.values[0], ids, width)
+    assert (window.double() - ref).abs().max() <= 1e-6 * ref.abs().max()
