@@ -97,6 +97,7 @@ def run_context(ctx: int, args, device: torch.device, bandwidth: float) -> bool:
         diff = (new.float() - old.float()).abs().max().item() / scale
         print(f"  KVCache.attend (both {q.dtype} out; the old error mostly bf16's rounding): the kernel {old_ms / new_ms:.2f}x "
               f"as fast as the old path; |kernel - old| {diff:.2e} of the output scale")
+    ok &= decode_step(cache, q, k, v, (ids, width), args, timer, scale)
     if args.sweep is not None:
         labels = [DEFAULT.label] + [c for c in (args.sweep or DEFAULT_SWEEP) if c != DEFAULT.label]
         base, seen = None, set()
@@ -119,6 +120,40 @@ def run_context(ctx: int, args, device: torch.device, bandwidth: float) -> bool:
             ok &= good
             print(f"  {'PASS' if good else 'FAIL'} sweep {label:<18} {ms:9.3f} ms  {base / ms:5.2f}x default  "
                   f"{ms / floor_ms:5.2f}x floor  vs FP64 {err:.2e}{'  (default)' if label == DEFAULT.label else ''}")
+    return ok
+
+
+def decode_step(cache, q, k, v, selection, args, timer, scale: float) -> bool:
+    """The chunk's last query as a one-token step through KVCache.attend: the old path (it concatenates the whole
+    past) against the kernel's decode config (ROW_EXACT: split-K); with --sweep, other split counts for the step."""
+    from dataclasses import replace
+
+    from strata import switches
+    from strata.kernels.attention.prompt_dense import ROW_EXACT, dense_selected_attention, dense_selected_ref
+
+    ids, width = (t[-1:] for t in selection)
+    one = (q[-1:], k[-1:], v[-1:], cache.keys[0].shape[0] - 1, (ids, width))
+    keys, values = cache.keys[0], cache.values[0]
+    ref = dense_selected_ref(one[0], keys, values, ids, width)
+    err_fp32 = (dense_selected_ref(one[0], keys, values, ids, width, dtype=torch.float32).double() - ref).abs().max()
+    rows = []
+    if args.old:
+        with switches.override(STRATA_QSA_DENSE_MASK=True):
+            timer(lambda: cache.attend(0, *one), 1)
+            rows.append(("info", "old", timer(lambda: cache.attend(0, *one), args.reps), None))
+    splits = [ROW_EXACT.splits] + ([s for s in (1, 4, 8, 32) if s != ROW_EXACT.splits] if args.sweep is not None else [])
+    ok = True
+    for n in splits:
+        config = replace(ROW_EXACT, splits=n)
+        call = lambda config=config: dense_selected_attention(one[0], keys, values, ids, width, config=config)
+        err = (call().double() - ref).abs().max().item()
+        good = err <= max(4 * err_fp32.item(), 1e-6 * scale)
+        ok &= good
+        timer(call, 1)
+        rows.append(("PASS" if good else "FAIL", config.label + ("  (ROW_EXACT)" if n == ROW_EXACT.splits else ""),
+                     timer(call, args.reps), err / scale))
+    for status, name, ms, err in rows:
+        print(f"  {status} decode step {name:<24} {ms * 1e3:9.1f} us" + ("" if err is None else f"  vs FP64 {err:.2e}"))
     return ok
 
 

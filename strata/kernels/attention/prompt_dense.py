@@ -13,7 +13,7 @@ The math is the prompt kernels' (prompt_v1.py), for fp16 values instead of int8 
   against the exact fp16 V, the accumulator kept times 2^14 and divided once at the end.
 - Blocked as prompt_blocks.py: a program's rows are a block of queries x query heads of one KV head; with more
   than one query the block's selections are merged (shared_cells) and each row attends only its query's cells.
-Tunables: a `PromptConfig` (queries, heads, chunk, warps, stages, maxreg); `STRATA_PA_CONFIG` does not apply here
+Tunables: a `PromptConfig` (queries, heads, chunk, warps, stages, splits: split-K over a block's cells, maxreg); `STRATA_PA_CONFIG` does not apply here
 (it names the int8 kernels' tunables). Reference: `dense_selected_ref` (float64 for parity).
 """
 
@@ -26,16 +26,19 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.attention.prompt_blocks import MAX_GRID_Y, PromptConfig, block_rows, cell_attend, shared_cells
+from strata.kernels.attention.decode import merge_splits
+from strata.kernels.attention.prompt_blocks import (MAX_GRID_Y, PromptConfig, block_rows, cell_attend, shared_cells,
+                                                     split_range)
 from strata.kernels.attention.prompt_parts import LOG2E, softmax_step_masked
 from strata.kernels.attention.prompt_v1 import q_exponent, split_hilo
 
 # Reasoned for the H200 (sweep pending): one query's KV group a program (its 12 heads pad 16 MMA rows), 32 cells a
 # step (K and V tiles of 16 KB each at D = 256, three stages in 96 KB of shared memory), no merge of selections.
 DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
-# Each query its own programs, whatever DEFAULT becomes: a row's bytes do not depend on the launch's other rows, so
-# a verify window's rows are its decode steps' bytes (the static decode views take this one).
-ROW_EXACT = replace(DEFAULT, queries=1)
+# Decode steps and verify windows: each query its own programs, whatever DEFAULT becomes, so a row's bytes do not
+# depend on the launch's other rows (a window's rows are its steps' bytes); its 2,051 cells split 16 ways (a step's
+# 2 KV heads alone would leave all but 2 SMs idle), the partials merged in order (decode.merge_splits).
+ROW_EXACT = replace(DEFAULT, queries=1, splits=16)
 P_SCALE = 16384.0  # e <= 1 scaled to 2^14 before its hi + lo split: lo stays clear of fp16's subnormals
 
 
@@ -47,10 +50,10 @@ def dense_kernel_applies(keys: torch.Tensor, n_heads: int) -> bool:
 
 
 @triton.jit
-def _dense_selected_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, k_ptr, v_ptr, block0, n_q, row_len,
-                           n_kv_heads, stride_cell, stride_head, scale_log2,
+def _dense_selected_kernel(q_ptr, out_ptr, parts_ptr, ml_ptr, cells_ptr, members_ptr, count_ptr, k_ptr, v_ptr,
+                           block0, n_q, row_len, n_kv_heads, stride_cell, stride_head, scale_log2,
                            G: tl.constexpr, HP: tl.constexpr, BQ: tl.constexpr, BM: tl.constexpr,
-                           CH: tl.constexpr, D: tl.constexpr):
+                           CH: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
     blk, kvh, slot, head, ok = block_rows(block0, n_q, n_kv_heads, G, HP, BQ, BM)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)  # [BM, D] fp32
@@ -64,7 +67,8 @@ def _dense_selected_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, k_
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, D), tl.float32)
-    for c0 in range(0, count, CH):
+    c_lo, c_hi = split_range(count, CH, SPLITS)
+    for c0 in range(c_lo, c_hi, CH):
         j = c0 + tl.arange(0, CH)
         valid = j < count
         base = tl.load(cells_row + j, mask=valid, other=0).to(tl.int64) * stride_cell + head_off  # [CH]
@@ -75,8 +79,14 @@ def _dense_selected_kernel(q_ptr, out_ptr, cells_ptr, members_ptr, count_ptr, k_
         v = tl.load(v_ptr + base[:, None] + d[None, :], mask=valid[:, None], other=0.0)  # [CH, D] fp16
         p_hi, p_lo = split_hilo(e * P_SCALE)
         acc = acc * alpha[:, None] + tl.dot(p_lo, v, tl.dot(p_hi, v))
-    out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l * P_SCALE, 1.0)[:, None], 0.0)
-    tl.store(out_ptr + head[:, None] * D + d[None, :], out, mask=ok[:, None])
+    if SPLITS == 1:
+        out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l * P_SCALE, 1.0)[:, None], 0.0)
+        tl.store(out_ptr + head[:, None] * D + d[None, :], out, mask=ok[:, None])
+    else:  # this split's unscaled partials (acc back to p's own scale: a power of two, exact) for merge_splits
+        part = head * SPLITS + tl.program_id(2)
+        tl.store(parts_ptr + part[:, None] * D + d[None, :], acc * (1.0 / P_SCALE), mask=ok[:, None])
+        tl.store(ml_ptr + part * 2, m, mask=ok)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=ok)
 
 
 def dense_selected_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ids: torch.Tensor,
@@ -105,14 +115,21 @@ def dense_selected_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.
     else:
         cells, members, count = shared_cells(ids, width, config.queries)
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
-    programs, blocks = n_kv_heads * (group // config.heads), count.shape[0]
+    programs, blocks, splits = n_kv_heads * (group // config.heads), count.shape[0], config.splits
+    parts = ml = out  # unused with one split
+    if splits > 1:
+        parts = torch.empty(n_q * n_heads, splits, dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(n_q * n_heads, splits, 2, dtype=torch.float32, device=q.device)
     options = {"maxnreg": config.maxreg} if config.maxreg else {}
     qf = q.float().contiguous()
     for block0 in range(0, blocks, MAX_GRID_Y):  # a grid's second dimension stops at 65,535
-        _dense_selected_kernel[(programs, min(MAX_GRID_Y, blocks - block0))](
-            qf, out, cells, members, count, keys, values, block0, n_q, cells.shape[1], n_kv_heads, keys.stride(0),
-            keys.stride(1), scale * LOG2E, G=group, HP=config.heads, BQ=config.queries, BM=config.rows(),
-            CH=config.chunk, D=dim, num_warps=config.warps, num_stages=config.stages, **options)
+        _dense_selected_kernel[(programs, min(MAX_GRID_Y, blocks - block0), splits)](
+            qf, out, parts, ml, cells, members, count, keys, values, block0, n_q, cells.shape[1], n_kv_heads,
+            keys.stride(0), keys.stride(1), scale * LOG2E, G=group, HP=config.heads, BQ=config.queries,
+            BM=config.rows(), CH=config.chunk, D=dim, SPLITS=splits, num_warps=config.warps,
+            num_stages=config.stages, **options)
+    if splits > 1:
+        merge_splits(parts, ml, out.view(n_q * n_heads, dim))
     return out
 
 

@@ -17,7 +17,7 @@ SHAPES = {
     "qsa": (2, 12, 256, 80, [5, 70, 79], 66),  # the full-size qwen4exp's heads
     "tiny": (2, 2, 32, 50, [3, 20, 35, 49], 11),  # the tiny qwen4exp's heads, top_k 8
 }
-CONFIGS = [None, "q2h0c16w4s1", "q4h1c32w4s2"]  # the default, merged blocks of 2 and 4 queries
+CONFIGS = [None, "q2h0c16w4s1", "q4h1c32w4s2", "q1c16w4s1k3", "q2h1c16w4s1k2"]  # the default, merged blocks, split-K
 
 
 def cache(n_cells: int, n_kv_heads: int, dim: int, seed: int, spare: int = 7):
@@ -65,11 +65,13 @@ def test_reference_is_softmax_over_the_selected_cells():
     torch.testing.assert_close(ref[i, h], p @ v)
 
 
-def test_empty_selection_gives_zero_and_others_unchanged():
+@pytest.mark.parametrize("config", [None, "q1c16w4s1k3"])
+def test_empty_selection_gives_zero_and_others_unchanged(config):
     q, keys, values, ids, width = case("small")
     width = width.clone()
     width[2] = 0
-    out = dense_selected_attention(q, keys, values, ids, width).cpu()
+    config = None if config is None else PromptConfig.parse(config)
+    out = dense_selected_attention(q, keys, values, ids, width, config=config).cpu()
     assert torch.equal(out[2], torch.zeros_like(out[2])) and out[3].abs().max() > 0
 
 
