@@ -22,9 +22,9 @@ import torch
 
 from strata.bench.ceilings import Timer, copy_bandwidth
 
-DEFAULT_SWEEP = ["q1c32w4s3", "q1c32w4s2", "q1c32w4s4", "q1c16w4s3", "q1c64w4s2", "q1c64w8s3", "q1c32w8s3",
-                 "q1c32w4s3r128", "q1h6c32w4s3", "q2h0c32w4s3", "q2h6c32w4s3", "q4h4c32w4s3", "q4h4c64w8s2",
-                 "q8h2c32w4s3"]
+DEFAULT_SWEEP = ["q1c32w8s3", "q1c32w8s2", "q1c32w4s3", "q1c32w4s2", "q1c16w4s3", "q1c16w8s3", "q1c64w8s2",
+                 "q1c32w4s3r128", "q1h6c32w4s3", "q2h0c32w8s3", "q2h6c32w4s3", "q4h4c32w8s3", "q4h4c32w4s3",
+                 "q8h2c32w8s3", "q1c32w8s3k2"]
 
 
 def floor_bytes(width: torch.Tensor, n_kv_heads: int, n_heads: int, dim: int) -> int:
@@ -173,12 +173,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", nargs="*", metavar="CONFIG",
                    help="time the kernel over tunable sets such as q1c32w4s3 (queries and heads per program, chunk, "
                         "warps, stages, r128 a register cap; none given: a built-in list) beside its default")
+    p.add_argument("--sass", nargs="*", metavar="CONFIG",
+                   help="no timing: compile the kernel for sm_90 here (no GPU needed) and print each config's "
+                        "registers, spills, shared memory and chunk-loop instruction count (none given: --sweep's list)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """One block per context; 0 if the kernel passes its bound everywhere, else 1."""
     args = parser().parse_args(argv)
+    if args.sass is not None:
+        from strata.bench.qsa_attn_sass import run_sass
+
+        return run_sass(args, args.sass, sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"

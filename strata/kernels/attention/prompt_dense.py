@@ -32,14 +32,16 @@ from strata.kernels.attention.prompt_blocks import (MAX_GRID_Y, PromptConfig, bl
 from strata.kernels.attention.prompt_parts import LOG2E, softmax_step_masked
 from strata.kernels.attention.prompt_v1 import q_exponent, split_hilo
 
-# Reasoned for the H200 (sweep pending): one query's KV group a program (its 12 heads pad 16 MMA rows), 32 cells a
-# step (K and V tiles of 16 KB each at D = 256, three stages in 96 KB of shared memory), no merge of selections.
-DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3)
+# Reasoned for the H200 (sweep pending): one query's KV group a program (its 12 heads pad 16 MMA rows; no merge of
+# selections), 32 cells a step (K and V tiles of 16 KB each at D = 256), 8 warps: compiled for sm_90 (`bench qsa-attn
+# --sass`) 128 registers and no spills, 50 KB of shared memory, 2 programs (16 warps) an SM; 4 warps take 192
+# registers for 8 warps an SM.
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=8, stages=3)
 # Decode steps and verify windows: each query its own programs, whatever DEFAULT becomes, so a row's bytes do not
 # depend on the launch's other rows (a window's rows are its steps' bytes); its 2,051 cells split 16 ways (a step's
 # 2 KV heads alone would leave all but 2 SMs idle), the partials merged in order (decode.merge_splits).
 ROW_EXACT = replace(DEFAULT, queries=1, splits=16)
-P_SCALE = 16384.0  # e <= 1 scaled to 2^14 before its hi + lo split: lo stays clear of fp16's subnormals
+P_SCALE = tl.constexpr(16384.0)  # e <= 1 scaled to 2^14 before its hi + lo split: lo stays clear of fp16's subnormals
 
 
 def dense_kernel_applies(keys: torch.Tensor, n_heads: int) -> bool:

@@ -17,3 +17,21 @@ def test_tiny_run_with_sweep_passes(capsys):
 def test_floor_counts_cells_heads_and_io():
     width = torch.tensor([3, 5])
     assert floor_bytes(width, 2, 4, 32) == 8 * (2 * 2 * 32 * 2 + 4) + 2 * 2 * 4 * 32 * 4
+
+
+def test_sass_lines_from_an_offline_compile(capfd):
+    """The kernel compiled for sm_90 here (a child process with the interpreter off), no GPU: the default, the decode
+    config, then the one asked, each with registers, spills, shared memory and the chunk loop's dots."""
+    import os
+
+    import pytest
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("no ptxas in this Triton")
+    assert main(["--sass", "q1c16w4s1", "--heads", "4", "--kv-heads", "2", "--dim", "64"]) == 0
+    lines = [line for line in capfd.readouterr().out.splitlines() if "regs" in line]
+    from strata.kernels.attention.prompt_dense import DEFAULT, ROW_EXACT
+
+    assert [line.split()[0] for line in lines] == [DEFAULT.label, ROW_EXACT.label, "q1h0c16w4s1"]
+    assert all("B spilled" in line and "/SM; loop" in line and "HMMA" in line for line in lines), lines
