@@ -3,6 +3,7 @@
 import torch
 
 from strata.bench.qsa_attn import floor_bytes, main
+from strata.kernels.attention.prompt_dense import DEFAULT
 
 
 def test_tiny_run_with_sweep_passes(capsys):
@@ -10,8 +11,8 @@ def test_tiny_run_with_sweep_passes(capsys):
                "--recent", "4", "--reps", "1", "--sweep", "q1c32w4s3", "q2h0c16w4s1"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "info dense-mask SDPA (old)" in text and "PASS kernel q1h0c32w4s3" in text and "all PASS" in text
-    assert text.count("PASS sweep") == 2 and "q2h0c16w4s1" in text  # the default's other spelling runs once
+    assert "info dense-mask SDPA (old)" in text and f"PASS kernel {DEFAULT.label}" in text and "all PASS" in text
+    assert text.count("PASS sweep") == 3 and "q2h0c16w4s1" in text and "PASS decode step" in text
 
 
 def test_floor_counts_cells_heads_and_io():
@@ -31,7 +32,7 @@ def test_sass_lines_from_an_offline_compile(capfd):
         pytest.skip("no ptxas in this Triton")
     assert main(["--sass", "q1c16w4s1", "--heads", "4", "--kv-heads", "2", "--dim", "64"]) == 0
     lines = [line for line in capfd.readouterr().out.splitlines() if "regs" in line]
-    from strata.kernels.attention.prompt_dense import DEFAULT, ROW_EXACT
+    from strata.kernels.attention.prompt_dense import ROW_EXACT
 
     assert [line.split()[0] for line in lines] == [DEFAULT.label, ROW_EXACT.label, "q1h0c16w4s1"]
     assert all("B spilled" in line and "/SM; loop" in line and "HMMA" in line for line in lines), lines
