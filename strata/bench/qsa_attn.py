@@ -7,8 +7,9 @@ engine's chunk, 2,419 tokens for the full-size qwen4exp at 12 GiB), the chunk's 
 `bench prompt-attn`'s (every cell while they fit in top_k + 3, else the `recent` newest plus older cells drifting
 about 3% a query). Both paths are timed through `KVCache.attend`, the engine's call (the old one converts the past
 to bf16 and concatenates, as it always did); the sweep times the kernel's launch alone.
-Bound: the kernel's fp32 output's error against float64 (on every (T/16)-th query, over the output scale) at most max(4 x the
-float32 torch reference's, 1e-6); the old path's error is printed beside it (its past keys are rounded to bf16).
+Bound: the kernel's fp32 output's error against float64 (on every (T/16)-th query, over the output scale) at most
+max(4 x the float32 torch reference's, 1e-6); the old path's error is printed beside it (its past keys and its output
+rounded to bf16).
 Floor: the selected cells' K and V (fp16) and their ids read once a query, plus q and the output, over the measured
 copy bandwidth.
 """
@@ -95,8 +96,8 @@ def run_context(ctx: int, args, device: torch.device, bandwidth: float) -> bool:
         print(f"  {status} {name:<28} {ms:9.3f} ms  {ms / floor_ms:6.2f}x floor  vs FP64 {e:.2e}")
     if args.old:
         diff = (new.float() - old.float()).abs().max().item() / scale
-        print(f"  KVCache.attend (both {q.dtype} out; the old error mostly bf16's rounding): the kernel {old_ms / new_ms:.2f}x "
-              f"as fast as the old path; |kernel - old| {diff:.2e} of the output scale")
+        print(f"  KVCache.attend (both {q.dtype} out; the old error mostly bf16's rounding): the kernel "
+              f"{old_ms / new_ms:.2f}x as fast as the old path; |kernel - old| {diff:.2e} of the output scale")
     ok &= decode_step(cache, q, k, v, (ids, width), args, timer, scale)
     if args.sweep is not None:
         labels = [DEFAULT.label] + [c for c in (args.sweep or DEFAULT_SWEEP) if c != DEFAULT.label]
@@ -141,7 +142,9 @@ def decode_step(cache, q, k, v, selection, args, timer, scale: float) -> bool:
         with switches.override(STRATA_QSA_DENSE_MASK=True):
             timer(lambda: cache.attend(0, *one), 1)
             rows.append(("info", "old", timer(lambda: cache.attend(0, *one), args.reps), None))
-    splits = [ROW_EXACT.splits] + ([s for s in (1, 4, 8, 32) if s != ROW_EXACT.splits] if args.sweep is not None else [])
+    splits = [ROW_EXACT.splits]
+    if args.sweep is not None:
+        splits += [s for s in (1, 4, 8, 32) if s != ROW_EXACT.splits]
     ok = True
     for n in splits:
         config = replace(ROW_EXACT, splits=n)
@@ -175,7 +178,7 @@ def parser() -> argparse.ArgumentParser:
                         "warps, stages, r128 a register cap; none given: a built-in list) beside its default")
     p.add_argument("--sass", nargs="*", metavar="CONFIG",
                    help="no timing: compile the kernel for sm_90 here (no GPU needed) and print each config's "
-                        "registers, spills, shared memory and chunk-loop instruction count (none given: --sweep's list)")
+                        "registers, spills, shared memory and chunk-loop instructions (none given: --sweep's list)")
     return p
 
 

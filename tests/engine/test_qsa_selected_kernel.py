@@ -1,6 +1,6 @@
 """A tiny qwen4exp's chunked prompt over the fp16 KV cache, its QSA layers selecting (top_k 8: past 11 cells): the
-selected-cells kernel (under the interpreter without a GPU) gives the next-token logits of the dense-mask SDPA within 1e-3
-relative, and the switch STRATA_QSA_DENSE_MASK=1 gives the old path's bytes."""
+selected-cells kernel (under the interpreter without a GPU) gives the next-token logits of the dense-mask SDPA
+within 1e-3 relative, and the switch STRATA_QSA_DENSE_MASK=1 gives the old path's bytes."""
 
 import dataclasses
 

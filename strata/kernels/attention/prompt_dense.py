@@ -13,8 +13,9 @@ The math is the prompt kernels' (prompt_v1.py), for fp16 values instead of int8 
   against the exact fp16 V, the accumulator kept times 2^14 and divided once at the end.
 - Blocked as prompt_blocks.py: a program's rows are a block of queries x query heads of one KV head; with more
   than one query the block's selections are merged (shared_cells) and each row attends only its query's cells.
-Tunables: a `PromptConfig` (queries, heads, chunk, warps, stages, splits: split-K over a block's cells, maxreg); `STRATA_PA_CONFIG` does not apply here
-(it names the int8 kernels' tunables). Reference: `dense_selected_ref` (float64 for parity).
+Tunables: a `PromptConfig` (queries, heads, chunk, warps, stages, splits: split-K over a block's cells, maxreg);
+`STRATA_PA_CONFIG` does not apply here (it names the int8 kernels' tunables). Reference: `dense_selected_ref`
+(float64 for parity).
 """
 
 from __future__ import annotations
