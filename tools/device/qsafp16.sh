@@ -7,7 +7,7 @@
 #    path vs the kernel through KVCache.attend, each x its floor; the sweep's configs beside the default.
 # 3. qsafp16_check.py on 12 full-size qwen4exp layers, 8,192 tokens at 12 GiB: next-token logits kernel vs
 #    STRATA_QSA_DENSE_MASK=1 (same top token, within 3e-2), tok/s of each.
-# 4. profile_prompt.py at 32,768 and 4,096 tokens, fp16 cache, new then old (STRATA_QSA_DENSE_MASK=1).
+# 4. profile_prompt.py at 32,768 and 4,096 tokens, all resident, fp16 cache, new then old (STRATA_QSA_DENSE_MASK=1).
 # Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 5 minutes.
 set -uo pipefail
 BUDGET=${BUDGET:-300}
@@ -22,7 +22,7 @@ part qsafp16_tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/att
 part qsa_attn_sweep 100 python3 -m strata bench qsa-attn --sweep
 wait
 part check_logits 50 python3 tools/device/qsafp16_check.py $F --tokens 8192 --vram-budget 12
-P="python3 tools/device/profile_prompt.py $F --vram-budget 12 --rows 20"
+P="python3 tools/device/profile_prompt.py $F --rows 20"  # all resident, as the first call's profile32k_fp16.log (3,241 ms)
 part profile_32k_new 45 $P --tokens 32768
 STRATA_QSA_DENSE_MASK=1 part profile_32k_old 50 $P --tokens 32768
 part profile_4k_new 25 $P --tokens 4096
