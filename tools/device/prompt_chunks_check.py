@@ -6,8 +6,8 @@ For each configuration (KV dtype, chunk spec, --prefill-borrow) one Engine at --
 the timed prompt; per chunk: wall ms and ms per 1K tokens, the streamer's bytes (late share), its host and routing
 wait per layer, the work arena's high water and overflow (bytes the allocator served instead), and the caching
 allocator's retries (cudaFree + cudaMalloc after a failed allocation: a sync each) and device allocations.
-The configurations isolate the cause: int8 with its own chunks and borrowing, int8 without borrowing, int8 at
-fp16's chunk size, fp16.
+The configurations isolate the cause: int8 with its own chunks and borrowing, int8 without borrowing, int8 in chunks of
+4,096 (the 4K prompt's one chunk, fast there), int8 at fp16's chunk size, fp16.
 
 Usage: python3 tools/device/prompt_chunks_check.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--only NAME ...]
 """
@@ -26,6 +26,7 @@ from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 CONFIGS = {  # name -> (kv dtype, prefill chunk, borrow)
     "int8": ("int8", "auto", "auto"),
     "int8-no-borrow": ("int8", "auto", "off"),
+    "int8-4096": ("int8", "auto:4096", "auto"),  # the 4K prompt's one chunk (fast there), 8 times
     "int8-fp16-chunks": ("int8", "auto:FP16", "auto"),  # FP16: the fp16 engine's chunk size, found first
     "fp16": ("float16", "auto", "auto"),
 }
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", nargs="+", choices=list(CONFIGS), help="these configurations (default: all)")
     args = parser.parse_args()
-    names = args.only or ["fp16", "int8", "int8-no-borrow", "int8-fp16-chunks"]
+    names = args.only or ["fp16", "int8", "int8-no-borrow", "int8-4096", "int8-fp16-chunks"]
     fp16_chunk = None
     for name in sorted(names, key=lambda n: n != "fp16"):  # fp16 first: its chunk size is another's spec
         kv, chunk, borrow = CONFIGS[name]

@@ -8,13 +8,13 @@
 # 2. profile_prompt.py at 32,768 tokens, --vram-budget 4.4, int8 then float16: kernels by device time, host ops.
 # Run from the repo root with .whl (and .devcache) carried; about 7 minutes.
 set -uo pipefail
-BUDGET=${BUDGET:-440}
+BUDGET=${BUDGET:-470}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
 [ -f $F ] || (mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full \
   --layers 12 -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
   && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/)
-part prompt_chunks 200 python3 tools/device/prompt_chunks_check.py $F --tokens 32768 --vram-budget 4.4
+part prompt_chunks 230 python3 tools/device/prompt_chunks_check.py $F --tokens 32768 --vram-budget 4.4
 P="python3 tools/device/profile_prompt.py $F --tokens 32768 --vram-budget 4.4 --rows 25"
 part profile32k_4g4_int8 75 $P --kv-dtype int8
 part profile32k_4g4_fp16 75 $P --kv-dtype float16
