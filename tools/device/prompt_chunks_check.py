@@ -13,6 +13,7 @@ Usage: python3 tools/device/prompt_chunks_check.py MODEL.gguf [--tokens N] [--vr
 """
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,8 @@ def run(model: str, name: str, kv: str, chunk: str, borrow: str, args) -> int:
     wall = marks[-1][1]["t"] - marks[0][1]["t"]
     print(f"  total {wall * 1e3:.0f} ms = {args.tokens / wall:.1f} tok/s", flush=True)
     size = engine.prefill_chunk
-    del engine
+    del engine, streamer
+    gc.collect()  # the pinned host experts and device memory back before the next engine loads its own
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return size
