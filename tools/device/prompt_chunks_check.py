@@ -9,11 +9,19 @@ allocator's retries (cudaFree + cudaMalloc after a failed allocation: a sync eac
 The configurations isolate the cause: int8 with its own chunks and borrowing, int8 without borrowing, int8 in chunks of
 4,096 (the 4K prompt's one chunk, fast there), int8 at fp16's chunk size, fp16.
 
+With --cprofile (default: the int8 configuration) that prompt also runs under Python's profiler: the host's time
+by function, where a blocking device read shows with its caller (the streamer's own accounts for only ~7 of the
+~94 ms a layer took in the slow run).
+
 Usage: python3 tools/device/prompt_chunks_check.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--only NAME ...]
+       [--cprofile NAME ...] [--rows K]
 """
 
 import argparse
+import cProfile
 import gc
+import io
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -71,10 +79,15 @@ def run(model: str, name: str, kv: str, chunk: str, borrow: str, args) -> int:
     ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     marks = []  # (tokens done, snapshot) after each chunk
     engine.on_prefill_progress = lambda progress: marks.append((progress.done, snapshot(streamer)))
+    profiler = cProfile.Profile() if name in (args.cprofile or []) else None
     sync()
     marks.append((0, snapshot(streamer)))
+    if profiler is not None:
+        profiler.enable()
     engine.prefill(ids)
     sync()
+    if profiler is not None:
+        profiler.disable()
     marks.append((args.tokens, snapshot(streamer)))  # the end: lent slots refilled
     for (done0, a), (done1, b) in zip(marks, marks[1:]):
         n, ms = done1 - done0, (b["t"] - a["t"]) * 1e3
@@ -88,7 +101,16 @@ def run(model: str, name: str, kv: str, chunk: str, borrow: str, args) -> int:
               f"overflow +{(b['over'] - a['over']) / 2**20:.1f} MiB; allocator retries +{b['retries'] - a['retries']}, "
               f"device allocations +{b['allocs'] - a['allocs']}", flush=True)
     wall = marks[-1][1]["t"] - marks[0][1]["t"]
-    print(f"  total {wall * 1e3:.0f} ms = {args.tokens / wall:.1f} tok/s", flush=True)
+    print(f"  total {wall * 1e3:.0f} ms = {args.tokens / wall:.1f} tok/s"
+          + (" (under cProfile)" if profiler is not None else ""), flush=True)
+    if profiler is not None:  # the host's time by function: a blocking call (a device read) shows with its caller
+        for key in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(args.rows)
+            print(f"  host functions by {key}:\n" + text.getvalue(), flush=True)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_callers(8)
+        print("  the 8 costliest by own time, with their callers:\n" + text.getvalue(), flush=True)
     size = engine.prefill_chunk
     del engine, streamer
     gc.collect()  # the pinned host experts and device memory back before the next engine loads its own
@@ -104,6 +126,9 @@ def main() -> None:
     parser.add_argument("--vram-budget", type=float, default=4.4)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", nargs="+", choices=list(CONFIGS), help="these configurations (default: all)")
+    parser.add_argument("--cprofile", nargs="+", choices=list(CONFIGS), default=["int8"],
+                        help="the timed prompt of these configurations under cProfile (default: int8)")
+    parser.add_argument("--rows", type=int, default=25, help="rows of each cProfile table")
     args = parser.parse_args()
     names = args.only or ["fp16", "int8", "int8-no-borrow", "int8-4096", "int8-fp16-chunks"]
     fp16_chunk = None

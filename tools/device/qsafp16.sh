@@ -8,7 +8,7 @@
 # 3. qsafp16_check.py on 12 full-size qwen4exp layers, 8,192 tokens at 12 GiB: next-token logits kernel vs
 #    STRATA_QSA_DENSE_MASK=1 (same top token, within 3e-2), tok/s of each.
 # 4. profile_prompt.py at 32,768 and 4,096 tokens, all resident, fp16 cache, new then old (STRATA_QSA_DENSE_MASK=1).
-# Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 5.5 minutes (the 4K profiles go first when short of time).
+# Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 5.5 minutes (short of time, the 4K profiles are dropped first).
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
