@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
                       quant="F32")
 
 
-def _prompt_logits(path, kernels: bool, monkeypatch, dtype: str = "auto") -> tuple[torch.Tensor, list]:
+def _prompt_logits(path, kernels: bool, monkeypatch, dtype: str) -> tuple[torch.Tensor, list]:
     """Next-token logits after PROMPT in chunks of 16, and every selection's attention call that took the kernel."""
     monkeypatch.setattr(KVCache, "kernels", kernels)
     used = []
@@ -36,12 +36,14 @@ def _prompt_logits(path, kernels: bool, monkeypatch, dtype: str = "auto") -> tup
     return engine.prefill(PROMPT), used
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
-def test_kernel_logits_within_1e3_of_the_dense_mask(tiny, monkeypatch, dtype):
+# float32 activations: within 1e-3 (6.5e-6 measured on the CPU: the chunk's own keys rounded to fp16 as stored);
+# bfloat16: 1e-2, since the old path also rounds the cached past keys to bf16 (2^-9 each), the kernel does not.
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-3), ("bfloat16", 1e-2)])
+def test_kernel_logits_within_1e3_of_the_dense_mask(tiny, monkeypatch, dtype, bound):
     old, used_old = _prompt_logits(tiny, False, monkeypatch, dtype)
     new, used_new = _prompt_logits(tiny, True, monkeypatch, dtype)
     assert used_new and all(used_new) and not any(used_old)  # the QSA layer selected in each chunk
-    assert (new - old).abs().max() <= 1e-3 * old.abs().max()
+    assert (new - old).abs().max() <= bound * old.abs().max()
     with switches.override(STRATA_QSA_DENSE_MASK=True):
         opted_out, used = _prompt_logits(tiny, True, monkeypatch, dtype)
     assert not any(used) and torch.equal(opted_out, old)
