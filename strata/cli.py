@@ -408,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
+        ("qsa-attn", "qsa_attn", "a prompt chunk's selected attention over the fp16 KV cache: dense-mask SDPA vs "
+         "the selected-cells kernel (--sweep) beside the floor, against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("expert-gather", "expert_gather", "GB/s of streaming a layer's missing experts (one gather launch vs "
          "three copies an expert) beside the pinned copy rate (--sweep)"),

@@ -28,6 +28,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap, x1 codes to fp16 through their bits "
            "(x2: V before staging), g1 imma's scores per 64-dim group, n2 imma g1's q in 16 bits, d2 the fp16 P.V in "
            "two halves, e1/e2 imma g1's scales copied ahead; parts left out keep the default's)"),
+    Switch("STRATA_QSA_DENSE_MASK", False, "selected attention over an fp16 KV cache (QSA, --qsa quest): SDPA with a "
+           "dense [tokens, keys] mask (the previous path) instead of the selected-cells kernel"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
