@@ -62,6 +62,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "instead of TF32 (for before/after runs and parity)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
            "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
+    Switch("STRATA_NGRAM_SYNC", False, "qwen4exp prompts: each chunk's n-gram rows looked up in line (distinct rows "
+           "dequantized by torch, pageable copy; the previous form, for before/after runs) instead of ahead on a host "
+           "thread into pinned memory; the same rows"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

@@ -210,13 +210,18 @@ class Engine:
         del self.cached_tokens[start:]  # in place, not a copy of the context per step
         streamer = self._prompt_streamer()
         chunks = prompt_chunks(len(ids), self.prefill_chunk, equal)
+        # A model that prepares host work from the tokens (qwen4exp's n-gram rows) starts it for every chunk now.
+        announce = getattr(self.model, "begin_prompt", None) if len(ids) > 1 else None
+        if announce is not None:
+            announce(ids, chunks, start, self.kv)
         try:
             for i, (begin, end) in enumerate(chunks):
                 if streamer is not None:  # lends the ring; fetches the first layer's experts before the embedding
                     following = chunks[i + 1][1] - chunks[i + 1][0] if i + 1 < len(chunks) else 0
                     streamer.begin_chunk(end - begin, following, self.model.config.n_experts_used)
                 ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
-                                     want_hidden=self.spec is not None and self.spec.wants_hidden)
+                                     want_hidden=self.spec is not None and self.spec.wants_hidden,
+                                     tokens=ids[begin:end])
                 try:
                     outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
                 except BaseException:
@@ -228,6 +233,8 @@ class Engine:
                     self.spec.saw_hidden(start + begin, ctx.hidden)
                 clock.chunk_done(end)
         finally:
+            if announce is not None:
+                self.model.end_prompt()
             if streamer is not None:  # lent slots back, refilled with their experts, before any decode step
                 streamer.return_slots()
         return torch.cat(outputs) if all_logits else outputs[-1]

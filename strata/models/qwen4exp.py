@@ -30,9 +30,12 @@ from strata.models.gated_deltanet import GDNShape
 from strata.models.stacked_projections import stack_projections
 from strata.models.hyper_connections import HyperConnectionWeights, hc_write, hc_write_read
 from strata.models.layers import Rope
+from strata import switches
+from strata.models import ngram_embedding
 from strata.models.ngram_embedding import (
     HISTORY_ROWS, TABLE_TENSOR, NgramHash, NgramTable, PleWeights, ple_block,
 )
+from strata.models.ngram_prefetch import NgramPrefetch
 from strata.models.qwen4exp_mixers import (
     QSAShape, QSAWeights, Qwen4ExpGDNWeights, qsa_attention, qsa_selection, qwen4exp_gdn,
 )
@@ -77,6 +80,7 @@ class Qwen4ExpLM(DecoderLM):
         self.ple_layer = self._ple_layer(model)
         self.ngram_hash = NgramHash.from_gguf(model, arch)
         self.ngram_table = self._load_table(model)  # checked before the weights load: the table shard is the one apart
+        self.ngram_prefetch = NgramPrefetch(self._lookup_rows, c.n_embd, device, source=self.source)
         load = WeightLoader(model, device, dtype, progress)
         width = self.hc * c.n_embd
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
@@ -240,17 +244,45 @@ class Qwen4ExpLM(DecoderLM):
         """The n-gram table's rows (float32 [T, embd], on the host) of tokens [T] following the cache's last two;
         the cache moves its token window past them."""
         rows = self.ngram_hash.rows(tokens, cache.previous_tokens)
-        window = (*cache.previous_tokens, *(int(t) for t in tokens))
-        cache.previous_tokens = (window[-2], window[-1])
+        self._move_token_window(tokens, cache)
         return self.ngram_table.gather(rows)
 
+    @staticmethod
+    def _move_token_window(tokens: np.ndarray, cache: Qwen4ExpCache) -> None:
+        window = (*cache.previous_tokens, *(int(t) for t in tokens[-2:]))
+        cache.previous_tokens = (window[-2], window[-1])
+
+    def _lookup_rows(self, tokens: np.ndarray, previous: tuple[int, int], out: torch.Tensor) -> None:
+        """The prefetch thread's lookup: rows of tokens after `previous` into out, the row cache untouched."""
+        self.ngram_table.gather_into(self.ngram_hash.rows(tokens, previous), out)
+
+    def begin_prompt(self, tokens: list[int], bounds: list[tuple[int, int]], start: int,
+                     cache: Qwen4ExpCache) -> None:
+        """The engine is about to read `tokens` from position `start` in the chunks [begin, end) of `bounds`: their
+        n-gram rows are gathered ahead on a host thread (models/ngram_prefetch.py), unless STRATA_NGRAM_SYNC. Only
+        chunks too large for the row cache: smaller ones stay in line, through it (decode steps reuse its rows)."""
+        if not switches.get("STRATA_NGRAM_SYNC"):
+            uncached = ngram_embedding.CACHED_GATHER_ROWS // self.ngram_hash.n_heads + 1
+            self.ngram_prefetch.begin(tokens, bounds, start, cache.previous_tokens, min_tokens=uncached)
+
+    def end_prompt(self) -> None:
+        """The prompt is read (or stopped): rows gathered ahead and not taken are dropped."""
+        self.ngram_prefetch.end()
+
     def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache,
-                     window: bool = False) -> torch.Tensor:
-        tokens = ids.cpu().numpy()
-        if window:  # a verify window: what keep_rows needs to put the token window and conv history back
+                     ctx: ForwardContext) -> torch.Tensor:
+        # The caller's host copy of the ids spares a device read (a wait for every launch queued before it).
+        tokens = np.asarray(ctx.tokens, dtype=np.int64) if ctx.tokens is not None else ids.cpu().numpy()
+        if ctx.keep_row_states:  # a verify window: what keep_rows needs to put the token window and conv history back
             cache.mark_window([int(t) for t in tokens])
-        emb = self.ngram_rows(tokens, cache).to(self.device)
-        residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
+        emb = self.ngram_prefetch.take(ctx.start, tokens, cache.previous_tokens)
+        if emb is None:
+            emb = self.ngram_rows(tokens, cache)
+        else:
+            self._move_token_window(tokens, cache)
+        # Pinned rows (a prefetched chunk's) go without a host wait; the stream orders them before their use.
+        residual, history = ple_block(residual, emb.to(self.device, non_blocking=True), self.ple, cache.ple_history,
+                                      self.config.rms_eps)
         cache.ple_history.copy_(history)
         return residual
 
@@ -278,8 +310,7 @@ class Qwen4ExpLM(DecoderLM):
         pending = None  # each half-layer's write, folded into the next read (hc_write_read)
         for i in range(self.n_main):
             if i == self.ple_layer:
-                residual = self._ngram_block(ids, hc_write(residual, *pending) if pending else residual, cache,
-                                             ctx.keep_row_states)
+                residual = self._ngram_block(ids, hc_write(residual, *pending) if pending else residual, cache, ctx)
                 pending = None
             residual, x, inject = hc_write_read(residual, self.hc_attn[i], c.rms_eps, pending, self.dtype)
             if self.recurrent[i]:

@@ -1,0 +1,97 @@
+"""Rows of the n-gram table decoded straight into a caller's float32 buffer: a prompt chunk's 16 rows a token.
+
+The values are strata.quant.dequantize's to the bit (a float32 scale times a float32 level is one rounding either
+way; float formats convert exactly), without its intermediates: the previous gather deduplicated the rows
+(np.unique), dequantized them through torch (two shifts, a mask and a 16-level index_select over every value, each
+a full-size temporary) and indexed the result again. Here the rows' bytes are taken from the (memory-mapped) table
+piece by piece and decoded into the output:
+
+- IQ4_NL (the full-size table's format): each byte of a block's 16 code bytes is looked up once in a 256-entry
+  table of (level of its low nibble, level of its high nibble) as one 8-byte word, then the pairs times the block's
+  scale are written in ggml's order (the low nibbles are values 0..15, the high ones 16..31);
+- F32 / F16 / BF16: converted in numpy;
+- any other format: strata.quant's dequantize of the piece's rows, copied in.
+
+Pieces of PIECE_ROWS rows keep the temporaries in cache and spread over a few threads (numpy's take and ufuncs run
+without the GIL).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from strata.quant import dequantize, get_format
+from strata.quant.tables import iq4_nl_levels
+
+PIECE_ROWS = 8192  # table rows a piece: ~0.7 MB of temporaries
+PIECE_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))  # leave cores to the thread launching the GPU's work
+
+IQ4_NL = get_format("IQ4_NL")
+FLOATS = {get_format("F32").ggml_type: np.float32, get_format("F16").ggml_type: np.float16,
+          get_format("BF16").ggml_type: None}
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _pieces_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(PIECE_THREADS, thread_name_prefix="strata-ngram-piece")
+        return _pool
+
+
+@functools.cache
+def _iq4_nl_pairs() -> np.ndarray:
+    """uint64 [256]: byte b's (level[b & 15], level[b >> 4]) as two float32 in one word."""
+    levels = iq4_nl_levels()
+    codes = np.arange(256)
+    return np.stack([levels[codes & 15], levels[codes >> 4]], 1).astype(np.float32).view(np.uint64).reshape(256)
+
+
+def _decode_iq4_nl(raw_rows: np.ndarray, out: np.ndarray) -> None:
+    blocks = raw_rows.reshape(-1, IQ4_NL.type_size)  # [n, 18]: fp16 scale, 16 bytes of two 4-bit codes each
+    scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)  # [n, 1]
+    pairs = np.take(_iq4_nl_pairs(), blocks[:, 2:]).view(np.float32).reshape(-1, 16, 2)
+    np.multiply(pairs.transpose(0, 2, 1), scale[:, :, None], out=out.reshape(-1, 2, 16))
+
+
+def _decode_float(raw_rows: np.ndarray, ggml_type: int, out: np.ndarray) -> None:
+    kind = FLOATS[ggml_type]
+    if kind is None:  # bf16: the top half of a float32
+        out.view(np.uint32)[...] = raw_rows.view(np.uint16).reshape(out.shape).astype(np.uint32) << 16
+    else:
+        out[...] = raw_rows.view(kind).reshape(out.shape)
+
+
+def _decode_piece(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.ndarray) -> None:
+    raw_rows = np.take(table, index, axis=0)
+    if ggml_type == IQ4_NL.ggml_type:
+        _decode_iq4_nl(raw_rows, out)
+    elif ggml_type in FLOATS:
+        _decode_float(raw_rows, ggml_type, out)
+    else:
+        out[...] = dequantize(torch.from_numpy(raw_rows), ggml_type, out.shape).numpy()
+
+
+def decode_rows(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.ndarray) -> None:
+    """Rows `index` (int64 [N]) of `table` (uint8 [rows, row_bytes] in format ggml_type) -> out float32 [N, cols],
+    which must be C-contiguous (a pinned buffer's numpy view)."""
+    if not out.flags.c_contiguous or out.dtype != np.float32 or out.shape[0] != index.shape[0]:
+        raise ValueError(f"decode_rows: out must be C-contiguous float32 [{index.shape[0]}, cols]")
+    starts = range(0, index.shape[0], PIECE_ROWS)
+    if len(starts) <= 1 or PIECE_THREADS == 1:
+        for s in starts:
+            _decode_piece(table, ggml_type, index[s : s + PIECE_ROWS], out[s : s + PIECE_ROWS])
+        return
+    pieces = [_pieces_pool().submit(_decode_piece, table, ggml_type, index[s : s + PIECE_ROWS], out[s : s + PIECE_ROWS])
+              for s in starts]
+    for piece in pieces:
+        piece.result()
