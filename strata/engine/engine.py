@@ -16,6 +16,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.engine.offload import offloaded_experts
@@ -223,7 +224,8 @@ class Engine:
                                      want_hidden=self.spec is not None and self.spec.wants_hidden,
                                      tokens=ids[begin:end])
                 try:
-                    outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+                    # Pinned and queued: a pageable copy would make the host wait for the previous chunk's work.
+                    outputs.append(self.model.forward(upload(torch.tensor(ids[begin:end]), self.device), ctx))
                 except BaseException:
                     self.cached_tokens = []
                     self.kv.truncate(0)

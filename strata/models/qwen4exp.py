@@ -22,6 +22,7 @@ import torch
 from strata.engine.context import ForwardContext
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
@@ -271,18 +272,22 @@ class Qwen4ExpLM(DecoderLM):
 
     def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache,
                      ctx: ForwardContext) -> torch.Tensor:
-        # The caller's host copy of the ids spares a device read (a wait for every launch queued before it).
-        tokens = np.asarray(ctx.tokens, dtype=np.int64) if ctx.tokens is not None else ids.cpu().numpy()
+        """The n-gram block at its layer. Without a host wait (unless STRATA_NGRAM_SYNC, the previous form): the
+        tokens from the caller's host copy (a device read waits for every launch queued before it), the rows from
+        the prefetch thread or in line, copied from pinned memory behind the queued work."""
+        in_line = switches.get("STRATA_NGRAM_SYNC")
+        tokens = ids.cpu().numpy() if ctx.tokens is None or in_line else np.asarray(ctx.tokens, dtype=np.int64)
         if ctx.keep_row_states:  # a verify window: what keep_rows needs to put the token window and conv history back
             cache.mark_window([int(t) for t in tokens])
         emb = self.ngram_prefetch.take(ctx.start, tokens, cache.previous_tokens)
-        if emb is None:
-            emb = self.ngram_rows(tokens, cache)
-        else:
+        if emb is not None:
             self._move_token_window(tokens, cache)
-        # Pinned rows (a prefetched chunk's) go without a host wait; the stream orders them before their use.
-        residual, history = ple_block(residual, emb.to(self.device, non_blocking=True), self.ple, cache.ple_history,
-                                      self.config.rms_eps)
+            emb = emb.to(self.device, non_blocking=True)  # pinned by the prefetch thread
+        elif in_line:
+            emb = self.ngram_rows(tokens, cache).to(self.device)
+        else:
+            emb = upload(self.ngram_rows(tokens, cache), self.device)
+        residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
         cache.ple_history.copy_(history)
         return residual
 
