@@ -390,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
     b.add_argument("--ctx", default="4096,32768", help="comma-separated prompt lengths (default 4096,32768)")
     b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
+    b.add_argument("--routing", default="model", choices=("model", "balanced"),
+                   help="balanced: a load test, every chunk's tokens spread over all experts (outputs not the model's)")
     _placement_args(b)
     b.set_defaults(func=cmd_bench_prompt)
     b = bench.add_parser("spec", help="decode tokens/s with and without --spec, acceptance by draft position")

@@ -80,9 +80,14 @@ def bench_prompt(args, placement: dict) -> None:
     engine = Engine(args.model, EngineConfig(device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                              prefill_chunk=args.prefill, n_ctx=max(contexts), **placement))
     device, streamer = engine.device, _streamer(engine)
+    if getattr(args, "routing", "model") == "balanced":
+        engine.model.balanced_prompt_routing = True
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"model      {engine.file.path.name} ({engine.model.config.arch}), device {name}, dtype {engine.dtype}")
     print(engine.plan.describe())
+    if engine.model.balanced_prompt_routing:
+        print("routing    balanced (a load test: each chunk's tokens spread evenly over all experts, as a trained "
+              "model routes; outputs are not the model's)")
     chunk = engine.chunk_plan
     borrowed = (f", expert work buffers in {chunk.work_slots} borrowed cache slots "
                 f"({chunk.work_slots * engine.plan.expert_bytes_each / 2**30:.2f} GiB; {chunk.free_tokens} tokens "

@@ -16,8 +16,9 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
-from strata.models.layers import (QKNorm, Rope, add_gated_shared, add_norm_route, add_rms_norm, rms_norm, route_topk,
-                                  shared_gate_add_rms_norm, swiglu)
+from strata.models.balanced_routing import balanced_routing
+from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
+                                  add_rms_norm, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -88,6 +89,8 @@ class WeightLoader:
 
 class DecoderLM:
     """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
+
+    balanced_prompt_routing = False  # `bench prompt --routing balanced` (models/balanced_routing.py): timing only
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
                  experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
@@ -213,6 +216,8 @@ class DecoderLM:
             return swiglu(x, w.gate, w.up, w.down)
         # int32 ids where the routing kernel runs: what the expert kernels read, without a conversion launch.
         weights, ids = routing or route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
+        if self.balanced_prompt_routing and x.shape[0] > ROUTE_KERNEL_MAX_TOKENS:
+            weights, ids = balanced_routing(x.shape[0], c.n_experts_used, c.n_experts, i, x.device, ids.dtype)
         pending = self.experts.start(i, x, weights, ids)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)
