@@ -264,7 +264,8 @@ class Qwen4ExpLM(DecoderLM):
         chunks too large for the row cache: smaller ones stay in line, through it (decode steps reuse its rows)."""
         if not switches.get("STRATA_NGRAM_SYNC"):
             uncached = ngram_embedding.CACHED_GATHER_ROWS // self.ngram_hash.n_heads + 1
-            self.ngram_prefetch.begin(tokens, bounds, start, cache.previous_tokens, min_tokens=uncached)
+            previous = (-1, -1) if start == 0 else cache.previous_tokens  # a forward at 0 starts the cache over
+            self.ngram_prefetch.begin(tokens, bounds, start, previous, min_tokens=uncached)
 
     def end_prompt(self) -> None:
         """The prompt is read (or stopped): rows gathered ahead and not taken are dropped."""

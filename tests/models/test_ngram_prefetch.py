@@ -109,7 +109,9 @@ def test_a_failed_lookup_is_one_strata_error_at_its_chunk_and_the_engine_recover
         llm.logits(ids)
     assert llm.engine.cached_tokens == [] and not model.ngram_prefetch.queued
     monkeypatch.setattr(model.ngram_table, "gather_into", table_gather)
+    model.ngram_prefetch.taken = 0
     assert torch.equal(llm.logits(ids), want)
+    assert model.ngram_prefetch.taken == 4  # the token window from a stopped prompt does not spoil the next plan
 
 
 def test_a_chunk_other_than_announced_is_looked_up_in_line():
