@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata import switches
 from strata.engine.context import ForwardContext
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
@@ -31,7 +32,6 @@ from strata.models.gated_deltanet import GDNShape
 from strata.models.stacked_projections import stack_projections
 from strata.models.hyper_connections import HyperConnectionWeights, hc_write, hc_write_read
 from strata.models.layers import Rope
-from strata import switches
 from strata.models import ngram_embedding
 from strata.models.ngram_embedding import (
     HISTORY_ROWS, TABLE_TENSOR, NgramHash, NgramTable, PleWeights, ple_block,
@@ -250,6 +250,7 @@ class Qwen4ExpLM(DecoderLM):
 
     @staticmethod
     def _move_token_window(tokens: np.ndarray, cache: Qwen4ExpCache) -> None:
+        """The cache's (2 back, 1 back) past tokens [T]."""
         window = (*cache.previous_tokens, *(int(t) for t in tokens[-2:]))
         cache.previous_tokens = (window[-2], window[-1])
 
