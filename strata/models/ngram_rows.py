@@ -43,7 +43,7 @@ _pool_lock = threading.Lock()
 def _pieces_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool._max_workers != PIECE_THREADS:  # made again when a sweep changes the count
             _pool = ThreadPoolExecutor(PIECE_THREADS, thread_name_prefix="strata-ngram-piece")
         return _pool
 

@@ -6,7 +6,7 @@ lookup (STRATA_NGRAM_SYNC=1).
 2. MODEL (the 12-layer full-size file), for each of --tokens: a warm prompt, then the median wall time of --reps
    fresh prompts each way, the chunks whose rows came from the thread, and whether the last logits are the same
    bytes; then one 8,192-token chunk's host lookup: the previous gather (distinct rows through torch) against the
-   rows decoded into a pinned buffer (models/ngram_rows.py), ms.
+   rows decoded into a pinned buffer (models/ngram_rows.py), ms, over a sweep of piece threads and piece sizes.
 
 Usage: python3 tools/device/check_ngram.py [MODEL.gguf] [--tokens 4096,32768] [--kv-dtype int8] [--reps 2]
        [--device cpu] (a dry run of this script)
@@ -27,7 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import strata  # noqa: E402
 from strata import switches  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from strata.models import ngram_rows  # noqa: E402
 from strata.models.synthetic import make_model  # noqa: E402
+
+SWEEP = [(1, 8192), (2, 8192), (4, 8192), (8, 8192), (4, 2048), (4, 32768)]  # (piece threads, table rows a piece)
 
 
 def _ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -86,18 +89,35 @@ def full_size(path: str, contexts: list[int], kv_dtype: str, reps: int) -> None:
         diff = (last[True].float() - last[False].float()).abs().max().item()
         print(f"{n:>6} tokens: {seconds[True] / seconds[False]:.2f}x; last logits "
               f"{'the same bytes' if torch.equal(last[True], last[False]) else f'differ by up to {diff:.3g}'}")
+    lookup_sweep(model)
+
+
+def _host_ms(lookup) -> float:
+    lookup()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        lookup()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def lookup_sweep(model) -> None:
+    """One 8,192-token chunk's host lookup: the previous gather, then the decode into pinned memory at each
+    (threads, rows a piece) of SWEEP, the default marked."""
     table, hash_ = model.ngram_table, model.ngram_hash
     rows = hash_.rows(np.asarray(_ids(8192, model.config.vocab_size, 99), dtype=np.int64), (-1, -1))
     pinned = torch.empty(8192, model.config.n_embd, pin_memory=DEVICE.type == "cuda")
-    for name, lookup in (("previous gather (distinct rows, torch)", lambda: table._gather_distinct(rows)),
-                         ("decoded into pinned memory", lambda: table.gather_into(rows, pinned))):
-        lookup()
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
-            lookup()
-            times.append(time.perf_counter() - started)
-        print(f"one 8192-token chunk's lookup, {name}: {statistics.median(times) * 1e3:.1f} ms (host)")
+    print(f"one 8192-token chunk's lookup, previous gather (distinct rows, torch): "
+          f"{_host_ms(lambda: table._gather_distinct(rows)):.1f} ms (host)")
+    default = (ngram_rows.PIECE_THREADS, ngram_rows.PIECE_ROWS)
+    for threads, piece in dict.fromkeys([default, *SWEEP]):
+        ngram_rows.PIECE_THREADS, ngram_rows.PIECE_ROWS = threads, piece
+        ms = _host_ms(lambda: table.gather_into(rows, pinned))
+        mark = "  (default)" if (threads, piece) == default else ""
+        print(f"one 8192-token chunk's lookup, decoded into pinned memory, {threads} threads x {piece} rows a piece: "
+              f"{ms:.1f} ms (host){mark}")
+    ngram_rows.PIECE_THREADS, ngram_rows.PIECE_ROWS = default
     print("rows equal:", torch.equal(table._gather_distinct(rows), (table.gather_into(rows, pinned), pinned)[1]))
 
 
