@@ -12,8 +12,7 @@ piece by piece and decoded into the output:
 - F32 / F16 / BF16: converted in numpy;
 - any other format: strata.quant's dequantize of the piece's rows, copied in.
 
-Pieces of PIECE_ROWS rows keep the temporaries in cache and spread over a few threads (numpy's take and ufuncs run
-without the GIL).
+Pieces of PIECE_ROWS rows spread over a few threads (numpy's take and ufuncs run without the GIL).
 """
 
 from __future__ import annotations
@@ -29,7 +28,9 @@ import torch
 from strata.quant import dequantize, get_format
 from strata.quant.tables import iq4_nl_levels
 
-PIECE_ROWS = 8192  # table rows a piece: ~0.7 MB of temporaries
+# Table rows a piece (~14 MB of temporaries): an 8,192-token chunk's 131,072 rows make 8 pieces, 2 a thread, and
+# few Python steps (each takes the GIL from the thread launching the GPU's work). check_ngram.py sweeps both.
+PIECE_ROWS = 16384
 PIECE_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))  # leave cores to the thread launching the GPU's work
 
 IQ4_NL = get_format("IQ4_NL")

@@ -30,7 +30,7 @@ from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 from strata.models import ngram_rows  # noqa: E402
 from strata.models.synthetic import make_model  # noqa: E402
 
-SWEEP = [(1, 8192), (2, 8192), (4, 8192), (8, 8192), (4, 2048), (4, 32768)]  # (piece threads, table rows a piece)
+SWEEP = [(1, 16384), (2, 16384), (4, 16384), (8, 16384), (4, 4096), (4, 32768), (8, 8192)]  # (piece threads, table rows a piece)
 
 
 def _ids(n: int, vocab: int, seed: int) -> list[int]:
