@@ -64,6 +64,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "instead of TF32 (for before/after runs and parity)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
            "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
+    Switch("STRATA_NGRAM_SYNC", False, "qwen4exp prompts: each chunk's n-gram rows looked up in line (distinct rows "
+           "dequantized by torch, pageable copy; the previous form, for before/after runs) instead of ahead on a host "
+           "thread into pinned memory; the same rows"),
     Switch("STRATA_PDL", 0, "decode step kernels (sm_90+): programmatic dependent launch, each kernel's programs "
            "launched while its predecessor finishes (weights loaded before the wait); 1: the next kernel may launch "
            "at a kernel's start, 2: only once past its wait, 3: as 1 but the experts' down kernel also streams its "
