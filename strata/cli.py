@@ -381,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--adapt-sweep", default="", metavar="EVERYxSWAPS,...",
                    help="offloaded runs: decode again with the expert cache adapting every N steps by up to M swaps "
                         "(e.g. 2x96,8x96,4x48), one row each beside the default")
+    b.add_argument("--pdl-sweep", default="", metavar="MODE,...",
+                   help="decode again with STRATA_PDL at each mode (e.g. 0,1,3,2: the step's kernels with "
+                        "programmatic dependent launch, sm_90+), graphs captured afresh, one row each beside the "
+                        "first run: tok/s, median step and (all resident) the GPU step")
     b.set_defaults(func=cmd_bench_decode)
     b = bench.add_parser("prompt", help="prompt tokens/s per context, beside the PCIe or matrix floor")
     b.add_argument("model", help="GGUF file")
@@ -404,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),
+        ("qsa-attn", "qsa_attn", "a prompt chunk's selected attention over the fp16 KV cache: dense-mask SDPA vs "
+         "the selected-cells kernel (--sweep) beside the floor, against float64"),
         ("moe-prefill", "moe_prefill", "parity and speed of the prompt expert paths against float64"),
         ("expert-gather", "expert_gather", "GB/s of streaming a layer's missing experts (one gather launch vs "
          "three copies an expert) beside the pinned copy rate (--sweep)"),

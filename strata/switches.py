@@ -28,6 +28,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "chunk's rows prefetched, p16 imma's P.V in fp16, r128 a register cap, x1 codes to fp16 through their bits "
            "(x2: V before staging), g1 imma's scores per 64-dim group, n2 imma g1's q in 16 bits, d2 the fp16 P.V in "
            "two halves, e1/e2 imma g1's scales copied ahead; parts left out keep the default's)"),
+    Switch("STRATA_QSA_DENSE_MASK", False, "selected attention over an fp16 KV cache (QSA, --qsa quest): SDPA with a "
+           "dense [tokens, keys] mask (the previous path) instead of the selected-cells kernel"),
     Switch("STRATA_PA_MERGE_KERNEL", False, "prompt attention: merge a block's selections with two Triton passes "
            "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
@@ -62,6 +64,13 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "instead of TF32 (for before/after runs and parity)"),
     Switch("STRATA_HC_TORCH", False, "qwen4exp: the hyper-connection reads and writes through torch (~25 launches a "
            "read) instead of kernels/hc (3 launches on 1-4 rows; a prompt's elementwise work), for before/after runs"),
+    Switch("STRATA_NGRAM_SYNC", False, "qwen4exp prompts: each chunk's n-gram rows looked up in line (distinct rows "
+           "dequantized by torch, pageable copy; the previous form, for before/after runs) instead of ahead on a host "
+           "thread into pinned memory; the same rows"),
+    Switch("STRATA_PDL", 0, "decode step kernels (sm_90+): programmatic dependent launch, each kernel's programs "
+           "launched while its predecessor finishes (weights loaded before the wait); 1: the next kernel may launch "
+           "at a kernel's start, 2: only once past its wait, 3: as 1 but the experts' down kernel also streams its "
+           "weights before its wait (its routing complete at launch); 0: off (kernels/pdl.py)"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

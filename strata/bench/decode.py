@@ -16,6 +16,7 @@ import time
 import torch
 
 from strata.bench.ceilings import host_to_device_bandwidth, read_bandwidth, sync
+from strata.bench.decode_pdl import pdl_modes, pdl_sweep
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.experts import CachedExperts
 from strata.engine.sampling import SamplingParams
@@ -31,6 +32,7 @@ def bench_decode(args, placement: dict) -> None:
     gpu_floor_option = getattr(args, "gpu_floor", "resident")
     _given_ms(gpu_floor_option)  # bad values say so before anything loads
     sweep = adapt_configs(getattr(args, "adapt_sweep", "") or "")
+    pdl = pdl_modes(getattr(args, "pdl_sweep", "") or "")
     n_ctx = args.ctx or args.prompt_tokens + args.tokens + WARM_STEPS + 8
     engine = _engine(args, n_ctx, placement)
     device, c = engine.device, engine.model.config
@@ -57,9 +59,13 @@ def bench_decode(args, placement: dict) -> None:
     if not offloaded:
         active = engine.plan.expert_bytes * c.n_experts_used // max(c.n_experts, 1)
         floor = (dense_read + active) / device_rate
-        print(f"GPU step   {_device_step_seconds(engine, prompt, args.tokens) * 1e3:.2f} ms: {DEVICE_STEP}")
+        step = _device_step_seconds(engine, prompt, args.tokens)
+        print(f"GPU step   {step * 1e3:.2f} ms: {DEVICE_STEP}")
         print(f"floor      {floor * 1e3:.2f} ms/token (all resident: bytes read / device bandwidth); "
               f"decode reaches {floor / (seconds / n):.1%} of it")
+        if pdl:
+            pdl_sweep(engine, prompt, args.tokens, run, step, pdl, lambda e, p, k: _timed_steps(e, p, k, cached),
+                      _device_step_seconds)
         return
     adapting = [t for t, a in zip(run.steps, run.adapted) if a]
     others = [t for t, a in zip(run.steps, run.adapted) if not a]
@@ -80,6 +86,8 @@ def bench_decode(args, placement: dict) -> None:
         print(f"host loop  ms a token: {parts} (doorbell wait: the GPU's segment up to a routing)")
     if sweep:
         _adapt_sweep(engine, prompt, args.tokens, cached, run, sweep)
+    if pdl:
+        pdl_sweep(engine, prompt, args.tokens, run, None, pdl, lambda e, p, k: _timed_steps(e, p, k, cached), None)
     gpu_part = ("GPU bytes read / device bandwidth",
                 gpu_bytes_floor + hits * expert_each / n / device_rate)
     given = _given_ms(gpu_floor_option)

@@ -27,6 +27,7 @@ from strata.engine.kv import KVCache
 from strata.engine.kv_paged import PagedInt8KV
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
 from strata.engine.split_cache import SplitKV
+from strata.engine.staging import upload
 from strata.kernels.attention.paged import PAGE
 
 
@@ -78,7 +79,9 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "cpu":
         return t.clone()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # pinned: the copy back runs at link speed
-    host.copy_(t)
+    # Queued, no host wait: only a restore reads the copy, through the same stream, after it. (A blocking copy made
+    # the host wait for the whole prompt at the first tensor, then allocate and copy the rest one by one.)
+    host.copy_(t, non_blocking=True)
     return host
 
 
@@ -112,7 +115,7 @@ def _restore_dense(cache: KVCache, state) -> None:
 def _page_rows(cache: PagedInt8KV, pages: list[int]) -> torch.Tensor:
     """Pool rows of these physical pages, page after page (a page's rows are contiguous)."""
     per_page = cache.n_kv_heads * PAGE
-    base = torch.tensor(pages, dtype=torch.long, device=cache.device)[:, None] * per_page
+    base = upload(torch.tensor(pages, dtype=torch.long), cache.device)[:, None] * per_page  # pinned: no host wait
     return (base + torch.arange(per_page, device=cache.device)).reshape(-1)
 
 

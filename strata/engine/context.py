@@ -18,6 +18,7 @@ class ForwardContext:
     want_hidden: bool = False  # keep the final normed hidden states of every token in `hidden` (MTP drafts read them)
     keep_row_states: bool = False  # a verify window: recurrent layers keep each row's state, to roll back rejected rows
     hidden: torch.Tensor | None = None  # set by the model when want_hidden: [n_tokens, embd]
+    tokens: list[int] | None = None  # the ids on the host, where the caller has them: spares the model a device read
 
     def positions(self, device: torch.device) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.n_tokens, device=device)

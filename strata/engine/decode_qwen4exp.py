@@ -101,7 +101,7 @@ class Qwen4ExpDecoder(GraphDecoder):
     def _forward_step(self, tokens: list[int], start: int) -> torch.Tensor:
         self.forward_steps += 1
         ctx = ForwardContext(self.kv, start, len(tokens), want_all_logits=len(tokens) > 1,
-                             want_hidden=self.want_hidden, keep_row_states=self.keep_row_states)
+                             want_hidden=self.want_hidden, keep_row_states=self.keep_row_states, tokens=list(tokens))
         with rows_as_steps(len(tokens) > 1):
             logits = self.model.forward(torch.tensor(tokens, device=self.device), ctx)
         self.hidden = ctx.hidden

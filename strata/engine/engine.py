@@ -16,6 +16,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.engine.offload import offloaded_experts
@@ -210,15 +211,21 @@ class Engine:
         del self.cached_tokens[start:]  # in place, not a copy of the context per step
         streamer = self._prompt_streamer()
         chunks = prompt_chunks(len(ids), self.prefill_chunk, equal)
+        # A model that prepares host work from the tokens (qwen4exp's n-gram rows) starts it for every chunk now.
+        announce = getattr(self.model, "begin_prompt", None) if len(ids) > 1 else None
+        if announce is not None:
+            announce(ids, chunks, start, self.kv)
         try:
             for i, (begin, end) in enumerate(chunks):
                 if streamer is not None:  # lends the ring; fetches the first layer's experts before the embedding
                     following = chunks[i + 1][1] - chunks[i + 1][0] if i + 1 < len(chunks) else 0
                     streamer.begin_chunk(end - begin, following, self.model.config.n_experts_used)
                 ctx = ForwardContext(self.kv, start + begin, end - begin, want_all_logits=all_logits,
-                                     want_hidden=self.spec is not None and self.spec.wants_hidden)
+                                     want_hidden=self.spec is not None and self.spec.wants_hidden,
+                                     tokens=ids[begin:end])
                 try:
-                    outputs.append(self.model.forward(torch.tensor(ids[begin:end], device=self.device), ctx))
+                    # Pinned and queued: a pageable copy would make the host wait for the previous chunk's work.
+                    outputs.append(self.model.forward(upload(torch.tensor(ids[begin:end]), self.device), ctx))
                 except BaseException:
                     self.cached_tokens = []
                     self.kv.truncate(0)
@@ -228,6 +235,8 @@ class Engine:
                     self.spec.saw_hidden(start + begin, ctx.hidden)
                 clock.chunk_done(end)
         finally:
+            if announce is not None:
+                self.model.end_prompt()
             if streamer is not None:  # lent slots back, refilled with their experts, before any decode step
                 streamer.return_slots()
         return torch.cat(outputs) if all_logits else outputs[-1]

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata import switches
 from strata.errors import StrataError
 from strata.kernels.attention.paged import GROUP
+from strata.kernels.attention.prompt_dense import ROW_EXACT, dense_kernel_applies, dense_selected_attention
 from strata.models.layers import attend
 
 DENSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -161,6 +163,8 @@ def new_kv_cache(kind: str | torch.dtype | ResidentKind, n_layers: int, n_kv_hea
 class KVCache(KVBackend):
     """Dense fp16/bf16/fp32 cache that grows by doubling up to `max_tokens` (the context size)."""
 
+    kernels: bool | None = None  # a selection's attention: the Triton kernel (True), SDPA (False); None: on CUDA
+
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
                  dtype: torch.dtype, device: torch.device, initial_tokens: int = 256):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
@@ -202,12 +206,26 @@ class KVCache(KVBackend):
                selection: Selection | None = None) -> torch.Tensor:
         self.write(layer, start, k, v)
         selection = self.own_selection(layer, q, start, selection)
+        if selection is not None and self.selected_kernel(q):
+            # The selected cells read in place from the cache, this step's keys as stored: bf16 activations are
+            # exact in fp16 from 2^-17 to 65,280 in magnitude, within 2^-25 below (decode steps read them so too).
+            ids, width = check_selection(selection, q.shape[0])
+            config = ROW_EXACT if q.shape[0] == 1 else None  # a decode step: the bytes of a window's row
+            return dense_selected_attention(q, self.keys[layer], self.values[layer], ids, width,
+                                            config=config).to(q.dtype)
         # Past positions come from the cache; this step's keys and values are used at full precision.
         past_k, past_v = self.read(layer, start, q.dtype)
         keys, values = torch.cat((past_k, k)), torch.cat((past_v, v))
         if selection is None:
             return attend(q, keys, values, start)
         return attend_selected(q, keys, values, *check_selection(selection, q.shape[0]))
+
+    def selected_kernel(self, q: torch.Tensor) -> bool:
+        """Whether a selection's attention runs the selected-cells kernel (kernels/attention/prompt_dense.py): an fp16
+        cache it can read, kernels on (by default on CUDA), `STRATA_QSA_DENSE_MASK` unset (else SDPA with a mask)."""
+        kernels = q.is_cuda if self.kernels is None else self.kernels
+        return (kernels and not switches.get("STRATA_QSA_DENSE_MASK")
+                and dense_kernel_applies(self.keys[0], q.shape[1]))
 
     def truncate(self, length: int) -> None:
         """Forget positions from `length` on. Here nothing needs doing: later writes overwrite them, and reads

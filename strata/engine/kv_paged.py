@@ -16,6 +16,7 @@ import math
 import torch
 
 from strata.engine.kv import KVBackend, Selection, check_kind, check_selection
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.kernels.attention.decode import decode_attn_triton
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, gather_kv
@@ -93,7 +94,10 @@ class PagedInt8KV(KVBackend):
             grown[: self._table_valid] = self._table[: self._table_valid]
             self._table = grown
         if n > self._table_valid:
-            self._table[self._table_valid : n] = torch.tensor(self.pages[self._table_valid : n], dtype=torch.int32)
+            # Pinned and queued (staging.upload): a pageable copy would make the host wait for every queued launch
+            # (the previous chunk's whole prompt work, at each chunk's reserve).
+            self._table[self._table_valid : n] = upload(torch.tensor(self.pages[self._table_valid : n],
+                                                                     dtype=torch.int32), self.device)
         self._table_valid = n
         self.page_table = self._table[:n]
 

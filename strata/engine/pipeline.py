@@ -169,7 +169,8 @@ def run_prompt(engine, ids: list[int], start: int, all_logits: bool) -> torch.Te
     device = engine.device
     want_hidden = engine.spec is not None and engine.spec.wants_hidden
     chunks = [(torch.tensor(ids[b:e], device=device),
-               ForwardContext(engine.kv, start + b, e - b, want_all_logits=all_logits, want_hidden=want_hidden))
+               ForwardContext(engine.kv, start + b, e - b, want_all_logits=all_logits, want_hidden=want_hidden,
+                              tokens=ids[b:e]))
               for b, e in spans]
 
     def chunk_done(c: int) -> None:

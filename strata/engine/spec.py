@@ -243,7 +243,7 @@ class SpecDecoder:
             logits, hidden = self.windows.run(window, start, tail)
         else:
             ctx = ForwardContext(engine.kv, start, len(window), want_all_logits=True, want_hidden=self.has_mtp,
-                                 keep_row_states=True)
+                                 keep_row_states=True, tokens=list(window))
             with rows_as_steps():
                 logits = engine.model.forward(torch.tensor(window, device=engine.device), ctx)
             hidden = ctx.hidden

@@ -28,6 +28,7 @@ from strata.kernels.attention.decode import (SHORT_DEFAULT, decode_attn_dense_tr
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
+from strata.kernels.attention.prompt_dense import ROW_EXACT, dense_selected_attention
 from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense, qk_norm_rope_store_paged
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
 from strata.models.layers import _fused
@@ -150,6 +151,12 @@ class StaticDenseKV(StaticView):
             # One decode kernel over each row's cells 0..pos, not a dtype copy of the whole span and a masked SDPA.
             # It reads this step's keys back from the cache (an fp16 cache holds bf16 values exactly in its range).
             return self._decode(layer, q, width)
+        if selection is not None and c.selected_kernel(q):
+            # The selected cells read in place (no copy of the span); one query a program, so a window's rows are
+            # the bytes of their own steps (as KVCache.attend's one-token steps).
+            ids, width = check_selection(selection, q.shape[0])
+            return dense_selected_attention(q, c.keys[layer], c.values[layer], ids, width,
+                                            config=ROW_EXACT).to(q.dtype)
         if selection is not None:
             keys = c.keys[layer][: self.span].to(q.dtype).index_copy(0, pos, k)
             values = c.values[layer][: self.span].to(q.dtype).index_copy(0, pos, v)

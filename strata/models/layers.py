@@ -57,7 +57,11 @@ def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, r
         return None
     from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
 
-    return add_norm_route_triton(h, delta, weight, router.dequantize(h.dtype), eps, k, normalize)
+    from strata.kernels.pdl import weights_settled
+
+    fresh = not router.kept_as(h.dtype)  # converted by this call (STRATA_PDL reads the rows before the wait)
+    rows = router.dequantize(h.dtype)
+    return add_norm_route_triton(h, delta, weight, rows, eps, k, normalize, router_kept=weights_settled(rows, fresh))
 
 
 def shared_gate_add_rms_norm(h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,

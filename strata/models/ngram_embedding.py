@@ -24,9 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from strata import switches
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.hyper_connections import grouped_rms_norm
+from strata.models.ngram_rows import decode_rows
 from strata.models.weights import QuantWeight, linear
 
 TABLE_TENSOR = "per_layer_token_embd.weight"
@@ -117,12 +119,13 @@ class NgramTable:
         """float32 [T, n_heads * head_dim] of the rows [T, n_heads], head by head."""
         if rows.size > CACHED_GATHER_ROWS:
             # A row tensor per row costs ~1.5 us each in the cache and in the stack (93 ms for a 4,096-token chunk
-            # on the H200 host): one read of the chunk's distinct rows, indexed, instead.
-            unique, inverse = np.unique(rows.reshape(-1), return_inverse=True)
-            self.misses += len(unique)
-            self.hits += rows.size - len(unique)
-            fresh = self.weight[torch.from_numpy(unique.astype(np.int64))].dequantize(torch.float32)
-            return fresh[torch.from_numpy(inverse.reshape(-1).astype(np.int64))].view(rows.shape[0], -1)
+            # on the H200 host): the rows are decoded in one go into the output, uncached.
+            self.misses += rows.size
+            if switches.get("STRATA_NGRAM_SYNC"):
+                return self._gather_distinct(rows)
+            out = torch.empty(rows.shape[0], rows.shape[1] * self.head_dim)
+            self.gather_into(rows, out)
+            return out
         flat = [int(r) for r in rows.reshape(-1)]
         wanted = sorted({r for r in flat if r not in self.cache})
         if wanted:
@@ -138,6 +141,18 @@ class NgramTable:
         while len(self.cache) > self.cache_rows:
             self.cache.popitem(last=False)
         return out.view(rows.shape[0], -1)
+
+    def gather_into(self, rows: np.ndarray, out: torch.Tensor) -> None:
+        """`gather`'s values written into out (float32 [T, n_heads * head_dim], contiguous, on the host: a pinned
+        buffer), uncached: it touches nothing shared, so a host thread may run it beside the model."""
+        decode_rows(self.weight.raw.numpy(), self.weight.ggml_type, rows.reshape(-1).astype(np.int64),
+                    out.numpy().reshape(rows.size, self.head_dim))
+
+    def _gather_distinct(self, rows: np.ndarray) -> torch.Tensor:
+        """The previous large gather (STRATA_NGRAM_SYNC): the distinct rows dequantized by torch, then indexed."""
+        unique, inverse = np.unique(rows.reshape(-1), return_inverse=True)
+        fresh = self.weight[torch.from_numpy(unique.astype(np.int64))].dequantize(torch.float32)
+        return fresh[torch.from_numpy(inverse.reshape(-1).astype(np.int64))].view(rows.shape[0], -1)
 
 
 @dataclass

@@ -19,9 +19,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata import switches
 from strata.engine.context import ForwardContext
 from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
+from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
@@ -30,9 +32,11 @@ from strata.models.gated_deltanet import GDNShape
 from strata.models.stacked_projections import stack_projections
 from strata.models.hyper_connections import HyperConnectionWeights, hc_write, hc_write_read
 from strata.models.layers import Rope
+from strata.models import ngram_embedding
 from strata.models.ngram_embedding import (
     HISTORY_ROWS, TABLE_TENSOR, NgramHash, NgramTable, PleWeights, ple_block,
 )
+from strata.models.ngram_prefetch import NgramPrefetch
 from strata.models.qwen4exp_mixers import (
     QSAShape, QSAWeights, Qwen4ExpGDNWeights, qsa_attention, qsa_selection, qwen4exp_gdn,
 )
@@ -77,6 +81,7 @@ class Qwen4ExpLM(DecoderLM):
         self.ple_layer = self._ple_layer(model)
         self.ngram_hash = NgramHash.from_gguf(model, arch)
         self.ngram_table = self._load_table(model)  # checked before the weights load: the table shard is the one apart
+        self.ngram_prefetch = NgramPrefetch(self._lookup_rows, c.n_embd, device, source=self.source)
         load = WeightLoader(model, device, dtype, progress)
         width = self.hc * c.n_embd
         self.embed = load.quant("token_embd.weight", c.vocab_size, c.n_embd)
@@ -240,16 +245,50 @@ class Qwen4ExpLM(DecoderLM):
         """The n-gram table's rows (float32 [T, embd], on the host) of tokens [T] following the cache's last two;
         the cache moves its token window past them."""
         rows = self.ngram_hash.rows(tokens, cache.previous_tokens)
-        window = (*cache.previous_tokens, *(int(t) for t in tokens))
-        cache.previous_tokens = (window[-2], window[-1])
+        self._move_token_window(tokens, cache)
         return self.ngram_table.gather(rows)
 
+    @staticmethod
+    def _move_token_window(tokens: np.ndarray, cache: Qwen4ExpCache) -> None:
+        """The cache's (2 back, 1 back) past tokens [T]."""
+        window = (*cache.previous_tokens, *(int(t) for t in tokens[-2:]))
+        cache.previous_tokens = (window[-2], window[-1])
+
+    def _lookup_rows(self, tokens: np.ndarray, previous: tuple[int, int], out: torch.Tensor) -> None:
+        """The prefetch thread's lookup: rows of tokens after `previous` into out, the row cache untouched."""
+        self.ngram_table.gather_into(self.ngram_hash.rows(tokens, previous), out)
+
+    def begin_prompt(self, tokens: list[int], bounds: list[tuple[int, int]], start: int,
+                     cache: Qwen4ExpCache) -> None:
+        """The engine is about to read `tokens` from position `start` in the chunks [begin, end) of `bounds`: their
+        n-gram rows are gathered ahead on a host thread (models/ngram_prefetch.py), unless STRATA_NGRAM_SYNC. Only
+        chunks too large for the row cache: smaller ones stay in line, through it (decode steps reuse its rows)."""
+        if not switches.get("STRATA_NGRAM_SYNC"):
+            uncached = ngram_embedding.CACHED_GATHER_ROWS // self.ngram_hash.n_heads + 1
+            previous = (-1, -1) if start == 0 else cache.previous_tokens  # a forward at 0 starts the cache over
+            self.ngram_prefetch.begin(tokens, bounds, start, previous, min_tokens=uncached)
+
+    def end_prompt(self) -> None:
+        """The prompt is read (or stopped): rows gathered ahead and not taken are dropped."""
+        self.ngram_prefetch.end()
+
     def _ngram_block(self, ids: torch.Tensor, residual: torch.Tensor, cache: Qwen4ExpCache,
-                     window: bool = False) -> torch.Tensor:
-        tokens = ids.cpu().numpy()
-        if window:  # a verify window: what keep_rows needs to put the token window and conv history back
+                     ctx: ForwardContext) -> torch.Tensor:
+        """The n-gram block at its layer. Without a host wait (unless STRATA_NGRAM_SYNC, the previous form): the
+        tokens from the caller's host copy (a device read waits for every launch queued before it), the rows from
+        the prefetch thread or in line, copied from pinned memory behind the queued work."""
+        in_line = switches.get("STRATA_NGRAM_SYNC")
+        tokens = ids.cpu().numpy() if ctx.tokens is None or in_line else np.asarray(ctx.tokens, dtype=np.int64)
+        if ctx.keep_row_states:  # a verify window: what keep_rows needs to put the token window and conv history back
             cache.mark_window([int(t) for t in tokens])
-        emb = self.ngram_rows(tokens, cache).to(self.device)
+        emb = self.ngram_prefetch.take(ctx.start, tokens, cache.previous_tokens)
+        if emb is not None:
+            self._move_token_window(tokens, cache)
+            emb = emb.to(self.device, non_blocking=True)  # pinned by the prefetch thread
+        elif in_line:
+            emb = self.ngram_rows(tokens, cache).to(self.device)
+        else:
+            emb = upload(self.ngram_rows(tokens, cache), self.device)
         residual, history = ple_block(residual, emb, self.ple, cache.ple_history, self.config.rms_eps)
         cache.ple_history.copy_(history)
         return residual
@@ -278,8 +317,7 @@ class Qwen4ExpLM(DecoderLM):
         pending = None  # each half-layer's write, folded into the next read (hc_write_read)
         for i in range(self.n_main):
             if i == self.ple_layer:
-                residual = self._ngram_block(ids, hc_write(residual, *pending) if pending else residual, cache,
-                                             ctx.keep_row_states)
+                residual = self._ngram_block(ids, hc_write(residual, *pending) if pending else residual, cache, ctx)
                 pending = None
             residual, x, inject = hc_write_read(residual, self.hc_attn[i], c.rms_eps, pending, self.dtype)
             if self.recurrent[i]:

@@ -65,6 +65,12 @@ class QuantWeight:
 
         return dequantize(self.raw, self.ggml_type, self.shape).to(dtype)
 
+    def kept_as(self, dtype: torch.dtype) -> bool:
+        """Whether `dequantize(dtype)` returns a tensor that exists already (a float view of the raw bytes, or a
+        conversion kept by an earlier call), so that no kernel queued now writes it."""
+        float_type = FLOAT_VIEWS.get(self.ggml_type)
+        return float_type is not None and (float_type == dtype or dtype in self._converted)
+
     def to(self, device: torch.device | str) -> "QuantWeight":
         return QuantWeight(self.name, self.ggml_type, self.shape, self.raw.to(device))
 

@@ -3,11 +3,12 @@ prefill under torch.profiler: GPU kernel time against wall time (the rest is hos
 device time, and the host's ops by self time (Python-side costs show there).
 
 Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K] [--stacks]
-       [--kv-dtype float16|int8]
+       [--kv-dtype float16|int8] [--syncs]
 
 --stacks adds the device time by input shapes, then one more prefill under a dispatch logger listing each matrix
 product and softmax with its shapes, dtypes and call site (the innermost strata frames): the shapes join the two,
-and say which line of the model issues a slow torch op.
+and say which line of the model issues a slow torch op. --syncs lists, by call site, the operations of one more prefill
+that made the host wait for the GPU (torch's sync debug mode).
 """
 
 import argparse
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30, help="rows of each table")
     parser.add_argument("--stacks", action="store_true", help="also by input shapes and by call site")
     parser.add_argument("--kv-dtype", default="float16", help="KV cache: float16 (the default) or int8 (paged)")
+    parser.add_argument("--syncs", action="store_true", help="also list the operations that make the host wait")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget, kv_dtype=args.kv_dtype))
@@ -101,6 +103,41 @@ def main() -> None:
         print(by_shape.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=40,
                              max_shapes_column_width=90))
         print_call_sites(engine, ids)
+    if args.syncs:
+        other = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(2)).tolist()
+        print_sync_sites(engine, other)  # a fresh prompt: nothing of it cached
+
+
+def print_sync_sites(engine, ids) -> None:
+    """One more prefill under torch's sync debug mode: each operation that made the host wait for the GPU (a device
+    read, a blocking copy, nonzero ...), counted by its call site (the innermost strata frames)."""
+    import warnings
+
+    seen = collections.Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "/strata/" in f.filename or "/tools/" in f.filename]
+        seen[" < ".join(f"{f.filename.split('strata/')[-1]}:{f.lineno} {f.name}" for f in frames[-3:][::-1])] += 1
+
+    torch.cuda.synchronize()
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record  # catch_warnings restores the hook it found on entry
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.prefill(ids)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = shown
+    print(f"\nhost waits for the GPU in one prefill of {len(ids)} tokens: {sum(seen.values())} (count, call site)")
+    for site, count in seen.most_common():
+        print(count, site)
 
 
 LOGGED_OPS = {"mm", "bmm", "addmm", "baddbmm", "_softmax", "_int_mm", "_scaled_dot_product_flash_attention",

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from strata.kernels import capability
 from strata.kernels.attention.prompt_parts import LOG2E, rows_block, softmax_step, span_rows
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                          count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
-                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
+    pdl_wait(PDL)  # the query, the widths and this step's keys: all written by earlier kernels of the step
     sp = tl.program_id(0)
     kvh = tl.program_id(1)
     qi = tl.program_id(2)
@@ -243,7 +246,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
                 QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
                 PER=config.per_program(span) if by_span else 0, CELLS=config.cells, MAX_SPLITS=config.max_splits,
-                num_warps=config.warps, num_stages=config.stages)
+                num_warps=config.warps, num_stages=config.stages, **launch_options(q))
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
     def launch():

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from strata import switches
 from strata.errors import StrataError
+from strata.kernels import pdl
 from strata.kernels.moe.decode import DecodeSpec, code_tables, decode32, decode_spec
 from strata.kernels.moe.dispatch import use_triton
 from strata.kernels.moe.oneshot_gemv import (ONESHOT_FORMATS, launch_oneshot_down, launch_oneshot_gate_up,
@@ -376,8 +377,9 @@ def _check_routing(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExper
 
 
 def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExperts,
-                          config: GemvConfig | None = None) -> torch.Tensor:
-    """H = silu(x Wg^T) * (x Wu^T) of every (token, chosen expert) pair: float32 [T, k, ff]."""
+                          config: GemvConfig | None = None, pdl_late: bool = False) -> torch.Tensor:
+    """H = silu(x Wg^T) * (x Wu^T) of every (token, chosen expert) pair: float32 [T, k, ff]. `pdl_late`
+    (STRATA_PDL=3, kernels/pdl.py): the one-shot launch lets the next kernel launch only past its wait."""
     _check_routing(x, topk_ids, experts)
     n_tokens, top_k = topk_ids.shape
     g, u = experts.gate, experts.up
@@ -388,7 +390,7 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
     if h.numel() and _takes_oneshot(cfg, g, u):
         launch_oneshot_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.warps, cfg.split,
-                               skip_absent=experts.sparse)
+                               skip_absent=experts.sparse, late=pdl_late)
     elif h.numel() and _takes_stream(cfg, g, u):
         launch_stream_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif h.numel() and _takes_words(cfg, g, u):
@@ -402,16 +404,19 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
 
 
 def down_sum_triton(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: DecodeExperts,
-                    out_dtype: torch.dtype = torch.float32, config: GemvConfig | None = None) -> torch.Tensor:
-    """y[t] = sum_j topk_weights[t, j] * (Wd of expert topk_ids[t, j]) h[t, j]: [T, embd], summed in order of j."""
+                    out_dtype: torch.dtype = torch.float32, config: GemvConfig | None = None,
+                    routing_ahead: bool = False) -> torch.Tensor:
+    """y[t] = sum_j topk_weights[t, j] * (Wd of expert topk_ids[t, j]) h[t, j]: [T, embd], summed in order of j.
+    `routing_ahead` (STRATA_PDL=3, right after a `pdl_late` gate/up call): the routing read before the wait."""
     d = experts.down
     cfg = config or gemv_config("down", d.spec, d.rows, d.cols, topk_ids.shape[1], h.is_cuda)
-    return launch_down(h, topk_ids, topk_weights, d, experts.slot_of, out_dtype, cfg, skip_absent=experts.sparse)
+    return launch_down(h, topk_ids, topk_weights, d, experts.slot_of, out_dtype, cfg, skip_absent=experts.sparse,
+                       routing_ahead=routing_ahead)
 
 
 def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, d: ExpertOperand,
                 slot_of: torch.Tensor | None, out_dtype: torch.dtype, cfg: GemvConfig,
-                skip_absent: bool = False) -> torch.Tensor:
+                skip_absent: bool = False, routing_ahead: bool = False) -> torch.Tensor:
     """The down kernel over operand d: y [T, d.rows] (also the dense matvec of kernels/quant: one "expert")."""
     n_tokens, top_k = topk_ids.shape
     y = torch.empty(n_tokens, d.rows, dtype=out_dtype, device=h.device)
@@ -420,7 +425,7 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         cfg = byte_config("down" if top_k > 1 else "matvec", d.spec, d.rows, d.cols, top_k, h.is_cuda)
     if y.numel() and _takes_oneshot(cfg, d):
         launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.warps, cfg.split,
-                            skip_absent=skip_absent)
+                            skip_absent=skip_absent, routing_ahead=routing_ahead)
     elif y.numel() and _takes_stream(cfg, d):
         launch_stream_down(h, topk_ids, topk_weights, d, slot_of, y, d.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif y.numel() and _takes_words(cfg, d):
@@ -434,8 +439,9 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
 
 
 def moe_gemv_triton(x, topk_ids, topk_weights, experts: DecodeExperts, out_dtype=None, configs=(None, None)):
-    h = gate_up_swiglu_triton(x, topk_ids, experts, configs[0])
-    return down_sum_triton(h, topk_ids, topk_weights, experts, out_dtype or x.dtype, configs[1])
+    ahead = pdl.routing_ahead(x)  # STRATA_PDL=3: the down kernel reads the routing and its weights before its wait
+    h = gate_up_swiglu_triton(x, topk_ids, experts, configs[0], pdl_late=ahead)
+    return down_sum_triton(h, topk_ids, topk_weights, experts, out_dtype or x.dtype, configs[1], routing_ahead=ahead)
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: DecodeExperts,

@@ -37,6 +37,7 @@ from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 from strata.kernels.moe.stream_steps import fetch_x, step_dot
 from strata.kernels.moe.wide_gemv import SMS, UNIT, WORDS, _sum_slices, store_gate_up
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 ONESHOT_FORMATS = set(STREAM_FORMATS)
 MIN_WARPS_PER_SM = 12  # resident warps an SM the grid should give at least (loads in flight), before rows shrink
@@ -89,45 +90,62 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                          N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr,
                          BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                          ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                         UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False):
+                         UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False,
+                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0):
     """y[t, rows] = sum over chosen experts j and their units of w[t, j] * (unit's rows . h[t, j]'s slice), every
     unit of the slice loaded at once. Program (token group, row tile, slice): SHARED (one operand at stride 0: the
     dense matvec) a group is all ROWS tokens, which reuse the loaded words; else one token. SPLIT > 1: slice s into
-    y[s, t, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below."""
+    y[s, t, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below. PDL (kernels/pdl.py):
+    AHEAD 1 (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one expert's
+    index being 0 without reading `ids`; AHEAD 2 (experts, no slot table, STRATA_PDL=3: the routing is complete
+    when this kernel launches) reads the routing through L2 and issues the weight loads before the wait; AHEAD 0
+    reads everything after the wait."""
+    pdl_start(PDL)
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
     g, um = _units(SPLIT, PER, TOP_K * N_UNITS, NU)
     j = g // N_UNITS
     blk = g % N_UNITS
-    index = tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32)
-    if SLOTS:
-        index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
-    index = tl.where(um, index, -1)
+    if AHEAD == 1:
+        index = tl.where(um, 0, -1)  # what `ids` (zeros) gives: the operand at stride 0 is every row's "expert"
+    elif AHEAD == 2:  # .cg: from L2, where the routing kernel's stores are (not a line this SM's L1 kept)
+        index = tl.load(ids + first * TOP_K + j, mask=um, other=0, cache_modifier=".cg").to(tl.int32)
+        index = tl.where(um, index, -1)
+    else:
+        pdl_wait(PDL)
+        index = tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32)
+        if SLOTS:
+            index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
+        index = tl.where(um, index, -1)
     if SKIP_ABSENT:  # the misses' launch: a program none of whose experts is missing stores its zeros, no loads
         if tl.max(index, axis=0) >= 0:
             _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK)
+                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
         else:
+            if AHEAD:  # (the launches never ask for both; a store still waits)
+                pdl_wait(PDL)
             for r in tl.static_range(ROWS if SHARED else 1):
                 at = (tl.program_id(2) * (tl.num_programs(0) * (ROWS if SHARED else 1)) + first + r).to(tl.int64)
                 tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
     else:
         _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK)
+                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
 
 
 @triton.jit
 def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT: tl.constexpr,
                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
                BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-               UNITS_PER_BLOCK: tl.constexpr):
+               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):
     """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
     bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
     w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
+    if AHEAD:
+        pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
         xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
@@ -148,10 +166,13 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
                             N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr,
                             BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                             BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-                            SKIP_ABSENT: tl.constexpr = False):
+                            SKIP_ABSENT: tl.constexpr = False, PDL: tl.constexpr = 0):
     """H[pair, rows] = silu(gate rows . x) * (up rows . x): the gate and up rows of one (token, chosen expert) pair
     loaded at once by one program, SwiGLU in its epilogue. SPLIT > 1: slice s's gate and up dots into
-    hid[s, 0 / 1, pair, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below."""
+    hid[s, 0 / 1, pair, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below. PDL
+    (kernels/pdl.py): the weights an expert's id names, so every load after the wait."""
+    pdl_start(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
@@ -240,9 +261,10 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
 
 
 def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, warps: int,
-                        split: int = 1, skip_absent: bool = False):
+                        split: int = 1, skip_absent: bool = False, routing_ahead: bool = False):
     """`_oneshot_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract
-    (and the dense matvec's: an operand at stride 0 read once for all T rows)."""
+    (and the dense matvec's: an operand at stride 0 read once for all T rows). `routing_ahead` (STRATA_PDL=3, the
+    launch after the experts' gate/up launch): the routing was complete before this launch (kernels/pdl.py)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     shared = d.stride == 0 and top_k == 1 and not slots
@@ -251,23 +273,26 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
     _oneshot_down_kernel[(groups, triton.cdiv(d.rows, bn), split)](
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
         **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
-        SKIP_ABSENT=skip_absent, num_warps=warps)  # (ROWS only where shared: routed calls of any T share one build)
+        SKIP_ABSENT=skip_absent, num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
+        **launch_options(h, AHEAD=1 if shared and not skip_absent else
+                         2 if routing_ahead and not (slots or skip_absent) else 0))
     if split > 1:
         _sum_slices(out, y, split, False)
     return y
 
 
 def launch_oneshot_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: int, warps: int, split: int = 1,
-                           skip_absent: bool = False):
+                           skip_absent: bool = False, late: bool = False):
     """`_oneshot_gate_up_kernel` over operands g, u into H [T, k, ff] (float32): gate_up_swiglu's contract.
-    `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse)."""
+    `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse). `late`
+    (STRATA_PDL=3): the next kernel launches once this one is past its wait (kernels/pdl.py)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     out = hid if split == 1 else torch.empty(split, 2, *hid.shape, dtype=torch.float32, device=hid.device)
     constants = _constants(spec, g.rows, g.cols, 1, slots, bn, split)
     _oneshot_gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, bn), split)](
         x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, out, g.stride,
-        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps)
+        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps, **launch_options(x, late))
     if split > 1:
         _sum_slices(out, hid, split, True)
     return hid

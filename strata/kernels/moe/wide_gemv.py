@@ -30,6 +30,7 @@ import triton.language as tl
 from strata.kernels.moe.decode import DecodeSpec, code_tables
 from strata.kernels.moe.grid_words import GRID_FORMATS, grid_unit_dot
 from strata.kernels.moe.word_loads import codes, pairs, quads
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 WORDS = {"Q2_0": 8, "Q4_0": 8, "Q8_0": 16, "Q4_K": 8, **{name: 4 for name in GRID_FORMATS}}  # words (threads) a unit
 UNIT = {"Q2_0": 64, "Q4_0": 32, "Q8_0": 32, "Q4_K": 64, **{name: 32 for name in GRID_FORMATS}}  # weights a unit
@@ -211,9 +212,12 @@ def store_gate_up(hid, pair, rows, g, u, n_ff, live, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _split_sum_kernel(part, out, n, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
+def _split_sum_kernel(part, out, n, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = 0):
     """out[i] = sum over s of part[s, i], s in order (deterministic); SWIGLU: part [S, 2, n] holds gate and up
-    dots, out = silu(gate) * up."""
+    dots, out = silu(gate) * up. PDL (kernels/pdl.py): every read is of the slices' kernel's output."""
+    pdl_start(PDL)
+    pdl_wait(PDL)
     at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = at < n
     stride = 2 * n if SWIGLU else n
@@ -270,7 +274,8 @@ def units_per_slice(n_units: int, nu: int, split: int) -> int:
 def _sum_slices(part: torch.Tensor, out: torch.Tensor, split: int, swiglu: bool) -> None:
     n = out.numel()
     block = 1024
-    _split_sum_kernel[(triton.cdiv(n, block),)](part, out, n, SPLIT=split, SWIGLU=swiglu, BLOCK=block, num_warps=4)
+    _split_sum_kernel[(triton.cdiv(n, block),)](part, out, n, SPLIT=split, SWIGLU=swiglu, BLOCK=block, num_warps=4,
+                                                **launch_options(part))
 
 
 def _tables(spec: DecodeSpec, raw: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.attention.decode_short import arrival_counters
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.route_topk import softmax_topk
 
 
@@ -41,7 +42,8 @@ DEFAULT = RouteConfig()
 def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, logits_ptr, count_ptr, weights_ptr,
                            ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
                            PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
-                           KB: tl.constexpr):
+                           KB: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
     p = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -50,6 +52,7 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
     e = p * EB + tl.arange(0, EB)
     w_router = tl.load(router_ptr + e[:, None].to(tl.int64) * n_cols + cols[None, :],
                        mask=(e[:, None] < n_experts) & mask[None, :], other=0.0).to(tl.float32)
+    pdl_wait(PDL)  # the router's rows above: no kernel of the step writes them (kernels/pdl.py); all else after
     # As _add_rms_norm_kernel: the residual rounded once, the norm rounded before the weight multiplies and after.
     h = tl.load(h_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     d = tl.load(d_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
@@ -78,10 +81,12 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
 
 def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
                           eps: float, k: int, normalize: bool, ids_dtype: torch.dtype = torch.int32,
-                          config: RouteConfig = DEFAULT):
+                          config: RouteConfig = DEFAULT, router_kept: bool = True):
     """h, delta [T, D] (bf16/fp16), norm_weight [D] and router [E, D] of that dtype -> (h + delta, its RMSNorm x,
     routing weights [T, k] float32, expert ids [T, k] of ids_dtype), or None when the launch cannot count its
-    programs (too many rows, or the counters not yet made while capturing): the caller runs the three kernels."""
+    programs (too many rows, or the counters not yet made while capturing): the caller runs the three kernels.
+    `router_kept`: no kernel of this step made the router (else, a conversion just queued, the launch takes no PDL:
+    its programs read the rows before their wait)."""
     n_tokens, n_cols = h.shape
     n_experts = router.shape[0]
     if not 1 <= k <= n_experts or router.shape[1] != n_cols:
@@ -102,5 +107,5 @@ def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: tor
             rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, counters, weights,
             ids, n_cols, n_experts, eps, BLOCK=block, EB=eb, PROGRAMS=programs, K=k, NORMALIZE=normalize,
             EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-            num_warps=config.warps or min(8, max(1, block // 256)))
+            num_warps=config.warps or min(8, max(1, block // 256)), **(launch_options(h) if router_kept else {}))
     return residual, out, weights, ids

@@ -8,13 +8,20 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+
 
 @triton.jit
-def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = out_ptr.dtype.element_ty
+    if PDL:  # the norm's weight: no kernel of the step writes it (kernels/pdl.py)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     h = tl.load(h_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     d = tl.load(d_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     s = (h + d).to(dtype)  # the residual as torch keeps it: the sum rounded once
@@ -22,7 +29,8 @@ def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLO
     x = s.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     normed = (x * inv).to(dtype).to(tl.float32)  # torch rounds before the weight multiplies
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not PDL:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(dtype), mask=mask)
 
 
@@ -36,5 +44,6 @@ def add_rms_norm_triton(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     if rows.shape[0]:
         block = triton.next_power_of_2(n_cols)
         _add_rms_norm_kernel[(rows.shape[0],)](rows, deltas, weight.contiguous(), residual, out, n_cols, eps,
-                                              BLOCK=block, num_warps=min(8, max(1, block // 256)))
+                                              BLOCK=block, num_warps=min(8, max(1, block // 256)),
+                                              **launch_options(rows))
     return residual.reshape(h.shape), out.reshape(h.shape)

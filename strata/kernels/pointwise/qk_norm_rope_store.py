@@ -16,6 +16,7 @@ import triton.language as tl
 
 from strata.kernels.attention.kv_int8 import _quantize_store
 from strata.kernels.attention.paged import GROUP, PAGE, PagedKV
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.qk_norm_rope import _normed
 
 
@@ -38,7 +39,9 @@ def _turned(x_ptr, w_ptr, cos_ptr, sin_ptr, j, inv, DIM: tl.constexpr, HALF: tl.
 def _qk_norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, pos_ptr, page_table_ptr,
                                kc_ptr, vc_ptr, ks_ptr, vs_ptr, n_heads, n_kv_heads, q_token_stride, q_head_stride,
                                k_token_stride, v_token_stride, eps, DIM: tl.constexpr, HALF: tl.constexpr,
-                               BLOCK: tl.constexpr, PAGED: tl.constexpr, INT8: tl.constexpr):
+                               BLOCK: tl.constexpr, PAGED: tl.constexpr, INT8: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
+    pdl_wait(PDL)  # every read is of this step's rows, positions and cos/sin but the two small norm weights
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # query heads first, then the key heads
     dtype = q_out.dtype.element_ty
@@ -92,7 +95,7 @@ def _launch(q, k, v, q_weight, k_weight, eps, cos, sin, positions, page_table, c
             q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out,
             positions.to(torch.int32), page_table, *caches, n_heads, n_kv_heads, q.stride(0), q.stride(1),
             k.stride(0), v.stride(0), eps, DIM=dim, HALF=half, BLOCK=triton.next_power_of_2(dim), PAGED=paged,
-            INT8=int8, num_warps=1)
+            INT8=int8, num_warps=1, **launch_options(q))
     return q_out
 
 

@@ -7,16 +7,23 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_row_stride, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_row_stride, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    if PDL:  # the norm's weight: no kernel of the step writes it (kernels/pdl.py)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)  # torch rounds before the weight multiplies
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not PDL:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -30,5 +37,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     if rows.shape[0]:
         block = triton.next_power_of_2(n_cols)
         _rms_norm_kernel[(rows.shape[0],)](rows, weight.contiguous(), out, n_cols, rows.stride(0), eps,
-                                          BLOCK=block, num_warps=min(8, max(1, block // 256)))
+                                          BLOCK=block, num_warps=min(8, max(1, block // 256)),
+                                          **launch_options(rows))
     return out.reshape(x.shape)

@@ -9,17 +9,24 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+
 
 @triton.jit
 def _shared_gate_add_norm_kernel(routed_ptr, shared_ptr, x_ptr, gate_ptr, h_ptr, nw_ptr, res_ptr, out_ptr, n_cols,
-                                 eps, BLOCK: tl.constexpr):
+                                 eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     at = row * n_cols + cols
     dtype = out_ptr.dtype.element_ty
+    if PDL:  # the shared expert's gate row: no kernel of the step writes it (kernels/pdl.py)
+        g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not PDL:
+        g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     logit = tl.sum(x * g, axis=0).to(dtype).to(tl.float32)  # as _shared_gate_kernel
     gate = (1.0 / (1.0 + tl.exp(-logit))).to(dtype).to(tl.float32)
     shared = tl.load(shared_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -48,5 +55,6 @@ def shared_gate_add_norm_triton(h: torch.Tensor, routed: torch.Tensor, shared: t
         # The warps of the two kernels it replaces: their sums' order, and so their bytes.
         _shared_gate_add_norm_kernel[(rows.shape[0],)](
             routed.contiguous(), shared.contiguous(), x.contiguous(), gate_weight.contiguous(), rows,
-            norm_weight.contiguous(), residual, out, n_cols, eps, BLOCK=block, num_warps=min(8, max(1, block // 256)))
+            norm_weight.contiguous(), residual, out, n_cols, eps, BLOCK=block, num_warps=min(8, max(1, block // 256)),
+            **launch_options(rows))
     return residual, out

@@ -12,7 +12,8 @@ def test_parity_tool_runs_and_passes_at_a_tiny_shape(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "fused vs mmq: rel RMS" in out and "FAIL" not in out and out.count("Q2_0 / Q2_0,") == 2
-    assert "measured matrix rates: int8" in out and "x floor" in out
+    assert "measured matrix rates: int8" in out and "x floor" in out and "x best" in out
+    assert "at the best int8 rate" in out and "int8 at 8192^3 (the best int8 rate)" in out
 
 
 def test_layer_recipe():

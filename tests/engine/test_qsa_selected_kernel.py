@@ -1,0 +1,49 @@
+"""A tiny qwen4exp's chunked prompt over the fp16 KV cache, its QSA layers selecting (top_k 8: past 11 cells): the
+selected-cells kernel (under the interpreter without a GPU) gives the next-token logits of the dense-mask SDPA
+within 1e-3 relative, and the switch STRATA_QSA_DENSE_MASK=1 gives the old path's bytes."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
+from strata import switches
+from strata.engine.engine import Engine, EngineConfig
+from strata.engine.kv import KVCache
+from strata.models.synthetic import make_model
+from tests.kernels import DEVICE
+
+PROMPT = [(i * 37 + 5) % 500 for i in range(40)]  # chunks of 16: each ends past 11 cells, so each selects
+SELECTED_KERNEL = KVCache.selected_kernel
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("qsa-kernel") / "tiny.gguf", arch="qwen4exp", preset="tiny",
+                      quant="F32")
+
+
+def _prompt_logits(path, kernels: bool, monkeypatch, dtype: str) -> tuple[torch.Tensor, list]:
+    """Next-token logits after PROMPT in chunks of 16, and every selection's attention call that took the kernel."""
+    monkeypatch.setattr(KVCache, "kernels", kernels)
+    used = []
+    monkeypatch.setattr(KVCache, "selected_kernel", lambda self, q: used.append(SELECTED_KERNEL(self, q)) or used[-1])
+    engine = Engine(path, EngineConfig(device=DEVICE, kv_dtype="float16", prefill_chunk=16, dtype=dtype))
+    engine.model.qsa = dataclasses.replace(engine.model.qsa, top_k=8)  # the selection starts past 11 cells
+    return engine.prefill(PROMPT), used
+
+
+# float32 activations: within 1e-3 (6.5e-6 measured on the CPU: the chunk's own keys rounded to fp16 as stored);
+# bfloat16: 1e-2, since the old path also rounds the cached past keys to bf16 (2^-9 each), the kernel does not.
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-3), ("bfloat16", 1e-2)])
+def test_kernel_logits_within_1e3_of_the_dense_mask(tiny, monkeypatch, dtype, bound):
+    old, used_old = _prompt_logits(tiny, False, monkeypatch, dtype)
+    new, used_new = _prompt_logits(tiny, True, monkeypatch, dtype)
+    assert used_new and all(used_new) and not any(used_old)  # the QSA layer selected in each chunk
+    assert (new - old).abs().max() <= bound * old.abs().max()
+    with switches.override(STRATA_QSA_DENSE_MASK=True):
+        opted_out, used = _prompt_logits(tiny, True, monkeypatch, dtype)
+    assert not any(used) and torch.equal(opted_out, old)
