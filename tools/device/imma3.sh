@@ -22,7 +22,7 @@ source tools/device/parts.sh || exit 1
 T=tests/kernels/attention
 D=s2t2p16r128x1g1u1a1o1
 P="python3 -m strata.bench.prompt_attn"
-S="--variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1 q4h4${D}i2z1 q4h4${D}i2z1y8 \
+S="--variants imma --no-sdpa --reps 3 --graph --sweep $D ${D}z1 ${D}y4 ${D}k4 q4h4${D}i1z1 q4h4${D}i2z1 q4h4${D}i2z1y8 \
   q4h4${D}i2z1k4"
 part short 120 $P --ctx 1500,2100 --queries 1500,256 $S
 part shapes 60 $P --ctx 32768,65536,32768 --queries 1024,512,2048 $S
