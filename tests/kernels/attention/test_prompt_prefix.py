@@ -56,6 +56,15 @@ def test_flags_equal_the_reference():
     assert prefix_flags(ids.to(DEVICE), wider.to(DEVICE), 2).cpu()[0] == 0 == prefix_flags_ref(ids, wider, 2)[0]
 
 
+def test_flags_look_past_the_first_tile():
+    # 600 cells a row (three tiles of 256): a difference at entry 400, one at the very last entry, none
+    ids = torch.arange(600, dtype=torch.int32).repeat(6, 1)
+    ids[0, 400], ids[2, 599] = 1400, 5000
+    width = torch.full((6,), 600, dtype=torch.int32)
+    assert prefix_flags_ref(ids, width, 2).tolist() == [0, 0, 1]
+    assert prefix_flags(ids.to(DEVICE), width.to(DEVICE), 2).cpu().tolist() == [0, 0, 1]
+
+
 @pytest.mark.parametrize("text", ["q4h4" + BASE + "i1", "q2h2" + BASE + "i2z1", "q3h4k2" + BASE + "i1"])
 def test_prefix_blocks_within_parity_bounds(identity_case, text):
     # four queries x four heads (16 rows, all real), two queries a program on a second stream, blocks of three
