@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 
 from strata.errors import StrataError
 
@@ -61,14 +62,17 @@ def _kernel_and_meta(variant: str, config, dim: int) -> tuple[object, dict]:
     return kernel, meta
 
 
-def compile_offline(variant: str, config, heads: int = 24, kv_heads: int = 2, dim: int = 256):
-    """Compile `variant` with `config` for sm_90 without a device; returns Triton's compiled kernel."""
+def compile_offline(variant: str, config, heads: int = 24, kv_heads: int = 2, dim: int = 256, rest: int = 0):
+    """Compile `variant` with `config` for sm_90 without a device; returns Triton's compiled kernel. `rest`: a prefix
+    config's other launch instead (one query a program, the queries of blocks of `rest` that do not qualify)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     config = config.resolve(heads // kv_heads)
     kernel, meta = _kernel_and_meta(variant, config, dim)
+    if rest:
+        meta.update(PREFIX=2, FBQ=rest)
     stages = 1 if variant == "v2t" else config.stages
     constexprs = dict(G=heads // kv_heads, HP=config.heads, BQ=config.queries, BM=config.rows(), CH=config.chunk,
                       SPLITS=config.splits, PREFETCH=bool(config.prefetch),
@@ -123,8 +127,8 @@ def programs_per_sm(regs: int, smem: int, warps: int) -> int:
     return fit(regs, smem, warps, SM_REGS, SM_SMEM, SM_THREADS)
 
 
-def sass_line(variant: str, config, heads: int, kv_heads: int, dim: int) -> str:
-    compiled = compile_offline(variant, config, heads, kv_heads, dim)
+def sass_line(variant: str, config, heads: int, kv_heads: int, dim: int, rest: int = 0) -> str:
+    compiled = compile_offline(variant, config, heads, kv_heads, dim, rest)
     regs, local, sass = cubin_resources(compiled.asm["cubin"])
     ops = loop_opcodes(sass)
     smem = compiled.metadata.shared
@@ -157,6 +161,10 @@ def run_sass(args, configs: list[str], argv: list[str]) -> int:
                 continue  # as the sweep: imma's own options, or a combination the variant refuses
             try:
                 print(sass_line(name, config, args.heads, args.kv_heads, args.dim), flush=True)
+                if config.prefix:  # and the launch of the queries whose blocks do not qualify
+                    one = replace(config, queries=1, heads=0, prefix=0)
+                    print(sass_line(name, one, args.heads, args.kv_heads, args.dim, config.queries)
+                          .replace(one.label, f"{one.label} (the rest)"), flush=True)
             except Exception as e:  # noqa: BLE001  (a config that does not compile is reported)
                 ok = False
                 print(f"  {name:<5} {config.label:<24} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
