@@ -67,10 +67,12 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_NGRAM_SYNC", False, "qwen4exp prompts: each chunk's n-gram rows looked up in line (distinct rows "
            "dequantized by torch, pageable copy; the previous form, for before/after runs) instead of ahead on a host "
            "thread into pinned memory; the same rows"),
-    Switch("STRATA_PDL", 0, "decode step kernels (sm_90+): programmatic dependent launch, each kernel's programs "
-           "launched while its predecessor finishes (weights loaded before the wait); 1: the next kernel may launch "
-           "at a kernel's start, 2: only once past its wait, 3: as 1 but the experts' down kernel also streams its "
-           "weights before its wait (its routing complete at launch); 0: off (kernels/pdl.py)"),
+    # On by default from session 8's H200 sweep: the A3B step 2.11 -> 1.95 ms all resident, 3.11 -> 2.56 ms at 12
+    # GiB, the same tokens and logits bytes in every mode (kernels/pdl.py; CPU launches never take it).
+    Switch("STRATA_PDL", 1, "decode step kernels (sm_90+): programmatic dependent launch, each kernel's programs "
+           "launched while its predecessor finishes (weights loaded before the wait); 1 (default): the next kernel "
+           "may launch at a kernel's start, 2: only once past its wait, 3: as 1 but the experts' down kernel also "
+           "streams its weights before its wait (its routing complete at launch); 0: off (kernels/pdl.py)"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

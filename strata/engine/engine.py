@@ -140,7 +140,7 @@ class Engine:
             self.decoder = make_decoder(self.model, self.kv, self.device, self.graphs_option)  # None: step by step
         streamer = self._prompt_streamer()
         self.chunk_plan = chunk_plan(config.prefill_chunk, model_config, self.device.type == "cuda",
-                                     self._free_device_bytes(), 0 if kv_dtype == "int8" else self.n_ctx,
+                                     self._free_device_bytes(), self._mask_context(kv_dtype, config.spec),
                                      streamer.cache.slot_bytes if streamer else 0,
                                      streamer.lendable_work_slots() if streamer else 0, config.prefill_borrow)
         self.prefill_chunk = self.chunk_plan.tokens
@@ -156,6 +156,17 @@ class Engine:
             check_options(window, config.spec_min_p, config.suffix_draft)
             if window > 1:
                 self.spec = SpecDecoder(self, window, config.spec_min_p, config.suffix_draft)
+
+    def _mask_context(self, kv_dtype: str, spec: int | str) -> int:
+        """The context a prompt chunk's attention masks densely ([chunk, context] in SDPA), which the chunk rule
+        budgets: none for the paged int8 cache; for a dense cache the whole context, unless the model attends with
+        kernels that take no mask (qwen4exp's selected cells) and no MTP catch-up (speculation) attends densely."""
+        if kv_dtype == "int8":
+            return 0
+        masked = getattr(self.model, "prompt_mask_context", None)
+        if masked is None or spec != 1:
+            return self.n_ctx
+        return masked(self.n_ctx, self.kv)
 
     def _spec_window(self, spec: int | str) -> int:
         """The verify window: the number asked for, or what `auto` picks for this model, device and placement."""

@@ -241,6 +241,19 @@ class Qwen4ExpLM(DecoderLM):
                              eps=c.rms_eps, ple_width=self.hc * c.n_embd, ple_history_rows=HISTORY_ROWS,
                              mtp_layers=int(self.mtp is not None))
 
+    def prompt_mask_context(self, n_ctx: int, cache: Qwen4ExpCache) -> int:
+        """The widest [chunk, context] mask a prompt chunk's attention builds (engine/prefill.py's chunk rule): past
+        `selection_cells` every trunk QSA layer selects, and over a dense fp16 cache the selected-cells kernel takes
+        no mask (KVCache.selected_kernel); below, the dense attention's mask is at most that wide. Else the whole
+        context (a layer without an indexer, SDPA's masked path)."""
+        c = self.config
+        probe = torch.empty(0, c.n_heads, c.head_dim, device=self.device)
+        select = getattr(cache.kv, "selected_kernel", None)
+        indexed = all(self.mixers[i].indexer_q is not None for i in range(c.n_layers) if not self.recurrent[i])
+        if indexed and select is not None and select(probe):
+            return min(n_ctx, self.qsa.selection_cells)
+        return n_ctx
+
     def ngram_rows(self, tokens: np.ndarray, cache: Qwen4ExpCache) -> torch.Tensor:
         """The n-gram table's rows (float32 [T, embd], on the host) of tokens [T] following the cache's last two;
         the cache moves its token window past them."""

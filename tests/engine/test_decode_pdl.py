@@ -34,7 +34,8 @@ def test_pdl_step_gives_the_default_bytes(tiny_moe, options, monkeypatch):
     modes = []
     real = pdl.mode_for  # what every launch's options ask (kernels/pdl.py's `launch_options`)
     monkeypatch.setattr(pdl, "mode_for", lambda t: modes.append(real(t)) or modes[-1])
-    default = _logits(tiny_moe, **options)
+    with switches.override(STRATA_PDL=0):
+        default = _logits(tiny_moe, **options)
     assert modes and set(modes) == {0}
     for mode in (1, 3):
         modes.clear()

@@ -47,3 +47,16 @@ def test_kernel_logits_within_1e3_of_the_dense_mask(tiny, monkeypatch, dtype, bo
     with switches.override(STRATA_QSA_DENSE_MASK=True):
         opted_out, used = _prompt_logits(tiny, True, monkeypatch, dtype)
     assert not any(used) and torch.equal(opted_out, old)
+
+
+def test_the_chunk_rule_budgets_no_context_wide_mask_where_the_kernel_attends(tiny, monkeypatch):
+    """Prompt chunks over the fp16 cache budget a [chunk, context] mask only where something builds one: with the
+    selected-cells kernel, at most the selection's width (the dense phase below it); else the whole context."""
+    engine = Engine(tiny, EngineConfig(device="cpu", kv_dtype="float16", n_ctx=4096))
+    cells = engine.model.qsa.selection_cells
+    assert engine._mask_context("float16", 1) == 4096 and engine._mask_context("int8", 1) == 0  # CPU: SDPA
+    monkeypatch.setattr(KVCache, "kernels", True)
+    assert engine._mask_context("float16", 1) == cells < 4096
+    assert engine._mask_context("float16", 2) == 4096  # speculation's MTP catch-up attends densely
+    with switches.override(STRATA_QSA_DENSE_MASK=True):
+        assert engine._mask_context("float16", 1) == 4096

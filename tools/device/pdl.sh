@@ -20,10 +20,10 @@
 set -uo pipefail
 BUDGET=${BUDGET:-235}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf N=$M/pdl-next-small.gguf Q=$M/pdl-q4x-tiny.gguf
+A=$M/a3b.gguf N=$M/pdl-next-small.gguf Q=$M/pdl-q4x-tiny-00001-of-00002.gguf
 small() {  # 2.: the small qwen3next and the tiny qwen4exp
   part make_small 40 sh -c "[ -f $N ] || python3 -m strata make-model --arch qwen3next --preset small --quant Q4_0 \
-    -o $N; [ -f $Q ] || python3 -m strata make-model --arch qwen4exp --preset tiny --quant Q8_0 -o $Q"
+    -o $N; [ -f $Q ] || python3 -m strata make-model --arch qwen4exp --preset tiny --quant Q8_0 -o $M/pdl-q4x-tiny.gguf"
   part check_qwen3next 40 python3 tools/device/pdl_check.py $N --tokens 24 --modes 1,2,3
   part check_qwen4exp 40 python3 tools/device/pdl_check.py $Q --tokens 24 --modes 1,2,3
 }

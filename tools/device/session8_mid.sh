@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 8's second call, two H200s (nvidia-h200-x2), branches pdl and qsafp16 merged; carry .whl and .devcache.
+# Session 8's second call, two H200s (nvidia-h200-x2), branches pdl, qsafp16 and ngram merged; carry .whl and .devcache.
 # Under 9.5 minutes.
 # Card 0: branch pdl's batch (STRATA_PDL modes on the A3B decode step: tests, --pdl-sweep, bytes, profiles); then
-#   qsafp16's task 2 second half (the offloaded int8 32K prompt under cProfile and profiled at 4.4 GiB).
+#   branch ngram's (qwen4exp's n-gram rows gathered ahead on a host thread: bytes, wall, profiles with --syncs).
 # Card 1: branch qsafp16's batch (QSA's selected attention over the fp16 cache through a kernel: tests, sweep,
 #   logits vs the dense mask, 12-layer profiles); then the offloaded 32K prompt chunk by chunk, each cache.
 set -uo pipefail
@@ -10,12 +10,9 @@ BUDGET=${BUDGET:-560}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
 (export CUDA_VISIBLE_DEVICES=0
- script pdl 330
+ script pdl 325
  while [ ! -f $F ] && [ $SECONDS -lt 420 ]; do sleep 2; done
- C="python3 tools/device/prompt_chunks_check.py $F --tokens 32768 --vram-budget 4.4"
- part prompt_chunks_cprofile 80 $C --only int8 --cprofile int8
- part profile32k_4g4_int8 80 python3 tools/device/profile_prompt.py $F --tokens 32768 --vram-budget 4.4 --rows 25 \
-   --kv-dtype int8) &
+ script ngram 230) &
 (export CUDA_VISIBLE_DEVICES=1
  script qsafp16 335
  part prompt_chunks 190 python3 tools/device/prompt_chunks_check.py $F --tokens 32768 --vram-budget 4.4) &

@@ -33,15 +33,19 @@ from strata.kernels.attention.prompt_blocks import (MAX_GRID_Y, PromptConfig, bl
 from strata.kernels.attention.prompt_parts import LOG2E, softmax_step_masked
 from strata.kernels.attention.prompt_v1 import q_exponent, split_hilo
 
-# Reasoned for the H200 (sweep pending): one query's KV group a program (its 12 heads pad 16 MMA rows; no merge of
-# selections), 32 cells a step (K and V tiles of 16 KB each at D = 256), 8 warps: compiled for sm_90 (`bench qsa-attn
-# --sass`) 128 registers and no spills, 50 KB of shared memory, 2 programs (16 warps) an SM; 4 warps take 192
-# registers for 8 warps an SM.
-DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=8, stages=3)
-# Decode steps and verify windows: each query its own programs, whatever DEFAULT becomes, so a row's bytes do not
-# depend on the launch's other rows (a window's rows are its steps' bytes); its 2,051 cells split 16 ways (a step's
-# 2 KV heads alone would leave all but 2 SMs idle), the partials merged in order (decode.merge_splits).
-ROW_EXACT = replace(DEFAULT, queries=1, splits=16)
+# H200 sweep (session 8, `bench qsa-attn --sweep`, 2,419 queries of 24/2 heads x 256 at 4K and 32K cells): one
+# query's KV group a program, 32 cells a step, 4 warps, 3 stages, 128 registers a thread: 2.42-2.50 ms, 1.02-1.03x
+# the floor, 1.49x the first default (8 warps, 3.65 ms); the dense-mask SDPA it replaces took 9.3 / 68.2 ms.
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=3, maxreg=128)
+# Decode steps and verify windows: each query its own programs, whatever DEFAULT is, so a row's bytes do not depend
+# on the launch's other rows (a window's rows are its steps' bytes); its 2,051 cells split 16 ways (a step's 2 KV
+# heads alone would leave all but 2 SMs idle), the partials merged in order (decode.merge_splits). Measured as is
+# (8 warps): 123-131 us a step at 4K / 32K against 593 / 2,568 us through the old path's span copy and mask.
+ROW_EXACT = PromptConfig(queries=1, heads=0, chunk=32, warps=8, stages=3, splits=16)
+# Error bound vs float64, over the output scale: the prompt kernels' max(4 x the fp32 reference's, 1e-6) with a
+# floor of 2e-6, the fp32 tensor-core sums' own (~2^-19: 1.2-1.6e-6 measured where the torch fp32 reference
+# reached 3.3e-7); the bf16 path it replaces is off by 3.4e-3.
+ERROR_FLOOR = 2e-6
 P_SCALE = tl.constexpr(16384.0)  # e <= 1 scaled to 2^14 before its hi + lo split: lo stays clear of fp16's subnormals
 
 

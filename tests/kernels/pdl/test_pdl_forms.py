@@ -110,9 +110,10 @@ def _run(log):
 
 @pytest.mark.parametrize("mode", [1, 2, 3])
 def test_the_switch_puts_the_step_kernels_on_pdl_with_the_default_bytes(launches, mode):
-    default = _run(launches)
+    with switches.override(STRATA_PDL=0):
+        default = _run(launches)
     for name, (_, calls) in default.items():
-        assert calls and all(kw == {} for _, kw in calls), (name, calls)  # unset: each launch exactly as before
+        assert calls and all(kw == {} for _, kw in calls), (name, calls)  # off: each launch exactly as before PDL
     with switches.override(STRATA_PDL=mode):
         forms = _run(launches)
     assert forms.keys() == default.keys()
