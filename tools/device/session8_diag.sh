@@ -14,6 +14,6 @@ STRATA_PDL=0 part pdl0 80 $B &
 STRATA_NGRAM_SYNC=1 part ngram_sync 80 $B &
 STRATA_QSA_DENSE_MASK=1 part dense_mask 80 $B &
 STRATA_PDL=0 STRATA_NGRAM_SYNC=1 STRATA_QSA_DENSE_MASK=1 part all_off 80 $B &
-part small_q4_0 80 python3 -m strata bench decode $T --device cuda --ctx 512 --prompt-tokens 32 --tokens 8 --no-graphs &
+part short_prompt 80 python3 -m strata bench decode $T --device cuda --ctx 512 --prompt-tokens 2 --tokens 8 &
 wait
 finish 12
