@@ -192,7 +192,7 @@ class GraphDecoder:
         except Exception as exc:  # an op that cannot be captured: keep the same static code, uncaptured
             self.capture = False
             self.programs.clear()
-            print(f"strata: decode graphs off: capture failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            print(f"strata: decode graphs off: capture failed ({_first_cause(exc)}); "
                   "decoding with the same static steps uncaptured", file=sys.stderr)
 
     def _reserve(self, start: int, n_tokens: int) -> None:
@@ -404,3 +404,16 @@ def make_decoder(model, kv, device: torch.device, option: str) -> GraphDecoder |
     except StrataError as exc:
         print(f"strata: decode graphs off: {exc}; decoding step by step", file=sys.stderr)
         return None
+
+
+def _first_cause(exc: BaseException) -> str:
+    """`Type: first line` of exc, and of the exception that started it where another did: a capture's own error is
+    often replaced by the one its clean-up raises (the graph's end, the memory pool), which says little."""
+    def line(e: BaseException) -> str:
+        text = str(e).splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}"
+
+    root = exc
+    while root.__context__ is not None and root.__context__ is not root:
+        root = root.__context__
+    return line(exc) if root is exc else f"{line(exc)}; started by {line(root)}"

@@ -15,10 +15,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
-# Written aside and moved into place (the last shard first): a batch's other card waits for $F to appear.
-[ -f $F ] || (mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full \
-  --layers 12 -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
-  && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/)
+make_q4x12
 part check_ngram 90 python3 tools/device/check_ngram.py $F --tokens 4096,32768 --kv-dtype int8 --reps 2
 P="python3 tools/device/profile_prompt.py $F --rows 25 --kv-dtype int8"
 part profile_32k 75 $P --tokens 32768 --syncs

@@ -55,3 +55,10 @@ finish() {  # [LINES]: a batch's end: its total time, the caches and logs into $
       | tail -n $lines | cut -c1-200
   done
 }
+make_q4x12() {  # the 12-layer full-size qwen4exp at $M/q4x12-00001-of-00002.gguf (~80 s) unless there; written aside,
+  # the table shard moved into place first, so that a batch's other card waiting for the first shard finds both
+  [ -f $M/q4x12-00001-of-00002.gguf ] && return
+  mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full --layers 12 \
+    -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
+    && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/
+}

@@ -16,10 +16,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-355}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
-# Written aside and moved into place (the last shard first): a batch's other card waits for $F to appear.
-[ -f $F ] || (mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full \
-  --layers 12 -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
-  && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/) &
+make_q4x12 &
 part gather_tests 45 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_expert_gather.py
 part check_stream 70 python3 tools/device/check_prefill_stream.py
 part gather_sweep 80 python3 -m strata bench expert-gather --sweep --experts 8,64,256

@@ -13,9 +13,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-450}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
-[ -f $F ] || (mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full \
-  --layers 12 -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
-  && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/)
+make_q4x12
 C="python3 tools/device/prompt_chunks_check.py $F --tokens 32768 --vram-budget 4.4"
 part prompt_chunks 180 $C
 part prompt_chunks_cprofile 70 $C --only int8 --cprofile int8

@@ -13,10 +13,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
 F=$M/q4x12-00001-of-00002.gguf
-# Written aside and moved into place (the last shard first): a batch's other card waits for $F to appear.
-[ -f $F ] || (mkdir -p $M/q4x12.tmp && part make_q4x12 110 python3 -m strata make-model --arch qwen4exp --preset full \
-  --layers 12 -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
-  && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/) &
+make_q4x12 &
 part qsafp16_tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_prompt_dense.py \
   tests/kernels/attention/test_bench_qsa_attn.py tests/engine/test_qsa_selected_kernel.py
 part qsa_attn_sweep 100 python3 -m strata bench qsa-attn --sweep
