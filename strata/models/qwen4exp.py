@@ -249,7 +249,7 @@ class Qwen4ExpLM(DecoderLM):
         c = self.config
         probe = torch.empty(0, c.n_heads, c.head_dim, device=self.device)
         select = getattr(cache.kv, "selected_kernel", None)
-        indexed = all(self.mixers[i].indexer_q is not None for i in range(c.n_layers) if not self.recurrent[i])
+        indexed = all(self.mixers[i].indexer_q is not None for i in range(self.n_main) if not self.recurrent[i])
         if indexed and select is not None and select(probe):
             return min(n_ctx, self.qsa.selection_cells)
         return n_ctx
