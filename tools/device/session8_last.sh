@@ -8,7 +8,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-200}
 source tools/device/parts.sh || exit 1
 keep() { cp $L/*.log $L/times.txt "$OUT/" 2>/dev/null; }
-D=q1h0c32w4s2t2p16r128x1g1u1a1o1  # session 7's default (prompt_imma.BEFORE)
+D=q1h0c32w4s2t2p16r128x1g1u1a1o1  # session 7's default, and again the default after this call
 P="python3 -m strata.bench.prompt_attn"
 part tests 45 python3 -m pytest -q -p no:cacheprovider -W ignore tests/kernels/attention/test_prompt_prefix.py; keep
 part sweep 110 $P --ctx 1500,2100,32768,65536,32768 --queries 1500,256,1024,512,2048 --variants imma --no-sdpa \

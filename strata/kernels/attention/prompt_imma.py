@@ -35,15 +35,15 @@ from strata.kernels.attention.prompt_v1 import join_halves, pv_hilo, pv_hilo_hal
 # Session 7's sweep (branch imma2): `s2...u1a1o1` (p scaled by the pool's largest V scale, the next chunk's scales
 # loaded ahead, V read as 16-bit words; 2 stages, no spills) 1.21x the previous default over the five shapes
 # (1.10-1.31x), errors vs FP64 7e-7 against 1.2-1.6e-6, within the bounds (not the previous bytes)
-# Session 8 (branch imma3), by reasoning, to be confirmed by the sweep: prefix blocks of 4 queries x 4 heads (`q4h4i2`:
-# 16 real rows of the MMA's 16 where one query's group of 12 fills 12; `--sass`: 746 loop instructions against 737),
-# the other queries one a program beside them on a second stream (the session 7 default's form and bytes: every
-# query of a long context's sparse selections), the widest blocks first (`z1`), splits where the launch has fewer
-# than 4 programs an SM (`y4`: none at the three long shapes)
-DEFAULT = PromptConfig(queries=4, heads=4, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
-                       scores=1, uniform=1, ahead=1, pairs=1, prefix=2, order=1, spread=4)
-BEFORE = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
-                      scores=1, uniform=1, ahead=1, pairs=1)  # session 7's default: DEFAULT's one-query launch
+# Session 8 (branch imma3): prefix blocks of 4 queries x 4 heads (`q4h4...i2z1y4`: consecutive queries whose
+# selections are prefixes of their block's last share its chunks, the others one a program beside them on a second
+# stream, the widest blocks first, splits below 4 programs an SM). H200, kernels timed by CUDA graph replay: 1.26x at
+# 1.5K x 1500 (0.385 against 0.485 ms), 0.91x at 2.1K x 256 (0.226 against 0.206), 0.97-0.99x at the three long
+# shapes, and eager its second stream and splits cost 2.1x at 2.1K x 256 (0.516 against 0.245 ms). So the default
+# stays session 7's, which graph replay puts at 1.51-1.62x the floor at all five shapes (eager 1.58-1.90x); the
+# prefix blocks are opt-in (STRATA_PA_CONFIG=q4h4c32w4s2t2p16r128x1g1u1a1o1i1z1y4: the best at identity selections).
+DEFAULT = PromptConfig(queries=1, heads=0, chunk=32, warps=4, stages=2, translate=2, pv=16, maxreg=128, exact=1,
+                       scores=1, uniform=1, ahead=1, pairs=1)
 
 SPLIT_LIMIT = 127 * 65536
 
