@@ -259,6 +259,18 @@ def _shapes(contexts: list[int], queries: list[int]) -> list[tuple[int, int]]:
     return list(zip(contexts, queries * len(contexts) if len(queries) == 1 else queries))
 
 
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """The device and the synthetic pool's and selections' shape (`make_pool`, `make_selections`), shared with
+    `bench qsa-attn`, which builds its data the same way."""
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--heads", type=int, default=24)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--top-k", type=int, default=2048, help="selection budget in cells (width = top_k + 3)")
+    p.add_argument("--recent", type=int, default=512, help="newest cells in every sparse selection")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata bench prompt-attn", description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", type=_numbers, help="context cells, or a comma-separated list (default: the five "
@@ -267,15 +279,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--long", action="store_true", help="the long contexts 131,072 x 512 and 524,288 x 256 instead "
                    "of the five standard shapes")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--heads", type=int, default=24)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=2048, help="selection budget in cells (width = top_k + 3)")
-    p.add_argument("--recent", type=int, default=512, help="newest cells in every sparse selection")
+    add_data_args(p)
     p.add_argument("--variants", nargs="+", default=VARIANT_ORDER, choices=VARIANT_ORDER)
     p.add_argument("--no-sdpa", dest="sdpa", action="store_false")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--graph", action="store_true",
                    help="also time each launch replayed from a CUDA graph (no host work; the sweep then ranks by it)")
     p.add_argument("--sweep", nargs="*", metavar="CONFIG",

@@ -22,6 +22,7 @@ import sys
 import torch
 
 from strata.bench.ceilings import Timer, copy_bandwidth
+from strata.bench.prompt_attn import add_data_args, make_selections
 
 DEFAULT_SWEEP = ["q1c32w8s3", "q1c32w8s2", "q1c32w4s3", "q1c32w4s2", "q1c16w4s3", "q1c16w8s3", "q1c64w8s2",
                  "q1c32w4s3r128", "q1h6c32w4s3", "q2h0c32w8s3", "q2h6c32w4s3", "q4h4c32w8s3", "q4h4c32w4s3",
@@ -36,7 +37,6 @@ def floor_bytes(width: torch.Tensor, n_kv_heads: int, n_heads: int, dim: int) ->
 
 def make_case(ctx: int, n_tokens: int, args, device: torch.device):
     """(cache, q, k, v, start, (ids, width)): a one-layer fp16 KVCache holding ctx - T cells, the chunk's inputs."""
-    from strata.bench.prompt_attn import make_selections
     from strata.engine.kv import KVCache
 
     g = torch.Generator(device=device).manual_seed(args.seed)
@@ -167,14 +167,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", default="4096,32768", help="contexts, comma-separated (the chunk ends at each)")
     p.add_argument("--tokens", type=int, default=2419, help="queries in the chunk (the engine's chunk)")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--heads", type=int, default=24)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=2048, help="selection budget in cells (width = top_k + 3)")
-    p.add_argument("--recent", type=int, default=512, help="newest cells in every sparse selection")
+    add_data_args(p)
     p.add_argument("--no-old", dest="old", action="store_false", help="skip the dense-mask SDPA")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", nargs="*", metavar="CONFIG",
                    help="time the kernel over tunable sets such as q1c32w4s3 (queries and heads per program, chunk, "
                         "warps, stages, r128 a register cap; none given: a built-in list) beside its default")
