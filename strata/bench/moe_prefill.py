@@ -124,31 +124,40 @@ def timed(fn, device: torch.device, reps: int) -> tuple[float, torch.Tensor]:
     return statistics.median(times), out
 
 
-def matrix_rates(device: torch.device, m: int = 16384, k: int = 2560, n: int = 2560) -> tuple[float, float]:
-    """Measured (int8 ops/s of torch._int_mm, fp16 flop/s of a matmul) on an [m, k] x [k, n] product. The int8
-    rate is the faster of B row-major and B column-major: cuBLASLt's int8 tensor-core kernels want the second
-    ("TN"), and session 6's H200 runs measured 112 TOPS with the first only, far under the int8 tensor cores."""
+def int8_rate(device: torch.device, m: int = 16384, k: int = 2560, n: int = 2560) -> float:
+    """Measured int8 ops/s of torch._int_mm on an [m, k] x [k, n] product: the faster of B row-major and B
+    column-major. cuBLASLt's int8 tensor-core kernels want the second ("TN"), and session 6's H200 runs measured
+    112 TOPS with the first only, far under the int8 tensor cores."""
     if device.type != "cuda":  # a CPU run checks the tool, not the machine
         m, k, n = 256, 512, 512
     a8 = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=device)
     b8 = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=device)
     b8_columns = b8.t().contiguous().t()  # the same values, column-major
-    a16, b16 = a8.half(), b8.half()
-    ops = 2.0 * m * k * n
     int8_ms, _ = timed(lambda: torch._int_mm(a8, b8), device, 10)
     try:
         int8_ms = min(int8_ms, timed(lambda: torch._int_mm(a8, b8_columns), device, 10)[0])
     except RuntimeError:  # a build without that layout: the row-major rate stands
         pass
+    return 2.0 * m * k * n / (int8_ms * 1e-3)
+
+
+def matrix_rates(device: torch.device, m: int = 16384, k: int = 2560, n: int = 2560) -> tuple[float, float]:
+    """Measured (int8 ops/s of torch._int_mm, `int8_rate`; fp16 flop/s of a matmul) on an [m, k] x [k, n]
+    product."""
+    int8 = int8_rate(device, m, k, n)
+    if device.type != "cuda":
+        m, k, n = 256, 512, 512
+    a16 = torch.randint(-127, 128, (m, k), device=device).half()
+    b16 = torch.randint(-127, 128, (k, n), device=device).half()
     fp16_ms, _ = timed(lambda: a16 @ b16 if device.type == "cuda" else a16.float() @ b16.float(), device, 10)
-    return ops / (int8_ms * 1e-3), ops / (fp16_ms * 1e-3)
+    return int8, 2.0 * m * k * n / (fp16_ms * 1e-3)
 
 
 def best_int8_rate(device: torch.device, at_layer: float) -> float:
     """The larger of the layer-shape int8 rate and torch._int_mm's at 8192^3, where cuBLAS runs nearest its peak
     (session 8's H200: ~960-1,000 TOPS there against 560-710 at 16384 x 2560 x 2560): the stricter floor."""
     side = 8192 if device.type == "cuda" else 256
-    return max(at_layer, matrix_rates(device, side, side, side)[0])
+    return max(at_layer, int8_rate(device, side, side, side))
 
 
 def bench_pair(pair: str, n_tokens: int, args, rates: tuple[float, float, float], device: torch.device) -> bool:

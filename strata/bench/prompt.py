@@ -93,12 +93,12 @@ def bench_prompt(args, placement: dict) -> None:
                 f"({chunk.work_slots * engine.plan.expert_bytes_each / 2**30:.2f} GiB; {chunk.free_tokens} tokens "
                 "without borrowing)" if chunk.work_slots else ", no cache slots borrowed")
     print(f"chunks     up to {engine.prefill_chunk} tokens{borrowed}; median of {args.reps}")
-    from strata.bench.moe_prefill import matrix_rates
+    from strata.bench.moe_prefill import int8_rate
 
-    int8_rate, _ = matrix_rates(device)
+    int8_ops = int8_rate(device)
     read_rate = read_bandwidth(device, (1 << 30) if device.type == "cuda" else 1 << 26)  # the CPU: a tool check
     pcie_rate = host_to_device_bandwidth(device) if device.type == "cuda" else float("nan")
-    print(f"ceilings   int8 {int8_rate / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
+    print(f"ceilings   int8 {int8_ops / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
     time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
     for n_tokens in contexts:
@@ -106,7 +106,7 @@ def bench_prompt(args, placement: dict) -> None:
                   streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
         mads, read = routed_work(engine, n_tokens)
-        matrix_floor = 2 * mads / int8_rate
+        matrix_floor = 2 * mads / int8_ops
         n_chunks = len(prompt_chunks(n_tokens, engine.prefill_chunk, isinstance(engine.config.prefill_chunk, str)))
         print(f"\nctx {n_tokens:>7}: {n_tokens / seconds:9.1f} tok/s ({seconds:.3f} s, {n_chunks} chunks)")
         print(f"  matrix floor {matrix_floor:.3f} s ({2 * mads / 1e12:.1f} T int8 ops); "
