@@ -55,6 +55,17 @@ finish() {  # [LINES]: a batch's end: its total time, the caches and logs into $
       | tail -n $lines | cut -c1-200
   done
 }
+summarize() {  # NAME PATTERN: a branch batch's end: its total time, the caches, its logs as $OUT/NAME_logs.tgz (nested:
+  # none, the batch's archive holds $L), then each log's lines matching PATTERN (grep -E)
+  echo "total ${SECONDS}s" | tee -a $L/times.txt
+  save_cache
+  [ -n "${NESTED:-}" ] || tar czf "$OUT/$1_logs.tgz" -C $L .
+  cat $L/times.txt
+  for f in $L/*.log; do
+    echo "=== $f"
+    grep -E "$2" "$f" | grep -v "^\s*$" | tail -n 40 | cut -c1-260
+  done
+}
 make_q4x12() {  # the 12-layer full-size qwen4exp at $M/q4x12-00001-of-00002.gguf (~80 s) unless there; written aside,
   # the table shard moved into place first, so that a batch's other card waiting for the first shard finds both
   [ -f $M/q4x12-00001-of-00002.gguf ] && return

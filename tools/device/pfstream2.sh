@@ -45,12 +45,4 @@ PY
 echo "sweep's pick: ${BEST:-none}" | tee -a $L/times.txt
 [ -n "$BEST" ] && [ "$BEST" != p132b2048w4 ] && STRATA_PF_GATHER=$BEST part profile_4g4_best 60 $P --vram-budget 4.4
 STRATA_PF_STREAM_COPIES=1 part check_stream_copies 40 python3 tools/device/check_prefill_stream.py
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-tar czf "$OUT/pfstream2_logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log; do
-  echo "=== $f"
-  grep -E "streaming|lending|prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|ALL OK|passed|failed|gather|copies|floor|Error" "$f" \
-    | grep -v "^\s*$" | tail -n 40 | cut -c1-260
-done
+summarize pfstream2 "streaming|lending|prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|ALL OK|passed|failed|gather|copies|floor|Error"

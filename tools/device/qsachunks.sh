@@ -19,12 +19,4 @@ part prompt_chunks 180 $C
 part prompt_chunks_cprofile 70 $C --only int8 --cprofile int8
 part profile32k_4g4_int8 75 python3 tools/device/profile_prompt.py $F --tokens 32768 --vram-budget 4.4 --rows 25 \
   --kv-dtype int8
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-[ -n "${NESTED:-}" ] || tar czf "$OUT/qsachunks_logs.tgz" -C $L .
-cat $L/times.txt
-for f in $L/*.log; do
-  echo "=== $f"
-  grep -E "^==|chunk to|after the last|total|prefill [0-9]+ tokens|GPU kernel time|streaming|lending|Error" "$f" \
-    | tail -n 40 | cut -c1-260
-done
+summarize qsachunks "^==|chunk to|after the last|total|prefill [0-9]+ tokens|GPU kernel time|streaming|lending|Error"

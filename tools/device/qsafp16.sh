@@ -24,12 +24,4 @@ part profile_32k_new 45 $P --tokens 32768
 STRATA_QSA_DENSE_MASK=1 part profile_32k_old 50 $P --tokens 32768
 part profile_4k_new 35 $P --tokens 4096
 STRATA_QSA_DENSE_MASK=1 part profile_4k_old 35 $P --tokens 4096
-echo "total ${SECONDS}s" | tee -a $L/times.txt
-save_cache
-[ -n "${NESTED:-}" ] || tar czf "$OUT/qsafp16_logs.tgz" -C $L .  # nested: the batch's archive holds $L
-cat $L/times.txt
-for f in $L/*.log; do
-  echo "=== $f"
-  grep -E "prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|passed|failed|floor|as fast|selected|Error|_dense_selected|scaled_dot|attention" "$f" \
-    | grep -v "^\s*$" | tail -n 40 | cut -c1-260
-done
+summarize qsafp16 "prefill [0-9]+ tokens|GPU kernel time|tok/s|PASS|FAIL|passed|failed|floor|as fast|selected|Error|_dense_selected|scaled_dot|attention"
