@@ -139,13 +139,30 @@ def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_
                BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):
     """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
+    word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
+                                      UNITS_PER_BLOCK)
+    if AHEAD:
+        pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
+    down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT, TOP_K, K, FMT, N_UNITS,
+              UNIT_W, ROWS, SHARED)
+
+
+@triton.jit
+def down_fetch(wd, stride_d, rows, t, blk, index, N_OUT: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+               BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
+    """A down program's weight loads (its experts' rows of its tile), issued together: no activation needed."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
     bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
     w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
-    word, s0, s1, s2, s3 = _fetch(FMT, w_at, off, blk, t, bm)  # the whole tile's loads, issued together
-    if AHEAD:
-        pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
+    return _fetch(FMT, w_at, off, blk, t, bm)
+
+
+@triton.jit
+def down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT: tl.constexpr,
+              TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+              ROWS: tl.constexpr, SHARED: tl.constexpr):
+    """A down program's activations, dots and stores over the loaded weights (`down_fetch`)."""
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
         xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
@@ -173,8 +190,19 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
     (kernels/pdl.py): the weights an expert's id names, so every load after the wait."""
     pdl_start(PDL)
     pdl_wait(PDL)
-    pair = tl.program_id(0)
-    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    gate_up_item(x, ids, slot_of, wg, wu, hid, stride_g, stride_u, tl.program_id(0), tl.program_id(1), N_OUT, TOP_K,
+                 K, FMT, N_UNITS, UNIT_W, NT, SLOTS, BN, NU, SPLIT, PER, BLOCK_BYTES, UNITS_PER_BLOCK, SKIP_ABSENT)
+
+
+@triton.jit
+def gate_up_item(x, ids, slot_of, wg, wu, hid, stride_g, stride_u, pair, tile, N_OUT: tl.constexpr,
+                 TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+                 NT: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr,
+                 PER: tl.constexpr, BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+                 SKIP_ABSENT: tl.constexpr):
+    """One gate/up program's work once the routing is readable: pair `pair`'s rows of row tile `tile`
+    (`_oneshot_gate_up_kernel`'s body; also an item of the chained MoE launch, kernels/moe/chain_moe.py)."""
+    rows = tile * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
     blk, um = _units(SPLIT, PER, N_UNITS, NU)
     index = tl.load(ids + pair + blk * 0, mask=um, other=0).to(tl.int32)

@@ -44,8 +44,18 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
                            PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
                            KB: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_start(PDL)
-    p = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
+    add_norm_route_item(tl.program_id(0), tl.program_id(1).to(tl.int64), h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr,
+                        out_ptr, logits_ptr, count_ptr, weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK, EB,
+                        PROGRAMS, K, NORMALIZE, EBLOCK, KB, PDL)
+
+
+@triton.jit
+def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, logits_ptr, count_ptr,
+                        weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
+                        PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
+                        KB: tl.constexpr, PDL: tl.constexpr):
+    """Program p of token `row` (`_add_norm_route_kernel`'s body; also an item of the chained MoE launch,
+    kernels/moe/chain_moe.py): whether it was its token's last, the one that wrote the routing."""
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = out_ptr.dtype.element_ty
@@ -69,7 +79,8 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
     tl.store(logits_ptr + row * n_experts + e, logit, mask=e < n_experts)
     tl.debug_barrier()  # every thread's logits are written before the program counts itself (release)
     counter = count_ptr + row
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == PROGRAMS - 1:
+    last = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == PROGRAMS - 1
+    if last:
         every = tl.arange(0, EBLOCK)
         live = every < n_experts
         logits = tl.load(logits_ptr + row * n_experts + every, mask=live, other=float("-inf"), cache_modifier=".cg")
@@ -77,6 +88,7 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
         tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
         tl.store(ids_ptr + row * K + slots, chosen_id.to(ids_ptr.dtype.element_ty), mask=slots < K)
         tl.store(counter, 0)  # ready for the next launch
+    return last
 
 
 def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,

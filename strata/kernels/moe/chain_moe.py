@@ -1,0 +1,244 @@
+"""An MoE layer's decode half in ONE launch (STRATA_DECODE_CHAIN): the residual add + norm + router + top-k
+(`add_norm_route.py`), the experts' gate/up + SwiGLU and their down sum (`oneshot_gemv.py`), chained by counters.
+
+Today these are three launches of 5.6, 9.4 and 6.1 us (A3B, H200) for ~3 us of bytes: each pays its ramp-up and
+tail. Here every program first claims a work item from a per-launch ticket (`atomic_add`): items [0, R) are the
+routing kernel's programs, [R, R + G) the gate/up kernel's (pair, row tile), the rest the down kernel's (token, row
+tile), so an item's phase is known from its number. Tickets are claimed in order by programs already running, so a
+program that waits (spins on a done-counter) waits only for items of smaller numbers, held by running programs that
+never wait for it: no deadlock whatever the hardware's dispatch order, and under TRITON_INTERPRET=1 (programs one
+after another) every wait is already satisfied when reached, so the CPU tests run this very code.
+
+- routing item: as its kernel's program; its token's last arrival (which wrote the top-k) counts the token routed.
+- gate/up item: waits until every token is routed (it needs its expert's id before any weight), then the gate/up
+  program's body; counts itself done.
+- down item: waits for the routing, loads its experts' weights (`down_fetch`), then waits for every gate/up item
+  (H complete) and runs the down program's dots and store (`down_dots`).
+
+Each phase is its kernel's own body (the same operations in the same order), so the bytes are the unchained
+kernels' wherever the compiler lays a phase out as its own kernel does: always under the interpreter; on a GPU the
+one launch has one warp count, and a phase run at another count than its kernel's may sum in another order (the
+device check, tools/device/chain_check.py, reports it). The last program to finish (a finished-count) puts the
+counters back to zero for the next launch, so a captured graph needs no memset. Counters are per call site (the
+layer): with PDL a later layer's launch may start while this one finishes, never the same layer's.
+
+PDL (kernels/pdl.py): every program calls `pdl_wait` before its first read of the step's data and its first store;
+a routing item loads its router rows before, as its kernel does. The ticket and counters are this site's alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.moe.oneshot_gemv import _units, down_dots, down_fetch, gate_up_item
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+from strata.kernels.pointwise.add_norm_route import add_norm_route_item
+
+# Counter offsets (constexpr: the kernel reads them): the ticket, tokens routed, gate/up items done, programs
+# finished, waits given up (SPIN_LIMIT), then each token's arrival count (add_norm_route's).
+TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, ARRIVALS = (tl.constexpr(i) for i in (0, 1, 2, 3, 4, 8))
+MAX_ROWS = 64  # tokens a launch routes (verify windows)
+COUNTERS = 8 + MAX_ROWS
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """Tunables (`strata bench moe-chain --sweep` times the alternatives). 0: the unchained kernels' own choice."""
+
+    warps: int = 0  # 0: the largest of the three kernels' warps (each phase's tile needs its registers)
+    gate_up_bn: int = 0  # rows a gate/up item (0: the one-shot gate/up launch's tile)
+    down_bn: int = 0  # rows a down item (0: the one-shot down launch's tile)
+
+
+DEFAULT = ChainConfig()
+
+
+@triton.jit
+def _wait_for(counter, target, gave_up, SPIN_LIMIT: tl.constexpr):
+    """Spin until *counter >= target (done-counts of items with smaller tickets, all held by running programs),
+    then acquire what they released. SPIN_LIMIT (tests only; 0 = forever): give up after that many reads, count it
+    in *gave_up and return False, so a test can hold a counter back without hanging the interpreter."""
+    seen = tl.load(counter, volatile=True)
+    if SPIN_LIMIT == 0:
+        while seen < target:
+            seen = tl.load(counter, volatile=True)
+    else:
+        spins = 0
+        while (seen < target) & (spins < SPIN_LIMIT):
+            seen = tl.load(counter, volatile=True)
+            spins += 1
+    seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")  # the increments' stores visible from here
+    ready = seen >= target
+    if not ready:
+        tl.atomic_add(gave_up, 1, sem="relaxed", scope="gpu")
+    return ready
+
+
+@triton.jit
+def _count_done(counter):
+    tl.debug_barrier()  # every thread's stores are issued before the program counts itself (release)
+    tl.atomic_add(counter, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_ptr, weights_ptr, ids_ptr,
+                      n_cols, n_experts, eps, slot_of, wg, wu, wd, hid, y, stride_g, stride_u, stride_d, counters,
+                      T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+                      BLOCK: tl.constexpr, EB: tl.constexpr, PROGRAMS: tl.constexpr, NORMALIZE: tl.constexpr,
+                      EBLOCK: tl.constexpr, KB: tl.constexpr,
+                      G_N_OUT: tl.constexpr, G_K: tl.constexpr, G_FMT: tl.constexpr, G_N_UNITS: tl.constexpr,
+                      G_UNIT_W: tl.constexpr, G_NT: tl.constexpr, G_BN: tl.constexpr, G_NU: tl.constexpr,
+                      G_PER: tl.constexpr, G_BLOCK_BYTES: tl.constexpr, G_UNITS_PER_BLOCK: tl.constexpr,
+                      D_N_OUT: tl.constexpr, D_K: tl.constexpr, D_FMT: tl.constexpr, D_N_UNITS: tl.constexpr,
+                      D_UNIT_W: tl.constexpr, D_NT: tl.constexpr, D_BN: tl.constexpr, D_NU: tl.constexpr,
+                      D_PER: tl.constexpr, D_BLOCK_BYTES: tl.constexpr, D_UNITS_PER_BLOCK: tl.constexpr,
+                      SPIN_LIMIT: tl.constexpr = 0, PDL: tl.constexpr = 0):
+    pdl_start(PDL)
+    ROUTE_ITEMS: tl.constexpr = PROGRAMS * T
+    G_TILES: tl.constexpr = (G_N_OUT + G_BN - 1) // G_BN
+    GATE_UP_ITEMS: tl.constexpr = T * TOP_K * G_TILES
+    D_TILES: tl.constexpr = (D_N_OUT + D_BN - 1) // D_BN
+    ITEMS: tl.constexpr = ROUTE_ITEMS + GATE_UP_ITEMS + T * D_TILES
+    item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")  # this site's own: before any wait
+    if item < ROUTE_ITEMS:
+        last = add_norm_route_item(item % PROGRAMS, (item // PROGRAMS).to(tl.int64), h_ptr, d_ptr, nw_ptr,
+                                   router_ptr, res_ptr, x_ptr, logits_ptr, counters + ARRIVALS, weights_ptr, ids_ptr,
+                                   n_cols, n_experts, eps, BLOCK, EB, PROGRAMS, TOP_K, NORMALIZE, EBLOCK, KB, PDL)
+        if last:  # this token's weights and ids are written
+            _count_done(counters + ROUTED)
+    elif item < ROUTE_ITEMS + GATE_UP_ITEMS:
+        pdl_wait(PDL)
+        g_item = item - ROUTE_ITEMS
+        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
+            gate_up_item(x_ptr, ids_ptr, slot_of, wg, wu, hid, stride_g, stride_u, g_item // G_TILES,
+                         g_item % G_TILES, G_N_OUT, TOP_K, G_K, G_FMT, G_N_UNITS, G_UNIT_W, G_NT, SLOTS, G_BN, G_NU,
+                         1, G_PER, G_BLOCK_BYTES, G_UNITS_PER_BLOCK, False)
+            _count_done(counters + GATE_UP_DONE)
+    else:
+        pdl_wait(PDL)
+        d_item = item - ROUTE_ITEMS - GATE_UP_ITEMS
+        token = d_item // D_TILES
+        rows = (d_item % D_TILES) * D_BN + tl.arange(0, D_BN)
+        t = tl.arange(0, D_NT)
+        g, um = _units(1, D_PER, TOP_K * D_N_UNITS, D_NU)
+        j = g // D_N_UNITS
+        blk = g % D_N_UNITS
+        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
+            # As the down kernel's read of its routing; .cg: from L2, where the routing item stored it.
+            index = tl.load(ids_ptr + token * TOP_K + j, mask=um, other=0, cache_modifier=".cg").to(tl.int32)
+            if SLOTS:
+                index = tl.load(slot_of + index, mask=um, other=-1).to(tl.int32)
+            index = tl.where(um, index, -1)
+            word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, D_N_OUT, D_FMT, D_N_UNITS,
+                                              D_BLOCK_BYTES, D_UNITS_PER_BLOCK)  # stream while gate/up finishes
+            if _wait_for(counters + GATE_UP_DONE, GATE_UP_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
+                down_dots(hid, weights_ptr, y, token, rows, t, j, blk, um, index, word, s0, s1, s2, s3, D_N_OUT, TOP_K,
+                          D_K, D_FMT, D_N_UNITS, D_UNIT_W, 1, False)
+    tl.debug_barrier()
+    if tl.atomic_add(counters + FINISHED, 1, sem="acq_rel", scope="gpu") == ITEMS - 1:
+        # Every other program is past its last use of the counters: zero them for the next launch.
+        tl.store(counters + TICKET, 0)
+        tl.store(counters + ROUTED, 0)
+        tl.store(counters + GATE_UP_DONE, 0)
+        tl.store(counters + FINISHED, 0)
+
+
+_counters: dict[tuple[torch.device, object], torch.Tensor] = {}
+
+
+def site_counters(device: torch.device, site) -> torch.Tensor | None:
+    """Call site `site`'s zeroed counters (made on first use: a span's first step runs eagerly, before any capture);
+    None while capturing before they exist (the caller runs the unchained kernels)."""
+    key = (torch.device(device), site)
+    counters = _counters.get(key)
+    if counters is None:
+        if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # memory made inside a capture belongs to its graph
+        counters = _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+def chain_tiles(experts, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
+    """(gate/up, down) GemvConfig of the chained phases: the unchained launches' own where they are one-shot
+    (same tiles, same sums), else the one-shot kernels' reasoned ones; None where the chain does not apply (an input
+    cut in slices, operands the one-shot kernels cannot read, or ones the unchained path reads bytewise)."""
+    from dataclasses import replace
+
+    from strata.kernels.moe import gemv
+
+    g, u, d = experts.gate, experts.up, experts.down
+    tiles = []
+    for kind, m, bn in (("gate_up", g, config.gate_up_bn), ("down", d, config.down_bn)):
+        cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+        if not cfg.wide:
+            return None
+        if not cfg.oneshot:
+            cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+        tiles.append(replace(cfg, bn=bn) if bn else cfg)
+    ok = (gemv._takes_words(tiles[0], g, u) and gemv._takes_oneshot(tiles[0], g, u) and gemv._takes_words(tiles[1], d)
+          and gemv._takes_oneshot(tiles[1], d))
+    return tuple(tiles) if ok and all(t.split == 1 for t in tiles) else None
+
+
+def _prefixed(prefix: str, constants: dict) -> dict:
+    keep = ("N_OUT", "K", "FMT", "N_UNITS", "UNIT_W", "NT", "BN", "NU", "PER", "BLOCK_BYTES", "UNITS_PER_BLOCK")
+    return {prefix + name: constants[name] for name in keep}
+
+
+def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: bool, g, d, slots: bool, tiles,
+                 config: ChainConfig = DEFAULT) -> tuple[dict, int, int]:
+    """(the kernel's constexprs, warps, items) of a launch: T tokens of n_cols, top-k of n_experts, gate operand g
+    and down operand d (gemv.ExpertOperand, or anything with .spec, .rows, .cols), `tiles` from `chain_tiles`."""
+    from strata.kernels.moe.oneshot_gemv import _constants
+    from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE
+
+    block = triton.next_power_of_2(n_cols)
+    eb = min(triton.next_power_of_2(ROUTE.experts_per_program), triton.next_power_of_2(n_experts))
+    programs = triton.cdiv(n_experts, eb)
+    gate_c = _constants(g.spec, g.rows, g.cols, 1, slots, tiles[0].bn, 1)
+    down_c = _constants(d.spec, d.rows, d.cols, k, slots, tiles[1].bn, 1)
+    items = (programs + k * triton.cdiv(g.rows, tiles[0].bn) + triton.cdiv(d.rows, tiles[1].bn)) * n_tokens
+    route_warps = ROUTE.warps or min(8, max(1, block // 256))  # as add_norm_route_triton
+    warps = config.warps or max(route_warps, tiles[0].warps, tiles[1].warps)
+    constants = dict(T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs, NORMALIZE=normalize,
+                     EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
+                     **_prefixed("G_", gate_c), **_prefixed("D_", down_c))
+    return constants, warps, items
+
+
+def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
+                     eps: float, k: int, normalize: bool, experts, site, config: ChainConfig = DEFAULT,
+                     router_kept: bool = True, spin_limit: int = 0, buffers: dict | None = None):
+    """h, delta [T, D] (bf16/fp16), norm_weight [D], router [E, D] of that dtype, `experts` (gemv.DecodeExperts)
+    -> (h + delta, its norm x, the experts' weighted sum y [T, D] of h's dtype): what `add_norm_route_triton` then
+    `moe_gemv_triton` give, in one launch; None where the chain does not apply (the caller runs those two).
+    `site`: the call site (the layer), whose counters this launch owns. `buffers` (tests): the scratch tensors,
+    given or filled ("logits", "weights", "ids", "hid", "y"); `spin_limit`: see `_wait_for`."""
+    n_tokens, n_cols = h.shape
+    n_experts = router.shape[0]
+    if not 1 <= n_tokens <= MAX_ROWS or experts.sparse or not 1 <= k <= n_experts or router.shape[1] != n_cols:
+        return None
+    tiles = chain_tiles(experts, k, h.is_cuda, config)
+    counters = None if tiles is None else site_counters(h.device, site)
+    if counters is None:
+        return None
+    g, u, d = experts.gate, experts.up, experts.down
+    rows, deltas = h.contiguous(), delta.contiguous()
+    residual, out = torch.empty_like(rows), torch.empty_like(rows)
+    buffers = {} if buffers is None else buffers
+    logits = buffers.setdefault("logits", torch.empty(n_tokens, n_experts, dtype=torch.float32, device=h.device))
+    weights = buffers.setdefault("weights", torch.empty(n_tokens, k, dtype=torch.float32, device=h.device))
+    ids = buffers.setdefault("ids", torch.empty(n_tokens, k, dtype=torch.int32, device=h.device))
+    hid = buffers.setdefault("hid", torch.empty(n_tokens, k, g.rows, dtype=torch.float32, device=h.device))
+    y = buffers.setdefault("y", torch.empty(n_tokens, d.rows, dtype=h.dtype, device=h.device))
+    slots = experts.slot_of is not None
+    constants, warps, items = launch_shape(n_tokens, n_cols, n_experts, k, normalize, g, d, slots, tiles, config)
+    _chain_moe_kernel[(items,)](
+        rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, weights, ids, n_cols,
+        n_experts, eps, experts.slot_of if slots else ids, g.raw, u.raw, d.raw, hid, y, g.stride, u.stride, d.stride,
+        counters, **constants, SPIN_LIMIT=spin_limit, num_warps=warps, **(launch_options(h) if router_kept else {}))
+    return residual, out, y

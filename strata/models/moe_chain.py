@@ -1,0 +1,35 @@
+"""The decoder's side of STRATA_DECODE_CHAIN: an MoE layer's add + norm + routing and its resident experts as one
+launch (kernels/moe/chain_moe.py) where it applies, else None and the layer runs its usual launches."""
+
+from __future__ import annotations
+
+import torch
+
+from strata import switches
+
+
+def chained_moe(model, i: int, h: torch.Tensor, delta: torch.Tensor):
+    """(h + delta, its norm x, the routed experts' sum of x) for MoE layer i of `model` (a DecoderLM) in one launch;
+    None unless the switch is on, the layer's experts are all resident and read by the decode kernels, and the add
+    + route launch itself would apply (`add_norm_route`: a fused dtype, a float router, a decode-sized step)."""
+    if not switches.get("STRATA_DECODE_CHAIN"):
+        return None
+    from strata.engine import experts as backends
+    from strata.kernels.moe.chain_moe import chain_moe_triton
+    from strata.kernels.moe.gemv import DecodeExperts
+    from strata.kernels.pdl import weights_settled
+    from strata.models.layers import ROUTE_KERNEL_MAX_TOKENS, _fused
+    from strata.models.weights import FLOAT_VIEWS
+
+    w, c, resident = model.ffn[i], model.config, model.experts
+    if not (isinstance(resident, backends.ResidentExperts) and i in resident.stacks and h.dim() == 2
+            and 1 <= h.shape[0] <= ROUTE_KERNEL_MAX_TOKENS and _fused(h, delta, w.norm)
+            and w.router.ggml_type in FLOAT_VIEWS) or switches.get("STRATA_ROUTE_SEPARATE"):
+        return None
+    stack = resident.stacks[i]
+    if backends.kernel_path(stack, h) != "decode":
+        return None
+    fresh = not w.router.kept_as(h.dtype)  # converted by this call (STRATA_PDL reads the rows before the wait)
+    rows = w.router.dequantize(h.dtype)
+    return chain_moe_triton(h, delta, w.norm, rows, c.rms_eps, c.n_experts_used, c.norm_topk_prob,
+                            DecodeExperts.of_stack(stack), site=i, router_kept=weights_settled(rows, fresh))

@@ -1,0 +1,61 @@
+"""STRATA_DECODE_CHAIN on the CPU (Triton's interpreter; the fused kernels and the one-shot expert kernels taken by
+CPU tensors as a GPU takes them): a tiny qwen3moe's decode steps with each MoE layer's routing and experts chained
+in one launch give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
+the graph seam's static step (its CPU form), and every layer's counters are zero again after each launch."""
+
+import os
+
+import pytest
+import torch
+
+from strata import switches
+from strata.engine import experts as backends
+from strata.engine.engine import Engine, EngineConfig
+from strata.kernels.moe import chain_moe, gemv
+from strata.models import layers
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="CPU tensors take Triton only interpreted")]
+PROMPT = [5, 17, 99, 3]
+STEPS = 2
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch):
+    """The GPU's decode path on CPU tensors: fused kernels, the expert kernels (one-shot tiles: the GPU's default
+    for Q4_0, and what the chain runs), and a spy on the chained launches (the results they returned)."""
+    monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
+    monkeypatch.setattr(backends, "kernel_path", lambda stack, x: "decode")
+    monkeypatch.setattr(gemv, "use_triton", lambda t: True)
+    monkeypatch.setattr(gemv, "gemv_config", lambda kind, spec, n_out, n_in, top_k, on_gpu:
+                        gemv.oneshot_config(kind, spec, n_out, n_in, top_k, on_gpu))
+    launches = []
+    real = chain_moe.chain_moe_triton
+    monkeypatch.setattr(chain_moe, "chain_moe_triton", lambda *a, **k: launches.append(real(*a, **k)) or launches[-1])
+    return launches
+
+
+def _run(path, graphs: str):
+    engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", decode_graphs=graphs))
+    logits, tokens, out = engine.prefill(PROMPT), [], []
+    for step in range(STEPS):
+        tokens.append(int(logits[-1].argmax()))
+        logits = engine.decode(tokens[-1], len(PROMPT) + step)
+        out.append(logits.clone())
+    return tokens, torch.cat(out)
+
+
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs):
+    with switches.override(STRATA_DECODE_CHAIN=False):
+        tokens, logits = _run(tiny_moe, graphs)
+    assert not kernels_on_cpu
+    with switches.override(STRATA_DECODE_CHAIN=True):
+        chained_tokens, chained_logits = _run(tiny_moe, graphs)
+    layers_moe = 2  # the tiny preset's layers, every one MoE
+    assert sum(r is not None for r in kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
+    assert chained_tokens == tokens
+    assert torch.equal(chained_logits, logits)
+    for (device, site), counters in chain_moe._counters.items():
+        assert not counters.any(), site  # zeroed by each launch's last program, for the next one

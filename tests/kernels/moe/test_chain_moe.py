@@ -1,0 +1,111 @@
+"""The chained MoE launch (kernels/moe/chain_moe.py) against the launches it chains: add_norm_route_triton, then the
+one-shot gate/up and down kernels at the same tiles, byte for byte (each phase is its kernel's body; those kernels
+have their own float64 checks: test_add_norm_route.py, test_oneshot_gemv.py). Under the interpreter programs run one
+after another, so every wait is met when reached; the held-back tests show the waits are real: with a done-counter
+held back, the programs that need it give up (SPIN_LIMIT) instead of computing from unfinished data."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from strata.bench.moe_decode import synthetic_stack
+from strata.kernels.moe.chain_moe import (ARRIVALS, FINISHED, GATE_UP_DONE, GAVE_UP, ROUTED, TICKET, ChainConfig,
+                                          chain_moe_triton, chain_tiles, site_counters)
+from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton
+from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
+
+ROOT = Path(__file__).resolve().parents[3]
+SMALL = ChainConfig(gate_up_bn=16, down_bn=32)  # several items a phase: gate/up 64 rows = 4 tiles, down 128 = 4
+
+
+def _case(device, fmt="Q4_0", rows=2, n_experts=8, k=2, seed=5):
+    embd, ff = (256, 256) if fmt == "Q4_K" else (128, 64)  # Q4_K: rows of whole 256-weight blocks
+    stack = synthetic_stack(fmt, fmt, n_experts, embd, ff, seed=seed, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16
+    h = torch.randn(rows, embd, generator=gen).to(dtype).to(device)
+    delta = torch.randn(rows, embd, generator=gen).to(dtype).to(device)
+    norm = (1 + 0.1 * torch.randn(embd, generator=gen)).to(dtype).to(device)
+    router = (0.05 * torch.randn(n_experts, embd, generator=gen)).to(dtype).to(device)
+    return dict(h=h, delta=delta, norm_weight=norm, router=router, eps=1e-6, k=k, normalize=True,
+                experts=DecodeExperts.of_stack(stack))
+
+
+def _unchained(case, config):
+    residual, x, weights, ids = add_norm_route_triton(case["h"], case["delta"], case["norm_weight"], case["router"],
+                                                      case["eps"], case["k"], case["normalize"])
+    tiles = chain_tiles(case["experts"], case["k"], case["h"].is_cuda, config)
+    hid = gate_up_swiglu_triton(x, ids, case["experts"], tiles[0])
+    return residual, x, down_sum_triton(hid, ids, weights, case["experts"], x.dtype, tiles[1]), hid, ids
+
+
+@pytest.mark.parametrize("fmt, rows, k", [("Q4_0", 1, 2), ("Q8_0", 3, 3), ("Q4_K", 2, 2)])
+def test_chained_launch_gives_the_three_launches_bytes(device, fmt, rows, k):
+    case = _case(device, fmt, rows, k=k)
+    want = _unchained(case, SMALL)
+    for launch in range(2):  # the counters left zero: a second launch runs the same
+        buffers = {}
+        got = chain_moe_triton(**case, site=("test", fmt), config=SMALL, buffers=buffers)
+        assert got is not None
+        for a, b in zip(got, want[:3]):
+            assert torch.equal(a, b), launch
+        assert torch.equal(buffers["hid"], want[3]) and torch.equal(buffers["ids"], want[4])
+        assert not site_counters(case["h"].device, ("test", fmt)).any()
+
+
+def _held_back(device, counter: int, value: int):
+    case = _case(device, rows=2)
+    site = ("held back", counter)
+    counters = site_counters(case["h"].device, site)
+    counters[counter] = value  # what the done-count is missing: its waiters can never see it complete
+    nan = float("nan")
+    buffers = {"hid": torch.full((2, 2, 64), nan, device=device), "y": torch.full((2, 128), nan, device=device,
+                                                                                 dtype=torch.bfloat16)}
+    chain_moe_triton(**case, site=site, config=SMALL, buffers=buffers, spin_limit=3)
+    gave_up = int(counters[GAVE_UP.value])
+    counters[GAVE_UP.value] = 0
+    assert not counters.any()  # the last program zeroed the rest, the held-back counter too
+    return buffers, gave_up, _unchained(case, SMALL)
+
+
+def test_gate_up_and_down_items_wait_for_the_routing(device):
+    buffers, gave_up, want = _held_back(device, ROUTED.value, -1)  # one token's routing never counted
+    assert gave_up == 2 * 2 * 4 + 2 * 4  # every gate/up item (2 tokens x 2 experts x 4 tiles) and down item (2 x 4)
+    assert buffers["hid"].isnan().all() and buffers["y"].isnan().all()  # none computed from an unfinished routing
+    assert torch.equal(buffers["ids"], want[4])  # the routing items themselves ran
+
+
+def test_down_items_wait_for_every_gate_up_item(device):
+    buffers, gave_up, want = _held_back(device, GATE_UP_DONE.value, -1)  # one gate/up item never counted
+    assert gave_up == 2 * 4  # every down item, after loading its weights
+    assert torch.equal(buffers["hid"], want[3])  # the gate/up items ran
+    assert buffers["y"].isnan().all()  # no down item read H before all of it was written
+
+
+def test_counter_layout_leaves_room_for_every_token():
+    offsets = [c.value for c in (TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP)]
+    assert len(set(offsets)) == len(offsets) and max(offsets) < ARRIVALS.value
+
+
+def test_chain_steps_aside_where_it_does_not_apply(device):
+    case = _case(device)
+    assert chain_moe_triton(**{**case, "k": 9}, site="no") is None  # top-9 of 8 experts
+    sparse = {**case, "experts": DecodeExperts(**{**case["experts"].__dict__, "sparse": True})}
+    assert chain_moe_triton(**sparse, site="no") is None  # the misses' launch form
+
+
+@pytest.mark.skipif(not (Path(__import__("triton").__file__).parent / "backends/nvidia/bin/ptxas").exists(),
+                    reason="this Triton build carries no ptxas")
+def test_chained_kernel_builds_for_sm90_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("chain_build.py")), "0:0:0", "8:8:4"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(builds) == 2 and not [b for b in builds if b["stack"]], builds
