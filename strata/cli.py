@@ -414,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("expert-gather", "expert_gather", "GB/s of streaming a layer's missing experts (one gather launch vs "
          "three copies an expert) beside the pinned copy rate (--sweep)"),
         ("moe-decode", "moe_decode", "parity and speed of the decode expert GEMV kernels against float64"),
+        ("moe-chain", "moe_chain", "an MoE layer's routing and experts chained in one launch (STRATA_DECODE_CHAIN) "
+         "against the three launches, beside the floor (--sweep)"),
         ("miss-bw", "miss_bw", "GB/s of decode misses read from pinned host RAM (in place, gathered, memcpy) beside the link"),
         ("matvec", "matvec", "GB/s of the dense quantized decode matvec beside the HBM floor, against float64"),
         ("decode-attn", "decode_attn", "decode attention per span (split-K vs one launch, --sweep) beside its byte floor"),

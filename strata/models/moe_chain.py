@@ -12,12 +12,12 @@ def chained_moe(model, i: int, h: torch.Tensor, delta: torch.Tensor):
     """(h + delta, its norm x, the routed experts' sum of x) for MoE layer i of `model` (a DecoderLM) in one launch;
     None unless the switch is on, the layer's experts are all resident and read by the decode kernels, and the add
     + route launch itself would apply (`add_norm_route`: a fused dtype, a float router, a decode-sized step)."""
-    if not switches.get("STRATA_DECODE_CHAIN"):
+    text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
+    if text in ("", "0"):
         return None
     from strata.engine import experts as backends
-    from strata.kernels.moe.chain_moe import chain_moe_triton
+    from strata.kernels.moe.chain_moe import chain_moe_triton, parse_config
     from strata.kernels.moe.gemv import DecodeExperts
-    from strata.kernels.pdl import weights_settled
     from strata.models.layers import ROUTE_KERNEL_MAX_TOKENS, _fused
     from strata.models.weights import FLOAT_VIEWS
 
@@ -29,7 +29,6 @@ def chained_moe(model, i: int, h: torch.Tensor, delta: torch.Tensor):
     stack = resident.stacks[i]
     if backends.kernel_path(stack, h) != "decode":
         return None
-    fresh = not w.router.kept_as(h.dtype)  # converted by this call (STRATA_PDL reads the rows before the wait)
-    rows = w.router.dequantize(h.dtype)
-    return chain_moe_triton(h, delta, w.norm, rows, c.rms_eps, c.n_experts_used, c.norm_topk_prob,
-                            DecodeExperts.of_stack(stack), site=i, router_kept=weights_settled(rows, fresh))
+    # (A router converted by this call needs no care: the chained launch reads it after its PDL wait.)
+    return chain_moe_triton(h, delta, w.norm, w.router.dequantize(h.dtype), c.rms_eps, c.n_experts_used,
+                            c.norm_topk_prob, DecodeExperts.of_stack(stack), site=i, config=parse_config(text))

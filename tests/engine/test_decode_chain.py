@@ -48,10 +48,10 @@ def _run(path, graphs: str):
 
 @pytest.mark.parametrize("graphs", ["off", "eager"])
 def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs):
-    with switches.override(STRATA_DECODE_CHAIN=False):
+    with switches.override(STRATA_DECODE_CHAIN=""):
         tokens, logits = _run(tiny_moe, graphs)
     assert not kernels_on_cpu
-    with switches.override(STRATA_DECODE_CHAIN=True):
+    with switches.override(STRATA_DECODE_CHAIN="1"):
         chained_tokens, chained_logits = _run(tiny_moe, graphs)
     layers_moe = 2  # the tiny preset's layers, every one MoE
     assert sum(r is not None for r in kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step

@@ -20,10 +20,12 @@ kernels' wherever the compiler lays a phase out as its own kernel does: always u
 one launch has one warp count, and a phase run at another count than its kernel's may sum in another order (the
 device check, tools/device/chain_check.py, reports it). The last program to finish (a finished-count) puts the
 counters back to zero for the next launch, so a captured graph needs no memset. Counters are per call site (the
-layer): with PDL a later layer's launch may start while this one finishes, never the same layer's.
+layer).
 
-PDL (kernels/pdl.py): every program calls `pdl_wait` before its first read of the step's data and its first store;
-a routing item loads its router rows before, as its kernel does. The ticket and counters are this site's alone.
+PDL (kernels/pdl.py): every program calls `pdl_wait` first, before it takes its ticket, so that a launch touches its
+counters only once every earlier kernel of the stream has completed, the previous launch of the same site included
+(a PDL launch may otherwise start while kernels several places ahead of it still run). The cost: a routing item
+loads its router rows after the wait rather than before, in the same round trip as its activations.
 """
 
 from __future__ import annotations
@@ -45,16 +47,39 @@ MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = 8 + MAX_ROWS
 
 
+GPU_WARPS = 8  # one launch, one warp count for all three phases (see ChainConfig)
+
+
 @dataclass(frozen=True)
 class ChainConfig:
-    """Tunables (`strata bench moe-chain --sweep` times the alternatives). 0: the unchained kernels' own choice."""
+    """Tunables (`strata bench moe-chain --sweep` times the alternatives); 0: the reasoned default.
 
-    warps: int = 0  # 0: the largest of the three kernels' warps (each phase's tile needs its registers)
-    gate_up_bn: int = 0  # rows a gate/up item (0: the one-shot gate/up launch's tile)
-    down_bn: int = 0  # rows a down item (0: the one-shot down launch's tile)
+    On a GPU the launch runs every phase at `warps` (GPU_WARPS: the router's 8; the down kernel's own 16 puts 72
+    registers x 512 threads on an SM, one program of A3B's shape resident per SM, where 8 warps at 94 keep two),
+    and a phase's rows (`gate_up_bn`, `down_bn`) default to its kernel's tile halved until a thread holds at most
+    oneshot_gemv.WORDS_PER_THREAD code words at that warp count (A3B Q4_0: gate/up 8 rows, down 4). Under the
+    interpreter: the unchained kernels' tiles (warps mean nothing there)."""
+
+    warps: int = 0
+    gate_up_bn: int = 0
+    down_bn: int = 0
 
 
 DEFAULT = ChainConfig()
+
+
+def parse_config(text: str) -> ChainConfig:
+    """'W:G:D' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
+    from strata.errors import StrataError
+
+    try:
+        fields = [int(f) for f in text.split(":")] if text.strip() != "1" else []
+    except ValueError:
+        fields = None
+    if fields is None or len(fields) > 3 or any(f < 0 for f in fields):
+        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN (e.g. 8:8:4)")
+    return ChainConfig(*fields)
+
 
 
 @triton.jit
@@ -103,15 +128,16 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
     GATE_UP_ITEMS: tl.constexpr = T * TOP_K * G_TILES
     D_TILES: tl.constexpr = (D_N_OUT + D_BN - 1) // D_BN
     ITEMS: tl.constexpr = ROUTE_ITEMS + GATE_UP_ITEMS + T * D_TILES
-    item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")  # this site's own: before any wait
-    if item < ROUTE_ITEMS:
+    # Before the ticket: every earlier launch, this site's last one too, has completed (whatever came between).
+    pdl_wait(PDL)
+    item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")
+    if item < ROUTE_ITEMS:  # (PDL 0: the body's own wait is the one above)
         last = add_norm_route_item(item % PROGRAMS, (item // PROGRAMS).to(tl.int64), h_ptr, d_ptr, nw_ptr,
                                    router_ptr, res_ptr, x_ptr, logits_ptr, counters + ARRIVALS, weights_ptr, ids_ptr,
-                                   n_cols, n_experts, eps, BLOCK, EB, PROGRAMS, TOP_K, NORMALIZE, EBLOCK, KB, PDL)
+                                   n_cols, n_experts, eps, BLOCK, EB, PROGRAMS, TOP_K, NORMALIZE, EBLOCK, KB, 0)
         if last:  # this token's weights and ids are written
             _count_done(counters + ROUTED)
     elif item < ROUTE_ITEMS + GATE_UP_ITEMS:
-        pdl_wait(PDL)
         g_item = item - ROUTE_ITEMS
         if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
             gate_up_item(x_ptr, ids_ptr, slot_of, wg, wu, hid, stride_g, stride_u, g_item // G_TILES,
@@ -119,7 +145,6 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
                          1, G_PER, G_BLOCK_BYTES, G_UNITS_PER_BLOCK, False)
             _count_done(counters + GATE_UP_DONE)
     else:
-        pdl_wait(PDL)
         d_item = item - ROUTE_ITEMS - GATE_UP_ITEMS
         token = d_item // D_TILES
         rows = (d_item % D_TILES) * D_BN + tl.arange(0, D_BN)
@@ -163,25 +188,53 @@ def site_counters(device: torch.device, site) -> torch.Tensor | None:
 
 
 def chain_tiles(experts, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
-    """(gate/up, down) GemvConfig of the chained phases: the unchained launches' own where they are one-shot
-    (same tiles, same sums), else the one-shot kernels' reasoned ones; None where the chain does not apply (an input
-    cut in slices, operands the one-shot kernels cannot read, or ones the unchained path reads bytewise)."""
-    from dataclasses import replace
-
+    """(gate/up, down) GemvConfig of the chained phases (see ChainConfig); None where the chain does not apply (an
+    input cut in slices, operands the one-shot kernels cannot read, or ones the unchained path reads bytewise)."""
     from strata.kernels.moe import gemv
 
     g, u, d = experts.gate, experts.up, experts.down
+    tiles = phase_tiles(g, d, top_k, on_gpu, config)
+    if tiles is None:
+        return None
+    ok = (gemv._takes_words(tiles[0], g, u) and gemv._takes_oneshot(tiles[0], g, u) and gemv._takes_words(tiles[1], d)
+          and gemv._takes_oneshot(tiles[1], d))
+    return tiles if ok else None
+
+
+def phase_tiles(g, d, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
+    """The tiles of `chain_tiles` from the gate and down operands' formats and shapes alone (.spec, .rows, .cols)."""
+    from dataclasses import replace
+
+    from strata.kernels.moe import gemv
+    from strata.kernels.moe.oneshot_gemv import WORDS_PER_THREAD, slice_units
+    from strata.kernels.moe.wide_gemv import UNIT, WORDS
+
     tiles = []
-    for kind, m, bn in (("gate_up", g, config.gate_up_bn), ("down", d, config.down_bn)):
+    for kind, m, bn, operands in (("gate_up", g, config.gate_up_bn, 2), ("down", d, config.down_bn, 1)):
         cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
         if not cfg.wide:
             return None
         if not cfg.oneshot:
             cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
-        tiles.append(replace(cfg, bn=bn) if bn else cfg)
-    ok = (gemv._takes_words(tiles[0], g, u) and gemv._takes_oneshot(tiles[0], g, u) and gemv._takes_words(tiles[1], d)
-          and gemv._takes_oneshot(tiles[1], d))
-    return tuple(tiles) if ok and all(t.split == 1 for t in tiles) else None
+        if on_gpu:
+            warps = config.warps or GPU_WARPS
+            lanes = slice_units(m.cols // UNIT[m.spec.name] * (top_k if kind == "down" else 1), 1)[1]
+
+            def words(rows: int) -> float:  # code words a thread holds (oneshot_gemv.oneshot_tile's measure)
+                return operands * lanes * rows * WORDS[m.spec.name] / (32 * warps)
+
+            fitted = cfg.bn
+            while fitted > 1 and words(fitted) > WORDS_PER_THREAD:
+                fitted //= 2
+            if words(bn or fitted) > WORDS_PER_THREAD:
+                return None  # the whole input does not fit one program's registers: the unchained slices take it
+            cfg = replace(cfg, bn=bn or fitted, warps=warps, split=1)
+        elif bn:
+            cfg = replace(cfg, bn=bn)
+        if cfg.split != 1:
+            return None
+        tiles.append(cfg)
+    return tuple(tiles)
 
 
 def _prefixed(prefix: str, constants: dict) -> dict:
@@ -202,8 +255,7 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
     gate_c = _constants(g.spec, g.rows, g.cols, 1, slots, tiles[0].bn, 1)
     down_c = _constants(d.spec, d.rows, d.cols, k, slots, tiles[1].bn, 1)
     items = (programs + k * triton.cdiv(g.rows, tiles[0].bn) + triton.cdiv(d.rows, tiles[1].bn)) * n_tokens
-    route_warps = ROUTE.warps or min(8, max(1, block // 256))  # as add_norm_route_triton
-    warps = config.warps or max(route_warps, tiles[0].warps, tiles[1].warps)
+    warps = config.warps or max(t.warps for t in tiles)  # (the routing phase runs at any count)
     constants = dict(T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs, NORMALIZE=normalize,
                      EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
                      **_prefixed("G_", gate_c), **_prefixed("D_", down_c))
@@ -212,7 +264,7 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
 
 def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
                      eps: float, k: int, normalize: bool, experts, site, config: ChainConfig = DEFAULT,
-                     router_kept: bool = True, spin_limit: int = 0, buffers: dict | None = None):
+                     spin_limit: int = 0, buffers: dict | None = None):
     """h, delta [T, D] (bf16/fp16), norm_weight [D], router [E, D] of that dtype, `experts` (gemv.DecodeExperts)
     -> (h + delta, its norm x, the experts' weighted sum y [T, D] of h's dtype): what `add_norm_route_triton` then
     `moe_gemv_triton` give, in one launch; None where the chain does not apply (the caller runs those two).
@@ -240,5 +292,5 @@ def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Te
     _chain_moe_kernel[(items,)](
         rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, weights, ids, n_cols,
         n_experts, eps, experts.slot_of if slots else ids, g.raw, u.raw, d.raw, hid, y, g.stride, u.stride, d.stride,
-        counters, **constants, SPIN_LIMIT=spin_limit, num_warps=warps, **(launch_options(h) if router_kept else {}))
+        counters, **constants, SPIN_LIMIT=spin_limit, num_warps=warps, **launch_options(h))
     return residual, out, y

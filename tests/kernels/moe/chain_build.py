@@ -1,21 +1,20 @@
 """Build the chained MoE kernel (kernels/moe/chain_moe.py) for sm_90 without a GPU at the A3B shape (Q4_0, 2048 x
 768, 128 experts, top 8), with the given configs; print each build's registers and spill stack.
 
-Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does): `python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN[:PDL] ...]`.
+Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
+`python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN[:PDL] ...]`.
 """
 
 import json
 import os
 import sys
-from dataclasses import replace
 from types import SimpleNamespace
 
 os.environ.pop("TRITON_INTERPRET", None)
 import triton  # noqa: E402,F401  (before strata.kernels, which would switch the interpreter on)
 
-from strata.kernels.moe.chain_moe import ChainConfig, _chain_moe_kernel, launch_shape  # noqa: E402
+from strata.kernels.moe.chain_moe import ChainConfig, _chain_moe_kernel, launch_shape, phase_tiles  # noqa: E402
 from strata.kernels.moe.decode import SPECS  # noqa: E402
-from strata.kernels.moe.gemv import oneshot_config  # noqa: E402
 from tests.kernels.moe.sm90_build import build  # noqa: E402
 
 SIGNATURE = {"h_ptr": "*bf16", "d_ptr": "*bf16", "nw_ptr": "*bf16", "router_ptr": "*bf16", "res_ptr": "*bf16",
@@ -27,16 +26,11 @@ SIGNATURE = {"h_ptr": "*bf16", "d_ptr": "*bf16", "nw_ptr": "*bf16", "router_ptr"
 
 def a3b_build(config: ChainConfig, pdl: int, n_embd: int = 2048, n_ff: int = 768, n_experts: int = 128, k: int = 8):
     spec = SPECS["Q4_0"]
-    tiles = (oneshot_config("gate_up", spec, n_ff, n_embd, k, True), oneshot_config("down", spec, n_embd, n_ff, k, True))
-    tiles = tuple(replace(t, bn=bn) if bn else t for t, bn in zip(tiles, (config.gate_up_bn, config.down_bn)))
     g = SimpleNamespace(spec=spec, rows=n_ff, cols=n_embd)
     d = SimpleNamespace(spec=spec, rows=n_embd, cols=n_ff)
-    constants, default_warps, _ = launch_shape(1, n_embd, n_experts, k, True, g, d, False, tiles, config)
-    signature = {k: v for k, v in SIGNATURE.items() if k not in ("n_cols", "n_experts", "eps", "stride_g", "stride_u",
-                                                                   "stride_d")}
-    signature.update({"n_cols": "i32", "n_experts": "i32", "eps": "fp32", "stride_g": "i32", "stride_u": "i32",
-                      "stride_d": "i32"})
-    return build(_chain_moe_kernel, signature, {**constants, "SPIN_LIMIT": 0, "PDL": pdl}, num_warps=default_warps)
+    tiles = phase_tiles(g, d, k, True, config)
+    constants, warps, _ = launch_shape(1, n_embd, n_experts, k, True, g, d, False, tiles, config)
+    return build(_chain_moe_kernel, SIGNATURE, {**constants, "SPIN_LIMIT": 0, "PDL": pdl}, num_warps=warps)
 
 
 if __name__ == "__main__":  # arguments: configs as WARPS:GATE_UP_BN:DOWN_BN (0: the default), PDL 1 unless ":0"

@@ -109,3 +109,24 @@ def test_chained_kernel_builds_for_sm90_without_spills():
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
     assert len(builds) == 2 and not [b for b in builds if b["stack"]], builds
+
+
+def test_switch_text_names_a_config():
+    from strata.errors import StrataError
+    from strata.kernels.moe.chain_moe import DEFAULT, parse_config
+
+    assert parse_config("1") == DEFAULT and parse_config("8:8:4") == ChainConfig(8, 8, 4)
+    assert parse_config("16") == ChainConfig(16)
+    for bad in ("yes", "8:8:4:2", "8:-1"):
+        with pytest.raises(StrataError, match="STRATA_DECODE_CHAIN"):
+            parse_config(bad)
+
+
+def test_bench_runs_and_reports_the_bytes(capsys):
+    from strata.bench.moe_chain import main
+
+    assert main(["--shapes", "tiny-q4_0", "--sweep", "0:16:32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("three launches" in line for line in lines)
+    chained = [line for line in lines if "x three" in line]
+    assert len(chained) == 2 and all("bytes" in line for line in chained), lines  # (the CPU: word kernels unchained)

@@ -1,0 +1,105 @@
+"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the three
+launches it replaces (add_norm_route_triton, the experts' gate/up and down kernels) on one synthetic MoE layer.
+
+Per shape: microseconds per call of each, replayed from a CUDA graph of 32 calls (each with its own activations,
+so its own routing: the experts come from HBM rather than L2), the floor (the distinct chosen experts' bytes and
+the router's, over the measured read bandwidth), and whether the chained call gives the three launches' bytes
+(residual, normed x, routing ids, the experts' sum y; else y's largest difference over max |y|). `--sweep` adds a
+line per ChainConfig (warps, gate/up rows, down rows) beside the default.
+
+    strata bench moe-chain [--shapes a3b-q4_0,qwen4exp-q2_0] [--tokens 1] [--sweep [W:G:D,...]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
+from strata.bench.ceilings import graph_us, read_bandwidth
+from strata.bench.moe_decode import SHAPES, synthetic_stack
+from strata.kernels.moe.chain_moe import DEFAULT, ChainConfig, chain_moe_triton, chain_tiles, parse_config
+from strata.kernels.moe.gemv import DecodeExperts, moe_gemv_triton
+from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
+
+CALLS = 32
+SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smoke test's
+# warps : gate/up rows : down rows (0: the default's). Around 8 warps / 8 / 4: the kernels' own 16 warps (one
+# program an SM at A3B's shape), 4 warps (three), and rows halved or doubled in each phase.
+SWEEP = "16:8:8,16:8:4,16:16:8,8:8:8,8:4:4,8:8:2,8:4:2,8:16:4,4:0:0,4:4:2,4:8:1,4:2:2"
+
+
+def parse_configs(text: str) -> list[ChainConfig]:
+    return [parse_config(item) for item in text.split(",") if item]
+
+
+def _layer(shape: str, tokens: int, device):
+    gate_up, down, embd, ff, n_experts, k = SHAPES[shape]
+    experts = DecodeExperts.of_stack(synthetic_stack(gate_up, down, n_experts, embd, ff, seed=3, device=device))
+    gen = torch.Generator().manual_seed(4)
+    norm = (1 + 0.1 * torch.randn(embd, generator=gen)).bfloat16().to(device)
+    router = (torch.randn(n_experts, embd, generator=gen) * 0.05).bfloat16().to(device)
+    calls = [tuple((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device) for _ in range(2))
+             for _ in range(CALLS)]
+    return experts, norm, router, calls, k
+
+
+def _floor_bytes(experts, router, ids: torch.Tensor) -> int:
+    per_expert = sum(m.rows * m.row_bytes for m in (experts.gate, experts.up, experts.down))
+    return len(set(ids.flatten().tolist())) * per_expert + router.numel() * router.element_size()
+
+
+def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], bandwidth: float) -> None:
+    experts, norm, router, calls, k = _layer(shape, tokens, device)
+
+    def three(h, delta):
+        residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True)
+        return residual, x, moe_gemv_triton(x, ids, weights, experts), ids
+
+    def chained(h, delta, config=DEFAULT, buffers=None):
+        return chain_moe_triton(h, delta, norm, router, 1e-6, k, True, experts, site=("bench", shape),
+                                config=config, buffers=buffers)
+
+    want = [three(*c) for c in calls]
+    floor_us = sum(_floor_bytes(experts, router, w[3]) for w in want) / len(want) / bandwidth * 1e6
+    three_us = graph_us(three, calls, device)
+    print(f"{shape}, {tokens} token(s): three launches {three_us:7.2f} us  floor {floor_us:6.2f} us "
+          f"({100 * floor_us / three_us:4.1f} % of it)")
+    for config in configs:
+        tiles = chain_tiles(experts, k, torch.device(device).type == "cuda", config)
+        if tiles is None:
+            print(f"  {config}: the chain does not apply (tiles)")
+            continue
+        same, worst = True, 0.0
+        for c, w in zip(calls[:4], want):
+            buffers = {}
+            got = chained(*c, config, buffers)
+            same &= all(torch.equal(a, b) for a, b in zip(got, w[:3])) and torch.equal(buffers["ids"], w[3])
+            worst = max(worst, ((got[2].float() - w[2].float()).abs().max() / w[2].float().abs().max()).item())
+        us = graph_us(lambda h, d, cfg=config: chained(h, d, cfg), calls, device)
+        label = "default " if config == DEFAULT else ""
+        print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
+              f"{us:7.2f} us  {three_us / us:5.2f}x three  {100 * floor_us / us:5.1f} % of floor  "
+              f"{'the same bytes' if same else f'bytes differ (y {worst:.1e} of max)'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="strata bench moe-chain", description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="a3b-q4_0,qwen4exp-q2_0", help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--tokens", type=int, default=1, help="tokens a call (1: decode; a verify window's T)")
+    p.add_argument("--sweep", nargs="?", const=SWEEP, default="",
+                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN, comma-separated; 0: the default's) too")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: the interpreter, a smoke run
+    print(torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreted: times mean nothing)")
+    bandwidth = read_bandwidth(device)
+    configs = [DEFAULT] + [c for c in parse_configs(args.sweep) if c != DEFAULT]
+    for shape in args.shapes.split(","):
+        bench_shape(shape, args.tokens, device, configs, bandwidth)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
