@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine (H200, Triton 3.6), from the repo root; issue 4, session 9 (`chain`): an MoE layer's add + norm
+# + routing, the experts' gate/up and their down sum as ONE launch chained by counters (STRATA_DECODE_CHAIN,
+# kernels/moe/chain_moe.py), all resident on the A3B shape. In order:
+# 1. the chain's tests compiled on CUDA (tests/kernels/moe/test_chain_moe.py: the chained launch against the three
+#    launches at its warps byte for byte, held-back counters, the counters zero after each launch);
+# 2. (while the A3B file is made, ~90 s, if absent) `bench moe-chain --sweep` at the A3B shape: the three launches
+#    against the chained one per config (warps:gate_up_bn:down_bn), us, % of the floor, "=" where the chained bytes
+#    are the three launches' at its warps: the config to make the default;
+# 3. `bench decode` with the switch off, then on (STRATA_DECODE_CHAIN=1): tok/s, GPU step, % of the HBM bound
+#    (the session's 1.95 ms step, 21.8 %: the goal is 60 %);
+# 4. chain_check.py: greedy tokens and logits with the chain (default and 16:8:8) against unset, captured;
+# 5. profile_decode.py under the switch: the kernels a layer (eight -> six) and their times;
+# 6. as time allows: bench moe-chain at the qwen4exp Q2_0 shape (default config).
+# Under 6 minutes (BUDGET 330 s, + 90 s while a3b.gguf is made); logs in $OUT (chain_logs.tgz, chain_summary.txt;
+# the compile caches when run alone). Carry .whl (and .devcache).
+set -uo pipefail
+BUDGET=${BUDGET:-330}
+source tools/device/parts.sh || exit 1
+A=$M/a3b.gguf
+if [ ! -f $A ]; then
+  BUDGET=$((BUDGET + 90))
+  (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
+    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A) &
+fi
+part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_chain_moe.py
+part chain_sweep 110 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
+while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
+B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64"
+part bench_off 50 env STRATA_DECODE_CHAIN= $B
+part bench_chain 50 env STRATA_DECODE_CHAIN=1 $B
+part check_a3b 60 python3 tools/device/chain_check.py $A --tokens 24 --configs 1,16:8:8
+part profile_chain 35 env STRATA_DECODE_CHAIN=1 python3 tools/device/profile_decode.py $A --graphs on --steps 8 --top 14
+part chain_q4x 30 python3 -m strata bench moe-chain --shapes qwen4exp-q2_0
+{
+  cat $L/times.txt
+  tail -n 3 $L/tests.log
+  for f in chain_sweep chain_q4x; do
+    echo "=== $f"; grep -h "three launches\|x three\|apply" $L/$f.log 2>/dev/null | cut -c1-230
+  done
+  for f in bench_off bench_chain; do
+    echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | tail -n 12 | cut -c1-230
+  done
+  echo "=== check_a3b"; grep -h "captured\|PASS\|FAIL\|Error" $L/check_a3b.log | cut -c1-230
+  echo "=== profile_chain"; grep -h "tok/s\|ms per token\|kernels per token\|_kernel" $L/profile_chain.log \
+    | head -n 18 | cut -c1-160
+} > $OUT/chain_summary.txt
+cat $OUT/chain_summary.txt
+summarize chain "three launches|x three|tok/s|GPU|HBM|PASS|FAIL|Error|passed|failed"
