@@ -7,7 +7,7 @@
 set -uo pipefail
 BUDGET=${BUDGET:-400}
 source tools/device/parts.sh || exit 1
-(python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
+[ -f $M/a3b.gguf ] || (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
 make_q4x12
 wait
