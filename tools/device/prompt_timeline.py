@@ -8,7 +8,6 @@ import json
 import tempfile
 
 GATHER = "_gather_kernel"  # kernels/moe/expert_gather.py: the streamed experts' copy
-COPY_KINDS = ("memcpy", "gpu_memcpy")  # copy-engine transfers, where a path uses them
 
 
 def _union(intervals):
@@ -45,8 +44,9 @@ def report(prof, show: int = 12) -> None:
     if not events:
         print("timeline: no device events in the trace")
         return
-    copies = [e for e in events if GATHER in e["name"] or e.get("cat") == "gpu_memcpy"]
-    copy_streams = {e["args"].get("stream") for e in copies}
+    # The copy streams are the gathers' (the compute stream has small memcpys of its own: ids, tables).
+    copy_streams = {e["args"].get("stream") for e in events if GATHER in e["name"]}
+    copies = [e for e in events if e["args"].get("stream") in copy_streams]
     compute = [e for e in events if e["args"].get("stream") not in copy_streams]
     t0 = min(e["ts"] for e in events)
     t1 = max(e["ts"] + e["dur"] for e in events)
@@ -64,7 +64,7 @@ def report(prof, show: int = 12) -> None:
     if gaps:
         print(f"  link idle between copies: {sum(gaps):.1f} ms in {len(gaps)} gaps (largest {max(gaps):.2f} ms)")
     print(f"  the first {show} copies: start ms, length ms, compute busy during it (ms), compute kernels during it")
-    for e in sorted(copies, key=lambda e: e["ts"])[:show]:
+    for e in [c for c in sorted(copies, key=lambda e: e["ts"]) if c["dur"] > 100][:show]:  # the layers' batches
         span = [[e["ts"], e["ts"] + e["dur"]]]
         inside = [k for k in compute if k["ts"] < e["ts"] + e["dur"] and k["ts"] + k["dur"] > e["ts"]]
         names = sorted({k["name"][:40] for k in inside})[:4]
