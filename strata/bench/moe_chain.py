@@ -1,11 +1,12 @@
-"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the three
-launches it replaces (add_norm_route_triton, the experts' gate/up and down kernels) on one synthetic MoE layer.
+"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the four
+launches it replaces (add_norm_route_triton, the experts' gate/up and down kernels, the layer's closing
+add_rms_norm_triton) on one synthetic MoE layer.
 
 Per shape: microseconds per call of each, replayed from a CUDA graph of 32 calls (each with its own activations,
 so its own routing: the experts come from HBM rather than L2), the floor (the distinct chosen experts' bytes and
-the router's, over the measured read bandwidth), whether the chained call gives the bytes of the three launches
-run at its tiles and warps (residual, normed x, routing ids, the experts' sum y: "=" says the chaining reads
-nothing stale), and y's largest difference from the default three launches' over max |y| (compiled, a kernel's
+the router's, over the measured read bandwidth), whether the chained call gives the bytes of the four launches
+run at its tiles and warps (residuals, normed rows, routing ids, the experts' sum y: "=" says the chaining reads
+nothing stale), and y's largest difference from the default four launches' over max |y| (compiled, a kernel's
 sums follow its warp count). `--sweep` adds a line per ChainConfig (warps, gate/up rows, down rows).
 
     strata bench moe-chain [--shapes a3b-q4_0,qwen4exp-q2_0] [--tokens 1] [--sweep [W:G:D,...]]
@@ -19,11 +20,13 @@ import sys
 import torch
 
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
+import triton  # noqa: E402  (after it)
 from strata.bench.ceilings import graph_us, read_bandwidth
 from strata.bench.moe_decode import SHAPES, synthetic_stack
 from strata.kernels.moe.chain_moe import DEFAULT, ChainConfig, chain_moe_triton, chain_tiles, parse_config
 from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv_triton
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
+from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel, add_rms_norm_triton
 
 CALLS = 32
 SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smoke test's
@@ -52,44 +55,54 @@ def _floor_bytes(experts, router, ids: torch.Tensor) -> int:
     return len(set(ids.flatten().tolist())) * per_expert + router.numel() * router.element_size()
 
 
+def _at_warps(h, delta, norm, router, next_norm, k, experts, tiles):
+    """The four launches at the chain's tiles and warps: (residual, x, y, residual after, its norm, ids)."""
+    warps = tiles[0].warps
+    residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True,
+                                                      config=RouteConfig(warps=warps))
+    hid = gate_up_swiglu_triton(x, ids, experts, tiles[0])
+    y = down_sum_triton(hid, ids, weights, experts, x.dtype, tiles[1])
+    residual2, x2 = torch.empty_like(residual), torch.empty_like(residual)
+    _add_rms_norm_kernel[(residual.shape[0],)](residual, y, next_norm, residual2, x2, residual.shape[1], 1e-6,
+                                               BLOCK=triton.next_power_of_2(residual.shape[1]), num_warps=warps)
+    return residual, x, y, residual2, x2, ids
+
+
 def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], bandwidth: float) -> None:
     experts, norm, router, calls, k = _layer(shape, tokens, device)
+    next_norm = (norm.float() * 0.9).bfloat16()
 
-    def three(h, delta):
+    def four(h, delta):
         residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True)
-        return residual, x, moe_gemv_triton(x, ids, weights, experts), ids
+        y = moe_gemv_triton(x, ids, weights, experts)
+        return residual, x, y, *add_rms_norm_triton(residual, y, next_norm, 1e-6), ids
 
     def chained(h, delta, config=DEFAULT, buffers=None):
         return chain_moe_triton(h, delta, norm, router, 1e-6, k, True, experts, site=("bench", shape),
-                                config=config, buffers=buffers)
+                                config=config, next_norm=next_norm, buffers=buffers)
 
-    want = [three(*c) for c in calls]
-    floor_us = sum(_floor_bytes(experts, router, w[3]) for w in want) / len(want) / bandwidth * 1e6
-    three_us = graph_us(three, calls, device)
-    print(f"{shape}, {tokens} token(s): three launches {three_us:7.2f} us  floor {floor_us:6.2f} us "
-          f"({100 * floor_us / three_us:4.1f} % of it)")
+    want = [four(*c) for c in calls]
+    floor_us = sum(_floor_bytes(experts, router, w[5]) for w in want) / len(want) / bandwidth * 1e6
+    four_us = graph_us(four, calls, device)
+    print(f"{shape}, {tokens} token(s): four launches {four_us:7.2f} us  floor {floor_us:6.2f} us "
+          f"({100 * floor_us / four_us:4.1f} % of it)")
     for config in configs:
         tiles = chain_tiles(experts, k, torch.device(device).type == "cuda", config)
         if tiles is None:
             print(f"  {config}: the chain does not apply (tiles)")
             continue
-        # Bytes against the three launches at the chain's tiles and warps (compiled, sums follow the warp count),
-        # and y's largest difference from the default three's.
-        route = RouteConfig(warps=tiles[0].warps)
         same, worst = True, 0.0
         for c, w in zip(calls[:4], want):
             buffers = {}
             got = chained(*c, config, buffers)
-            residual, x, weights, ids = add_norm_route_triton(*c, norm, router, 1e-6, k, True, config=route)
-            hid = gate_up_swiglu_triton(x, ids, experts, tiles[0])
-            y = down_sum_triton(hid, ids, weights, experts, x.dtype, tiles[1])
-            same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"]), (residual, x, y, ids)))
+            at_warps = _at_warps(*c, norm, router, next_norm, k, experts, tiles)
+            same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"]), at_warps))
             worst = max(worst, ((got[2].float() - w[2].float()).abs().max() / w[2].float().abs().max()).item())
         us = graph_us(lambda h, d, cfg=config: chained(h, d, cfg), calls, device)
         label = "default " if config == DEFAULT else ""
         print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
-              f"{us:7.2f} us  {three_us / us:5.2f}x three  {100 * floor_us / us:5.1f} % of floor  "
-              f"{'=' if same else '!='} its three launches' bytes, y {worst:.1e} of max from the default three")
+              f"{us:7.2f} us  {four_us / us:5.2f}x four  {100 * floor_us / us:5.1f} % of floor  "
+              f"{'=' if same else '!='} its four launches' bytes, y {worst:.1e} of max from the default four")
 
 
 def main(argv: list[str] | None = None) -> int:

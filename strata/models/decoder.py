@@ -19,7 +19,7 @@ from strata.models.config import ModelConfig
 from strata.models.balanced_routing import balanced_routing
 from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
                                   add_rms_norm, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
-from strata.models.moe_chain import chained_moe
+from strata.models.moe_chain import chained_moe_layer
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -266,10 +266,9 @@ class DecoderLM:
         its shared expert's gate where their kernels take them."""
         c, w = self.config, self.ffn[i]
         delta = self.mixer(i, h, ctx, cos, sin, x)
-        chained = None if w.router is None else chained_moe(self, i, h, delta)  # STRATA_DECODE_CHAIN
+        chained = None if w.router is None else chained_moe_layer(self, i, h, delta)  # STRATA_DECODE_CHAIN
         if chained is not None:
-            h, x, routed = chained
-            return self.join_add_norm(i, h, routed, self.shared_swiglu(i, x, w), x)
+            return chained
         # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
         routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
                                                                c.n_experts_used, c.norm_topk_prob)

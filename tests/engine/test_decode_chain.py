@@ -1,6 +1,6 @@
 """STRATA_DECODE_CHAIN on the CPU (Triton's interpreter; the fused kernels and the one-shot expert kernels taken by
 CPU tensors as a GPU takes them): a tiny qwen3moe's decode steps with each MoE layer's routing and experts chained
-in one launch give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
+in one launch (with the layer's last add + norm) give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
 the graph seam's static step (its CPU form), and every layer's counters are zero again after each launch."""
 
 import os
@@ -54,7 +54,8 @@ def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs
     with switches.override(STRATA_DECODE_CHAIN="1"):
         chained_tokens, chained_logits = _run(tiny_moe, graphs)
     layers_moe = 2  # the tiny preset's layers, every one MoE
-    assert sum(r is not None for r in kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
+    assert len(kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
+    assert all(r is not None and len(r) == 5 for r in kernels_on_cpu)  # each with the layer's add + norm joined
     assert chained_tokens == tokens
     assert torch.equal(chained_logits, logits)
     for (device, site), counters in chain_moe._counters.items():

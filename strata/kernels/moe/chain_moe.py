@@ -1,26 +1,28 @@
 """An MoE layer's decode half in ONE launch (STRATA_DECODE_CHAIN): the residual add + norm + router + top-k
-(`add_norm_route.py`), the experts' gate/up + SwiGLU and their down sum (`oneshot_gemv.py`), chained by counters.
+(`add_norm_route.py`), the experts' gate/up + SwiGLU and their down sum (`oneshot_gemv.py`), and (`next_norm`,
+JOIN) the layer's closing residual add + next norm (`add_rms_norm.py`), chained by counters.
 
-Today these are three launches of 5.6, 9.4 and 6.1 us (A3B, H200) for ~3 us of bytes: each pays its ramp-up and
-tail. Here every program first claims a work item from a per-launch ticket (`atomic_add`): items [0, R) are the
-routing kernel's programs, [R, R + G) the gate/up kernel's (pair, row tile), the rest the down kernel's (token, row
-tile), so an item's phase is known from its number. Tickets are claimed in order by programs already running, so a
-program that waits (spins on a done-counter) waits only for items of smaller numbers, held by running programs that
-never wait for it: no deadlock whatever the hardware's dispatch order, and under TRITON_INTERPRET=1 (programs one
-after another) every wait is already satisfied when reached, so the CPU tests run this very code.
+Today these are four launches of 5.6, 9.4, 6.1 and 1.7 us (A3B, H200) for ~4.5 us of bytes: each pays its ramp-up
+and tail. Here every program first claims a work item from a per-launch ticket (`atomic_add`): items [0, R) are the
+routing kernel's programs, then the gate/up kernel's (pair, row tile), the down kernel's (token, row tile), then a
+norm item a token, so an item's phase is known from its number. Tickets are claimed in order by programs already
+running, so a program that waits (spins on a done-counter) waits only for items of smaller numbers, held by running
+programs that never wait for it: no deadlock whatever the hardware's dispatch order, and under TRITON_INTERPRET=1
+(programs one after another) every wait is already satisfied when reached, so the CPU tests run this very code.
 
 - routing item: as its kernel's program; its token's last arrival (which wrote the top-k) counts the token routed.
 - gate/up item: waits until every token is routed (it needs its expert's id before any weight), then the gate/up
   program's body; counts itself done.
 - down item: waits for the routing, loads its experts' weights (`down_fetch`), then waits for every gate/up item
-  (H complete) and runs the down program's dots and store (`down_dots`).
+  (H complete) and runs the down program's dots and store (`down_dots`); counts itself done (JOIN).
+- norm item (JOIN): waits for every down item, then `add_rms_norm_row` of its token (residual + y, next norm).
 
 Each phase is its kernel's own body (the same operations in the same order), so the bytes are the unchained
 kernels' wherever the compiler lays a phase out as its own kernel does: always under the interpreter; on a GPU the
-one launch has one warp count, and a phase run at another count than its kernel's may sum in another order (the
-device check, tools/device/chain_check.py, reports it). The last program to finish (a finished-count) puts the
-counters back to zero for the next launch, so a captured graph needs no memset. Counters are per call site (the
-layer).
+one launch has one warp count, and a phase run at another count than its kernel's may sum in another order
+(`bench moe-chain` checks the bytes against the separate launches at the chain's warps; tools/device/chain_check.py
+reports the logits against the default). The last program to finish (a finished-count) puts the counters back to
+zero for the next launch, so a captured graph needs no memset. Counters are per call site (the layer).
 
 PDL (kernels/pdl.py): every program calls `pdl_wait` first, before it takes its ticket, so that a launch touches its
 counters only once every earlier kernel of the stream has completed, the previous launch of the same site included
@@ -39,10 +41,11 @@ import triton.language as tl
 from strata.kernels.moe.oneshot_gemv import _units, down_dots, down_fetch, gate_up_item
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.add_norm_route import add_norm_route_item
+from strata.kernels.pointwise.add_rms_norm import add_rms_norm_row
 
 # Counter offsets (constexpr: the kernel reads them): the ticket, tokens routed, gate/up items done, programs
-# finished, waits given up (SPIN_LIMIT), then each token's arrival count (add_norm_route's).
-TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, ARRIVALS = (tl.constexpr(i) for i in (0, 1, 2, 3, 4, 8))
+# finished, waits given up (SPIN_LIMIT), down items done (JOIN), then each token's arrival count (add_norm_route's).
+TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, ARRIVALS = (tl.constexpr(i) for i in (0, 1, 2, 3, 4, 5, 8))
 MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = 8 + MAX_ROWS
 
@@ -112,7 +115,7 @@ def _count_done(counter):
 @triton.jit
 def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_ptr, weights_ptr, ids_ptr,
                       n_cols, n_experts, eps, slot_of, wg, wu, wd, hid, y, stride_g, stride_u, stride_d, counters,
-                      T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+                      nw2_ptr, res2_ptr, out2_ptr, JOIN: tl.constexpr, T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
                       BLOCK: tl.constexpr, EB: tl.constexpr, PROGRAMS: tl.constexpr, NORMALIZE: tl.constexpr,
                       EBLOCK: tl.constexpr, KB: tl.constexpr,
                       G_N_OUT: tl.constexpr, G_K: tl.constexpr, G_FMT: tl.constexpr, G_N_UNITS: tl.constexpr,
@@ -127,7 +130,8 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
     G_TILES: tl.constexpr = (G_N_OUT + G_BN - 1) // G_BN
     GATE_UP_ITEMS: tl.constexpr = T * TOP_K * G_TILES
     D_TILES: tl.constexpr = (D_N_OUT + D_BN - 1) // D_BN
-    ITEMS: tl.constexpr = ROUTE_ITEMS + GATE_UP_ITEMS + T * D_TILES
+    DOWN_ITEMS: tl.constexpr = T * D_TILES
+    ITEMS: tl.constexpr = ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS + (T if JOIN else 0)
     # Before the ticket: every earlier launch, this site's last one too, has completed (whatever came between).
     pdl_wait(PDL)
     item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")
@@ -144,7 +148,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
                          g_item % G_TILES, G_N_OUT, TOP_K, G_K, G_FMT, G_N_UNITS, G_UNIT_W, G_NT, SLOTS, G_BN, G_NU,
                          1, G_PER, G_BLOCK_BYTES, G_UNITS_PER_BLOCK, False)
             _count_done(counters + GATE_UP_DONE)
-    else:
+    elif item < ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS:
         d_item = item - ROUTE_ITEMS - GATE_UP_ITEMS
         token = d_item // D_TILES
         rows = (d_item % D_TILES) * D_BN + tl.arange(0, D_BN)
@@ -163,6 +167,12 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
             if _wait_for(counters + GATE_UP_DONE, GATE_UP_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
                 down_dots(hid, weights_ptr, y, token, rows, t, j, blk, um, index, word, s0, s1, s2, s3, D_N_OUT, TOP_K,
                           D_K, D_FMT, D_N_UNITS, D_UNIT_W, 1, False)
+                if JOIN:
+                    _count_done(counters + DOWN_DONE)
+    else:  # JOIN: the residual add + the next norm of one token, once every down item is done
+        row = (item - ROUTE_ITEMS - GATE_UP_ITEMS - DOWN_ITEMS).to(tl.int64)
+        if _wait_for(counters + DOWN_DONE, DOWN_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
+            add_rms_norm_row(row, res_ptr, y, nw2_ptr, res2_ptr, out2_ptr, n_cols, eps, BLOCK, 0)
     tl.debug_barrier()
     if tl.atomic_add(counters + FINISHED, 1, sem="acq_rel", scope="gpu") == ITEMS - 1:
         # Every other program is past its last use of the counters: zero them for the next launch.
@@ -170,6 +180,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         tl.store(counters + ROUTED, 0)
         tl.store(counters + GATE_UP_DONE, 0)
         tl.store(counters + FINISHED, 0)
+        tl.store(counters + DOWN_DONE, 0)
 
 
 _counters: dict[tuple[torch.device, object], torch.Tensor] = {}
@@ -243,9 +254,10 @@ def _prefixed(prefix: str, constants: dict) -> dict:
 
 
 def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: bool, g, d, slots: bool, tiles,
-                 config: ChainConfig = DEFAULT) -> tuple[dict, int, int]:
+                 config: ChainConfig = DEFAULT, join: bool = False) -> tuple[dict, int, int]:
     """(the kernel's constexprs, warps, items) of a launch: T tokens of n_cols, top-k of n_experts, gate operand g
-    and down operand d (gemv.ExpertOperand, or anything with .spec, .rows, .cols), `tiles` from `chain_tiles`."""
+    and down operand d (gemv.ExpertOperand, or anything with .spec, .rows, .cols), `tiles` from `chain_tiles`;
+    `join`: the residual add + next norm as a last phase."""
     from strata.kernels.moe.oneshot_gemv import _constants
     from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE
 
@@ -254,9 +266,9 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
     programs = triton.cdiv(n_experts, eb)
     gate_c = _constants(g.spec, g.rows, g.cols, 1, slots, tiles[0].bn, 1)
     down_c = _constants(d.spec, d.rows, d.cols, k, slots, tiles[1].bn, 1)
-    items = (programs + k * triton.cdiv(g.rows, tiles[0].bn) + triton.cdiv(d.rows, tiles[1].bn)) * n_tokens
+    items = (programs + k * triton.cdiv(g.rows, tiles[0].bn) + triton.cdiv(d.rows, tiles[1].bn) + join) * n_tokens
     warps = config.warps or max(t.warps for t in tiles)  # (the routing phase runs at any count)
-    constants = dict(T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs, NORMALIZE=normalize,
+    constants = dict(JOIN=join, T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs, NORMALIZE=normalize,
                      EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
                      **_prefixed("G_", gate_c), **_prefixed("D_", down_c))
     return constants, warps, items
@@ -264,10 +276,12 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
 
 def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
                      eps: float, k: int, normalize: bool, experts, site, config: ChainConfig = DEFAULT,
-                     spin_limit: int = 0, buffers: dict | None = None):
+                     next_norm: torch.Tensor | None = None, spin_limit: int = 0, buffers: dict | None = None):
     """h, delta [T, D] (bf16/fp16), norm_weight [D], router [E, D] of that dtype, `experts` (gemv.DecodeExperts)
     -> (h + delta, its norm x, the experts' weighted sum y [T, D] of h's dtype): what `add_norm_route_triton` then
     `moe_gemv_triton` give, in one launch; None where the chain does not apply (the caller runs those two).
+    `next_norm` [D]: also the layer's end, `add_rms_norm_triton(h + delta, y, next_norm, eps)`, as a last phase:
+    (h + delta, x, y, the new residual, its norm).
     `site`: the call site (the layer), whose counters this launch owns. `buffers` (tests): the scratch tensors,
     given or filled ("logits", "weights", "ids", "hid", "y"); `spin_limit`: see `_wait_for`."""
     n_tokens, n_cols = h.shape
@@ -287,10 +301,14 @@ def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Te
     ids = buffers.setdefault("ids", torch.empty(n_tokens, k, dtype=torch.int32, device=h.device))
     hid = buffers.setdefault("hid", torch.empty(n_tokens, k, g.rows, dtype=torch.float32, device=h.device))
     y = buffers.setdefault("y", torch.empty(n_tokens, d.rows, dtype=h.dtype, device=h.device))
+    join = next_norm is not None
+    residual2, out2 = (torch.empty_like(rows), torch.empty_like(rows)) if join else (residual, out)
     slots = experts.slot_of is not None
-    constants, warps, items = launch_shape(n_tokens, n_cols, n_experts, k, normalize, g, d, slots, tiles, config)
+    constants, warps, items = launch_shape(n_tokens, n_cols, n_experts, k, normalize, g, d, slots, tiles, config,
+                                           join)
     _chain_moe_kernel[(items,)](
         rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, weights, ids, n_cols,
         n_experts, eps, experts.slot_of if slots else ids, g.raw, u.raw, d.raw, hid, y, g.stride, u.stride, d.stride,
-        counters, **constants, SPIN_LIMIT=spin_limit, num_warps=warps, **launch_options(h))
-    return residual, out, y
+        counters, next_norm.contiguous() if join else norm_weight, residual2, out2, **constants,
+        SPIN_LIMIT=spin_limit, num_warps=warps, **launch_options(h))
+    return (residual, out, y, residual2, out2) if join else (residual, out, y)

@@ -15,7 +15,14 @@ from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = 0):
     pdl_start(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    add_rms_norm_row(tl.program_id(0).to(tl.int64), h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLOCK, PDL)
+
+
+@triton.jit
+def add_rms_norm_row(row, h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    """Row `row` (`_add_rms_norm_kernel`'s body; also the last phase of the chained MoE launch,
+    kernels/moe/chain_moe.py)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = out_ptr.dtype.element_ty

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from strata.bench.moe_decode import synthetic_stack
-from strata.kernels.moe.chain_moe import (ARRIVALS, FINISHED, GATE_UP_DONE, GAVE_UP, ROUTED, TICKET, ChainConfig,
-                                          chain_moe_triton, chain_tiles, site_counters)
+from strata.kernels.moe.chain_moe import (ARRIVALS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP, ROUTED, TICKET,
+                                          ChainConfig, chain_moe_triton, chain_tiles, site_counters)
 from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
+from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ChainConfig(gate_up_bn=16, down_bn=32)  # several items a phase: gate/up 64 rows = 4 tiles, down 128 = 4
@@ -36,31 +38,41 @@ def _case(device, fmt="Q4_0", rows=2, n_experts=8, k=2, seed=5):
                 experts=DecodeExperts.of_stack(stack))
 
 
-def _unchained(case, config):
-    """The three launches at the chain's tiles and warps (compiled, a kernel's sums follow its warp count)."""
+def _unchained(case, config, next_norm=None):
+    """The launches the chain replaces at its tiles and warps (compiled, a kernel's sums follow its warp count):
+    (residual, x, y, H, ids[, the new residual, its norm by next_norm])."""
     tiles = chain_tiles(case["experts"], case["k"], case["h"].is_cuda, config)
-    route = RouteConfig(warps=max(t.warps for t in tiles))
+    warps = max(t.warps for t in tiles)
     residual, x, weights, ids = add_norm_route_triton(case["h"], case["delta"], case["norm_weight"], case["router"],
-                                                      case["eps"], case["k"], case["normalize"], config=route)
+                                                      case["eps"], case["k"], case["normalize"],
+                                                      config=RouteConfig(warps=warps))
     hid = gate_up_swiglu_triton(x, ids, case["experts"], tiles[0])
-    return residual, x, down_sum_triton(hid, ids, weights, case["experts"], x.dtype, tiles[1]), hid, ids
+    y = down_sum_triton(hid, ids, weights, case["experts"], x.dtype, tiles[1])
+    if next_norm is None:
+        return residual, x, y, hid, ids
+    residual2, out2 = torch.empty_like(residual), torch.empty_like(residual)  # add_rms_norm_triton at those warps
+    _add_rms_norm_kernel[(residual.shape[0],)](residual, y, next_norm, residual2, out2, residual.shape[1],
+                                               case["eps"], BLOCK=triton.next_power_of_2(residual.shape[1]),
+                                               num_warps=warps)
+    return residual, x, y, hid, ids, residual2, out2
 
 
-@pytest.mark.parametrize("fmt, rows, k", [("Q4_0", 1, 2), ("Q8_0", 3, 3), ("Q4_K", 2, 2)])
-def test_chained_launch_gives_the_three_launches_bytes(device, fmt, rows, k):
+@pytest.mark.parametrize("fmt, rows, k, join", [("Q4_0", 1, 2, False), ("Q8_0", 3, 3, True), ("Q4_K", 2, 2, True)])
+def test_chained_launch_gives_the_separate_launches_bytes(device, fmt, rows, k, join):
     case = _case(device, fmt, rows, k=k)
-    want = _unchained(case, SMALL)
+    next_norm = (case["norm_weight"].float() * 0.9).to(case["h"].dtype) if join else None
+    want = _unchained(case, SMALL, next_norm)
     for launch in range(2):  # the counters left zero: a second launch runs the same
         buffers = {}
-        got = chain_moe_triton(**case, site=("test", fmt), config=SMALL, buffers=buffers)
-        assert got is not None
-        for a, b in zip(got, want[:3]):
+        got = chain_moe_triton(**case, site=("test", fmt), config=SMALL, buffers=buffers, next_norm=next_norm)
+        assert got is not None and len(got) == (5 if join else 3)
+        for a, b in zip(got, want[:3] + want[5:]):
             assert torch.equal(a, b), launch
         assert torch.equal(buffers["hid"], want[3]) and torch.equal(buffers["ids"], want[4])
         assert not site_counters(case["h"].device, ("test", fmt)).any()
 
 
-def _held_back(device, counter: int, value: int):
+def _held_back(device, counter: int, value: int, join: bool = False):
     case = _case(device, rows=2)
     site = ("held back", counter)
     counters = site_counters(case["h"].device, site)
@@ -70,7 +82,8 @@ def _held_back(device, counter: int, value: int):
                                                                                  dtype=torch.bfloat16)}
     # A few reads under the interpreter (every wait not met at once is held back); compiled, enough for a routing
     # item running beside the waiter to finish.
-    chain_moe_triton(**case, site=site, config=SMALL, buffers=buffers, spin_limit=3 if device == "cpu" else 20000)
+    chain_moe_triton(**case, site=site, config=SMALL, buffers=buffers, spin_limit=3 if device == "cpu" else 20000,
+                     next_norm=case["norm_weight"] if join else None)
     gave_up = int(counters[GAVE_UP.value])
     counters[GAVE_UP.value] = 0
     assert not counters.any()  # the last program zeroed the rest, the held-back counter too
@@ -91,8 +104,14 @@ def test_down_items_wait_for_every_gate_up_item(device):
     assert buffers["y"].isnan().all()  # no down item read H before all of it was written
 
 
+def test_the_join_waits_for_every_down_item(device):
+    buffers, gave_up, want = _held_back(device, DOWN_DONE.value, -1, join=True)  # one down item never counted
+    assert gave_up == 2  # each token's add + norm
+    assert torch.equal(buffers["y"], want[2])  # the down items ran
+
+
 def test_counter_layout_leaves_room_for_every_token():
-    offsets = [c.value for c in (TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP)]
+    offsets = [c.value for c in (TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE)]
     assert len(set(offsets)) == len(offsets) and max(offsets) < ARRIVALS.value
 
 
@@ -131,7 +150,7 @@ def test_bench_runs_and_reports_the_bytes(capsys):
 
     assert main(["--shapes", "tiny-q4_0", "--sweep", "0:16:32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("three launches" in line for line in lines)
-    chained = [line for line in lines if "x three" in line]
+    assert any("four launches" in line for line in lines)
+    chained = [line for line in lines if "x four" in line]
     assert len(chained) == 2, lines
-    assert all("= its three launches' bytes" in line and "!=" not in line for line in chained), lines
+    assert all("= its four launches' bytes" in line and "!=" not in line for line in chained), lines
