@@ -19,7 +19,7 @@ from strata.models.config import ModelConfig
 from strata.models.balanced_routing import balanced_routing
 from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
                                   add_rms_norm, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
-from strata.models.moe_chain import chained_moe_layer
+from strata.models.moe_chain import chain_config, chained_moe_layer, folds_o
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -164,6 +164,12 @@ class DecoderLM:
 
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
                    x: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(self._attention_heads(i, h, ctx, cos, sin, x), self.attention[i].o)
+
+    def _attention_heads(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
+                         x: torch.Tensor | None = None) -> torch.Tensor:
+        """`_attention` before its o projection: the heads [T, n_heads * head_dim] (STRATA_DECODE_CHAIN projects
+        them in its launch)."""
         w, c = self.attention[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
         q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
@@ -172,7 +178,7 @@ class DecoderLM:
             out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         else:
             out = ctx.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v)
-        return linear(out.reshape(-1, c.n_heads * c.head_dim), w.o)
+        return out.reshape(-1, c.n_heads * c.head_dim)
 
     def is_moe(self, i: int) -> bool:
         return self.ffn[i].router is not None
@@ -265,10 +271,20 @@ class DecoderLM:
         Each residual add runs with the norm that reads it (one launch on the GPU), with an MoE layer's routing and
         its shared expert's gate where their kernels take them."""
         c, w = self.config, self.ffn[i]
-        delta = self.mixer(i, h, ctx, cos, sin, x)
-        chained = None if w.router is None else chained_moe_layer(self, i, h, delta)  # STRATA_DECODE_CHAIN
-        if chained is not None:
-            return chained
+        chain = None if w.router is None else chain_config(self, i, h)  # STRATA_DECODE_CHAIN
+        if chain is not None:  # the layer's o projection (where foldable), MoE half and closing norm in one launch
+            if folds_o(self, i, h):
+                heads = self._attention_heads(i, h, ctx, cos, sin, x)
+                done = chained_moe_layer(self, i, h, chain, heads=heads)
+                delta = linear(heads, self.attention[i].o) if done is None else None
+            else:
+                done, delta = None, self.mixer(i, h, ctx, cos, sin, x)
+            if done is None:
+                done = chained_moe_layer(self, i, h, chain, delta=delta)
+            if done is not None:
+                return done
+        else:
+            delta = self.mixer(i, h, ctx, cos, sin, x)
         # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
         routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
                                                                c.n_experts_used, c.norm_topk_prob)

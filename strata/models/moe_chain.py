@@ -1,6 +1,6 @@
-"""The decoder's side of STRATA_DECODE_CHAIN: an MoE layer's add + norm + routing, its resident experts and (where
-the layer ends plainly) the residual add + next norm as one launch (kernels/moe/chain_moe.py) where it applies,
-else None and the layer runs its usual launches."""
+"""The decoder's side of STRATA_DECODE_CHAIN: an MoE layer's o projection (where its attention is the decoder's
+own), add + norm + routing, resident experts and (where the layer ends plainly) the residual add + next norm as one
+launch (kernels/moe/chain_moe.py) where it applies; else the layer runs its usual launches."""
 
 from __future__ import annotations
 
@@ -9,37 +9,71 @@ import torch
 from strata import switches
 
 
-def chained_moe_layer(model, i: int, h: torch.Tensor, delta: torch.Tensor):
-    """The end of MoE layer i of `model` (a DecoderLM) from its residual h and mixer output delta: (the new residual,
-    its norm by `norm_after(i)`), as `DecoderLM.layer` gives them; None unless the switch is on, the layer's experts
-    are all resident and read by the decode kernels, and the add + route launch itself would apply
-    (`add_norm_route`: a fused dtype, a float router, a decode-sized step). Without a shared expert and with the
-    decoder's own `join_add_norm`, the last add + norm is the launch's last phase; else the model joins after it."""
+def chain_config(model, i: int, h: torch.Tensor):
+    """STRATA_DECODE_CHAIN's ChainConfig where the chain may take MoE layer i of `model` (a DecoderLM) for the rows
+    h, else None: the switch on, the layer's experts all resident and read by the decode kernels, and the add +
+    route launch itself would apply (`add_norm_route`: a fused dtype, a float router, a decode-sized step)."""
     text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
     if text in ("", "0"):
         return None
     from strata.engine import experts as backends
-    from strata.kernels.moe.chain_moe import chain_moe_triton, parse_config
-    from strata.kernels.moe.gemv import DecodeExperts
-    from strata.models.decoder import DecoderLM
+    from strata.kernels.moe.chain_moe import parse_config
     from strata.models.layers import ROUTE_KERNEL_MAX_TOKENS, _fused
     from strata.models.weights import FLOAT_VIEWS
 
-    w, c, resident = model.ffn[i], model.config, model.experts
-    if not (isinstance(resident, backends.ResidentExperts) and i in resident.stacks and h.dim() == 2
-            and 1 <= h.shape[0] <= ROUTE_KERNEL_MAX_TOKENS and _fused(h, delta, w.norm)
+    w, resident = model.ffn[i], model.experts
+    if not (w.router is not None and isinstance(resident, backends.ResidentExperts) and i in resident.stacks
+            and h.dim() == 2 and 1 <= h.shape[0] <= ROUTE_KERNEL_MAX_TOKENS and _fused(h, w.norm)
             and w.router.ggml_type in FLOAT_VIEWS) or switches.get("STRATA_ROUTE_SEPARATE"):
         return None
-    stack = resident.stacks[i]
-    if backends.kernel_path(stack, h) != "decode":
+    if backends.kernel_path(resident.stacks[i], h) != "decode":
         return None
+    return parse_config(text)
+
+
+def folds_o(model, i: int, h: torch.Tensor) -> bool:
+    """Whether the o projection can be the launch's first phase: the decoder's own attention, whose `linear` over
+    the heads would take the quantized matvec (kernels/quant/matvec.py: the same program as that phase)."""
+    from strata.kernels.moe.decode import SPECS
+    from strata.kernels.moe.stack import dot_length_fits
+    from strata.kernels.quant.matvec import MAX_ROWS
+    from strata.models import layers
+    from strata.models.decoder import DecoderLM
+    from strata.models.weights import FLOAT_VIEWS
+    from strata.quant import get_format
+
+    if type(model).mixer is not DecoderLM.mixer or type(model)._attention is not DecoderLM._attention:
+        return False
+    o = model.attention[i].o
+    name = get_format(o.ggml_type).name
+    return ((h.is_cuda or layers.FUSED_ON_CPU) and h.shape[0] <= MAX_ROWS and o.ggml_type not in FLOAT_VIEWS
+            and name in SPECS and dot_length_fits(SPECS[name], o.shape[1]))
+
+
+def chained_moe_layer(model, i: int, h: torch.Tensor, config, delta: torch.Tensor | None = None,
+                      heads: torch.Tensor | None = None):
+    """The end of MoE layer i of `model` from its residual h and either its mixer's output `delta` or its attention
+    heads before the o projection (`heads`, where `folds_o`): (the new residual, its norm by `norm_after(i)`), as
+    `DecoderLM.layer` gives them; None where the launch declines (then, given `heads`, the caller projects them and
+    asks again with `delta`). Without a shared expert and with the decoder's own `join_add_norm`, the last add +
+    norm is the launch's last phase; else the model joins after it."""
+    from strata.kernels.moe.chain_moe import chain_moe_triton
+    from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand
+    from strata.models.decoder import DecoderLM
+    from strata.models.layers import _fused
+
+    w, c = model.ffn[i], model.config
     next_norm = model.norm_after(i)
     join = (w.shared_gate is None and type(model).join_add_norm is DecoderLM.join_add_norm
             and _fused(h, next_norm))
+    o = None
+    if heads is not None:
+        weight = model.attention[i].o
+        o = ExpertOperand(weight.raw.contiguous().reshape(-1), int(weight.ggml_type), *weight.shape, stride=0)
     # (A router converted by this call needs no care: the chained launch reads it after its PDL wait.)
     out = chain_moe_triton(h, delta, w.norm, w.router.dequantize(h.dtype), c.rms_eps, c.n_experts_used,
-                           c.norm_topk_prob, DecodeExperts.of_stack(stack), site=i, config=parse_config(text),
-                           next_norm=next_norm if join else None)
+                           c.norm_topk_prob, DecodeExperts.of_stack(model.experts.stacks[i]), site=i, config=config,
+                           next_norm=next_norm if join else None, heads=heads, o=o)
     if out is None:
         return None
     if join:

@@ -1,6 +1,6 @@
 """STRATA_DECODE_CHAIN on the CPU (Triton's interpreter; the fused kernels and the one-shot expert kernels taken by
 CPU tensors as a GPU takes them): a tiny qwen3moe's decode steps with each MoE layer's routing and experts chained
-in one launch (with the layer's last add + norm) give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
+in one launch (with the layer's o projection first and its last add + norm) give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
 the graph seam's static step (its CPU form), and every layer's counters are zero again after each launch."""
 
 import os
@@ -12,7 +12,11 @@ from strata import switches
 from strata.engine import experts as backends
 from strata.engine.engine import Engine, EngineConfig
 from strata.kernels.moe import chain_moe, gemv
-from strata.models import layers
+from strata.kernels.moe.decode import SPECS
+from strata.kernels.quant.matvec import quant_matvec
+from strata.models import decoder, layers
+from strata.models.weights import FLOAT_VIEWS
+from strata.quant import get_format
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -23,16 +27,32 @@ STEPS = 2
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    """The GPU's decode path on CPU tensors: fused kernels, the expert kernels (one-shot tiles: the GPU's default
-    for Q4_0, and what the chain runs), and a spy on the chained launches (the results they returned)."""
+    """The GPU's decode path on CPU tensors: fused kernels, the expert kernels and the quantized matvec (one-shot
+    tiles: the GPU's default for Q4_0, and what the chain runs), and a spy on the chained launches (the results
+    they returned)."""
     monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
     monkeypatch.setattr(backends, "kernel_path", lambda stack, x: "decode")
     monkeypatch.setattr(gemv, "use_triton", lambda t: True)
     monkeypatch.setattr(gemv, "gemv_config", lambda kind, spec, n_out, n_in, top_k, on_gpu:
                         gemv.oneshot_config(kind, spec, n_out, n_in, top_k, on_gpu))
+    real_linear = decoder.linear
+
+    def linear(x, weight, bias=None):  # models/weights.py's `linear`, with the GPU's quantized matvec on the CPU
+        if (weight.ggml_type not in FLOAT_VIEWS and x.dtype != torch.float32 and x.dim() == 2 and x.shape[0] <= 4
+                and get_format(weight.ggml_type).name in SPECS):
+            y = quant_matvec(x, weight.raw, weight.ggml_type, weight.shape)
+            return y if bias is None else y + bias
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(decoder, "linear", linear)  # the attention's o projection (the chain's first phase)
     launches = []
     real = chain_moe.chain_moe_triton
-    monkeypatch.setattr(chain_moe, "chain_moe_triton", lambda *a, **k: launches.append(real(*a, **k)) or launches[-1])
+
+    def spy(*a, **k):  # (what the launch returned, whether it took the o projection)
+        launches.append((real(*a, **k), k.get("heads") is not None))
+        return launches[-1][0]
+
+    monkeypatch.setattr(chain_moe, "chain_moe_triton", spy)
     return launches
 
 
@@ -55,7 +75,8 @@ def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs
         chained_tokens, chained_logits = _run(tiny_moe, graphs)
     layers_moe = 2  # the tiny preset's layers, every one MoE
     assert len(kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
-    assert all(r is not None and len(r) == 5 for r in kernels_on_cpu)  # each with the layer's add + norm joined
+    # Each launch with the o projection first (the prompt's 4 rows too) and the layer's add + norm last.
+    assert all(out is not None and len(out) == 5 and folded for out, folded in kernels_on_cpu)
     assert chained_tokens == tokens
     assert torch.equal(chained_logits, logits)
     for (device, site), counters in chain_moe._counters.items():

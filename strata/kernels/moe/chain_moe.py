@@ -1,16 +1,20 @@
-"""An MoE layer's decode half in ONE launch (STRATA_DECODE_CHAIN): the residual add + norm + router + top-k
-(`add_norm_route.py`), the experts' gate/up + SwiGLU and their down sum (`oneshot_gemv.py`), and (`next_norm`,
-JOIN) the layer's closing residual add + next norm (`add_rms_norm.py`), chained by counters.
+"""An MoE layer's decode half in ONE launch (STRATA_DECODE_CHAIN): (`o`) the attention's o projection (the dense
+matvec, `oneshot_gemv`), the residual add + norm + router + top-k (`add_norm_route.py`), the experts' gate/up +
+SwiGLU and their down sum (`oneshot_gemv.py`), and (`next_norm`, JOIN) the layer's closing residual add + next
+norm (`add_rms_norm.py`), chained by counters.
 
-Today these are four launches of 5.6, 9.4, 6.1 and 1.7 us (A3B, H200) for ~4.5 us of bytes: each pays its ramp-up
-and tail. Here every program first claims a work item from a per-launch ticket (`atomic_add`): items [0, R) are the
-routing kernel's programs, then the gate/up kernel's (pair, row tile), the down kernel's (token, row tile), then a
-norm item a token, so an item's phase is known from its number. Tickets are claimed in order by programs already
-running, so a program that waits (spins on a done-counter) waits only for items of smaller numbers, held by running
-programs that never wait for it: no deadlock whatever the hardware's dispatch order, and under TRITON_INTERPRET=1
-(programs one after another) every wait is already satisfied when reached, so the CPU tests run this very code.
+Today these are five launches of 6.1, 5.6, 9.4, 6.1 and 1.7 us (A3B, H200) for ~5.5 us of bytes: each pays its
+ramp-up and tail. Here every program first claims a work item from a per-launch ticket (`atomic_add`): the o
+items (row tiles), the routing kernel's programs, the gate/up kernel's (pair, row tile), the down kernel's (token,
+row tile), then a norm item a token, so an item's phase is known from its number. Tickets are claimed in order by
+programs already running, so a program that waits (spins on a done-counter) waits only for items of smaller
+numbers, held by running programs that never wait for it: no deadlock whatever the hardware's dispatch order, and
+under TRITON_INTERPRET=1 (programs one after another) every wait is already satisfied when reached, so the CPU
+tests run this very code.
 
-- routing item: as its kernel's program; its token's last arrival (which wrote the top-k) counts the token routed.
+- o item: loads its weight rows, waits for the predecessor (PDL), then the heads; counts itself done.
+- routing item: (o) waits for every o item (delta complete); then as its kernel's program; its token's last
+  arrival (which wrote the top-k) counts the token routed.
 - gate/up item: waits until every token is routed (it needs its expert's id before any weight), then the gate/up
   program's body; counts itself done.
 - down item: waits for the routing, loads its experts' weights (`down_fetch`), then waits for every gate/up item
@@ -24,10 +28,13 @@ one launch has one warp count, and a phase run at another count than its kernel'
 reports the logits against the default). The last program to finish (a finished-count) puts the counters back to
 zero for the next launch, so a captured graph needs no memset. Counters are per call site (the layer).
 
-PDL (kernels/pdl.py): every program calls `pdl_wait` first, before it takes its ticket, so that a launch touches its
-counters only once every earlier kernel of the stream has completed, the previous launch of the same site included
-(a PDL launch may otherwise start while kernels several places ahead of it still run). The cost: a routing item
-loads its router rows after the wait rather than before, in the same round trip as its activations.
+PDL (kernels/pdl.py): every program calls `pdl_wait` before its first read of the step's data and before any
+store. Without the o phase it waits first of all, before its ticket: the launch then touches its counters only
+once every earlier kernel of the stream has completed (whatever launches came before, this site's previous one
+included). With it, the ticket comes first, so that the o items stream their weights while attention finishes;
+every other item waits right after its ticket. That early ticket needs the site's previous launch complete,
+which the step guarantees: one site runs once a step, and every step starts with launches that take no PDL (the
+embedding's torch ops), which start only once everything before them has completed.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ from strata.kernels.pointwise.add_norm_route import add_norm_route_item
 from strata.kernels.pointwise.add_rms_norm import add_rms_norm_row
 
 # Counter offsets (constexpr: the kernel reads them): the ticket, tokens routed, gate/up items done, programs
-# finished, waits given up (SPIN_LIMIT), down items done (JOIN), then each token's arrival count (add_norm_route's).
-TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, ARRIVALS = (tl.constexpr(i) for i in (0, 1, 2, 3, 4, 5, 8))
+# finished, waits given up (SPIN_LIMIT), down items done (JOIN), o-projection items done (O), then each token's
+# arrival count (add_norm_route's).
+TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, O_DONE, ARRIVALS = (
+    tl.constexpr(i) for i in (0, 1, 2, 3, 4, 5, 6, 8))
 MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = 8 + MAX_ROWS
 
@@ -115,7 +124,7 @@ def _count_done(counter):
 @triton.jit
 def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_ptr, weights_ptr, ids_ptr,
                       n_cols, n_experts, eps, slot_of, wg, wu, wd, hid, y, stride_g, stride_u, stride_d, counters,
-                      nw2_ptr, res2_ptr, out2_ptr, JOIN: tl.constexpr, T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+                      nw2_ptr, res2_ptr, out2_ptr, a_ptr, wo, ones_ptr, JOIN: tl.constexpr, T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
                       BLOCK: tl.constexpr, EB: tl.constexpr, PROGRAMS: tl.constexpr, NORMALIZE: tl.constexpr,
                       EBLOCK: tl.constexpr, KB: tl.constexpr,
                       G_N_OUT: tl.constexpr, G_K: tl.constexpr, G_FMT: tl.constexpr, G_N_UNITS: tl.constexpr,
@@ -124,32 +133,60 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
                       D_N_OUT: tl.constexpr, D_K: tl.constexpr, D_FMT: tl.constexpr, D_N_UNITS: tl.constexpr,
                       D_UNIT_W: tl.constexpr, D_NT: tl.constexpr, D_BN: tl.constexpr, D_NU: tl.constexpr,
                       D_PER: tl.constexpr, D_BLOCK_BYTES: tl.constexpr, D_UNITS_PER_BLOCK: tl.constexpr,
+                      O: tl.constexpr = 0, O_N_OUT: tl.constexpr = 0, O_K: tl.constexpr = 0, O_FMT: tl.constexpr = 0,
+                      O_N_UNITS: tl.constexpr = 1, O_UNIT_W: tl.constexpr = 0, O_NT: tl.constexpr = 1,
+                      O_BN: tl.constexpr = 1, O_NU: tl.constexpr = 1, O_PER: tl.constexpr = 0,
+                      O_BLOCK_BYTES: tl.constexpr = 0, O_UNITS_PER_BLOCK: tl.constexpr = 1,
                       SPIN_LIMIT: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_start(PDL)
+    O_ITEMS: tl.constexpr = (O_N_OUT + O_BN - 1) // O_BN if O else 0
     ROUTE_ITEMS: tl.constexpr = PROGRAMS * T
     G_TILES: tl.constexpr = (G_N_OUT + G_BN - 1) // G_BN
     GATE_UP_ITEMS: tl.constexpr = T * TOP_K * G_TILES
     D_TILES: tl.constexpr = (D_N_OUT + D_BN - 1) // D_BN
     DOWN_ITEMS: tl.constexpr = T * D_TILES
-    ITEMS: tl.constexpr = ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS + (T if JOIN else 0)
-    # Before the ticket: every earlier launch, this site's last one too, has completed (whatever came between).
-    pdl_wait(PDL)
+    ITEMS: tl.constexpr = O_ITEMS + ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS + (T if JOIN else 0)
+    if not O:  # before the ticket: every earlier launch, this site's last one too, has completed
+        pdl_wait(PDL)
     item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")
-    if item < ROUTE_ITEMS:  # (PDL 0: the body's own wait is the one above)
-        last = add_norm_route_item(item % PROGRAMS, (item // PROGRAMS).to(tl.int64), h_ptr, d_ptr, nw_ptr,
-                                   router_ptr, res_ptr, x_ptr, logits_ptr, counters + ARRIVALS, weights_ptr, ids_ptr,
-                                   n_cols, n_experts, eps, BLOCK, EB, PROGRAMS, TOP_K, NORMALIZE, EBLOCK, KB, 0)
-        if last:  # this token's weights and ids are written
-            _count_done(counters + ROUTED)
-    elif item < ROUTE_ITEMS + GATE_UP_ITEMS:
-        g_item = item - ROUTE_ITEMS
+    if item < O_ITEMS:  # the o projection's rows (the dense matvec's program): weights, wait, then the heads
+        rows = item * O_BN + tl.arange(0, O_BN)
+        t = tl.arange(0, O_NT)
+        g, um = _units(1, O_PER, O_N_UNITS, O_NU)
+        index = tl.where(um, 0, -1)  # one "expert" at stride 0
+        word, s0, s1, s2, s3 = down_fetch(wo, 0, rows, t, g % O_N_UNITS, index, O_N_OUT, O_FMT, O_N_UNITS,
+                                          O_BLOCK_BYTES, O_UNITS_PER_BLOCK)
+        pdl_wait(PDL)
+        down_dots(a_ptr, ones_ptr, d_ptr, 0, rows, t, g // O_N_UNITS, g % O_N_UNITS, um, index, word, s0, s1, s2,
+                  s3, O_N_OUT, 1, O_K, O_FMT, O_N_UNITS, O_UNIT_W, T, True)
+        _count_done(counters + O_DONE)
+    elif item < O_ITEMS + ROUTE_ITEMS:  # (PDL 0: the body's own wait is the one above)
+        if O:
+            pdl_wait(PDL)
+        r_item = item - O_ITEMS
+        ready = True
+        if O:  # delta is the o items' output
+            ready = _wait_for(counters + O_DONE, O_ITEMS, counters + GAVE_UP, SPIN_LIMIT)
+        if ready:
+            last = add_norm_route_item(r_item % PROGRAMS, (r_item // PROGRAMS).to(tl.int64), h_ptr, d_ptr, nw_ptr,
+                                       router_ptr, res_ptr, x_ptr, logits_ptr, counters + ARRIVALS, weights_ptr,
+                                       ids_ptr, n_cols, n_experts, eps, BLOCK, EB, PROGRAMS, TOP_K, NORMALIZE, EBLOCK,
+                                       KB, 0)
+            if last:  # this token's weights and ids are written
+                _count_done(counters + ROUTED)
+    elif item < O_ITEMS + ROUTE_ITEMS + GATE_UP_ITEMS:
+        if O:
+            pdl_wait(PDL)
+        g_item = item - O_ITEMS - ROUTE_ITEMS
         if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
             gate_up_item(x_ptr, ids_ptr, slot_of, wg, wu, hid, stride_g, stride_u, g_item // G_TILES,
                          g_item % G_TILES, G_N_OUT, TOP_K, G_K, G_FMT, G_N_UNITS, G_UNIT_W, G_NT, SLOTS, G_BN, G_NU,
                          1, G_PER, G_BLOCK_BYTES, G_UNITS_PER_BLOCK, False)
             _count_done(counters + GATE_UP_DONE)
-    elif item < ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS:
-        d_item = item - ROUTE_ITEMS - GATE_UP_ITEMS
+    elif item < O_ITEMS + ROUTE_ITEMS + GATE_UP_ITEMS + DOWN_ITEMS:
+        if O:
+            pdl_wait(PDL)
+        d_item = item - O_ITEMS - ROUTE_ITEMS - GATE_UP_ITEMS
         token = d_item // D_TILES
         rows = (d_item % D_TILES) * D_BN + tl.arange(0, D_BN)
         t = tl.arange(0, D_NT)
@@ -170,7 +207,9 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
                 if JOIN:
                     _count_done(counters + DOWN_DONE)
     else:  # JOIN: the residual add + the next norm of one token, once every down item is done
-        row = (item - ROUTE_ITEMS - GATE_UP_ITEMS - DOWN_ITEMS).to(tl.int64)
+        if O:
+            pdl_wait(PDL)
+        row = (item - O_ITEMS - ROUTE_ITEMS - GATE_UP_ITEMS - DOWN_ITEMS).to(tl.int64)
         if _wait_for(counters + DOWN_DONE, DOWN_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
             add_rms_norm_row(row, res_ptr, y, nw2_ptr, res2_ptr, out2_ptr, n_cols, eps, BLOCK, 0)
     tl.debug_barrier()
@@ -181,6 +220,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         tl.store(counters + GATE_UP_DONE, 0)
         tl.store(counters + FINISHED, 0)
         tl.store(counters + DOWN_DONE, 0)
+        tl.store(counters + O_DONE, 0)
 
 
 _counters: dict[tuple[torch.device, object], torch.Tensor] = {}
@@ -198,38 +238,44 @@ def site_counters(device: torch.device, site) -> torch.Tensor | None:
     return counters
 
 
-def chain_tiles(experts, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
-    """(gate/up, down) GemvConfig of the chained phases (see ChainConfig); None where the chain does not apply (an
-    input cut in slices, operands the one-shot kernels cannot read, or ones the unchained path reads bytewise)."""
+def chain_tiles(experts, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT, o=None):
+    """(gate/up, down[, o projection]) GemvConfig of the chained phases (see ChainConfig); None where the chain does
+    not apply (an input cut in slices, operands the one-shot kernels cannot read, or ones the unchained path reads
+    bytewise). `o`: the o projection's operand (gemv.ExpertOperand at stride 0), a dense matvec phase first."""
     from strata.kernels.moe import gemv
 
     g, u, d = experts.gate, experts.up, experts.down
-    tiles = phase_tiles(g, d, top_k, on_gpu, config)
+    tiles = phase_tiles(g, d, top_k, on_gpu, config, o)
     if tiles is None:
         return None
     ok = (gemv._takes_words(tiles[0], g, u) and gemv._takes_oneshot(tiles[0], g, u) and gemv._takes_words(tiles[1], d)
           and gemv._takes_oneshot(tiles[1], d))
+    if o is not None:
+        ok = ok and gemv._takes_words(tiles[2], o) and gemv._takes_oneshot(tiles[2], o)
     return tiles if ok else None
 
 
-def phase_tiles(g, d, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
-    """The tiles of `chain_tiles` from the gate and down operands' formats and shapes alone (.spec, .rows, .cols)."""
+def phase_tiles(g, d, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT, o=None):
+    """The tiles of `chain_tiles` from the operands' formats and shapes alone (.spec, .rows, .cols)."""
     from dataclasses import replace
 
     from strata.kernels.moe import gemv
     from strata.kernels.moe.oneshot_gemv import WORDS_PER_THREAD, slice_units
     from strata.kernels.moe.wide_gemv import UNIT, WORDS
 
+    phases = [("gate_up", g, config.gate_up_bn, 2, top_k), ("down", d, config.down_bn, 1, top_k)]
+    if o is not None:
+        phases.append(("matvec", o, 0, 1, 1))
     tiles = []
-    for kind, m, bn, operands in (("gate_up", g, config.gate_up_bn, 2), ("down", d, config.down_bn, 1)):
-        cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+    for kind, m, bn, operands, k in phases:
+        cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, k, on_gpu)
         if not cfg.wide:
             return None
         if not cfg.oneshot:
-            cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+            cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, k, on_gpu)
         if on_gpu:
             warps = config.warps or GPU_WARPS
-            lanes = slice_units(m.cols // UNIT[m.spec.name] * (top_k if kind == "down" else 1), 1)[1]
+            lanes = slice_units(m.cols // UNIT[m.spec.name] * (k if kind == "down" else 1), 1)[1]
 
             def words(rows: int) -> float:  # code words a thread holds (oneshot_gemv.oneshot_tile's measure)
                 return operands * lanes * rows * WORDS[m.spec.name] / (32 * warps)
@@ -254,10 +300,10 @@ def _prefixed(prefix: str, constants: dict) -> dict:
 
 
 def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: bool, g, d, slots: bool, tiles,
-                 config: ChainConfig = DEFAULT, join: bool = False) -> tuple[dict, int, int]:
+                 config: ChainConfig = DEFAULT, join: bool = False, o=None) -> tuple[dict, int, int]:
     """(the kernel's constexprs, warps, items) of a launch: T tokens of n_cols, top-k of n_experts, gate operand g
     and down operand d (gemv.ExpertOperand, or anything with .spec, .rows, .cols), `tiles` from `chain_tiles`;
-    `join`: the residual add + next norm as a last phase."""
+    `join`: the residual add + next norm as a last phase; `o`: the o projection's operand, a first phase."""
     from strata.kernels.moe.oneshot_gemv import _constants
     from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE
 
@@ -268,34 +314,46 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
     down_c = _constants(d.spec, d.rows, d.cols, k, slots, tiles[1].bn, 1)
     items = (programs + k * triton.cdiv(g.rows, tiles[0].bn) + triton.cdiv(d.rows, tiles[1].bn) + join) * n_tokens
     warps = config.warps or max(t.warps for t in tiles)  # (the routing phase runs at any count)
-    constants = dict(JOIN=join, T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs, NORMALIZE=normalize,
-                     EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
+    constants = dict(JOIN=join, T=n_tokens, TOP_K=k, SLOTS=slots, BLOCK=block, EB=eb, PROGRAMS=programs,
+                     NORMALIZE=normalize, EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
                      **_prefixed("G_", gate_c), **_prefixed("D_", down_c))
+    if o is not None:
+        items += triton.cdiv(o.rows, tiles[2].bn)  # one group: every token's row shares the loaded weights
+        constants.update(O=True, **_prefixed("O_", _constants(o.spec, o.rows, o.cols, 1, False, tiles[2].bn, 1)))
     return constants, warps, items
 
 
-def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
+def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, router: torch.Tensor,
                      eps: float, k: int, normalize: bool, experts, site, config: ChainConfig = DEFAULT,
-                     next_norm: torch.Tensor | None = None, spin_limit: int = 0, buffers: dict | None = None):
+                     next_norm: torch.Tensor | None = None, heads: torch.Tensor | None = None, o=None,
+                     spin_limit: int = 0, buffers: dict | None = None):
     """h, delta [T, D] (bf16/fp16), norm_weight [D], router [E, D] of that dtype, `experts` (gemv.DecodeExperts)
     -> (h + delta, its norm x, the experts' weighted sum y [T, D] of h's dtype): what `add_norm_route_triton` then
     `moe_gemv_triton` give, in one launch; None where the chain does not apply (the caller runs those two).
     `next_norm` [D]: also the layer's end, `add_rms_norm_triton(h + delta, y, next_norm, eps)`, as a last phase:
-    (h + delta, x, y, the new residual, its norm).
+    (h + delta, x, y, the new residual, its norm). `heads` [T, n] and `o` (a gemv.ExpertOperand at stride 0 of
+    [D, n]): delta is `quant_matvec(heads, o)`, a first phase (delta then None; T <= quant.matvec.MAX_ROWS).
     `site`: the call site (the layer), whose counters this launch owns. `buffers` (tests): the scratch tensors,
-    given or filled ("logits", "weights", "ids", "hid", "y"); `spin_limit`: see `_wait_for`."""
+    given or filled ("logits", "weights", "ids", "hid", "y", "delta"); `spin_limit`: see `_wait_for`."""
+    from strata.kernels.quant.matvec import MAX_ROWS as MATVEC_ROWS
+    from strata.kernels.quant.matvec import one_expert
+
     n_tokens, n_cols = h.shape
     n_experts = router.shape[0]
     if not 1 <= n_tokens <= MAX_ROWS or experts.sparse or not 1 <= k <= n_experts or router.shape[1] != n_cols:
         return None
-    tiles = chain_tiles(experts, k, h.is_cuda, config)
+    if o is not None and not (n_tokens <= MATVEC_ROWS and o.stride == 0 and o.rows == n_cols
+                              and heads.shape == (n_tokens, o.cols)):
+        return None
+    tiles = chain_tiles(experts, k, h.is_cuda, config, o)
     counters = None if tiles is None else site_counters(h.device, site)
     if counters is None:
         return None
     g, u, d = experts.gate, experts.up, experts.down
-    rows, deltas = h.contiguous(), delta.contiguous()
+    rows = h.contiguous()
     residual, out = torch.empty_like(rows), torch.empty_like(rows)
     buffers = {} if buffers is None else buffers
+    deltas = delta.contiguous() if o is None else buffers.setdefault("delta", torch.empty_like(rows))
     logits = buffers.setdefault("logits", torch.empty(n_tokens, n_experts, dtype=torch.float32, device=h.device))
     weights = buffers.setdefault("weights", torch.empty(n_tokens, k, dtype=torch.float32, device=h.device))
     ids = buffers.setdefault("ids", torch.empty(n_tokens, k, dtype=torch.int32, device=h.device))
@@ -305,10 +363,11 @@ def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Te
     residual2, out2 = (torch.empty_like(rows), torch.empty_like(rows)) if join else (residual, out)
     slots = experts.slot_of is not None
     constants, warps, items = launch_shape(n_tokens, n_cols, n_experts, k, normalize, g, d, slots, tiles, config,
-                                           join)
+                                           join, o)
+    o_args = (heads.contiguous(), o.raw, one_expert(h.device, n_tokens)[1]) if o is not None else (rows, g.raw, weights)
     _chain_moe_kernel[(items,)](
         rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, weights, ids, n_cols,
         n_experts, eps, experts.slot_of if slots else ids, g.raw, u.raw, d.raw, hid, y, g.stride, u.stride, d.stride,
-        counters, next_norm.contiguous() if join else norm_weight, residual2, out2, **constants,
+        counters, next_norm.contiguous() if join else norm_weight, residual2, out2, *o_args, **constants,
         SPIN_LIMIT=spin_limit, num_warps=warps, **launch_options(h))
     return (residual, out, y, residual2, out2) if join else (residual, out, y)

@@ -1,5 +1,5 @@
 """Build the chained MoE kernel (kernels/moe/chain_moe.py) for sm_90 without a GPU at the A3B shape (Q4_0, 2048 x
-768, 128 experts, top 8; the layer's add + norm joined, as decode runs it), with the given configs; print each build's registers and spill stack.
+768, 128 experts, top 8; the o projection first and the layer's add + norm last, as decode runs it), with the given configs; print each build's registers and spill stack.
 
 Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
 `python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN[:PDL] ...]`.
@@ -21,16 +21,18 @@ SIGNATURE = {"h_ptr": "*bf16", "d_ptr": "*bf16", "nw_ptr": "*bf16", "router_ptr"
              "x_ptr": "*bf16", "logits_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "n_cols": "i32",
              "n_experts": "i32", "eps": "fp32", "slot_of": "*i32", "wg": "*u8", "wu": "*u8", "wd": "*u8",
              "hid": "*fp32", "y": "*bf16", "stride_g": "i32", "stride_u": "i32", "stride_d": "i32",
-             "counters": "*i32", "nw2_ptr": "*bf16", "res2_ptr": "*bf16", "out2_ptr": "*bf16"}
+             "counters": "*i32", "nw2_ptr": "*bf16", "res2_ptr": "*bf16", "out2_ptr": "*bf16", "a_ptr": "*bf16",
+             "wo": "*u8", "ones_ptr": "*fp32"}
 
 
-def a3b_build(config: ChainConfig, pdl: int, n_embd: int = 2048, n_ff: int = 768, n_experts: int = 128, k: int = 8):
+def a3b_build(config: ChainConfig, pdl: int, n_embd: int = 2048, n_ff: int = 768, n_experts: int = 128, k: int = 8,
+              n_heads_dim: int = 4096):
     spec = SPECS["Q4_0"]
     g = SimpleNamespace(spec=spec, rows=n_ff, cols=n_embd)
     d = SimpleNamespace(spec=spec, rows=n_embd, cols=n_ff)
-    tiles = phase_tiles(g, d, k, True, config)
-    constants, warps, _ = launch_shape(1, n_embd, n_experts, k, True, g, d, False, tiles, config,
-                                      join=True)
+    o = SimpleNamespace(spec=spec, rows=n_embd, cols=n_heads_dim)
+    tiles = phase_tiles(g, d, k, True, config, o)
+    constants, warps, _ = launch_shape(1, n_embd, n_experts, k, True, g, d, False, tiles, config, join=True, o=o)
     return build(_chain_moe_kernel, SIGNATURE, {**constants, "SPIN_LIMIT": 0, "PDL": pdl}, num_warps=warps)
 
 

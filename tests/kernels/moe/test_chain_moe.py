@@ -15,11 +15,12 @@ import torch
 import triton
 
 from strata.bench.moe_decode import synthetic_stack
-from strata.kernels.moe.chain_moe import (ARRIVALS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP, ROUTED, TICKET,
-                                          ChainConfig, chain_moe_triton, chain_tiles, site_counters)
-from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton
+from strata.kernels.moe.chain_moe import (ARRIVALS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP, O_DONE, ROUTED,
+                                          TICKET, ChainConfig, chain_moe_triton, chain_tiles, site_counters)
+from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand, down_sum_triton, gate_up_swiglu_triton
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
 from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel
+from strata.kernels.quant.matvec import quant_matvec
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ChainConfig(gate_up_bn=16, down_bn=32)  # several items a phase: gate/up 64 rows = 4 tiles, down 128 = 4
@@ -111,7 +112,7 @@ def test_the_join_waits_for_every_down_item(device):
 
 
 def test_counter_layout_leaves_room_for_every_token():
-    offsets = [c.value for c in (TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE)]
+    offsets = [c.value for c in (TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, O_DONE)]
     assert len(set(offsets)) == len(offsets) and max(offsets) < ARRIVALS.value
 
 
@@ -154,3 +155,40 @@ def test_bench_runs_and_reports_the_bytes(capsys):
     chained = [line for line in lines if "x four" in line]
     assert len(chained) == 2, lines
     assert all("= its four launches' bytes" in line and "!=" not in line for line in chained), lines
+
+
+def _o_case(device, rows=2):
+    """A case whose delta is the o projection of random heads [rows, 256] by a Q4_0 [128, 256] weight."""
+    case = _case(device, rows=rows)
+    weight = synthetic_stack("Q4_0", "Q4_0", 1, 256, 128, seed=9, device=device).gate  # [1, 128 rows, 256]
+    o = ExpertOperand(weight.raw.contiguous().reshape(-1), int(weight.ggml_type), 128, 256, stride=0)
+    heads = torch.randn(rows, 256, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16).to(device)
+    return case, heads, o, weight
+
+
+def test_o_projection_phase_gives_the_matvec_bytes(device):
+    case, heads, o, weight = _o_case(device)
+    tiles = chain_tiles(case["experts"], case["k"], case["h"].is_cuda, SMALL, o)
+    delta = quant_matvec(heads, weight.raw[0], weight.ggml_type, (128, 256), config=tiles[2])
+    next_norm = case["norm_weight"]
+    want = _unchained({**case, "delta": delta}, SMALL, next_norm)
+    buffers = {}
+    got = chain_moe_triton(**{**case, "delta": None}, site="o", config=SMALL, next_norm=next_norm, heads=heads, o=o,
+                           buffers=buffers)
+    assert torch.equal(buffers["delta"], delta)
+    for a, b in zip(got, want[:3] + want[5:]):
+        assert torch.equal(a, b)
+    assert not site_counters(case["h"].device, "o").any()
+
+
+def test_routing_items_wait_for_the_o_projection(device):
+    case, heads, o, _ = _o_case(device)
+    counters = site_counters(case["h"].device, "o held back")
+    counters[O_DONE.value] = -1  # one o item never counted
+    ids = torch.full((2, 2), -1, dtype=torch.int32, device=device)
+    chain_moe_triton(**{**case, "delta": None}, site="o held back", config=SMALL, heads=heads, o=o,
+                     buffers={"ids": ids}, spin_limit=3 if device == "cpu" else 20000)
+    assert int(counters[GAVE_UP.value]) == 2 * 2 + 2 * 2 * 4 + 2 * 4  # routing items, then every later one
+    counters[GAVE_UP.value] = 0
+    assert not counters.any()
+    assert (ids == -1).all()  # no routing from an unfinished delta
