@@ -1,13 +1,14 @@
-"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the four
-launches it replaces (add_norm_route_triton, the experts' gate/up and down kernels, the layer's closing
-add_rms_norm_triton) on one synthetic MoE layer.
+"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the five
+launches it replaces (the o projection's quantized matvec, add_norm_route_triton, the experts' gate/up and down
+kernels, the layer's closing add_rms_norm_triton) on one synthetic MoE layer.
 
 Per shape: microseconds per call of each, replayed from a CUDA graph of 32 calls (each with its own activations,
-so its own routing: the experts come from HBM rather than L2), the floor (the distinct chosen experts' bytes and
-the router's, over the measured read bandwidth), whether the chained call gives the bytes of the four launches
-run at its tiles and warps (residuals, normed rows, routing ids, the experts' sum y: "=" says the chaining reads
-nothing stale), and y's largest difference from the default four launches' over max |y| (compiled, a kernel's
-sums follow its warp count). `--sweep` adds a line per ChainConfig (warps, gate/up rows, down rows).
+so its own routing, and one of 8 o weights: the weights come from HBM rather than L2), the floor (the distinct
+chosen experts' bytes, the router's and the o weight's, over the measured read bandwidth), whether the chained
+call gives the bytes of the five launches run at its tiles and warps (delta, residuals, normed rows, routing ids,
+the experts' sum: "=" says the chaining reads nothing stale), and the layer's output's (the next norm's x') largest
+difference from the default five launches' over its max (compiled, a kernel's sums follow its warp count).
+`--sweep` adds a line per ChainConfig (warps, gate/up rows, down rows).
 
     strata bench moe-chain [--shapes a3b-q4_0,qwen4exp-q2_0] [--tokens 1] [--sweep [W:G:D,...]]
 """
@@ -24,9 +25,11 @@ import triton  # noqa: E402  (after it)
 from strata.bench.ceilings import graph_us, read_bandwidth
 from strata.bench.moe_decode import SHAPES, synthetic_stack
 from strata.kernels.moe.chain_moe import DEFAULT, ChainConfig, chain_moe_triton, chain_tiles, parse_config
-from strata.kernels.moe.gemv import DecodeExperts, down_sum_triton, gate_up_swiglu_triton, moe_gemv_triton
+from strata.kernels.moe.gemv import (DecodeExperts, ExpertOperand, down_sum_triton, gate_up_swiglu_triton,
+                                     moe_gemv_triton)
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
 from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel, add_rms_norm_triton
+from strata.kernels.quant.matvec import quant_matvec
 
 CALLS = 32
 SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smoke test's
@@ -39,25 +42,44 @@ def parse_configs(text: str) -> list[ChainConfig]:
     return [parse_config(item) for item in text.split(",") if item]
 
 
+HEADS = {"a3b-q4_0": 4096, "a3b-q4_k": 4096, "qwen4exp-q2_0": 6144, "tiny-q4_0": 256}  # the o projection's inputs
+O_MATRICES = 8  # distinct o weights, cycled over the calls (a call's not left in L2 by the one before)
+
+
 def _layer(shape: str, tokens: int, device):
+    """A synthetic layer's experts, norms, router, o weights and the calls' (residual, heads, o operand)."""
     gate_up, down, embd, ff, n_experts, k = SHAPES[shape]
     experts = DecodeExperts.of_stack(synthetic_stack(gate_up, down, n_experts, embd, ff, seed=3, device=device))
     gen = torch.Generator().manual_seed(4)
     norm = (1 + 0.1 * torch.randn(embd, generator=gen)).bfloat16().to(device)
+    next_norm = (1 + 0.1 * torch.randn(embd, generator=gen)).bfloat16().to(device)
     router = (torch.randn(n_experts, embd, generator=gen) * 0.05).bfloat16().to(device)
-    calls = [tuple((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device) for _ in range(2))
-             for _ in range(CALLS)]
-    return experts, norm, router, calls, k
+    o_format = gate_up if gate_up in ("Q4_0", "Q8_0", "Q2_0", "Q4_K") else "Q4_0"
+    n_heads = HEADS.get(shape, 2 * embd)
+    weights = [synthetic_stack(o_format, o_format, 1, n_heads, embd, seed=10 + i, device=device).gate
+               for i in range(O_MATRICES)]  # [1, embd rows, n_heads]
+    operands = [ExpertOperand(w.raw.contiguous().reshape(-1), int(w.ggml_type), embd, n_heads, stride=0)
+                for w in weights]
+    calls = [((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device),
+              torch.randn(tokens, n_heads, generator=gen).bfloat16().to(device), operands[c % O_MATRICES])
+             for c in range(CALLS)]
+    return experts, norm, next_norm, router, calls, k
 
 
-def _floor_bytes(experts, router, ids: torch.Tensor) -> int:
+def _floor_bytes(experts, router, o, ids: torch.Tensor) -> int:
     per_expert = sum(m.rows * m.row_bytes for m in (experts.gate, experts.up, experts.down))
-    return len(set(ids.flatten().tolist())) * per_expert + router.numel() * router.element_size()
+    return (len(set(ids.flatten().tolist())) * per_expert + router.numel() * router.element_size()
+            + o.rows * o.row_bytes)
 
 
-def _at_warps(h, delta, norm, router, next_norm, k, experts, tiles):
-    """The four launches at the chain's tiles and warps: (residual, x, y, residual after, its norm, ids)."""
+def _matvec(heads, o, config=None):
+    return quant_matvec(heads, o.raw, o.qtype, (o.rows, o.cols), config)
+
+
+def _at_warps(h, heads, o, norm, next_norm, router, k, experts, tiles):
+    """The five launches at the chain's tiles and warps: (residual, x, y, residual after, its norm, ids, delta)."""
     warps = tiles[0].warps
+    delta = _matvec(heads, o, tiles[2])
     residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True,
                                                       config=RouteConfig(warps=warps))
     hid = gate_up_swiglu_triton(x, ids, experts, tiles[0])
@@ -65,29 +87,28 @@ def _at_warps(h, delta, norm, router, next_norm, k, experts, tiles):
     residual2, x2 = torch.empty_like(residual), torch.empty_like(residual)
     _add_rms_norm_kernel[(residual.shape[0],)](residual, y, next_norm, residual2, x2, residual.shape[1], 1e-6,
                                                BLOCK=triton.next_power_of_2(residual.shape[1]), num_warps=warps)
-    return residual, x, y, residual2, x2, ids
+    return residual, x, y, residual2, x2, ids, delta
 
 
 def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], bandwidth: float) -> None:
-    experts, norm, router, calls, k = _layer(shape, tokens, device)
-    next_norm = (norm.float() * 0.9).bfloat16()
+    experts, norm, next_norm, router, calls, k = _layer(shape, tokens, device)
 
-    def four(h, delta):
-        residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True)
+    def five(h, heads, o):
+        residual, x, weights, ids = add_norm_route_triton(h, _matvec(heads, o), norm, router, 1e-6, k, True)
         y = moe_gemv_triton(x, ids, weights, experts)
         return residual, x, y, *add_rms_norm_triton(residual, y, next_norm, 1e-6), ids
 
-    def chained(h, delta, config=DEFAULT, buffers=None):
-        return chain_moe_triton(h, delta, norm, router, 1e-6, k, True, experts, site=("bench", shape),
-                                config=config, next_norm=next_norm, buffers=buffers)
+    def chained(h, heads, o, config=DEFAULT, buffers=None):
+        return chain_moe_triton(h, None, norm, router, 1e-6, k, True, experts, site=("bench", shape),
+                                config=config, next_norm=next_norm, heads=heads, o=o, buffers=buffers)
 
-    want = [four(*c) for c in calls]
-    floor_us = sum(_floor_bytes(experts, router, w[5]) for w in want) / len(want) / bandwidth * 1e6
-    four_us = graph_us(four, calls, device)
-    print(f"{shape}, {tokens} token(s): four launches {four_us:7.2f} us  floor {floor_us:6.2f} us "
-          f"({100 * floor_us / four_us:4.1f} % of it)")
+    want = [five(*c) for c in calls]
+    floor_us = sum(_floor_bytes(experts, router, c[2], w[5]) for c, w in zip(calls, want)) / CALLS / bandwidth * 1e6
+    five_us = graph_us(five, calls, device)
+    print(f"{shape}, {tokens} token(s): five launches {five_us:7.2f} us  floor {floor_us:6.2f} us "
+          f"({100 * floor_us / five_us:4.1f} % of it)")
     for config in configs:
-        tiles = chain_tiles(experts, k, torch.device(device).type == "cuda", config)
+        tiles = chain_tiles(experts, k, torch.device(device).type == "cuda", config, calls[0][2])
         if tiles is None:
             print(f"  {config}: the chain does not apply (tiles)")
             continue
@@ -95,14 +116,14 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
         for c, w in zip(calls[:4], want):
             buffers = {}
             got = chained(*c, config, buffers)
-            at_warps = _at_warps(*c, norm, router, next_norm, k, experts, tiles)
-            same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"]), at_warps))
-            worst = max(worst, ((got[2].float() - w[2].float()).abs().max() / w[2].float().abs().max()).item())
-        us = graph_us(lambda h, d, cfg=config: chained(h, d, cfg), calls, device)
+            at_warps = _at_warps(*c, norm, next_norm, router, k, experts, tiles)
+            same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"], buffers["delta"]), at_warps))
+            worst = max(worst, ((got[4].float() - w[4].float()).abs().max() / w[4].float().abs().max()).item())
+        us = graph_us(lambda h, heads, o, cfg=config: chained(h, heads, o, cfg), calls, device)
         label = "default " if config == DEFAULT else ""
         print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
-              f"{us:7.2f} us  {four_us / us:5.2f}x four  {100 * floor_us / us:5.1f} % of floor  "
-              f"{'=' if same else '!='} its four launches' bytes, y {worst:.1e} of max from the default four")
+              f"o_bn={tiles[2].bn:<2} {us:7.2f} us  {five_us / us:5.2f}x five  {100 * floor_us / us:5.1f} % of floor  "
+              f"{'=' if same else '!='} its five launches' bytes, x' {worst:.1e} of max from the default five")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,10 +151,10 @@ def test_bench_runs_and_reports_the_bytes(capsys):
 
     assert main(["--shapes", "tiny-q4_0", "--sweep", "0:16:32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("four launches" in line for line in lines)
-    chained = [line for line in lines if "x four" in line]
+    assert any("five launches" in line for line in lines)
+    chained = [line for line in lines if "x five" in line]
     assert len(chained) == 2, lines
-    assert all("= its four launches' bytes" in line and "!=" not in line for line in chained), lines
+    assert all("= its five launches' bytes" in line and "!=" not in line for line in chained), lines
 
 
 def _o_case(device, rows=2):
