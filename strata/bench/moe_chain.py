@@ -60,9 +60,11 @@ def _layer(shape: str, tokens: int, device):
                for i in range(O_MATRICES)]  # [1, embd rows, n_heads]
     operands = [ExpertOperand(w.raw.contiguous().reshape(-1), int(w.ggml_type), embd, n_heads, stride=0)
                 for w in weights]
+    # Each call its own counters' site: with the o phase a launch takes its ticket before its PDL wait, which
+    # needs the site's previous launch complete (decode: a step apart; here the graph's calls run back to back).
     calls = [((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device),
-              torch.randn(tokens, n_heads, generator=gen).bfloat16().to(device), operands[c % O_MATRICES])
-             for c in range(CALLS)]
+              torch.randn(tokens, n_heads, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
+              ("bench", shape, c)) for c in range(CALLS)]
     return experts, norm, next_norm, router, calls, k
 
 
@@ -76,7 +78,7 @@ def _matvec(heads, o, config=None):
     return quant_matvec(heads, o.raw, o.qtype, (o.rows, o.cols), config)
 
 
-def _at_warps(h, heads, o, norm, next_norm, router, k, experts, tiles):
+def _at_warps(h, heads, o, site, norm, next_norm, router, k, experts, tiles):
     """The five launches at the chain's tiles and warps: (residual, x, y, residual after, its norm, ids, delta)."""
     warps = tiles[0].warps
     delta = _matvec(heads, o, tiles[2])
@@ -93,13 +95,13 @@ def _at_warps(h, heads, o, norm, next_norm, router, k, experts, tiles):
 def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], bandwidth: float) -> None:
     experts, norm, next_norm, router, calls, k = _layer(shape, tokens, device)
 
-    def five(h, heads, o):
+    def five(h, heads, o, site):
         residual, x, weights, ids = add_norm_route_triton(h, _matvec(heads, o), norm, router, 1e-6, k, True)
         y = moe_gemv_triton(x, ids, weights, experts)
         return residual, x, y, *add_rms_norm_triton(residual, y, next_norm, 1e-6), ids
 
-    def chained(h, heads, o, config=DEFAULT, buffers=None):
-        return chain_moe_triton(h, None, norm, router, 1e-6, k, True, experts, site=("bench", shape),
+    def chained(h, heads, o, site, config=DEFAULT, buffers=None):
+        return chain_moe_triton(h, None, norm, router, 1e-6, k, True, experts, site=site,
                                 config=config, next_norm=next_norm, heads=heads, o=o, buffers=buffers)
 
     want = [five(*c) for c in calls]
@@ -119,7 +121,7 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
             at_warps = _at_warps(*c, norm, next_norm, router, k, experts, tiles)
             same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"], buffers["delta"]), at_warps))
             worst = max(worst, ((got[4].float() - w[4].float()).abs().max() / w[4].float().abs().max()).item())
-        us = graph_us(lambda h, heads, o, cfg=config: chained(h, heads, o, cfg), calls, device)
+        us = graph_us(lambda h, heads, o, site, cfg=config: chained(h, heads, o, site, cfg), calls, device)
         label = "default " if config == DEFAULT else ""
         print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
               f"o_bn={tiles[2].bn:<2} {us:7.2f} us  {five_us / us:5.2f}x five  {100 * floor_us / us:5.1f} % of floor  "
