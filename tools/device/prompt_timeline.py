@@ -51,7 +51,7 @@ def report(prof, show: int = 12) -> None:
     main = per_stream.most_common(1)[0][0]
     copy_streams = {e["args"].get("stream") for e in events if GATHER in e["name"]} - {main}
     launched = {e["args"].get("correlation"): e["ts"] for e in trace["traceEvents"]
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     copies = [e for e in events if e["args"].get("stream") in copy_streams]
     compute = [e for e in events if e["args"].get("stream") not in copy_streams]
     t0 = min(e["ts"] for e in events)
@@ -80,3 +80,15 @@ def report(prof, show: int = 12) -> None:
         lag = f"{(e['ts'] - host) / 1e3:7.2f}" if host is not None else "      ?"
         print(f"  {(e['ts'] - t0) / 1e3:9.2f} {lag} {e['dur'] / 1e3:7.2f} {_overlap(span, c_busy) / 1e3:7.2f}  "
               f"at start: {', '.join(at_start) or 'idle'}; before: {last}")
+        # What the copy stream ran just before (the pairs' upload, waits) and any host-to-device transfer in flight.
+        ahead = [c for c in copies if e["ts"] - 30000 < c["ts"] < e["ts"]][-3:]
+        for c in ahead:
+            host_c = launched.get(c["args"].get("correlation"))
+            print(f"      before it on the copy stream: {c['name'][:30]} at {(c['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{c['dur'] / 1e3:.3f} ms, {c['args'].get('bytes', '-')} bytes, host launch "
+                  f"{(c['ts'] - host_c) / 1e3 if host_c is not None else float('nan'):.2f} ms before its start")
+        dma = [m for m in events if m.get("cat") == "gpu_memcpy" and m["args"].get("stream") not in copy_streams
+               and m["ts"] < e["ts"] and m["ts"] + m["dur"] > e["ts"] - 10000]
+        for m in dma[-3:]:
+            print(f"      compute-stream transfer: {m['name'][:30]} at {(m['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{m['dur'] / 1e3:.3f} ms, {m['args'].get('bytes', '-')} bytes")
