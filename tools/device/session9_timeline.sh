@@ -7,5 +7,5 @@ source tools/device/parts.sh || exit 1
 make_q4x12
 P="python3 tools/device/profile_prompt.py $M/q4x12-00001-of-00002.gguf --routing balanced --rows 6 --timeline"
 part timeline_b7 80 $P --tokens 4096 --vram-budget 7
-part timeline_b9 80 $P --tokens 8192 --vram-budget 9
+
 finish 30
