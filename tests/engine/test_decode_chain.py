@@ -1,7 +1,8 @@
-"""STRATA_DECODE_CHAIN on the CPU (Triton's interpreter; the fused kernels and the one-shot expert kernels taken by
-CPU tensors as a GPU takes them): a tiny qwen3moe's decode steps with each MoE layer's routing and experts chained
-in one launch (with the layer's o projection first and its last add + norm) give the unchained kernels' tokens and logits byte for byte, in the step-by-step engine and through
-the graph seam's static step (its CPU form), and every layer's counters are zero again after each launch."""
+"""STRATA_DECODE_CHAIN on the CPU (Triton's interpreter; the fused kernels, the quantized matvec and the one-shot
+expert kernels taken by CPU tensors as a GPU takes them): a tiny qwen3moe's decode steps with each MoE layer's o
+projection, routing, experts and closing add + norm chained in one launch give the unchained kernels' tokens and
+logits byte for byte, in the step-by-step engine and through the graph seam's static step (its CPU form), and
+every layer's counters are zero again after each launch."""
 
 import os
 

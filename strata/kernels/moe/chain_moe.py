@@ -124,7 +124,8 @@ def _count_done(counter):
 @triton.jit
 def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_ptr, weights_ptr, ids_ptr,
                       n_cols, n_experts, eps, slot_of, wg, wu, wd, hid, y, stride_g, stride_u, stride_d, counters,
-                      nw2_ptr, res2_ptr, out2_ptr, a_ptr, wo, ones_ptr, JOIN: tl.constexpr, T: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+                      nw2_ptr, res2_ptr, out2_ptr, a_ptr, wo, ones_ptr, JOIN: tl.constexpr, T: tl.constexpr,
+                      TOP_K: tl.constexpr, SLOTS: tl.constexpr,
                       BLOCK: tl.constexpr, EB: tl.constexpr, PROGRAMS: tl.constexpr, NORMALIZE: tl.constexpr,
                       EBLOCK: tl.constexpr, KB: tl.constexpr,
                       G_N_OUT: tl.constexpr, G_K: tl.constexpr, G_FMT: tl.constexpr, G_N_UNITS: tl.constexpr,

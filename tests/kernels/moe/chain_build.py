@@ -1,5 +1,6 @@
 """Build the chained MoE kernel (kernels/moe/chain_moe.py) for sm_90 without a GPU at the A3B shape (Q4_0, 2048 x
-768, 128 experts, top 8; the o projection first and the layer's add + norm last, as decode runs it), with the given configs; print each build's registers and spill stack.
+768, 128 experts, top 8; the o projection first and the layer's add + norm last, as decode runs it) with the given
+configs; print each build's registers and spill stack.
 
 Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
 `python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN[:PDL] ...]`.
