@@ -39,7 +39,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_DECODE_CHAIN", "", "MoE layers of a decode step with every expert resident (GPU, one-shot "
            "expert formats): the add + norm + routing, the experts' gate/up and their down sum as one launch whose "
            "programs take work items in order from a counter (kernels/moe/chain_moe.py) instead of three; 1: the "
-           "default tiles, W:G:D: warps, gate/up rows, down rows (as bench moe-chain --sweep; 0 the default's)"),
+           "default tiles, W:G:D[:O]: warps, gate/up, down and o projection rows (as bench moe-chain --sweep; 0 the default's)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

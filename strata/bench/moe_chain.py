@@ -33,9 +33,9 @@ from strata.kernels.quant.matvec import quant_matvec
 
 CALLS = 32
 SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smoke test's
-# warps : gate/up rows : down rows (0: the default's). Around 8 warps / 8 / 4: the kernels' own 16 warps (one
-# program an SM at A3B's shape), 4 warps (three), and rows halved or doubled in each phase.
-SWEEP = "16:8:8,16:8:4,16:16:8,8:8:8,8:4:4,8:8:2,8:4:2,8:16:4,4:0:0,4:4:2,4:8:1,4:2:2"
+# warps : gate/up rows : down rows [: o rows] (0: the default's). Around 8 warps / 8 / 4 / 8: the down kernel's own
+# 16 warps (one program an SM at A3B's shape), 4 warps (three), and rows halved or doubled in each phase.
+SWEEP = "16:8:8,16:8:4,16:16:8:16,8:8:8,8:4:4,8:8:2,8:4:2,8:16:4,8:8:4:4,4:0:0,4:4:2,4:8:1,4:2:2"
 
 
 def parse_configs(text: str) -> list[ChainConfig]:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="a3b-q4_0,qwen4exp-q2_0", help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--tokens", type=int, default=1, help="tokens a call (1: decode; a verify window's T)")
     p.add_argument("--sweep", nargs="?", const=SWEEP, default="",
-                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN, comma-separated; 0: the default's) too")
+                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN[:O_BN], comma-separated; 0: the default's) too")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: the interpreter, a smoke run
     print(torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreted: times mean nothing)")

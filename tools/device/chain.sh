@@ -5,7 +5,7 @@
 # 1. the chain's tests compiled on CUDA (tests/kernels/moe/test_chain_moe.py: the chained launch against the
 #    separate launches at its warps byte for byte, held-back counters, the counters zero after each launch);
 # 2. (while the A3B file is made, ~90 s, if absent) `bench moe-chain --sweep` at the A3B shape: the five launches
-#    (o projection, routing, gate/up, down, the closing add + norm) against the chained one per config (warps:gate_up_bn:down_bn), us, % of the floor, "=" where the chained bytes
+#    (o projection, routing, gate/up, down, the closing add + norm) against the chained one per config (warps:gate_up_bn:down_bn[:o_bn]), us, % of the floor, "=" where the chained bytes
 #    are the five launches' at its warps: the config to make the default;
 # 3. `bench decode` with the switch off, then on (STRATA_DECODE_CHAIN=1): tok/s, GPU step, % of the HBM bound
 #    (the session's 1.95 ms step, 21.8 %: the goal is 60 %);

@@ -59,37 +59,38 @@ MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = 8 + MAX_ROWS
 
 
-GPU_WARPS = 8  # one launch, one warp count for all three phases (see ChainConfig)
+GPU_WARPS = 8  # one launch, one warp count for every phase (see ChainConfig)
 
 
 @dataclass(frozen=True)
 class ChainConfig:
     """Tunables (`strata bench moe-chain --sweep` times the alternatives); 0: the reasoned default.
 
-    On a GPU the launch runs every phase at `warps` (GPU_WARPS: the router's 8; the down kernel's own 16 puts 72
-    registers x 512 threads on an SM, one program of A3B's shape resident per SM, where 8 warps at 94 keep two),
-    and a phase's rows (`gate_up_bn`, `down_bn`) default to its kernel's tile halved until a thread holds at most
-    oneshot_gemv.WORDS_PER_THREAD code words at that warp count (A3B Q4_0: gate/up 8 rows, down 4). Under the
-    interpreter: the unchained kernels' tiles (warps mean nothing there)."""
+    On a GPU the launch runs every phase at `warps` (GPU_WARPS: the router's and the o matvec's 8; the down
+    kernel's own 16 puts 72 registers x 512 threads on an SM, one program of A3B's shape resident per SM, where 8
+    warps at 94 keep two), and a phase's rows (`gate_up_bn`, `down_bn`, `o_bn`) default to its kernel's tile
+    halved until a thread holds at most oneshot_gemv.WORDS_PER_THREAD code words at that warp count (A3B Q4_0:
+    gate/up 8 rows, down 4, o 8). Under the interpreter: the unchained kernels' tiles (warps mean nothing there)."""
 
     warps: int = 0
     gate_up_bn: int = 0
     down_bn: int = 0
+    o_bn: int = 0  # rows an o projection item
 
 
 DEFAULT = ChainConfig()
 
 
 def parse_config(text: str) -> ChainConfig:
-    """'W:G:D' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
+    """'W:G:D[:O]' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
     from strata.errors import StrataError
 
     try:
         fields = [int(f) for f in text.split(":")] if text.strip() != "1" else []
     except ValueError:
         fields = None
-    if fields is None or len(fields) > 3 or any(f < 0 for f in fields):
-        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN (e.g. 8:8:4)")
+    if fields is None or len(fields) > 4 or any(f < 0 for f in fields):
+        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN[:O_BN] (e.g. 8:8:4)")
     return ChainConfig(*fields)
 
 
@@ -266,7 +267,7 @@ def phase_tiles(g, d, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT, o
 
     phases = [("gate_up", g, config.gate_up_bn, 2, top_k), ("down", d, config.down_bn, 1, top_k)]
     if o is not None:
-        phases.append(("matvec", o, 0, 1, 1))
+        phases.append(("matvec", o, config.o_bn, 1, 1))
     tiles = []
     for kind, m, bn, operands, k in phases:
         cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, k, on_gpu)

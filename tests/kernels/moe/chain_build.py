@@ -3,7 +3,7 @@
 configs; print each build's registers and spill stack.
 
 Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
-`python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN[:PDL] ...]`.
+`python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN:O_BN[:PDL] ...]`.
 """
 
 import json
@@ -37,9 +37,9 @@ def a3b_build(config: ChainConfig, pdl: int, n_embd: int = 2048, n_ff: int = 768
     return build(_chain_moe_kernel, SIGNATURE, {**constants, "SPIN_LIMIT": 0, "PDL": pdl}, num_warps=warps)
 
 
-if __name__ == "__main__":  # arguments: configs as WARPS:GATE_UP_BN:DOWN_BN (0: the default), PDL 1 unless ":0"
+if __name__ == "__main__":  # arguments: configs as WARPS:GATE_UP_BN:DOWN_BN:O_BN (0: the default), PDL 1 unless ":0"
     for arg in sys.argv[1:] or ["0:0:0"]:
         fields = [int(f) for f in arg.split(":")]
-        config = ChainConfig(*fields[:3])
-        pdl = fields[3] if len(fields) > 3 else 1
+        config = ChainConfig(*fields[:4])
+        pdl = fields[4] if len(fields) > 4 else 1
         print(json.dumps({**a3b_build(config, pdl), "config": arg, "pdl": pdl}), flush=True)
