@@ -36,10 +36,11 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "(the default takes short spans in one launch, decode_short.py)"),
     Switch("STRATA_ROUTE_SEPARATE", False, "MoE layers: the residual add + norm, the router and the top-k as three "
            "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
-    Switch("STRATA_DECODE_CHAIN", "", "MoE layers of a decode step with every expert resident (GPU, one-shot "
-           "expert formats): the add + norm + routing, the experts' gate/up and their down sum as one launch whose "
-           "programs take work items in order from a counter (kernels/moe/chain_moe.py) instead of three; 1: the "
-           "default tiles, W:G:D[:O]: warps, gate/up, down and o projection rows (as bench moe-chain --sweep; 0 the default's)"),
+    Switch("STRATA_DECODE_CHAIN", "", "decode steps with every expert resident (GPU, one-shot formats): an MoE "
+           "layer's o projection, add + norm + routing, experts and closing norm as one launch whose programs take "
+           "work items in order from a counter (kernels/moe/chain_moe.py), and the captured step's q/k/v matvec "
+           "with its norm + RoPE + store as another (chain_qkv_store.py); 1: the default tiles, W:G:D[:O]: warps, "
+           "gate/up, down and matvec rows (as bench moe-chain --sweep; 0 the default's)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

@@ -30,6 +30,11 @@ class ForwardContext:
             return attend_as_steps(self.kv, layer, q, k, v, self.start, selection)
         return self.kv.attend(layer, q, k, v, self.start, *(() if selection is None else (selection,)))
 
+    def attend_projected(self, layer: int, x: torch.Tensor, qkv, heads, norm, config) -> torch.Tensor | None:
+        """The captured step's chained q/k/v projection (STRATA_DECODE_CHAIN, engine/decode.py's StaticContext);
+        None here: the caller projects and calls `attend_normed`."""
+        return None
+
     def attend_normed(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm) -> torch.Tensor:
         """`attend` after the q/k norm + RoPE of `norm` (models.layers.QKNorm): the backend's `attend_normed` (one
         launch for both where it stores the turned keys itself), or a verify window's rows one at a time."""

@@ -55,6 +55,11 @@ class StaticContext(ForwardContext):
     def attend_normed(self, layer, q, k, v, norm):
         return self.kv.attend_normed(layer, q, k, v, self.start, norm)
 
+    def attend_projected(self, layer, x, qkv, heads, norm, config):
+        """The static view's chained projection + norm + RoPE + store, then attention (STRATA_DECODE_CHAIN)."""
+        taker = getattr(self.kv, "attend_projected", None)
+        return None if taker is None else taker(layer, x, qkv, heads, norm, config)
+
 
 @dataclass
 class Published:

@@ -29,7 +29,9 @@ from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, de
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
 from strata.kernels.attention.prompt_dense import ROW_EXACT, dense_selected_attention
-from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense, qk_norm_rope_store_paged
+from strata.kernels.pointwise.chain_qkv_store import chain_qkv_store
+from strata.kernels.pointwise.qk_norm_rope_store import (dense_target, paged_target, qk_norm_rope_store_dense,
+                                                         qk_norm_rope_store_paged)
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
 from strata.models.layers import _fused
 
@@ -91,6 +93,12 @@ class StaticView(KVBackend):
     def reserve(self, n_tokens: int) -> None:
         """Nothing to do inside a step: the runner reserved the whole context before capturing."""
 
+    def attend_projected(self, layer, x, qkv, heads, norm, config):
+        """`attend_normed` of the q, k, v that the stacked projection `qkv` (a gemv.ExpertOperand at stride 0)
+        makes of the normed rows x, the projection chained with the norm + RoPE + store in one launch
+        (STRATA_DECODE_CHAIN: kernels/pointwise/chain_qkv_store.py); None where the view does not take it."""
+        return None
+
     def truncate(self, length: int) -> None:
         raise StrataError("a static decode view cannot truncate; truncate the engine's cache")
 
@@ -109,6 +117,16 @@ class StaticDenseKV(StaticView):
     def _check_capacity(self) -> None:
         if self.cache.capacity < self.span:
             raise StrataError(f"the KV cache holds {self.cache.capacity} cells, the static span needs {self.span}")
+
+    def attend_projected(self, layer, x, qkv, heads, norm, config):
+        if not (_fused(x, norm.q_weight, norm.k_weight, norm.cos, norm.sin) and x.shape[0]):
+            return None
+        c = self.cache
+        self._check_capacity()
+        pos32, width = self.step_positions(layer)
+        q = chain_qkv_store(x, qkv, heads, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
+                            dense_target(heads[1:], c.keys[layer], c.values[layer], pos32), ("qkv", layer), config)
+        return None if q is None else self._decode(layer, q, width)
 
     def attend_normed(self, layer, q, k, v, start, norm):
         """The q/k norm + RoPE, the keys' and values' store and (one more launch) the attention over the cache."""
@@ -207,6 +225,16 @@ class StaticPagedKV(StaticView):
         if len(c.pages) * PAGE < self.span:
             raise StrataError(f"the int8 KV cache holds pages for {len(c.pages) * PAGE} cells, the span needs {self.span}")
         return q.is_cuda if c.kernels is None else c.kernels
+
+    def attend_projected(self, layer, x, qkv, heads, norm, config):
+        kernels = self._kernels(x)
+        if not (kernels and _fused(x, norm.q_weight, norm.k_weight, norm.cos, norm.sin) and x.shape[0]):
+            return None
+        pos32, width = self.step_positions(layer)
+        target = paged_target(heads[1:], self.cache.pools[layer], self.cache.page_table, pos32)
+        q = chain_qkv_store(x, qkv, heads, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin, target,
+                            ("qkv", layer), config)
+        return None if q is None else self._attend_stored(layer, q, width, kernels, None)
 
     def attend_normed(self, layer, q, k, v, start, norm):
         """The q/k norm + RoPE and the keys' and values' store in one launch, then the attention over the pool."""

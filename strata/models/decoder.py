@@ -19,7 +19,7 @@ from strata.models.config import ModelConfig
 from strata.models.balanced_routing import balanced_routing
 from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
                                   add_rms_norm, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
-from strata.models.moe_chain import chain_config, chained_moe_layer, folds_o
+from strata.models.moe_chain import chain_config, chained_moe_layer, folds_o, qkv_chain
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear
 
@@ -172,6 +172,12 @@ class DecoderLM:
         them in its launch)."""
         w, c = self.attention[i], self.config
         x = rms_norm(h, w.norm, c.rms_eps) if x is None else x
+        chain = qkv_chain(self, i, x)  # STRATA_DECODE_CHAIN: the projection with the norm + RoPE + store
+        if chain is not None:
+            out = ctx.attend_projected(i, x, chain[1], (c.n_heads, c.n_kv_heads, c.head_dim),
+                                       QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin), chain[0])
+            if out is not None:
+                return out.reshape(-1, c.n_heads * c.head_dim)
         q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch

@@ -80,3 +80,24 @@ def chained_moe_layer(model, i: int, h: torch.Tensor, config, delta: torch.Tenso
         return out[3], out[4]
     h, x, routed = out
     return model.join_add_norm(i, h, routed, model.shared_swiglu(i, x, w), x)
+
+
+def qkv_chain(model, i: int, x: torch.Tensor):
+    """(ChainConfig, the stacked q/k/v operand) where attention layer i's projection of the normed rows x may run in
+    one launch with its q/k norm + RoPE + store (kernels/pointwise/chain_qkv_store.py, through the context's
+    `attend_projected`), else None: the switch on, a stacked q/k/v read at once by the quantized matvec
+    (stacked_projections._one_matvec), no biases, q/k norms."""
+    text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
+    if text in ("", "0"):
+        return None
+    from strata.kernels.moe.chain_moe import parse_config
+    from strata.kernels.moe.gemv import ExpertOperand
+    from strata.models.stacked_projections import _one_matvec
+    from strata.models.weights import FLOAT_VIEWS
+
+    w = model.attention[i]
+    if (w.qkv is None or w.q_norm is None or any(b is not None for b in (w.q_bias, w.k_bias, w.v_bias))
+            or w.qkv.ggml_type in FLOAT_VIEWS or x.dim() != 2 or not _one_matvec(x, w.qkv)):
+        return None
+    operand = ExpertOperand(w.qkv.raw.contiguous().reshape(-1), int(w.qkv.ggml_type), *w.qkv.shape, stride=0)
+    return parse_config(text), operand

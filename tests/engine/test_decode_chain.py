@@ -11,11 +11,12 @@ import torch
 
 from strata import switches
 from strata.engine import experts as backends
+from strata.engine import static_kv
 from strata.engine.engine import Engine, EngineConfig
 from strata.kernels.moe import chain_moe, gemv
 from strata.kernels.moe.decode import SPECS
 from strata.kernels.quant.matvec import quant_matvec
-from strata.models import decoder, layers
+from strata.models import decoder, layers, stacked_projections
 from strata.models.weights import FLOAT_VIEWS
 from strata.quant import get_format
 
@@ -46,6 +47,7 @@ def kernels_on_cpu(monkeypatch):
         return real_linear(x, weight, bias)
 
     monkeypatch.setattr(decoder, "linear", linear)  # the attention's o projection (the chain's first phase)
+    monkeypatch.setattr(stacked_projections, "linear", linear)  # its stacked q/k/v
     launches = []
     real = chain_moe.chain_moe_triton
 
@@ -54,6 +56,14 @@ def kernels_on_cpu(monkeypatch):
         return launches[-1][0]
 
     monkeypatch.setattr(chain_moe, "chain_moe_triton", spy)
+    real_qkv = static_kv.chain_qkv_store
+
+    def qkv_spy(*a, **k):  # ("qkv", whether the q/k/v launch ran): the static step's attention half
+        out = real_qkv(*a, **k)
+        launches.append(("qkv", out is not None))
+        return out
+
+    monkeypatch.setattr(static_kv, "chain_qkv_store", qkv_spy)
     return launches
 
 
@@ -75,9 +85,13 @@ def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs
     with switches.override(STRATA_DECODE_CHAIN="1"):
         chained_tokens, chained_logits = _run(tiny_moe, graphs)
     layers_moe = 2  # the tiny preset's layers, every one MoE
-    assert len(kernels_on_cpu) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
+    moe = [launch for launch in kernels_on_cpu if launch[0] != "qkv"]
+    assert len(moe) >= layers_moe * (1 + STEPS)  # prompt (4 rows) and each step
     # Each launch with the o projection first (the prompt's 4 rows too) and the layer's add + norm last.
-    assert all(out is not None and len(out) == 5 and folded for out, folded in kernels_on_cpu)
+    assert all(out is not None and len(out) == 5 and folded for out, folded in moe)
+    # The static step (graphs' CPU form) also chains each layer's q/k/v projection with its norm + RoPE + store.
+    qkv = [ran for name, ran in kernels_on_cpu if name == "qkv"]
+    assert all(qkv) and len(qkv) == (layers_moe * STEPS if graphs == "eager" else 0)
     assert chained_tokens == tokens
     assert torch.equal(chained_logits, logits)
     for (device, site), counters in chain_moe._counters.items():

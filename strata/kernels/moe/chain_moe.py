@@ -75,7 +75,7 @@ class ChainConfig:
     warps: int = 0
     gate_up_bn: int = 0
     down_bn: int = 0
-    o_bn: int = 0  # rows an o projection item
+    o_bn: int = 0  # rows an o projection item (and a q/k/v matvec item: kernels/pointwise/chain_qkv_store.py)
 
 
 DEFAULT = ChainConfig()
@@ -259,41 +259,44 @@ def chain_tiles(experts, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT
 
 def phase_tiles(g, d, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT, o=None):
     """The tiles of `chain_tiles` from the operands' formats and shapes alone (.spec, .rows, .cols)."""
+    phases = [("gate_up", g, config.gate_up_bn, top_k), ("down", d, config.down_bn, top_k)]
+    if o is not None:
+        phases.append(("matvec", o, config.o_bn, 1))
+    tiles = [phase_tile(kind, m, bn, k, on_gpu, config) for kind, m, bn, k in phases]
+    return None if None in tiles else tuple(tiles)
+
+
+def phase_tile(kind: str, m, bn: int, top_k: int, on_gpu: bool, config: ChainConfig = DEFAULT):
+    """One phase's GemvConfig ("gate_up", "down" or "matvec" over operand m; `bn` rows, 0: fitted), or None where
+    it cannot run in one slice."""
     from dataclasses import replace
 
     from strata.kernels.moe import gemv
     from strata.kernels.moe.oneshot_gemv import WORDS_PER_THREAD, slice_units
     from strata.kernels.moe.wide_gemv import UNIT, WORDS
 
-    phases = [("gate_up", g, config.gate_up_bn, 2, top_k), ("down", d, config.down_bn, 1, top_k)]
-    if o is not None:
-        phases.append(("matvec", o, config.o_bn, 1, 1))
-    tiles = []
-    for kind, m, bn, operands, k in phases:
-        cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, k, on_gpu)
-        if not cfg.wide:
-            return None
-        if not cfg.oneshot:
-            cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, k, on_gpu)
-        if on_gpu:
-            warps = config.warps or GPU_WARPS
-            lanes = slice_units(m.cols // UNIT[m.spec.name] * (k if kind == "down" else 1), 1)[1]
+    operands = 2 if kind == "gate_up" else 1
+    cfg = gemv.gemv_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+    if not cfg.wide:
+        return None
+    if not cfg.oneshot:
+        cfg = gemv.oneshot_config(kind, m.spec, m.rows, m.cols, top_k, on_gpu)
+    if on_gpu:
+        warps = config.warps or GPU_WARPS
+        lanes = slice_units(m.cols // UNIT[m.spec.name] * (top_k if kind == "down" else 1), 1)[1]
 
-            def words(rows: int) -> float:  # code words a thread holds (oneshot_gemv.oneshot_tile's measure)
-                return operands * lanes * rows * WORDS[m.spec.name] / (32 * warps)
+        def words(rows: int) -> float:  # code words a thread holds (oneshot_gemv.oneshot_tile's measure)
+            return operands * lanes * rows * WORDS[m.spec.name] / (32 * warps)
 
-            fitted = cfg.bn
-            while fitted > 1 and words(fitted) > WORDS_PER_THREAD:
-                fitted //= 2
-            if words(bn or fitted) > WORDS_PER_THREAD:
-                return None  # the whole input does not fit one program's registers: the unchained slices take it
-            cfg = replace(cfg, bn=bn or fitted, warps=warps, split=1)
-        elif bn:
-            cfg = replace(cfg, bn=bn)
-        if cfg.split != 1:
-            return None
-        tiles.append(cfg)
-    return tuple(tiles)
+        fitted = cfg.bn
+        while fitted > 1 and words(fitted) > WORDS_PER_THREAD:
+            fitted //= 2
+        if words(bn or fitted) > WORDS_PER_THREAD:
+            return None  # the whole input does not fit one program's registers: the unchained slices take it
+        cfg = replace(cfg, bn=bn or fitted, warps=warps, split=1)
+    elif bn:
+        cfg = replace(cfg, bn=bn)
+    return cfg if cfg.split == 1 else None
 
 
 def _prefixed(prefix: str, constants: dict) -> dict:

@@ -42,8 +42,19 @@ def _qk_norm_rope_store_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin
                                BLOCK: tl.constexpr, PAGED: tl.constexpr, INT8: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_start(PDL)
     pdl_wait(PDL)  # every read is of this step's rows, positions and cos/sin but the two small norm weights
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)  # query heads first, then the key heads
+    qk_norm_rope_store_item(tl.program_id(0).to(tl.int64), tl.program_id(1), q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr,
+                            cos_ptr, sin_ptr, q_out, pos_ptr, page_table_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, n_heads,
+                            n_kv_heads, q_token_stride, q_head_stride, k_token_stride, v_token_stride, eps, DIM, HALF,
+                            BLOCK, PAGED, INT8)
+
+
+@triton.jit
+def qk_norm_rope_store_item(token, head, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, pos_ptr,
+                            page_table_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, n_heads, n_kv_heads, q_token_stride,
+                            q_head_stride, k_token_stride, v_token_stride, eps, DIM: tl.constexpr,
+                            HALF: tl.constexpr, BLOCK: tl.constexpr, PAGED: tl.constexpr, INT8: tl.constexpr):
+    """Head `head` (query heads first, then the key heads) of token `token` (int64): `_qk_norm_rope_store_kernel`'s
+    body, also the store phase of the chained q/k/v launch (kernels/pointwise/chain_qkv_store.py)."""
     dtype = q_out.dtype.element_ty
     cs = token * (2 * HALF)
     if head < n_heads:
@@ -82,21 +93,48 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
-def _launch(q, k, v, q_weight, k_weight, eps, cos, sin, positions, page_table, caches, paged: bool,
-            int8: bool) -> torch.Tensor:
+def store_args(q, k, v, q_weight, k_weight, eps, cos, sin, positions, page_table, caches, paged: bool,
+               int8: bool) -> tuple[tuple, dict, torch.Tensor]:
+    """(the kernel's arguments from q_ptr to eps, its constexprs, q_out): what `_launch` passes, for the chained
+    launch too."""
     n_tokens, n_heads, dim = q.shape
     n_kv_heads, half = k.shape[1], cos.shape[-1] // 2
     if q.stride(-1) != 1:
         q = q.contiguous()
     k, v = _rows(k), _rows(v)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if n_tokens:
-        _qk_norm_rope_store_kernel[(n_tokens, n_heads + n_kv_heads)](
-            q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out,
+    args = (q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out,
             positions.to(torch.int32), page_table, *caches, n_heads, n_kv_heads, q.stride(0), q.stride(1),
-            k.stride(0), v.stride(0), eps, DIM=dim, HALF=half, BLOCK=triton.next_power_of_2(dim), PAGED=paged,
-            INT8=int8, num_warps=1, **launch_options(q))
+            k.stride(0), v.stride(0), eps)
+    return args, dict(DIM=dim, HALF=half, BLOCK=triton.next_power_of_2(dim), PAGED=paged, INT8=int8), q_out
+
+
+def _launch(q, k, v, q_weight, k_weight, eps, cos, sin, positions, page_table, caches, paged: bool,
+            int8: bool) -> torch.Tensor:
+    args, constants, q_out = store_args(q, k, v, q_weight, k_weight, eps, cos, sin, positions, page_table, caches,
+                                        paged, int8)
+    if q.shape[0]:
+        _qk_norm_rope_store_kernel[(q.shape[0], q.shape[1] + k.shape[1])](*args, **constants, num_warps=1,
+                                                                          **launch_options(q))
     return q_out
+
+
+def dense_target(kv_shape, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> tuple:
+    """A dense cache as the kernel's store target (positions, page table, caches, paged, int8) for key rows of
+    kv_shape [Hkv, D]."""
+    if not (keys.is_contiguous() and values.is_contiguous()) or keys.shape[1:] != tuple(kv_shape):
+        raise ValueError(f"keys {tuple(keys.shape)} cannot take rows {tuple(kv_shape)}")
+    # The page table and the scales are unused in the dense form: any valid pointer stands in for them.
+    return positions, positions, (keys, values, keys, values), False, False
+
+
+def paged_target(kv_shape, pool: PagedKV, page_table: torch.Tensor, cells: torch.Tensor) -> tuple:
+    """A paged pool (int8 codes and scales, or fp16) as the kernel's store target at logical `cells` [T]."""
+    n_kv_heads, dim = kv_shape
+    if n_kv_heads != pool.n_kv_heads or dim != pool.head_dim or pool.head_dim % GROUP or PAGE != 4:
+        raise ValueError(f"keys {tuple(kv_shape)} do not fit a pool of {pool.n_kv_heads} KV heads x {pool.head_dim}")
+    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
+    return cells, page_table.to(torch.int32), (pool.k, pool.v, *scales), True, pool.int8
 
 
 def qk_norm_rope_store_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
@@ -105,19 +143,11 @@ def qk_norm_rope_store_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """q [T, H, D], k and v [T, Hkv, D] (bf16/fp16; q and k as `qk_norm_rope_triton` takes them), a dense cache's
     keys/values [cells, Hkv, D] (contiguous, any float dtype), positions [T] -> q normed and turned [T, H, D]; the
     turned keys and the values written at the positions' cells."""
-    if not (keys.is_contiguous() and values.is_contiguous()) or keys.shape[1:] != k.shape[1:]:
-        raise ValueError(f"keys {tuple(keys.shape)} cannot take rows {tuple(k.shape)}")
-    # The page table and the scales are unused in the dense form: any valid pointer stands in for them.
-    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, positions, positions, (keys, values, keys, values),
-                   paged=False, int8=False)
+    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, *dense_target(k.shape[1:], keys, values, positions))
 
 
 def qk_norm_rope_store_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                              k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, pool: PagedKV,
                              page_table: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
     """As `qk_norm_rope_store_dense` into a paged pool (int8 codes and scales, or fp16) at logical `cells` [T]."""
-    if k.shape[1] != pool.n_kv_heads or k.shape[2] != pool.head_dim or pool.head_dim % GROUP or PAGE != 4:
-        raise ValueError(f"keys {tuple(k.shape)} do not fit a pool of {pool.n_kv_heads} KV heads x {pool.head_dim}")
-    scales = (pool.k_scale, pool.v_scale) if pool.int8 else (pool.k, pool.v)  # unused pointers for fp16
-    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, cells, page_table.to(torch.int32),
-                   (pool.k, pool.v, *scales), paged=True, int8=pool.int8)
+    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, *paged_target(k.shape[1:], pool, page_table, cells))

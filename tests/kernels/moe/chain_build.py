@@ -1,6 +1,6 @@
 """Build the chained MoE kernel (kernels/moe/chain_moe.py) for sm_90 without a GPU at the A3B shape (Q4_0, 2048 x
 768, 128 experts, top 8; the o projection first and the layer's add + norm last, as decode runs it) with the given
-configs; print each build's registers and spill stack.
+configs, and the chained q/k/v projection + norm + RoPE + store; print each build's registers and spill stack.
 
 Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
 `python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN:O_BN[:PDL] ...]`.
@@ -37,9 +37,33 @@ def a3b_build(config: ChainConfig, pdl: int, n_embd: int = 2048, n_ff: int = 768
     return build(_chain_moe_kernel, SIGNATURE, {**constants, "SPIN_LIMIT": 0, "PDL": pdl}, num_warps=warps)
 
 
+QKV_SIGNATURE = {"x_ptr": "*bf16", "w": "*u8", "ones_ptr": "*fp32", "qkv_ptr": "*bf16", "q_ptr": "*bf16",
+                 "k_ptr": "*bf16", "v_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*bf16",
+                 "sin_ptr": "*bf16", "q_out": "*bf16", "pos_ptr": "*i32", "page_table_ptr": "*i32", "kc_ptr": "*fp16",
+                 "vc_ptr": "*fp16", "ks_ptr": "*fp16", "vs_ptr": "*fp16", "n_heads": "i32", "n_kv_heads": "i32",
+                 "q_token_stride": "i32", "q_head_stride": "i32", "k_token_stride": "i32", "v_token_stride": "i32",
+                 "eps": "fp32", "counters": "*i32"}
+
+
+def a3b_qkv_build(config: ChainConfig, pdl: int, n_embd: int = 2048, heads=(32, 4, 128)):
+    """The chained q/k/v projection + norm + RoPE + store (kernels/pointwise/chain_qkv_store.py), a dense cache."""
+    from strata.kernels.moe.chain_moe import _prefixed, phase_tile
+    from strata.kernels.moe.oneshot_gemv import _constants
+    from strata.kernels.pointwise.chain_qkv_store import _chain_qkv_store_kernel
+
+    spec = SPECS["Q4_0"]
+    n_out = (heads[0] + 2 * heads[1]) * heads[2]
+    tile = phase_tile("matvec", SimpleNamespace(spec=spec, rows=n_out, cols=n_embd), config.o_bn, 1, True, config)
+    constants = dict(T=1, HEADS=heads[0] + heads[1], DIM=heads[2], HALF=heads[2] // 2, BLOCK=heads[2], PAGED=False,
+                     INT8=False, **_prefixed("M_", _constants(spec, n_out, n_embd, 1, False, tile.bn, 1)))
+    return build(_chain_qkv_store_kernel, QKV_SIGNATURE, {**constants, "SPIN_LIMIT": 0, "PDL": pdl},
+                 num_warps=tile.warps)
+
+
 if __name__ == "__main__":  # arguments: configs as WARPS:GATE_UP_BN:DOWN_BN:O_BN (0: the default), PDL 1 unless ":0"
     for arg in sys.argv[1:] or ["0:0:0"]:
         fields = [int(f) for f in arg.split(":")]
         config = ChainConfig(*fields[:4])
         pdl = fields[4] if len(fields) > 4 else 1
         print(json.dumps({**a3b_build(config, pdl), "config": arg, "pdl": pdl}), flush=True)
+        print(json.dumps({**a3b_qkv_build(config, pdl), "config": arg, "pdl": pdl}), flush=True)
