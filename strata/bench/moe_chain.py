@@ -8,7 +8,8 @@ chosen experts' bytes, the router's and the o weight's, over the measured read b
 call gives the bytes of the five launches run at its tiles and warps (delta, residuals, normed rows, routing ids,
 the experts' sum: "=" says the chaining reads nothing stale), and the layer's output's (the next norm's x') largest
 difference from the default five launches' over its max (compiled, a kernel's sums follow its warp count).
-`--sweep` adds a line per ChainConfig (warps, gate/up rows, down rows).
+`--sweep` adds a line per ChainConfig (warps, gate/up rows, down rows, matvec rows). Then the attention half: the
+stacked q/k/v matvec and the q/k norm + RoPE + store (two launches) against kernels/pointwise/chain_qkv_store.py.
 
     strata bench moe-chain [--shapes a3b-q4_0,qwen4exp-q2_0] [--tokens 1] [--sweep [W:G:D,...]]
 """
@@ -128,6 +129,75 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
               f"{'=' if same else '!='} its five launches' bytes, x' {worst:.1e} of max from the default five")
 
 
+QKV_HEADS = {"a3b-q4_0": (32, 4, 128), "a3b-q4_k": (32, 4, 128), "qwen4exp-q2_0": (24, 2, 256), "tiny-q4_0": (4, 2, 64)}
+
+
+def bench_qkv(shape: str, tokens: int, device, configs: list[ChainConfig], bandwidth: float) -> None:
+    """The attention half: the stacked q/k/v matvec then the q/k norm + RoPE + store into a dense fp16 cache (two
+    launches) against kernels/pointwise/chain_qkv_store.py's one, per config (its warps and matvec rows)."""
+    from strata.kernels.moe.chain_moe import phase_tile
+    from strata.kernels.pointwise.chain_qkv_store import chain_qkv_store
+    from strata.kernels.pointwise.qk_norm_rope_store import (_qk_norm_rope_store_kernel, dense_target,
+                                                             qk_norm_rope_store_dense, store_args)
+
+    gate_up, _, embd, _, _, _ = SHAPES[shape]
+    heads = QKV_HEADS.get(shape)
+    if heads is None or tokens > 4:
+        return
+    n_heads, n_kv_heads, dim = heads
+    n_out = (n_heads + 2 * n_kv_heads) * dim
+    fmt = gate_up if gate_up in ("Q4_0", "Q8_0", "Q2_0", "Q4_K") else "Q4_0"
+    weights = [synthetic_stack(fmt, fmt, 1, embd, n_out, seed=30 + i, device=device).gate for i in range(O_MATRICES)]
+    operands = [ExpertOperand(w.raw.contiguous().reshape(-1), int(w.ggml_type), n_out, embd, stride=0)
+                for w in weights]
+    gen = torch.Generator().manual_seed(5)
+    q_weight, k_weight = ((1 + 0.1 * torch.randn(dim, generator=gen)).bfloat16().to(device) for _ in range(2))
+    keys, values = (torch.zeros(4096, n_kv_heads, dim, dtype=torch.float16, device=device) for _ in range(2))
+    calls = []
+    for c in range(CALLS):
+        angle = torch.randn(tokens, dim // 2, generator=gen)
+        cos, sin = (torch.cat([f(angle)] * 2, -1).bfloat16().to(device) for f in (torch.cos, torch.sin))
+        calls.append((torch.randn(tokens, embd, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
+                      cos, sin, torch.arange(c * tokens, (c + 1) * tokens, dtype=torch.int32, device=device),
+                      ("bench qkv", shape, c)))
+
+    def split(out):
+        q, k, v = out.split([n_heads * dim, n_kv_heads * dim, n_kv_heads * dim], dim=-1)
+        return q.view(-1, n_heads, dim), k.view(-1, n_kv_heads, dim), v.view(-1, n_kv_heads, dim)
+
+    def two(x, o, cos, sin, pos, site, tile=None):
+        q, k, v = split(_matvec(x, o, tile))
+        if tile is None:
+            return qk_norm_rope_store_dense(q, k, v, q_weight, k_weight, 1e-6, cos, sin, keys, values, pos)
+        args, constants, q_out = store_args(q, k, v, q_weight, k_weight, 1e-6, cos, sin,
+                                            *dense_target(heads[1:], keys, values, pos))
+        _qk_norm_rope_store_kernel[(x.shape[0], n_heads + n_kv_heads)](*args, **constants, num_warps=tile.warps)
+        return q_out
+
+    def chained(x, o, cos, sin, pos, site, config=DEFAULT):
+        return chain_qkv_store(x, o, heads, q_weight, k_weight, 1e-6, cos, sin,
+                               dense_target(heads[1:], keys, values, pos), site, config)
+
+    floor_us = operands[0].rows * operands[0].row_bytes / bandwidth * 1e6
+    two_us = graph_us(two, calls, device)
+    print(f"{shape} q/k/v + norm + RoPE + store, {tokens} token(s): two launches {two_us:7.2f} us  floor "
+          f"{floor_us:6.2f} us")
+    for config in configs:
+        tile = phase_tile("matvec", operands[0], config.o_bn, 1, torch.device(device).type == "cuda", config)
+        if tile is None:
+            print(f"  {config}: the chain does not apply (tile)")
+            continue
+        same = True
+        for c in calls[:4]:
+            want = two(*c, tile)
+            want_keys = keys[c[4].long()].clone()
+            same &= torch.equal(chained(*c, config), want) and torch.equal(keys[c[4].long()], want_keys)
+        us = graph_us(lambda *c, cfg=config: chained(*c, cfg), calls, device)
+        print(f"  {'default ' if config == DEFAULT else ''}warps={tile.warps:<2} matvec_bn={tile.bn:<2} {us:7.2f} us  "
+              f"{two_us / us:5.2f}x two  {100 * floor_us / us:5.1f} % of floor  "
+              f"{'=' if same else '!='} its two launches' bytes (q, keys)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="strata bench moe-chain", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="a3b-q4_0,qwen4exp-q2_0", help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -141,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [DEFAULT] + [c for c in parse_configs(args.sweep) if c != DEFAULT]
     for shape in args.shapes.split(","):
         bench_shape(shape, args.tokens, device, configs, bandwidth)
+        bench_qkv(shape, args.tokens, device, configs, bandwidth)
     return 0
 
 

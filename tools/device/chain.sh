@@ -6,11 +6,12 @@
 #    separate launches at its warps byte for byte, held-back counters, the counters zero after each launch);
 # 2. (while the A3B file is made, ~90 s, if absent) `bench moe-chain --sweep` at the A3B shape: the five launches
 #    (o projection, routing, gate/up, down, the closing add + norm) against the chained one per config (warps:gate_up_bn:down_bn[:o_bn]), us, % of the floor, "=" where the chained bytes
-#    are the five launches' at its warps: the config to make the default;
+#    are the five launches' at its warps: the config to make the default; then the attention half (q/k/v matvec +
+#    norm + RoPE + store, two launches against one);
 # 3. `bench decode` with the switch off, then on (STRATA_DECODE_CHAIN=1): tok/s, GPU step, % of the HBM bound
 #    (the session's 1.95 ms step, 21.8 %: the goal is 60 %);
 # 4. chain_check.py: greedy tokens and logits with the chain (default and 16:8:8) against unset, captured;
-# 5. profile_decode.py under the switch: the kernels a layer (eight -> four) and their times;
+# 5. profile_decode.py under the switch: the kernels a layer (eight -> three) and their times;
 # 6. as time allows: bench moe-chain at the qwen4exp Q2_0 shape (default config).
 # Under 6 minutes (BUDGET 330 s, + 90 s while a3b.gguf is made); logs in $OUT (chain_logs.tgz, chain_summary.txt;
 # the compile caches when run alone). Carry .whl (and .devcache).
@@ -36,7 +37,7 @@ part chain_q4x 30 python3 -m strata bench moe-chain --shapes qwen4exp-q2_0
   cat $L/times.txt
   tail -n 3 $L/tests.log
   for f in chain_sweep chain_q4x; do
-    echo "=== $f"; grep -h "five launches\|x five\|apply" $L/$f.log 2>/dev/null | cut -c1-230
+    echo "=== $f"; grep -h "launches\|x five\|x two\|apply" $L/$f.log 2>/dev/null | cut -c1-230
   done
   for f in bench_off bench_chain; do
     echo "=== $f"; grep -v "^\s*$\|Warning\|warn(" $L/$f.log 2>/dev/null | tail -n 12 | cut -c1-230
@@ -46,4 +47,4 @@ part chain_q4x 30 python3 -m strata bench moe-chain --shapes qwen4exp-q2_0
     | head -n 18 | cut -c1-160
 } > $OUT/chain_summary.txt
 cat $OUT/chain_summary.txt
-summarize chain "five launches|x five|tok/s|GPU|HBM|PASS|FAIL|Error|passed|failed"
+summarize chain "launches|x five|x two|tok/s|GPU|HBM|PASS|FAIL|Error|passed|failed"

@@ -158,6 +158,8 @@ def test_bench_runs_and_reports_the_bytes(capsys):
     chained = [line for line in lines if "x five" in line]
     assert len(chained) == 2, lines
     assert all("= its five launches' bytes" in line and "!=" not in line for line in chained), lines
+    qkv = [line for line in lines if "x two" in line]  # the attention half
+    assert len(qkv) == 2 and all("= its two launches' bytes" in line and "!=" not in line for line in qkv), lines
 
 
 def _o_case(device, rows=2):
