@@ -11,20 +11,19 @@ that size is 90% likely to route to each, else none. Either way, once the router
 in the ring is copied then ("late"), so results never depend on the guess: streamed runs give the bytes of
 all-resident ones.
 
-How far ahead: with a ring of two layers or more, two layers. Layer L, once its experts are launched, releases its
-slots and queues the copy of layer L + 2 into them (the copy waits on the device for L's experts to finish). So the
-copy stream always holds the next layer's batch behind the running one and the link never idles while the host waits
-for a routing: with one layer ahead, the copy of L + 1 could only be queued after the host had read L's routing, which
-the device reaches a whole layer of compute after the copy of L began (the H200 timeline of 12 full-size layers,
-session 9: 6.5 ms of idle link in every 19 ms layer). A one-layer ring fetches one layer ahead: two would take the
-slots the next layer's late experts need.
+The first layer of a chunk is fetched ahead too: for chunk c+1 right after the last layer of chunk c has launched its
+experts (the engine says the next chunk's size through `begin_chunk`), and for a prompt's first chunk when the engine
+begins it, before the embedding and the first mixer run, by the same policy (the first layer's routing in the last
+chunk the streamer saw, which is an earlier prompt's; without one, every missing expert when the chunk is large).
 
-The first layers of a chunk are fetched ahead too: for chunk c+1 while the last layers of chunk c run (the engine
-says the next chunk's size through `begin_chunk`), and for a prompt's first chunk when the engine begins it, before the
-embedding and the first mixer run, by the same policy (the layer's routing in the last chunk the streamer saw, which
-is an earlier prompt's; without one, every missing expert when the chunk is large).
+When the copy of the next layer is queued: by default once this layer's experts are launched, which is after the
+host has read this layer's routing (the layer's one device read) and launched its experts. On the H200 that left
+the link idle ~6.5 ms of every ~19 ms layer (session 9's timeline of 12 full-size layers, balanced routing): the
+copy of L+1 waits for the host, which waits for the device to reach L's router. With STRATA_PF_EARLY=1 (and a ring of
+two layers) it is queued when the host reaches layer L, before the routing read: it waits on the device only for
+the slots layer L-1 used, as before.
 
-The ring holds two layers' experts where the cache can lend that much (the next layers' copies overlap this layer's
+The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
 rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
 PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) when the engine's prompt
@@ -91,12 +90,14 @@ class PromptStreamer:
         self.host_stacks, self.cache, self.min_tokens = host_stacks, cache, min_tokens
         self.device = torch.device(device)
         self.queue = queue or CopyQueue(self.device, cache.copy_stream)  # the cache's stream: admits stay ordered
-        self.layers = sorted(host_stacks)
+        layers = sorted(host_stacks)
+        self.next_layer = dict(zip(layers, layers[1:]))
         self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
         self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
-        # Two layers ahead where the ring holds two layers (module docstring), else one; STRATA_PF_AHEAD caps it.
-        two = self.experts_per_layer and self.ring_slots >= 2 * self.experts_per_layer
-        self.depth = max(1, min(switches.get("STRATA_PF_AHEAD"), 2 if two else 1))
+        # STRATA_PF_EARLY: the next layer's copy queued before this layer's routing read, where the ring holds two
+        # layers (this layer's late experts then still find room: it holds at most one layer's, the next one another).
+        two_layers = self.experts_per_layer > 0 and self.ring_slots >= 2 * self.experts_per_layer
+        self.early = switches.get("STRATA_PF_EARLY") and two_layers
         self.ring: SlotRing | None = None
         self.work_slots = 0  # adjacent slots to borrow for the chunk's work buffers (set by the engine's chunk rule)
         self.arena: WorkArena | None = None
@@ -145,8 +146,7 @@ class PromptStreamer:
             return
         started = time.perf_counter()
         self._ensure_ring()
-        for layer in self.layers[: self.depth]:  # a no-op for experts the previous chunk's tail fetched already
-            self._prefetch(layer, n_tokens, top_k)
+        self._prefetch(min(self.host_stacks), n_tokens, top_k)
         self.stats.host_s += time.perf_counter() - started
 
     def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
@@ -170,10 +170,20 @@ class PromptStreamer:
         """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync."""
         return np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=n_experts).cpu().numpy())
 
+    def _prefetch_next(self, layer: int, n_tokens: int, top_k: int) -> None:
+        """Copy ahead the layer after `layer`: in this chunk, or the next chunk's first one after its last."""
+        if layer in self.next_layer:
+            self._prefetch(self.next_layer[layer], n_tokens, top_k)
+        elif self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
+            self._prefetch(min(self.host_stacks), self.next_chunk_tokens, top_k)
+
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
+        if self.early:  # the next layer's copy, queued before this layer's routing read (module docstring)
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
+        asked = time.perf_counter()
         routed = self.last_routed[layer] = self._routed(ids, stack.n_experts)
         read = time.perf_counter()
         slots = self.cache.lookup_slots(layer, routed)
@@ -190,20 +200,16 @@ class PromptStreamer:
         computing = time.perf_counter()
         out = self._compute(layer, stack, x, weights, ids, routed, slots)
         computed = time.perf_counter()
-        ring.release(layer)  # first: the copy ahead may refill this layer's slots once its experts are done
-        index = self.layers.index(layer)
-        ahead = index + self.depth
-        if ahead < len(self.layers):
-            self._prefetch(self.layers[ahead], x.shape[0], ids.shape[1])
-        elif self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layers, during this one's tail
-            self._prefetch(self.layers[ahead - len(self.layers)], self.next_chunk_tokens, ids.shape[1])
-        if index == len(self.layers) - 1:
+        if not self.early:
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
+        if layer not in self.next_layer:
             self.stats.chunks += 1
             self.stats.tokens += x.shape[0]
             self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
+        ring.release(layer)
         self.stats.layers += 1
-        self.stats.sync_s += read - started
-        self.stats.host_s += (computing - read) + (time.perf_counter() - computed)
+        self.stats.sync_s += read - asked
+        self.stats.host_s += (asked - started) + (computing - read) + (time.perf_counter() - computed)
         return out
 
     def _compute(self, layer, stack, x, weights, ids, experts: np.ndarray, slots: np.ndarray) -> torch.Tensor:

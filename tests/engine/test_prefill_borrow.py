@@ -2,7 +2,7 @@
 through the GPU's code path: the prompt kernels' torch references run in the engine (as the kernels do on a GPU),
 the buffers are views into a run of lent slots, the logits bytes are those of all-resident and of not borrowing,
 and the cache holds what it held before once the prompt is done. Also the chunk rule's bounds, and the first layer
-of each chunk fetched ahead (two layers ahead where the ring holds two)."""
+of each chunk fetched ahead."""
 
 import pytest
 import torch
@@ -85,7 +85,7 @@ def test_borrowed_work_buffers_are_slot_views_and_change_no_byte(deep_moe, promp
         assert torch.equal(cache.slots[slot, : host.numel()], host), (slot, layer, e)
 
 
-def test_first_layers_of_each_chunk_are_fetched_ahead(deep_moe):
+def test_first_layer_of_each_chunk_is_fetched_ahead(deep_moe):
     llm = _llm(deep_moe, expert_cache=SLOTS, prefill_stream="on")
     streamer, cache = llm.engine.model.experts.prompt, llm.engine.model.experts.cache
     first, last = min(streamer.host_stacks), max(streamer.host_stacks)
@@ -112,25 +112,14 @@ def test_first_layers_of_each_chunk_are_fetched_ahead(deep_moe):
     streamer._prefetch = traced("prefetch", streamer._prefetch, lambda args: args[0])
     ids = llm.tokenize(TEXT)[:16]  # four chunks
     llm.logits(ids)
-    depth, layers = streamer.depth, streamer.layers
-    assert depth == 2  # this cache lends a ring of two layers: the copies run two layers ahead
     begins = [i for i, entry in enumerate(log) if entry[0] == "begin"]
     assert len(begins) == 4
-    for before, i in zip(begins, begins[1:]):  # chunks 1..3 begin with their first layers fetched ahead
-        assert log[i][2], log[i - 4: i + 1]
-        steps = [entry[:2] for entry in log[before:i]]
-        for k in range(depth):  # layer k of the next chunk: fetched right after layer k - depth of this one ran
-            run = steps.index(("run", layers[k - depth]))
-            assert steps[run + 1] == ("prefetch", layers[k]), steps[run: run + 2]
-    steps = [entry[:2] for entry in log]
-    for j, layer in enumerate(layers[:-depth]):  # inside a chunk: layer j + depth right after layer j
-        run = steps.index(("run", layer))
-        assert steps[run + 1] == ("prefetch", layers[j + depth]), steps[run: run + 2]
+    for i in begins[1:]:  # chunks 1..3 begin with their first layer fetched during the last chunk's last layer
+        assert log[i - 2][:2] == ("run", last) and log[i - 1][:2] == ("prefetch", first) and log[i][2], log[i - 2: i + 1]
     assert log[-1][:2] == ("run", last)  # the last chunk fetches nothing after its last layer
     log.clear()
     llm.logits(ids)  # a second prompt: its first chunk fetches by the first prompt's last routing, when it begins
-    assert log[0][0] == "begin" and [e[:2] for e in log[1: 1 + depth]] == [("prefetch", l) for l in layers[:depth]]
-    assert log[1 + depth][:2] == ("run", first) and log[1 + depth][2]
+    assert log[0][0] == "begin" and log[1][:2] == ("prefetch", first) and log[2][:2] == ("run", first) and log[2][2]
 
 
 def test_chunk_rule_stays_within_the_budget(tiny_moe):
@@ -219,14 +208,21 @@ def test_info_plan_states_the_chunk_and_its_borrowed_slots(tiny_moe):
     assert "no slots borrowed (--prefill-borrow off)" in describe_chunks(plan(400), config, 0, borrow="off")
 
 
-def test_copies_one_or_two_layers_ahead_give_the_same_bytes(deep_moe):
+def test_early_copies_are_queued_before_the_routing_read_and_give_the_same_bytes(deep_moe):
     ids = _llm(deep_moe).tokenize(TEXT)[:16]
     resident = _llm(deep_moe).logits(ids)
-    for ahead in (1, 2):
-        with switches.override(STRATA_PF_AHEAD=ahead):
+    for early in (False, True):
+        with switches.override(STRATA_PF_EARLY=early):
             llm = _llm(deep_moe, expert_cache=SLOTS, prefill_stream="on")
-            streamer = llm.engine.model.experts.prompt
-            assert streamer.depth == ahead
-            got = llm.logits(ids)
-        assert got.numpy().tobytes() == resident.numpy().tobytes(), ahead
+        streamer = llm.engine.model.experts.prompt
+        assert streamer.early == early  # this cache lends a ring of two layers
+        log = []
+        routed, prefetch = streamer._routed, streamer._prefetch
+        streamer._routed = lambda *a: (log.append("read"), routed(*a))[1]
+        streamer._prefetch = lambda layer, *a: (log.append(("prefetch", layer)), prefetch(layer, *a))[1]
+        got = llm.logits(ids)
+        assert got.numpy().tobytes() == resident.numpy().tobytes(), early
         assert streamer.stats.bytes_streamed > 0
+        first_read = log.index("read")
+        # Early: layer 1's copy is queued before layer 0's routing is read; otherwise after it.
+        assert (log.index(("prefetch", streamer.next_layer[min(streamer.host_stacks)])) < first_read) == early
