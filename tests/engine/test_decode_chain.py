@@ -96,3 +96,22 @@ def test_chained_steps_give_the_unchained_bytes(tiny_moe, kernels_on_cpu, graphs
     assert torch.equal(chained_logits, logits)
     for (device, site), counters in chain_moe._counters.items():
         assert not counters.any(), site  # zeroed by each launch's last program, for the next one
+
+
+@pytest.fixture(scope="module")
+def tiny_next(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "tiny-qwen3next-chain.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
+
+
+def test_a_layer_with_a_shared_expert_joins_after_the_launch(tiny_next, kernels_on_cpu):
+    """qwen3next: its own attention (no o projection in the launch), a gated shared expert joined by the model after
+    the chained routing and experts; the same bytes."""
+    with switches.override(STRATA_DECODE_CHAIN=""):
+        tokens, logits = _run(tiny_next, "eager")
+    with switches.override(STRATA_DECODE_CHAIN="1"):
+        chained_tokens, chained_logits = _run(tiny_next, "eager")
+    moe = [launch for launch in kernels_on_cpu if launch[0] != "qkv"]
+    assert moe and all(out is not None and len(out) == 3 and not folded for out, folded in moe)
+    assert chained_tokens == tokens and torch.equal(chained_logits, logits)
