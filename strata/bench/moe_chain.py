@@ -37,7 +37,7 @@ SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smo
 # warps : gate/up rows : down rows [: matvec rows] (0: the default's), most telling first (a sweep cut short by its
 # cap keeps those): around 8 warps / 8 / 4 / 8, the down kernel's own 16 warps (one program an SM at A3B's shape),
 # 4 warps (three), and rows halved or doubled in each phase.
-SWEEP = "16:8:8,4:0:0,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,4:4:2,8:16:4,4:8:1"
+SWEEP = "16:8:8,4:0:0,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,8:0:0:0:1,8:0:0:0:16,4:4:2,8:16:4"
 
 
 def parse_configs(text: str) -> list[ChainConfig]:
@@ -80,12 +80,12 @@ def _matvec(heads, o, config=None):
     return quant_matvec(heads, o.raw, o.qtype, (o.rows, o.cols), config)
 
 
-def _at_warps(h, heads, o, site, norm, next_norm, router, k, experts, tiles):
+def _at_warps(h, heads, o, site, norm, next_norm, router, k, experts, tiles, config):
     """The five launches at the chain's tiles and warps: (residual, x, y, residual after, its norm, ids, delta)."""
     warps = tiles[0].warps
     delta = _matvec(heads, o, tiles[2])
-    residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True,
-                                                      config=RouteConfig(warps=warps))
+    route = RouteConfig(warps=warps) if not config.route_experts else RouteConfig(config.route_experts, warps)
+    residual, x, weights, ids = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True, config=route)
     hid = gate_up_swiglu_triton(x, ids, experts, tiles[0])
     y = down_sum_triton(hid, ids, weights, experts, x.dtype, tiles[1])
     residual2, x2 = torch.empty_like(residual), torch.empty_like(residual)
@@ -120,13 +120,14 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
         for c, w in zip(calls[:4], want):
             buffers = {}
             got = chained(*c, config, buffers)
-            at_warps = _at_warps(*c, norm, next_norm, router, k, experts, tiles)
+            at_warps = _at_warps(*c, norm, next_norm, router, k, experts, tiles, config)
             same &= all(torch.equal(a, b) for a, b in zip((*got, buffers["ids"], buffers["delta"]), at_warps))
             worst = max(worst, ((got[4].float() - w[4].float()).abs().max() / w[4].float().abs().max()).item())
         us = graph_us(lambda h, heads, o, site, cfg=config: chained(h, heads, o, site, cfg), calls, device)
         label = "default " if config == DEFAULT else ""
         print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
-              f"o_bn={tiles[2].bn:<2} {us:7.2f} us  {five_us / us:5.2f}x five  {100 * floor_us / us:5.1f} % of floor  "
+              f"o_bn={tiles[2].bn:<2} route={config.route_experts or 'default'!s:<7} {us:7.2f} us  "
+              f"{five_us / us:5.2f}x five  {100 * floor_us / us:5.1f} % of floor  "
               f"{'=' if same else '!='} its five launches' bytes, x' {worst:.1e} of max from the default five")
 
 
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="a3b-q4_0,qwen4exp-q2_0", help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--tokens", type=int, default=1, help="tokens a call (1: decode; a verify window's T)")
     p.add_argument("--sweep", nargs="?", const=SWEEP, default="",
-                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN[:O_BN], comma-separated; 0: the default's) too")
+                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE_EXPERTS]], comma-separated; "
+                   "0: the default's) too")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: the interpreter, a smoke run
     print(torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreted: times mean nothing)")

@@ -76,21 +76,23 @@ class ChainConfig:
     gate_up_bn: int = 0
     down_bn: int = 0
     o_bn: int = 0  # rows an o projection item (and a q/k/v matvec item: kernels/pointwise/chain_qkv_store.py)
+    route_experts: int = 0  # router rows a routing item (0: add_norm_route's default, 4: A3B's 128 in 32 items)
 
 
 DEFAULT = ChainConfig()
 
 
 def parse_config(text: str) -> ChainConfig:
-    """'W:G:D[:O]' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
+    """'W:G:D[:O[:R]]' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
     from strata.errors import StrataError
 
     try:
         fields = [int(f) for f in text.split(":")] if text.strip() != "1" else []
     except ValueError:
         fields = None
-    if fields is None or len(fields) > 4 or any(f < 0 for f in fields):
-        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN[:O_BN] (e.g. 8:8:4)")
+    if fields is None or len(fields) > 5 or any(f < 0 for f in fields):
+        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE]] "
+                          "(e.g. 8:8:4)")
     return ChainConfig(*fields)
 
 
@@ -313,7 +315,8 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
     from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE
 
     block = triton.next_power_of_2(n_cols)
-    eb = min(triton.next_power_of_2(ROUTE.experts_per_program), triton.next_power_of_2(n_experts))
+    eb = min(triton.next_power_of_2(config.route_experts or ROUTE.experts_per_program),
+             triton.next_power_of_2(n_experts))
     programs = triton.cdiv(n_experts, eb)
     gate_c = _constants(g.spec, g.rows, g.cols, 1, slots, tiles[0].bn, 1)
     down_c = _constants(d.spec, d.rows, d.cols, k, slots, tiles[1].bn, 1)

@@ -4,6 +4,7 @@ have their own float64 checks: test_add_norm_route.py, test_oneshot_gemv.py). Un
 after another, so every wait is met when reached; the held-back tests show the waits are real: with a done-counter
 held back, the programs that need it give up (SPIN_LIMIT) instead of computing from unfinished data."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -44,9 +45,9 @@ def _unchained(case, config, next_norm=None):
     (residual, x, y, H, ids[, the new residual, its norm by next_norm])."""
     tiles = chain_tiles(case["experts"], case["k"], case["h"].is_cuda, config)
     warps = max(t.warps for t in tiles)
+    route = RouteConfig(config.route_experts or RouteConfig().experts_per_program, warps)
     residual, x, weights, ids = add_norm_route_triton(case["h"], case["delta"], case["norm_weight"], case["router"],
-                                                      case["eps"], case["k"], case["normalize"],
-                                                      config=RouteConfig(warps=warps))
+                                                      case["eps"], case["k"], case["normalize"], config=route)
     hid = gate_up_swiglu_triton(x, ids, case["experts"], tiles[0])
     y = down_sum_triton(hid, ids, weights, case["experts"], x.dtype, tiles[1])
     if next_norm is None:
@@ -58,14 +59,16 @@ def _unchained(case, config, next_norm=None):
     return residual, x, y, hid, ids, residual2, out2
 
 
-@pytest.mark.parametrize("fmt, rows, k, join", [("Q4_0", 1, 2, False), ("Q8_0", 3, 3, True), ("Q4_K", 2, 2, True)])
-def test_chained_launch_gives_the_separate_launches_bytes(device, fmt, rows, k, join):
+@pytest.mark.parametrize("fmt, rows, k, join, route", [("Q4_0", 1, 2, False, 0), ("Q8_0", 3, 3, True, 2),
+                                                       ("Q4_K", 2, 2, True, 0)])
+def test_chained_launch_gives_the_separate_launches_bytes(device, fmt, rows, k, join, route):
     case = _case(device, fmt, rows, k=k)
+    config = dataclasses.replace(SMALL, route_experts=route)  # 2: four routing items a token, each 2 router rows
     next_norm = (case["norm_weight"].float() * 0.9).to(case["h"].dtype) if join else None
-    want = _unchained(case, SMALL, next_norm)
+    want = _unchained(case, config, next_norm)
     for launch in range(2):  # the counters left zero: a second launch runs the same
         buffers = {}
-        got = chain_moe_triton(**case, site=("test", fmt), config=SMALL, buffers=buffers, next_norm=next_norm)
+        got = chain_moe_triton(**case, site=("test", fmt), config=config, buffers=buffers, next_norm=next_norm)
         assert got is not None and len(got) == (5 if join else 3)
         for a, b in zip(got, want[:3] + want[5:]):
             assert torch.equal(a, b), launch
@@ -143,8 +146,8 @@ def test_switch_text_names_a_config():
 
     assert parse_config("1") == DEFAULT and parse_config("8:8:4") == ChainConfig(8, 8, 4)
     assert parse_config("16") == ChainConfig(16)
-    assert parse_config("8:8:4:2") == ChainConfig(8, 8, 4, 2)
-    for bad in ("yes", "8:8:4:2:1", "8:-1"):
+    assert parse_config("8:8:4:2") == ChainConfig(8, 8, 4, 2) and parse_config("8:0:0:0:2").route_experts == 2
+    for bad in ("yes", "8:8:4:2:1:1", "8:-1"):
         with pytest.raises(StrataError, match="STRATA_DECODE_CHAIN"):
             parse_config(bad)
 
