@@ -56,9 +56,7 @@ from strata.kernels.pointwise.add_rms_norm import add_rms_norm_row
 TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, O_DONE, ARRIVALS = (
     tl.constexpr(i) for i in (0, 1, 2, 3, 4, 5, 6, 8))
 MAX_ROWS = 64  # tokens a launch routes (verify windows)
-COUNTERS = 8 + MAX_ROWS
-
-
+COUNTERS = ARRIVALS.value + MAX_ROWS
 GPU_WARPS = 8  # one launch, one warp count for every phase (see ChainConfig)
 
 
@@ -94,7 +92,6 @@ def parse_config(text: str) -> ChainConfig:
         raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE]] "
                           "(e.g. 8:8:4)")
     return ChainConfig(*fields)
-
 
 
 @triton.jit
