@@ -184,11 +184,12 @@ def bench_qkv(shape: str, tokens: int, device, configs: list[ChainConfig], bandw
     two_us = graph_us(two, calls, device)
     print(f"{shape} q/k/v + norm + RoPE + store, {tokens} token(s): two launches {two_us:7.2f} us  floor "
           f"{floor_us:6.2f} us")
+    seen = set()
     for config in configs:
         tile = phase_tile("matvec", operands[0], config.o_bn, 1, torch.device(device).type == "cuda", config)
-        if tile is None:
-            print(f"  {config}: the chain does not apply (tile)")
+        if tile is None or (tile.warps, tile.bn) in seen:  # (only warps and the matvec's rows change this launch)
             continue
+        seen.add((tile.warps, tile.bn))
         same = True
         for c in calls[:4]:
             want = two(*c, tile)

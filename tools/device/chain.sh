@@ -26,11 +26,11 @@ if [ ! -f $A ]; then
 fi
 part tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_chain_moe.py \
   tests/kernels/pointwise/test_chain_qkv_store.py
-part chain_sweep 110 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
+part chain_sweep 120 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
 while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64"
-part bench_off 45 env STRATA_DECODE_CHAIN= $B
-part bench_chain 45 env STRATA_DECODE_CHAIN=1 $B
+part bench_off 40 env STRATA_DECODE_CHAIN= $B
+part bench_chain 40 env STRATA_DECODE_CHAIN=1 $B
 part check_a3b 55 python3 tools/device/chain_check.py $A --tokens 24 --configs 1,16:8:8
 part profile_chain 30 env STRATA_DECODE_CHAIN=1 python3 tools/device/profile_decode.py $A --graphs on --steps 8 --top 14
 part chain_q4x 30 python3 -m strata bench moe-chain --shapes qwen4exp-q2_0

@@ -155,7 +155,7 @@ def test_switch_text_names_a_config():
 def test_bench_runs_and_reports_the_bytes(capsys):
     from strata.bench.moe_chain import main
 
-    assert main(["--shapes", "tiny-q4_0", "--sweep", "0:16:32"]) == 0
+    assert main(["--shapes", "tiny-q4_0", "--sweep", "0:16:32:16"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("five launches" in line for line in lines)
     chained = [line for line in lines if "x five" in line]
