@@ -96,6 +96,8 @@ def chain_qkv_store(x: torch.Tensor, qkv, heads: tuple[int, int, int], q_weight:
     q, k, v = out.split([n_heads * dim, n_kv_heads * dim, n_kv_heads * dim], dim=-1)
     q, k, v = q.view(n_tokens, n_heads, dim), k.view(n_tokens, n_kv_heads, dim), v.view(n_tokens, n_kv_heads, dim)
     args, constants, q_out = store_args(q, k, v, q_weight, k_weight, eps, cos, sin, *target)
+    # The store phase must read the matvec's output itself, not a copy made before the launch writes it.
+    assert [a.data_ptr() for a in args[:3]] == [t.data_ptr() for t in (q, k, v)]
     matvec = _prefixed("M_", _constants(qkv.spec, qkv.rows, qkv.cols, 1, False, tile.bn, 1))
     items = triton.cdiv(qkv.rows, tile.bn) + n_tokens * (n_heads + n_kv_heads)
     _chain_qkv_store_kernel[(items,)](
