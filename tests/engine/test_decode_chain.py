@@ -115,3 +115,28 @@ def test_a_layer_with_a_shared_expert_joins_after_the_launch(tiny_next, kernels_
     moe = [launch for launch in kernels_on_cpu if launch[0] != "qkv"]
     assert moe and all(out is not None and len(out) == 3 and not folded for out, folded in moe)
     assert chained_tokens == tokens and torch.equal(chained_logits, logits)
+
+
+def _windows(path) -> torch.Tensor:
+    """Verify windows of 4, 2, 3 and 1 rows through the static step (engine/spec_windows.py): their logits."""
+    engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", spec=4, decode_graphs="eager"))
+    assert engine.spec.windows is not None
+    engine.prefill(PROMPT)
+    start, out = len(PROMPT), []
+    for window, keep in (([5, 6, 7, 8], 2), ([40, 41], 2), ([300, 301, 302], 1), ([77], 1)):
+        out.append(engine.spec.verify(window, start).clone())
+        engine.spec.keep(start, keep)
+        start += keep
+    return torch.cat(out)
+
+
+def test_verify_windows_give_the_unchained_bytes(tiny_moe, kernels_on_cpu):
+    """A window's rows (up to 4) through both chained launches: each row's logits as the unchained window's."""
+    with switches.override(STRATA_DECODE_CHAIN=""):
+        want = _windows(tiny_moe)
+    with switches.override(STRATA_DECODE_CHAIN="1"):
+        got = _windows(tiny_moe)
+    assert torch.equal(got, want)
+    assert ("qkv", True) in kernels_on_cpu and all(ran for name, ran in kernels_on_cpu if name == "qkv")
+    moe = [out for out, folded in kernels_on_cpu if not isinstance(out, str)]
+    assert all(moe) and {out[0].shape[0] for out in moe} >= {1, 2, 3, 4}  # the prompt's 4 rows and each window
