@@ -32,12 +32,16 @@ from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_
 from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel, add_rms_norm_triton
 from strata.kernels.quant.matvec import quant_matvec
 
-CALLS = 32
+CALLS = 32  # a graph replay on a GPU; under the interpreter (a smoke run) 2
 SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smoke test's
 # warps : gate/up rows : down rows [: matvec rows] (0: the default's), most telling first (a sweep cut short by its
 # cap keeps those): around 8 warps / 8 / 4 / 8, the down kernel's own 16 warps (one program an SM at A3B's shape),
 # 4 warps (three), and rows halved or doubled in each phase.
 SWEEP = "16:8:8,4:0:0,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,8:0:0:0:1,8:0:0:0:16,4:4:2,8:16:4"
+
+
+def _calls(device) -> int:
+    return CALLS if torch.device(device).type == "cuda" else 2
 
 
 def parse_configs(text: str) -> list[ChainConfig]:
@@ -66,7 +70,7 @@ def _layer(shape: str, tokens: int, device):
     # needs the site's previous launch complete (decode: a step apart; here the graph's calls run back to back).
     calls = [((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device),
               torch.randn(tokens, n_heads, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
-              ("bench", shape, c)) for c in range(CALLS)]
+              ("bench", shape, c)) for c in range(_calls(device))]
     return experts, norm, next_norm, router, calls, k
 
 
@@ -107,7 +111,8 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
                                 config=config, next_norm=next_norm, heads=heads, o=o, buffers=buffers)
 
     want = [five(*c) for c in calls]
-    floor_us = sum(_floor_bytes(experts, router, c[2], w[5]) for c, w in zip(calls, want)) / CALLS / bandwidth * 1e6
+    floor_bytes = sum(_floor_bytes(experts, router, c[2], w[5]) for c, w in zip(calls, want)) / len(calls)
+    floor_us = floor_bytes / bandwidth * 1e6
     five_us = graph_us(five, calls, device)
     print(f"{shape}, {tokens} token(s): five launches {five_us:7.2f} us  floor {floor_us:6.2f} us "
           f"({100 * floor_us / five_us:4.1f} % of it)")
@@ -156,7 +161,7 @@ def bench_qkv(shape: str, tokens: int, device, configs: list[ChainConfig], bandw
     q_weight, k_weight = ((1 + 0.1 * torch.randn(dim, generator=gen)).bfloat16().to(device) for _ in range(2))
     keys, values = (torch.zeros(4096, n_kv_heads, dim, dtype=torch.float16, device=device) for _ in range(2))
     calls = []
-    for c in range(CALLS):
+    for c in range(_calls(device)):
         angle = torch.randn(tokens, dim // 2, generator=gen)
         cos, sin = (torch.cat([f(angle)] * 2, -1).bfloat16().to(device) for f in (torch.cos, torch.sin))
         calls.append((torch.randn(tokens, embd, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
