@@ -25,7 +25,8 @@ import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is i
 import triton  # noqa: E402  (after it)
 from strata.bench.ceilings import graph_us, read_bandwidth
 from strata.bench.moe_decode import SHAPES, synthetic_stack
-from strata.kernels.moe.chain_moe import DEFAULT, ChainConfig, chain_moe_triton, chain_tiles, parse_config
+from strata.kernels.moe.chain_moe import (DEFAULT, ChainConfig, chain_moe_triton, chain_tiles, parse_config,
+                                          site_counters)
 from strata.kernels.moe.gemv import (DecodeExperts, ExpertOperand, down_sum_triton, gate_up_swiglu_triton,
                                      moe_gemv_triton)
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
@@ -42,6 +43,20 @@ SWEEP = "16:8:8,4:0:0,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,8:0:0:0:1,8:0:0:0:16,
 
 def _calls(device) -> int:
     return CALLS if torch.device(device).type == "cuda" else 2
+
+
+def _launched(out):
+    """A chained call's result; a call that declined (None) would leave its timing empty: an error instead."""
+    if out is None:
+        raise RuntimeError("the chained launch declined a call the bench times")
+    return out
+
+
+def _site(device, site):
+    """A call's counters' site, its counters made now: a launch whose counters a capture would have to make
+    declines (the graph would then time nothing)."""
+    site_counters(torch.device(device), site)
+    return site
 
 
 def parse_configs(text: str) -> list[ChainConfig]:
@@ -70,7 +85,7 @@ def _layer(shape: str, tokens: int, device):
     # needs the site's previous launch complete (decode: a step apart; here the graph's calls run back to back).
     calls = [((torch.randn(tokens, embd, generator=gen) * 2).bfloat16().to(device),
               torch.randn(tokens, n_heads, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
-              ("bench", shape, c)) for c in range(_calls(device))]
+              _site(device, ("bench", shape, c))) for c in range(_calls(device))]
     return experts, norm, next_norm, router, calls, k
 
 
@@ -107,8 +122,8 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
         return residual, x, y, *add_rms_norm_triton(residual, y, next_norm, 1e-6), ids
 
     def chained(h, heads, o, site, config=DEFAULT, buffers=None):
-        return chain_moe_triton(h, None, norm, router, 1e-6, k, True, experts, site=site,
-                                config=config, next_norm=next_norm, heads=heads, o=o, buffers=buffers)
+        return _launched(chain_moe_triton(h, None, norm, router, 1e-6, k, True, experts, site=site, config=config,
+                                          next_norm=next_norm, heads=heads, o=o, buffers=buffers))
 
     want = [five(*c) for c in calls]
     floor_bytes = sum(_floor_bytes(experts, router, c[2], w[5]) for c, w in zip(calls, want)) / len(calls)
@@ -166,7 +181,7 @@ def bench_qkv(shape: str, tokens: int, device, configs: list[ChainConfig], bandw
         cos, sin = (torch.cat([f(angle)] * 2, -1).bfloat16().to(device) for f in (torch.cos, torch.sin))
         calls.append((torch.randn(tokens, embd, generator=gen).bfloat16().to(device), operands[c % O_MATRICES],
                       cos, sin, torch.arange(c * tokens, (c + 1) * tokens, dtype=torch.int32, device=device),
-                      ("bench qkv", shape, c)))
+                      _site(device, ("bench qkv", shape, c))))
 
     def split(out):
         q, k, v = out.split([n_heads * dim, n_kv_heads * dim, n_kv_heads * dim], dim=-1)
@@ -182,8 +197,8 @@ def bench_qkv(shape: str, tokens: int, device, configs: list[ChainConfig], bandw
         return q_out
 
     def chained(x, o, cos, sin, pos, site, config=DEFAULT):
-        return chain_qkv_store(x, o, heads, q_weight, k_weight, 1e-6, cos, sin,
-                               dense_target(heads[1:], keys, values, pos), site, config)
+        return _launched(chain_qkv_store(x, o, heads, q_weight, k_weight, 1e-6, cos, sin,
+                                         dense_target(heads[1:], keys, values, pos), site, config))
 
     floor_us = operands[0].rows * operands[0].row_bytes / bandwidth * 1e6
     two_us = graph_us(two, calls, device)
