@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# On the GPU machine (H200, Triton 3.6), from the repo root; issue 4, session 9 (`chain`): an MoE layer's add + norm
-# + routing, the experts' gate/up and their down sum as ONE launch chained by counters (STRATA_DECODE_CHAIN,
-# kernels/moe/chain_moe.py), all resident on the A3B shape. In order:
-# 1. the chain's tests compiled on CUDA (tests/kernels/moe/test_chain_moe.py: the chained launch against the
-#    separate launches at its warps byte for byte, held-back counters, the counters zero after each launch);
+# On the GPU machine (H200, Triton 3.6), from the repo root; issue 4, session 9 (`chain`): a decode layer in three
+# launches (STRATA_DECODE_CHAIN): the q/k/v matvec + q/k norm + RoPE + KV store as one (chain_qkv_store.py), the
+# attention, and the o projection + add + norm + routing + experts' gate/up + down + closing add + norm as one
+# (kernels/moe/chain_moe.py), each chained by counters; all resident, the A3B shape. In order:
+# 1. the chains' tests compiled on CUDA (test_chain_moe.py, test_chain_qkv_store.py: each chained launch against
+#    the separate launches at its warps byte for byte, held-back counters, the counters zero after each launch);
 # 2. (while the A3B file is made, ~90 s, if absent) `bench moe-chain --sweep` at the A3B shape: the five launches
-#    (o projection, routing, gate/up, down, the closing add + norm) against the chained one per config (warps:gate_up_bn:down_bn[:o_bn]), us, % of the floor, "=" where the chained bytes
-#    are the five launches' at its warps: the config to make the default; then the attention half (q/k/v matvec +
-#    norm + RoPE + store, two launches against one);
+#    against the chained one per config (warps:gate_up_bn:down_bn[:matvec_bn[:route_experts]]), us, % of the
+#    floor, "=" where the chained bytes are the five launches' at its warps: the config to make the default; then
+#    the attention half (q/k/v matvec + norm + RoPE + store: two launches against one) per distinct tile;
 # 3. `bench decode` with the switch off, then on (STRATA_DECODE_CHAIN=1): tok/s, GPU step, % of the HBM bound
 #    (the session's 1.95 ms step, 21.8 %: the goal is 60 %);
-# 4. chain_check.py: greedy tokens and logits with the chain (default and 16:8:8) against unset, captured;
+# 4. chain_check.py: greedy tokens and logits with the chains (default, and 4 warps) against unset, captured;
 # 5. profile_decode.py under the switch: the kernels a layer (eight -> three) and their times;
 # 6. as time allows: bench moe-chain at the qwen4exp Q2_0 shape (default config).
 # Under 6 minutes (BUDGET 340 s, + 90 s while a3b.gguf is made); logs in $OUT (chain_logs.tgz, chain_summary.txt;
@@ -31,7 +32,7 @@ while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64"
 part bench_off 40 env STRATA_DECODE_CHAIN= $B
 part bench_chain 40 env STRATA_DECODE_CHAIN=1 $B
-part check_a3b 55 python3 tools/device/chain_check.py $A --tokens 24 --configs 1,16:8:8
+part check_a3b 55 python3 tools/device/chain_check.py $A --tokens 24 --configs 1,4:0:0
 part profile_chain 30 env STRATA_DECODE_CHAIN=1 python3 tools/device/profile_decode.py $A --graphs on --steps 8 --top 14
 part chain_q4x 30 python3 -m strata bench moe-chain --shapes qwen4exp-q2_0
 {
