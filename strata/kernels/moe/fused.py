@@ -80,8 +80,10 @@ def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMat
 
 
 def fp16_h(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> bool:
-    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape."""
-    return down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16
+    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape (not one that
+    reads H's int8 codes into registers, "a")."""
+    t = _down_tiles(down.spec, down.rows, on_gpu, tiles) if down.spec.scale_per_64 else None
+    return t is not None and t.fp16 and not t.codes
 
 
 def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None,
@@ -102,14 +104,17 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
-        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if t.fp16 else codes
+        fp16_x = t.fp16 and not t.codes  # "a" reads the codes and scales themselves
+        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if fp16_x else codes
+        if t.codes:
+            _check_words(codes, scales)
         if h16:
             hq = scratch.empty((grouping.max_rows, n_ff), torch.float16)
         _gate_up_q2_0_kernel[grid](
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, num_warps=t.warps,
-            num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, CODES=t.codes,
+            WARPS=t.warps, ASM=codes.is_cuda, num_warps=t.warps, num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -149,18 +154,30 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     if out is None:
         out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
     t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
-    if t.fp16 and codes.dtype != torch.float16:  # int8 H (e.g. from the reference gate/up): its fp16 values
+    if t.fp16 and not t.codes and codes.dtype != torch.float16:  # int8 H (e.g. the reference gate/up's)
         codes = rounded_fp16(codes, scales)
-    elif not t.fp16 and codes.dtype == torch.float16:
-        raise StrataError("the int8 down kernel needs H as int8 codes, got fp16 values (an fp16 gate/up shape)")
+    elif (not t.fp16 or t.codes) and codes.dtype == torch.float16:
+        raise StrataError("the int8 down kernel and the register-operand one (a) need H as int8 codes, got fp16 "
+                          "values (an fp16 gate/up shape)")
+    if t.codes:
+        _check_words(codes, scales)
     grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
     if grid[0]:
         _down_q2_0_kernel[grid](
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), num_warps=t.warps,
-            num_stages=t.stages)
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), CODES=t.codes, WARPS=t.warps,
+            ASM=codes.is_cuda, num_warps=t.warps, num_stages=t.stages)
     return out
+
+
+def _check_words(codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """The register-operand kernels ("a") read the codes as 32-bit words, 16 bytes a thread, and the scales as
+    32-bit floats: contiguous rows from 16-byte aligned addresses."""
+    if not (codes.is_contiguous() and scales.is_contiguous() and codes.data_ptr() % 16 == 0
+            and scales.dtype == torch.float32):
+        raise StrataError("the register-operand fused kernels (a) need contiguous int8 rows at a 16-byte aligned "
+                          "address and float32 scales")
 
 
 def _wide(tiles: Tiles, k: int) -> bool:

@@ -74,7 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhw"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhwa"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ class Tiles:
     step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
     bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
     against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes); `wide`
-    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128."""
+    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128; `codes` ("a",
+    with "h"), the rows' int8 codes and scales loaded into registers and made the fp16 MMA's register operand there
+    (`fused_q2_0_regs`: no shared memory for x; the same values as "h", summed in another k order), which needs 16
+    rows a warp (BM >= 16 x warps)."""
 
     bn: int
     warps: int
@@ -97,6 +100,7 @@ class Tiles:
     magic: bool = False
     fp16: bool = False
     wide: bool = False
+    codes: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -110,6 +114,10 @@ class Tiles:
             if len(down.split("x")) == 4 and d.rows != tiles.rows:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
             tiles = replace(tiles, down=replace(d, rows=tiles.rows))
+        for t in (tiles, tiles.down):
+            if t is not None and t.codes and t.rows < 16 * t.warps:
+                raise StrataError(f"tile config {text!r}: the register operand (a) needs 16 rows a warp: "
+                                  f"{t.rows} rows for {t.warps} warps")
         return tiles
 
     @classmethod
@@ -127,14 +135,17 @@ class Tiles:
                               "stages 1 to 5")
         if "h" in letters and ("s" in letters or "m" in letters):
             raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
-        if "w" in letters and "h" not in letters:
-            raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
+        if ("w" in letters or "a" in letters) and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: two blocks a step (w) and the register operand (a) are forms "
+                              "of the fp16 variant (h)")
+        if "w" in letters and "a" in letters:
+            raise StrataError(f"tile config {text!r}: the register operand (a) steps one block at a time, not two (w)")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters)
+                   wide="w" in letters, codes="a" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes
 
     @property
     def same_bytes(self) -> bool:

@@ -1,0 +1,116 @@
+"""The fp16 fused Q2_0 kernels' "a" variant: the rows' int8 codes made the MMA's register operand.
+
+Under "h" a program copies its rows' fp16 values (global -> shared memory) every 64-value step, and the wgmma reads
+them back: with the decoded weights' store and read, the L1/shared-memory pipe is the kernels' bound (Nsight: 93 %).
+Here a program loads the rows' int8 codes (half the bytes) and scales straight into registers, turns them into the
+fp16 values `rounded_fp16` gives (bit for bit: code to float32 exactly, times the scale rounded once in float32,
+rounded once to fp16), and hands them to the wgmma as its register operand (A): no shared memory for x at all.
+
+For Triton to keep them in registers, the values must sit in the wgmma's operand layout without moving between
+threads. A plain [rows, 64] load gives each thread 16 consecutive bytes of one row (4 threads a row, 8 rows a warp,
+warps stacked); the operand layout gives each thread pairs of values 8 apart in k, of rows 8 apart. So the program
+loads its rows in a permuted order (`operand_rows`) and reads the 64 values of a step in a permuted k order
+(`operand_k`), the weights decoded in the same k order: a dot is a sum over k, which any common order of both
+operands leaves the same up to float32 rounding (the order of the MMA's sums changes, not its products).
+On a GPU the conversion is inline PTX (byte permutes under 2^23's bits, no int-to-float conversions); the
+interpreter, which runs no PTX, computes the same values with Triton arithmetic.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Four int8 codes (one 32-bit word) and their scale -> four fp16 values code x scale, two to a 32-bit register.
+# Each byte is moved under float32 2^23's bits with 128 added (xor of the sign bit); 2^23 + 128 subtracted gives
+# the code exactly; the product is rounded once (mul.rn: never contracted) and then once to fp16, as rounded_fp16.
+_CODES_TO_FP16 = tl.constexpr("""{
+.reg .b32 u, b0, b1, b2, b3;
+.reg .f32 f0, f1, f2, f3;
+xor.b32 u, $2, 0x80808080;
+prmt.b32 b0, u, 0x4B000000, 0x7440;
+prmt.b32 b1, u, 0x4B000000, 0x7441;
+prmt.b32 b2, u, 0x4B000000, 0x7442;
+prmt.b32 b3, u, 0x4B000000, 0x7443;
+sub.rn.f32 f0, b0, 0f4B000080;
+sub.rn.f32 f1, b1, 0f4B000080;
+sub.rn.f32 f2, b2, 0f4B000080;
+sub.rn.f32 f3, b3, 0f4B000080;
+mul.rn.f32 f0, f0, $3;
+mul.rn.f32 f1, f1, $3;
+mul.rn.f32 f2, f2, $3;
+mul.rn.f32 f3, f3, $3;
+cvt.rn.f16x2.f32 $0, f1, f0;
+cvt.rn.f16x2.f32 $1, f3, f2;
+}""")
+
+# One load for a thread's four words (16 bytes of one 32-value group): a plain tl.load of the scales would take
+# its own layout and a conversion through shared memory every step.
+_SCALE_OF_FOUR = tl.constexpr("""{
+ld.global.nc.b32 $0, [$4];
+mov.b32 $1, $0;
+mov.b32 $2, $0;
+mov.b32 $3, $0;
+}""")
+
+
+@triton.jit
+def operand_rows(BM: tl.constexpr, WARPS: tl.constexpr):
+    """int32 [BM]: for each row R of the program's code loads, the tile row it holds, such that the load's threads
+    hold the rows the wgmma's register operand gives them (the load: row bits 0-2 by lane, then warps, then
+    registers; the operand: row bits 0-2 by lane, bit 3 by register, then warps 16 rows each)."""
+    r = tl.arange(0, BM)
+    return r % 8 + 8 * ((r // (8 * WARPS)) % 2) + 16 * ((r // 8) % WARPS) + 16 * WARPS * (r // (16 * WARPS))
+
+
+@triton.jit
+def operand_k(v, ROWS: tl.constexpr):
+    """[ROWS, 64] values of a step in memory order -> the operand's k order: memory 16t + 4c + 2h + e goes to
+    k = 16c + 8h + 2t + e, so that thread t of a row's four holds its 16 consecutive bytes."""
+    return tl.reshape(tl.permute(tl.reshape(v, (ROWS, 4, 4, 2, 2)), (0, 2, 3, 1, 4)), (ROWS, 64))
+
+
+@triton.jit
+def load_codes(a, a_scale, a_row, am, k0, K: tl.constexpr, ASM: tl.constexpr):
+    """The 64-value step at k0 of the int8 rows a_row (in `operand_rows` order; padding rows clamped to a real
+    row): code words int32 [BM, 16] (masked rows 0) and each word's scale float32 [BM, 16]."""
+    words = tl.load(a.to(tl.pointer_type(tl.int32)) + a_row[:, None] * (K // 4) + k0 // 4 + tl.arange(0, 16)[None, :],
+                    mask=am[:, None], other=0)
+    at = a_scale + a_row[:, None] * (K // 32) + k0 // 32 + tl.arange(0, 16)[None, :] // 8
+    if ASM:
+        scales = tl.inline_asm_elementwise(_SCALE_OF_FOUR, "=r,=r,=r,=r,l,l,l,l", [at], dtype=tl.float32,
+                                           is_pure=True, pack=4)
+    else:
+        scales = tl.load(at)
+    return words, scales
+
+
+@triton.jit
+def _half(bits):
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _code_value(words, scales, j: tl.constexpr):
+    """Byte j of each word as code x scale, rounded like rounded_fp16 (the interpreter's form)."""
+    code = (words << (24 - 8 * j)) >> 24
+    return (code.to(tl.float32) * scales).to(tl.float16)
+
+
+@triton.jit
+def codes_operand(words, scales, BM: tl.constexpr, WARPS: tl.constexpr, ASM: tl.constexpr):
+    """fp16 [BM, 64]: the values of `load_codes`' step in the wgmma register operand's row and k order."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(_CODES_TO_FP16, "=r,=r,r,r", [words, scales], dtype=(tl.int32, tl.int32),
+                                           is_pure=True, pack=1)
+        v0, v1, v2, v3 = _half(lo), _half(lo >> 16), _half(hi), _half(hi >> 16)
+    else:
+        v0, v1 = _code_value(words, scales, 0), _code_value(words, scales, 1)
+        v2, v3 = _code_value(words, scales, 2), _code_value(words, scales, 3)
+    # Joins of values 2^b apart, highest b first, give natural order (see decode.q2_0_codes).
+    x = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BM, 64))
+    x = operand_k(x, BM)
+    # Rows: the load's (mb, h, w, r) order -> the operand's (mb, w, h, r).
+    MB: tl.constexpr = BM // (16 * WARPS)
+    x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
+    return tl.reshape(x, (BM, 64))
