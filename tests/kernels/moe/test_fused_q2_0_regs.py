@@ -1,0 +1,112 @@
+"""The fused Q2_0 kernels' register-operand variant ("a", `fused_q2_0_regs`): its fp16 values bit for bit against
+`rounded_fp16` in the operand's row and k order, and the path under "a" shapes against "h" and the float64 bounds."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from strata.bench.moe_prefill import errors, make_layer
+from strata.errors import StrataError
+from strata.kernels.moe import fused, grouping
+from strata.kernels.moe.fused_q2_0_fp16 import rounded_fp16
+from strata.kernels.moe.fused_q2_0_regs import codes_operand, load_codes, operand_rows
+from strata.kernels.moe.prefill import moe_prefill_triton
+from strata.kernels.moe.reference import moe_float64
+from strata.kernels.moe.stack import Tiles
+
+
+@triton.jit
+def _operand_values(codes, scales, n_real, out, K: tl.constexpr, BM: tl.constexpr, WARPS: tl.constexpr,
+                    ASM: tl.constexpr):
+    rows = operand_rows(BM, WARPS)
+    real = rows < n_real
+    k0 = tl.program_id(0) * 64
+    words, s = load_codes(codes, scales, tl.where(real, rows, 0).to(tl.int64), real, k0, K, ASM)
+    x = codes_operand(words, s, BM, WARPS, ASM)
+    tl.store(out + tl.arange(0, BM)[:, None] * K + k0 + tl.arange(0, 64)[None, :], x)
+
+
+def _memory_k():
+    """For each k of the operand's step order, the position in memory it reads (operand_k's permutation)."""
+    k = torch.arange(64)
+    c, h, t, e = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
+    return 16 * t + 4 * c + 2 * h + e
+
+
+@pytest.mark.parametrize("rows,warps", [(64, 4), (128, 8)])
+def test_operand_values_are_rounded_fp16_bit_for_bit(device, rows, warps):
+    # every code (-128 too), scales from fp16-subnormal products to overflow, 6 padding rows that must read 0
+    g = torch.Generator().manual_seed(3)
+    k = 128
+    codes = torch.randint(-128, 128, (rows, k), generator=g, dtype=torch.int8)
+    codes[0, :] = torch.arange(-128, 0, dtype=torch.int8)
+    codes[1, :] = torch.arange(0, 128, dtype=torch.int8)
+    scales = torch.exp(torch.empty(rows, k // 32).uniform_(-20, 7, generator=g))
+    scales[2] = torch.tensor([1e-9, 3e-6, 600.0, 1.0])  # fp16 subnormals and products beyond 65504 (inf)
+    n_real = rows - 6
+    out = torch.empty(rows, k, dtype=torch.float16, device=device)
+    _operand_values[(k // 64,)](codes.to(device), scales.to(device), n_real, out, K=k, BM=rows, WARPS=warps,
+                                ASM=device == "cuda")
+    exact = rounded_fp16(codes, scales)
+    exact[n_real:] = 0
+    got = out.cpu().reshape(rows, k // 64, 64)[:, :, torch.argsort(_memory_k())].reshape(rows, k)
+    assert torch.equal(got.view(torch.int16), exact.view(torch.int16))  # bits: -0, inf and subnormals alike
+
+
+def _layer(device, tile_rows):
+    layer = make_layer("Q2_0 / Q2_0", 96, n_experts=12, n_embd=128, n_ff=64, top_k=4, seed=7, device=device)
+    return layer, grouping.group_pairs_triton(layer.topk_ids, 12, tile_rows)
+
+
+def _run(layer, tiles):
+    return moe_prefill_triton(layer.x, layer.topk_ids, layer.topk_weights, layer.experts, "fused", tiles=tiles)
+
+
+# both kernels; 8 warps (two warpgroups); gate/up only (int8 H into an "h" down); down only (an "h" gate/up
+# writing int8 H for it); 64 rows
+@pytest.mark.parametrize("shape", ["128x32x4x2ha/64x4x2ha", "128x32x8x2ha/128x64x8x2ha", "128x32x4x2ha/64x4x2h",
+                                   "128x32x4x2h/64x4x2ha", "64x32x4x2ha/64x4x2ha"])
+def test_register_operand_shapes_match_h_up_to_summation_order(device, shape):
+    tiles = Tiles.parse(shape)
+    layer, _ = _layer(device, tiles.rows)
+    out = _run(layer, tiles).cpu()
+    h = _run(layer, Tiles.parse(shape.replace("a", ""))).cpu()
+    # The same products as "h", summed in another k order (float32): far below fp16 x's own 2^-12.
+    rms, worst = errors(out, h)
+    assert rms < 1e-4 and worst < 1e-3, (rms, worst)
+    refs = moe_float64(layer.x.cpu(), layer.topk_ids.cpu(), layer.topk_weights.cpu(), _cpu_experts(layer.experts),
+                       roundings=(None, "int8"))
+    rms, worst = errors(out, refs["int8"])
+    assert rms < 2e-3 and worst < 3e-2, (rms, worst)  # the tool's bounds for the int8 paths
+    assert (out[layer.zero_token] == 0).all()
+
+
+def _cpu_experts(e):
+    from strata.kernels.moe.prefill import PromptExperts
+    return PromptExperts(*(type(m)(m.raw.cpu(), m.qtype, m.rows, m.cols) for m in (e.gate, e.up, e.down)))
+
+
+def test_register_operand_down_needs_int8_h(device):
+    layer, group = _layer(device, 128)
+    h = torch.zeros(group.max_rows, 64, dtype=torch.float16, device=device)
+    scales = torch.zeros(group.max_rows, 2, device=device)
+    with pytest.raises(StrataError, match="int8 codes"):
+        fused.down_int8_triton(h, scales, scales, group, layer.experts.down, Tiles.parse("128x64x4x2ha"))
+    codes = torch.zeros(group.max_rows * 64 + 1, dtype=torch.int8, device=device)[1:].view(group.max_rows, 64)
+    with pytest.raises(StrataError, match="16-byte aligned"):
+        fused.down_int8_triton(codes, scales, scales, group, layer.experts.down, Tiles.parse("128x64x4x2ha"))
+
+
+def test_register_operand_letter():
+    t = Tiles.parse("128x32x4x3ha/64x4x3ha")
+    assert t.codes and t.down.codes and t.fp16 and not t.same_bytes and str(t) == "128x32x4x3ha/64x4x3ha"
+    assert not Tiles.parse("128x32x4x3h/64x4x3ha").codes and not Tiles.parse("128x32x4x3h").codes
+    with pytest.raises(StrataError, match="forms of the fp16"):
+        Tiles.parse("128x32x4x3a")
+    with pytest.raises(StrataError, match="not two"):
+        Tiles.parse("128x32x4x3hwa")
+    with pytest.raises(StrataError, match="16 rows a warp"):
+        Tiles.parse("64x32x8x3ha")
+    with pytest.raises(StrataError, match="16 rows a warp"):
+        Tiles.parse("64x32x4x3h/64x8x3ha")
