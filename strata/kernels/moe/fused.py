@@ -106,15 +106,15 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
         fp16_x = t.fp16 and not t.codes  # "a" reads the codes and scales themselves
         a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if fp16_x else codes
-        if t.codes:
-            _check_words(codes, scales)
+        if t.codes or t.regs:
+            _check_words(a, scales)
         if h16:
             hq = scratch.empty((grouping.max_rows, n_ff), torch.float16)
         _gate_up_q2_0_kernel[grid](
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, CODES=t.codes,
-            WARPS=t.warps, ASM=codes.is_cuda, num_warps=t.warps, num_stages=t.stages)
+            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -159,7 +159,7 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     elif (not t.fp16 or t.codes) and codes.dtype == torch.float16:
         raise StrataError("the int8 down kernel and the register-operand one (a) need H as int8 codes, got fp16 "
                           "values (an fp16 gate/up shape)")
-    if t.codes:
+    if t.codes or t.regs:
         _check_words(codes, scales)
     grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
     if grid[0]:
@@ -167,17 +167,17 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), CODES=t.codes, WARPS=t.warps,
-            ASM=codes.is_cuda, num_warps=t.warps, num_stages=t.stages)
+            ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages)
     return out
 
 
-def _check_words(codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """The register-operand kernels ("a") read the codes as 32-bit words, 16 bytes a thread, and the scales as
-    32-bit floats: contiguous rows from 16-byte aligned addresses."""
-    if not (codes.is_contiguous() and scales.is_contiguous() and codes.data_ptr() % 16 == 0
+def _check_words(rows: torch.Tensor, scales: torch.Tensor) -> None:
+    """The register-operand kernels ("a", "r") read the rows (int8 codes, fp16 values) as 32-bit words, 16 bytes a
+    thread, and the codes' scales as 32-bit floats: contiguous rows from 16-byte aligned addresses."""
+    if not (rows.is_contiguous() and scales.is_contiguous() and rows.data_ptr() % 16 == 0
             and scales.dtype == torch.float32):
-        raise StrataError("the register-operand fused kernels (a) need contiguous int8 rows at a 16-byte aligned "
-                          "address and float32 scales")
+        raise StrataError("the register-operand fused kernels (a, r) need contiguous rows at a 16-byte aligned "
+                          "address (and float32 scales)")
 
 
 def _wide(tiles: Tiles, k: int) -> bool:

@@ -97,9 +97,10 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
                          K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                          ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr,
                          H16: tl.constexpr, CODES: tl.constexpr = False, WARPS: tl.constexpr = 4,
-                         ASM: tl.constexpr = False):
+                         ASM: tl.constexpr = False, REGS: tl.constexpr = False):
     """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused; with CODES
-    their int8 codes and scales, made fp16 in registers (`fused_q2_0_regs`). H16: H is stored as fp16 values
+    their int8 codes and scales, made fp16 in registers (`fused_q2_0_regs`); with REGS the fp16 values loaded
+    into the MMA's registers (the same module). H16: H is stored as fp16 values
     (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_ff, BN)
@@ -115,10 +116,10 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
     offset = expert * expert_bytes + f * row_bytes
     at = tl.where(c % 2 == 0, wg + offset, wu + offset)
     if FP16:
-        if CODES:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
+        if CODES or REGS:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
             token_p = tl.load(row_token + tile * BM + operand_rows(BM, WARPS))
             acc = q2_0_fp16_loop(a, tl.where(token_p >= 0, token_p, 0).to(tl.int64), token_p >= 0, at, fm, K, TS,
-                                 2 * BN, BM, WIDE, a_scale, CODES, WARPS, ASM)
+                                 2 * BN, BM, WIDE, a_scale, CODES, WARPS, ASM, REGS)
         else:
             acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE)
     else:
@@ -143,9 +144,10 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
 def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out, expert_bytes, row_bytes,
                       K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr,
                       MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr, CODES: tl.constexpr = False,
-                      WARPS: tl.constexpr = 4, ASM: tl.constexpr = False):
+                      WARPS: tl.constexpr = 4, ASM: tl.constexpr = False, REGS: tl.constexpr = False):
     """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused; with CODES H's int8 codes and
-    scales, made fp16 in registers (`fused_q2_0_regs`)."""
+    scales, made fp16 in registers (`fused_q2_0_regs`); with REGS H's fp16 values loaded into the MMA's
+    registers."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_out, BN)
     tile = pid // n_blocks
@@ -158,10 +160,10 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
     nm = n < n_out
     at = w + expert * expert_bytes + n * row_bytes
     if FP16:
-        if CODES:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
+        if CODES or REGS:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
             rows_p = tile * BM + operand_rows(BM, WARPS)
             acc = q2_0_fp16_loop(h, rows_p.to(tl.int64), tl.load(row_token + rows_p) >= 0, at, nm, K, TS, BN, BM,
-                                 WIDE, h_scale, CODES, WARPS, ASM)
+                                 WIDE, h_scale, CODES, WARPS, ASM, REGS)
         else:
             acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
     else:

@@ -18,7 +18,8 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.fused_q2_0_regs import codes_operand, load_codes, operand_k
+from strata.kernels.moe.fused_q2_0_regs import (codes_operand, fp16_rows_operand, load_codes, load_fp16_rows,
+                                                operand_k, operand_k_halves)
 from strata.kernels.moe.quantize32 import GROUP
 
 _CODE_BITS = tl.constexpr(0x64006400)  # fp16 1024.0 in both halves: OR-ing a code below 1024 gives 1024 + code
@@ -66,13 +67,13 @@ def _block_fp16(d, words0, words1, NW: tl.constexpr):
 @triton.jit
 def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: tl.constexpr, BM: tl.constexpr,
                    WIDE: tl.constexpr, a_scale=None, CODES: tl.constexpr = False, WARPS: tl.constexpr = 4,
-                   ASM: tl.constexpr = False):
+                   ASM: tl.constexpr = False, REGS: tl.constexpr = False):
     """float32 [BM, NW]: the dots of the NW Q2_0 weight rows whose blocks start at byte pointers `at` with the fp16
     rows a_row of `a` (K values each). Weight words are loaded one step ahead (registers double-buffer them).
     WIDE: two blocks a step (K a multiple of 128): half the barriers and MMA waits, twice the registers.
     CODES (`fused_q2_0_regs`): `a` holds int8 codes with scales per 32 in a_scale, a_row and am are in
     `operand_rows` order (the result's rows are the tile's), and the codes, loaded one step ahead, become the MMA's
-    register operand; ASM: its PTX form (GPU)."""
+    register operand; ASM: its PTX form (GPU). REGS: the same for the fp16 rows of `a` themselves (no scales)."""
     acc = tl.zeros((BM, NW), tl.float32)
     d, words0, words1 = q2_0_words(at, nm)
     if CODES:
@@ -85,6 +86,16 @@ def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: 
             w = operand_k(_block_fp16(d, words0, words1, NW), NW)
             acc = tl.dot(x, tl.trans(w), acc)
             d, words0, words1, codes, scales = nd, nwords0, nwords1, ncodes, nscales
+    elif REGS:
+        xw0, xw1 = load_fp16_rows(a, a_row, am, 0, K)
+        for k0 in range(0, K, 64):
+            nxt = tl.minimum(k0 + 64, K - 64)
+            nd, nwords0, nwords1 = q2_0_words(at + (nxt // 64) * TS, nm)
+            nxw0, nxw1 = load_fp16_rows(a, a_row, am, nxt, K)
+            x = fp16_rows_operand(xw0, xw1, BM, WARPS)
+            w = operand_k_halves(_block_fp16(d, words0, words1, NW), NW)
+            acc = tl.dot(x, tl.trans(w), acc)
+            d, words0, words1, xw0, xw1 = nd, nwords0, nwords1, nxw0, nxw1
     elif WIDE:
         e, words2, words3 = q2_0_words(at + TS, nm)
         for k0 in range(0, K, 128):

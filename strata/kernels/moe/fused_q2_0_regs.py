@@ -114,3 +114,41 @@ def codes_operand(words, scales, BM: tl.constexpr, WARPS: tl.constexpr, ASM: tl.
     MB: tl.constexpr = BM // (16 * WARPS)
     x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
     return tl.reshape(x, (BM, 64))
+
+
+# The "r" variant: the rows' fp16 values themselves (rounded_fp16's, as "h" reads them) loaded straight into the
+# operand's registers, with no conversion at all. A 64-value row step is 128 bytes, and a thread can load 16 of
+# them at once: so a step is loaded as two 32-value halves of 16 32-bit words a row (4 threads a row, as the
+# operand wants), each word the pair of consecutive values one operand register holds.
+
+
+@triton.jit
+def operand_k_halves(v, ROWS: tl.constexpr):
+    """[ROWS, 64] values of a step in memory order -> the "r" operand's k order: in each 32-value half, memory
+    8t + 4c + 2h + e goes to k = 16c + 8h + 2t + e (thread t of a row's four holds 16 consecutive bytes)."""
+    v = tl.permute(tl.reshape(v, (ROWS, 2, 4, 2, 2, 2)), (0, 1, 3, 4, 2, 5))
+    return tl.reshape(v, (ROWS, 64))
+
+
+@triton.jit
+def load_fp16_rows(a, a_row, am, k0, K: tl.constexpr):
+    """The 64-value step at k0 of the fp16 rows a_row (in `operand_rows` order) as two int32 [BM, 16] word halves
+    (masked rows 0)."""
+    at = a.to(tl.pointer_type(tl.int32)) + a_row[:, None] * (K // 2) + k0 // 2 + tl.arange(0, 16)[None, :]
+    return tl.load(at, mask=am[:, None], other=0), tl.load(at + 16, mask=am[:, None], other=0)
+
+
+@triton.jit
+def _half_values(words, BM: tl.constexpr):
+    """int32 [BM, 16] words of fp16 pairs -> fp16 [BM, 32] in memory order."""
+    return tl.reshape(tl.join(_half(words), _half(words >> 16)), (BM, 32))
+
+
+@triton.jit
+def fp16_rows_operand(words0, words1, BM: tl.constexpr, WARPS: tl.constexpr):
+    """fp16 [BM, 64]: the values of `load_fp16_rows`' step in the wgmma register operand's row and k order."""
+    x = tl.reshape(tl.permute(tl.join(_half_values(words0, BM), _half_values(words1, BM)), (0, 2, 1)), (BM, 64))
+    x = operand_k_halves(x, BM)
+    MB: tl.constexpr = BM // (16 * WARPS)
+    x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
+    return tl.reshape(x, (BM, 64))

@@ -74,7 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhwa"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhwar"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ class Tiles:
     ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128; `codes` ("a",
     with "h"), the rows' int8 codes and scales loaded into registers and made the fp16 MMA's register operand there
     (`fused_q2_0_regs`: no shared memory for x; the same values as "h", summed in another k order), which needs 16
-    rows a warp (BM >= 16 x warps)."""
+    rows a warp (BM >= 16 x warps); `regs` ("r", with "h", the same needs), the rows' fp16 values ("h"'s) loaded
+    into that register operand as they are (twice the bytes of "a", no conversions)."""
 
     bn: int
     warps: int
@@ -101,6 +102,7 @@ class Tiles:
     fp16: bool = False
     wide: bool = False
     codes: bool = False
+    regs: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -115,8 +117,8 @@ class Tiles:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
             tiles = replace(tiles, down=replace(d, rows=tiles.rows))
         for t in (tiles, tiles.down):
-            if t is not None and t.codes and t.rows < 16 * t.warps:
-                raise StrataError(f"tile config {text!r}: the register operand (a) needs 16 rows a warp: "
+            if t is not None and (t.codes or t.regs) and t.rows < 16 * t.warps:
+                raise StrataError(f"tile config {text!r}: the register operand (a, r) needs 16 rows a warp: "
                                   f"{t.rows} rows for {t.warps} warps")
         return tiles
 
@@ -135,17 +137,18 @@ class Tiles:
                               "stages 1 to 5")
         if "h" in letters and ("s" in letters or "m" in letters):
             raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
-        if ("w" in letters or "a" in letters) and "h" not in letters:
-            raise StrataError(f"tile config {text!r}: two blocks a step (w) and the register operand (a) are forms "
-                              "of the fp16 variant (h)")
-        if "w" in letters and "a" in letters:
-            raise StrataError(f"tile config {text!r}: the register operand (a) steps one block at a time, not two (w)")
+        if any(c in letters for c in "war") and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: two blocks a step (w) and the register operand (a, r) are "
+                              "forms of the fp16 variant (h)")
+        if sum(c in letters for c in "war") > 1:
+            raise StrataError(f"tile config {text!r}: the register operand (a, r) steps one block at a time, not "
+                              "two (w), from codes (a) or fp16 values (r), not both")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters, codes="a" in letters)
+                   wide="w" in letters, codes="a" in letters, regs="r" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes + "r" * self.regs
 
     @property
     def same_bytes(self) -> bool:

@@ -1,5 +1,6 @@
-"""The fused Q2_0 kernels' register-operand variant ("a", `fused_q2_0_regs`): its fp16 values bit for bit against
-`rounded_fp16` in the operand's row and k order, and the path under "a" shapes against "h" and the float64 bounds."""
+"""The fused Q2_0 kernels' register-operand variants ("a" from int8 codes, "r" from fp16 rows: `fused_q2_0_regs`):
+their fp16 values bit for bit against `rounded_fp16` in the operand's row and k order, and the path under their
+shapes against "h" and the float64 bounds."""
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from strata.bench.moe_prefill import errors, make_layer
 from strata.errors import StrataError
 from strata.kernels.moe import fused, grouping
 from strata.kernels.moe.fused_q2_0_fp16 import rounded_fp16
-from strata.kernels.moe.fused_q2_0_regs import codes_operand, load_codes, operand_rows
+from strata.kernels.moe.fused_q2_0_regs import (codes_operand, fp16_rows_operand, load_codes, load_fp16_rows,
+                                                operand_rows)
 from strata.kernels.moe.prefill import moe_prefill_triton
 from strata.kernels.moe.reference import moe_float64
 from strata.kernels.moe.stack import Tiles
@@ -27,9 +29,23 @@ def _operand_values(codes, scales, n_real, out, K: tl.constexpr, BM: tl.constexp
     tl.store(out + tl.arange(0, BM)[:, None] * K + k0 + tl.arange(0, 64)[None, :], x)
 
 
-def _memory_k():
-    """For each k of the operand's step order, the position in memory it reads (operand_k's permutation)."""
+@triton.jit
+def _operand_rows_values(x, n_real, out, K: tl.constexpr, BM: tl.constexpr, WARPS: tl.constexpr):
+    rows = operand_rows(BM, WARPS)
+    real = rows < n_real
+    k0 = tl.program_id(0) * 64
+    words0, words1 = load_fp16_rows(x, tl.where(real, rows, 0).to(tl.int64), real, k0, K)
+    tl.store(out + tl.arange(0, BM)[:, None] * K + k0 + tl.arange(0, 64)[None, :],
+             fp16_rows_operand(words0, words1, BM, WARPS))
+
+
+def _memory_k(halves=False):
+    """For each k of the operand's step order, the position in memory it reads (operand_k's permutation, or
+    operand_k_halves' in each 32-value half)."""
     k = torch.arange(64)
+    if halves:
+        half, c, h, t, e = k // 32, (k // 16) % 2, (k // 8) % 2, (k // 2) % 4, k % 2
+        return 32 * half + 8 * t + 4 * c + 2 * h + e
     c, h, t, e = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
     return 16 * t + 4 * c + 2 * h + e
 
@@ -54,6 +70,21 @@ def test_operand_values_are_rounded_fp16_bit_for_bit(device, rows, warps):
     assert torch.equal(got.view(torch.int16), exact.view(torch.int16))  # bits: -0, inf and subnormals alike
 
 
+@pytest.mark.parametrize("rows,warps", [(64, 4), (128, 8)])
+def test_fp16_rows_reach_the_operand_unchanged(device, rows, warps):
+    g = torch.Generator().manual_seed(4)
+    k = 128
+    x = torch.randn(rows, k, generator=g).half()
+    x[0, :8] = torch.tensor([float("inf"), -0.0, 6e-8, -65504, 1, -1, 0.5, 2]).half()
+    n_real = rows - 5
+    out = torch.empty(rows, k, dtype=torch.float16, device=device)
+    _operand_rows_values[(k // 64,)](x.to(device), n_real, out, K=k, BM=rows, WARPS=warps)
+    exact = x.clone()
+    exact[n_real:] = 0
+    got = out.cpu().reshape(rows, k // 64, 64)[:, :, torch.argsort(_memory_k(halves=True))].reshape(rows, k)
+    assert torch.equal(got.view(torch.int16), exact.view(torch.int16))
+
+
 def _layer(device, tile_rows):
     layer = make_layer("Q2_0 / Q2_0", 96, n_experts=12, n_embd=128, n_ff=64, top_k=4, seed=7, device=device)
     return layer, grouping.group_pairs_triton(layer.topk_ids, 12, tile_rows)
@@ -64,14 +95,15 @@ def _run(layer, tiles):
 
 
 # both kernels; 8 warps (two warpgroups); gate/up only (int8 H into an "h" down); down only (an "h" gate/up
-# writing int8 H for it); 64 rows
+# writing int8 H for it); fp16 rows ("r") in both, and beside "a"
 @pytest.mark.parametrize("shape", ["128x32x4x2ha/64x4x2ha", "128x32x8x2ha/128x64x8x2ha", "128x32x4x2ha/64x4x2h",
-                                   "128x32x4x2h/64x4x2ha", "64x32x4x2ha/64x4x2ha"])
+                                   "128x32x4x2h/64x4x2ha", "128x32x8x2hr/128x64x8x2hr",
+                                   "128x32x4x2ha/64x4x2hr"])
 def test_register_operand_shapes_match_h_up_to_summation_order(device, shape):
     tiles = Tiles.parse(shape)
     layer, _ = _layer(device, tiles.rows)
     out = _run(layer, tiles).cpu()
-    h = _run(layer, Tiles.parse(shape.replace("a", ""))).cpu()
+    h = _run(layer, Tiles.parse(shape.replace("a", "").replace("r", ""))).cpu()
     # The same products as "h", summed in another k order (float32): far below fp16 x's own 2^-12.
     rms, worst = errors(out, h)
     assert rms < 1e-4 and worst < 1e-3, (rms, worst)
@@ -106,6 +138,10 @@ def test_register_operand_letter():
         Tiles.parse("128x32x4x3a")
     with pytest.raises(StrataError, match="not two"):
         Tiles.parse("128x32x4x3hwa")
+    with pytest.raises(StrataError, match="not both"):
+        Tiles.parse("128x32x4x3har")
+    r = Tiles.parse("128x64x8x3hr/128x128x8x3hr")
+    assert r.regs and r.down.regs and not r.codes and str(r) == "128x64x8x3hr/128x8x3hr"
     with pytest.raises(StrataError, match="16 rows a warp"):
         Tiles.parse("64x32x8x3ha")
     with pytest.raises(StrataError, match="16 rows a warp"):
