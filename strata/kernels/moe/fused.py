@@ -114,7 +114,8 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, CODES=t.codes,
-            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages)
+            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages,
+            **(t.launch_options if codes.is_cuda else {}))
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -167,7 +168,8 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), CODES=t.codes, WARPS=t.warps,
-            ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages)
+            ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages,
+            **(t.launch_options if codes.is_cuda else {}))
     return out
 
 

@@ -74,7 +74,8 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhwar"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhwarc"
+MAX_REGISTERS = 128  # the register cap of the "c" shapes  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class Tiles:
     with "h"), the rows' int8 codes and scales loaded into registers and made the fp16 MMA's register operand there
     (`fused_q2_0_regs`: no shared memory for x; the same values as "h", summed in another k order), which needs 16
     rows a warp (BM >= 16 x warps); `regs` ("r", with "h", the same needs), the rows' fp16 values ("h"'s) loaded
-    into that register operand as they are (twice the bytes of "a", no conversions)."""
+    into that register operand as they are (twice the bytes of "a", no conversions); `cap` ("c"), at most 128
+    registers a thread (`MAX_REGISTERS`: two programs of 8 warps an SM, four of 4), whatever ptxas spills for it."""
 
     bn: int
     warps: int
@@ -103,6 +105,7 @@ class Tiles:
     wide: bool = False
     codes: bool = False
     regs: bool = False
+    cap: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -144,16 +147,22 @@ class Tiles:
             raise StrataError(f"tile config {text!r}: the register operand (a, r) steps one block at a time, not "
                               "two (w), from codes (a) or fp16 values (r), not both")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters, codes="a" in letters, regs="r" in letters)
+                   wide="w" in letters, codes="a" in letters, regs="r" in letters,
+                   cap="c" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes + "r" * self.regs
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes + "r" * self.regs + "c" * self.cap
 
     @property
     def same_bytes(self) -> bool:
         """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs round differently."""
         return not (self.fp16 or (self.down is not None and self.down.fp16))
+
+    @property
+    def launch_options(self) -> dict:
+        """Triton launch options beside warps and stages: the register cap of "c"."""
+        return {"maxnreg": MAX_REGISTERS} if self.cap else {}
 
     def __str__(self) -> str:
         own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \

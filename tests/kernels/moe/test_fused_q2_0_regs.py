@@ -142,6 +142,9 @@ def test_register_operand_letter():
         Tiles.parse("128x32x4x3har")
     r = Tiles.parse("128x64x8x3hr/128x128x8x3hr")
     assert r.regs and r.down.regs and not r.codes and str(r) == "128x64x8x3hr/128x8x3hr"
+    c = Tiles.parse("128x64x8x3hrc/128x64x8x3hr")
+    assert c.cap and not c.down.cap and c.launch_options == {"maxnreg": 128} and c.down.launch_options == {}
+    assert str(c) == "128x64x8x3hrc/64x8x3hr"
     with pytest.raises(StrataError, match="16 rows a warp"):
         Tiles.parse("64x32x8x3ha")
     with pytest.raises(StrataError, match="16 rows a warp"):
