@@ -1,0 +1,94 @@
+"""The copy stream against the compute stream in one profiled prompt (profile_prompt.py --timeline): from torch
+profiler's trace, each stream's kernels as intervals; how much of the streamed experts' gather time runs while the
+compute stream is busy (overlap), how long the link sits idle between gathers while the prompt runs, and the
+gathers one by one (start, length, what the compute stream did meanwhile).
+"""
+
+import collections
+import json
+import tempfile
+
+GATHER = "_gather_kernel"  # kernels/moe/expert_gather.py: the streamed experts' copy
+
+
+def _union(intervals):
+    """Sorted, merged [start, end) intervals."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _overlap(a, b) -> float:
+    """Length of the intersection of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def report(prof, show: int = 12) -> None:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
+              and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not events:
+        print("timeline: no device events in the trace")
+        return
+    # The compute stream is the one with the most kernels; the copy streams are the other ones gathers run on (the
+    # refill at a prompt's end gathers on the compute stream, which has small memcpys of its own too).
+    per_stream = collections.Counter(e["args"].get("stream") for e in events if GATHER not in e["name"])
+    main = per_stream.most_common(1)[0][0]
+    copy_streams = {e["args"].get("stream") for e in events if GATHER in e["name"]} - {main}
+    launched = {e["args"].get("correlation"): e["ts"] for e in trace["traceEvents"]
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    copies = [e for e in events if e["args"].get("stream") in copy_streams]
+    compute = [e for e in events if e["args"].get("stream") not in copy_streams]
+    t0 = min(e["ts"] for e in events)
+    t1 = max(e["ts"] + e["dur"] for e in events)
+    c_busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in compute])
+    g_busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in copies])
+    wall = (t1 - t0) / 1e3
+    c_ms = sum(e - s for s, e in c_busy) / 1e3
+    g_ms = sum(e - s for s, e in g_busy) / 1e3
+    both = _overlap(c_busy, g_busy) / 1e3
+    print(f"\ntimeline: {wall:.1f} ms from the first device event to the last; compute streams busy {c_ms:.1f} ms "
+          f"({c_ms / wall:.0%}), copy stream(s) {sorted(copy_streams)} busy {g_ms:.1f} ms ({g_ms / wall:.0%}) in "
+          f"{len(copies)} copies; both at once {both:.1f} ms ({both / max(g_ms, 1e-9):.0%} of the copies' time); "
+          f"neither {wall - c_ms - g_ms + both:.1f} ms")
+    gaps = [(g_busy[i + 1][0] - g_busy[i][1]) / 1e3 for i in range(len(g_busy) - 1)]
+    if gaps:
+        print(f"  link idle between copies: {sum(gaps):.1f} ms in {len(gaps)} gaps (largest {max(gaps):.2f} ms)")
+    print(f"  the first {show} large copies (ms): start, launched by the host that long before, length, compute "
+          f"busy during it; the compute kernels running at its start, and the last one before it")
+    for e in [c for c in sorted(copies, key=lambda e: e["ts"]) if c["dur"] > 1000][:show]:  # the layers' batches
+        span = [[e["ts"], e["ts"] + e["dur"]]]
+        at_start = [k["name"][:30] for k in compute if k["ts"] <= e["ts"] < k["ts"] + k["dur"]]
+        before = [k for k in compute if k["ts"] + k["dur"] <= e["ts"]]
+        last = max(before, key=lambda k: k["ts"] + k["dur"])["name"][:30] if before else "-"
+        host = launched.get(e["args"].get("correlation"))
+        lag = f"{(e['ts'] - host) / 1e3:7.2f}" if host is not None else "      ?"
+        print(f"  {(e['ts'] - t0) / 1e3:9.2f} {lag} {e['dur'] / 1e3:7.2f} {_overlap(span, c_busy) / 1e3:7.2f}  "
+              f"at start: {', '.join(at_start) or 'idle'}; before: {last}")
+        # What the copy stream ran just before (the pairs' upload, waits) and any host-to-device transfer in flight.
+        ahead = [c for c in copies if e["ts"] - 30000 < c["ts"] < e["ts"]][-3:]
+        for c in ahead:
+            host_c = launched.get(c["args"].get("correlation"))
+            print(f"      before it on the copy stream: {c['name'][:30]} at {(c['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{c['dur'] / 1e3:.3f} ms, {c['args'].get('bytes', '-')} bytes, host launch "
+                  f"{(c['ts'] - host_c) / 1e3 if host_c is not None else float('nan'):.2f} ms before its start")
+        dma = [m for m in events if m.get("cat") == "gpu_memcpy" and m["args"].get("stream") not in copy_streams
+               and m["ts"] < e["ts"] and m["ts"] + m["dur"] > e["ts"] - 10000]
+        for m in dma[-3:]:
+            print(f"      compute-stream transfer: {m['name'][:30]} at {(m['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{m['dur'] / 1e3:.3f} ms, {m['args'].get('bytes', '-')} bytes")
