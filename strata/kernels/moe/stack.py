@@ -140,9 +140,10 @@ class Tiles:
                               "stages 1 to 5")
         if "h" in letters and ("s" in letters or "m" in letters):
             raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
-        if any(c in letters for c in "war") and "h" not in letters:
-            raise StrataError(f"tile config {text!r}: two blocks a step (w) and the register operand (a, r) are "
-                              "forms of the fp16 variant (h)")
+        if "w" in letters and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
+        if ("a" in letters or "r" in letters) and "h" not in letters:
+            raise StrataError(f"tile config {text!r}: the register operand (a, r) is a form of the fp16 variant (h)")
         if sum(c in letters for c in "war") > 1:
             raise StrataError(f"tile config {text!r}: the register operand (a, r) steps one block at a time, not "
                               "two (w), from codes (a) or fp16 values (r), not both")

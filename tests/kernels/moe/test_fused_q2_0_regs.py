@@ -134,7 +134,7 @@ def test_register_operand_letter():
     t = Tiles.parse("128x32x4x3ha/64x4x3ha")
     assert t.codes and t.down.codes and t.fp16 and not t.same_bytes and str(t) == "128x32x4x3ha/64x4x3ha"
     assert not Tiles.parse("128x32x4x3h/64x4x3ha").codes and not Tiles.parse("128x32x4x3h").codes
-    with pytest.raises(StrataError, match="forms of the fp16"):
+    with pytest.raises(StrataError, match="register operand .a, r. is a form of the fp16"):
         Tiles.parse("128x32x4x3a")
     with pytest.raises(StrataError, match="not two"):
         Tiles.parse("128x32x4x3hwa")
