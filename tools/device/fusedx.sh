@@ -7,32 +7,34 @@
 #    gate-up and down kernels timed alone, each within the tool's bounds (its errors on the next line);
 # 2. the same at 2,048 tokens;
 # 3. the fused kernels' CUDA tests (the "a" PTX values bit-equal to rounded_fp16's; "r"/"a" shapes vs "h");
-# 4. Nsight Compute on two of the new shapes' kernels at 16K (launches 9-10: "128x32x4x3hr/64x4x3hr", "h"'s tile with
-#    x in registers, to set beside the morning's profile of the default; 17-18: "128x64x8x3hrc/128x64x8x3hr").
+# 4. Nsight Compute at 16K on the gate-up and down kernels of two new shapes, each its sweep's 9th and 10th launch of
+#    them (the default's 8 come first): "128x32x4x3hr/64x4x3hr", the default tile with x in registers (to set
+#    beside the morning's profile of the default), and "128x32x8x3hr/128x64x8x3hr" (two 8-warp programs an SM).
 # Parts capped by tools/device/parts.sh, under 6 minutes in all; carry .whl (and .devcache).
 # Files: summary.txt (the tables), ncu_fusedx.txt, logs.tgz (and the caches).
 set -uo pipefail
-BUDGET=${BUDGET:-350}
+BUDGET=${BUDGET:-345}
 source tools/device/parts.sh || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L/gpu.txt 2>&1
 Q="python3 -m strata.bench.moe_prefill --only Q2_0/Q2_0 --paths fused"
 SHAPES=$(python3 -c "from strata.bench.moe_prefill import FUSED_SWEEP; print(','.join(FUSED_SWEEP[:10]))")
-part sweep_fusedx_16k 130 $Q --tokens 16384 --sweep "$SHAPES" --reps 3
-part sweep_fusedx_2k 45 $Q --tokens 2048 --sweep "$SHAPES" --reps 3
-part fused_tests_cuda 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_regs.py \
+part sweep_fusedx_16k 160 $Q --tokens 16384 --sweep "$SHAPES" --reps 3
+part sweep_fusedx_2k 35 $Q --tokens 2048 --sweep "$SHAPES" --reps 3
+part fused_tests_cuda 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_regs.py \
   tests/kernels/moe/test_fused_q2_0_variants.py tests/kernels/moe/test_fused_q2_0.py --durations=5
-part ncu_fusedx 110 ncu --clock-control none --target-processes all -k "regex:_gate_up_q2_0_kernel|_down_q2_0_kernel" \
-  --launch-skip 8 --launch-count 10 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-  --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-  $Q --tokens 16384 --sweep "128x32x4x3hr/64x4x3hr,128x64x8x3hrc/128x64x8x3hr" --reps 1
+NCU="ncu --clock-control none --target-processes all -k regex:_gate_up_q2_0_kernel|_down_q2_0_kernel --launch-skip 8
+  --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+  --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+part ncu_fusedx_4w 55 $NCU $Q --tokens 16384 --sweep 128x32x4x3hr/64x4x3hr --reps 1
+part ncu_fusedx_8w 55 $NCU $Q --tokens 16384 --sweep 128x32x8x3hr/128x64x8x3hr --reps 1
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 { cat $L/times.txt; for f in sweep_fusedx_16k sweep_fusedx_2k; do
     echo "=== $f"; grep -E "^  |^Q2|tokens|PASS|FAIL" $L/$f.log 2>/dev/null | cut -c1-240
   done; } > "$OUT/summary.txt"
-cp $L/ncu_fusedx.log "$OUT/ncu_fusedx.txt" 2>/dev/null
+cat $L/ncu_fusedx_4w.log $L/ncu_fusedx_8w.log > "$OUT/ncu_fusedx.txt" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C $L .
 save_cache
 cat "$OUT/summary.txt"
 echo "=== fused_tests_cuda"; tail -n 12 $L/fused_tests_cuda.log 2>/dev/null | cut -c1-240
 echo "=== ncu_fusedx"; grep -E "_kernel|Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Issue Slots|Executed Ipc" \
-  $L/ncu_fusedx.log 2>/dev/null | cut -c1-200 | head -120
+  $L/ncu_fusedx_4w.log $L/ncu_fusedx_8w.log 2>/dev/null | cut -c1-200 | head -120
