@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine (issue 6's kernel goal, branch fusedx): the fused Q2_0 prompt experts with x kept out of shared
-# memory (`Tiles` letters, with "h": "r" the rows' fp16 values loaded straight into the wgmma's register operand,
-# "a" their int8 codes and scales made those values in registers (PTX); "c" at most 128 registers a thread).
-# 1. the fused sweep at 16,384 tokens over the new shapes (FUSED_SWEEP's first ten, one line a shape as it is timed,
+# memory (`Tiles` letters, with "h": "t" the decoded weights as the wgmma's register operand of x^T's product, "r"
+# the rows' fp16 values loaded straight into that register operand, "a" their int8 codes and scales made those
+# values in registers (PTX); "c" at most 128 registers a thread).
+# 1. the fused sweep at 16,384 tokens over the new shapes (FUSED_SWEEP's first 12, one line a shape as it is timed,
 #    so a cut run keeps what it reached), beside the default "128x32x4x3h/64x4x3h": ms per shape, each shape's
 #    gate-up and down kernels timed alone, each within the tool's bounds (its errors on the next line);
 # 2. the same at 2,048 tokens;
 # 3. the fused kernels' CUDA tests (the "a" PTX values bit-equal to rounded_fp16's; "r"/"a" shapes vs "h");
 # 4. Nsight Compute at 16K on the gate-up and down kernels of two new shapes, each its sweep's 9th and 10th launch of
-#    them (the default's 8 come first): "128x32x4x3hr/64x4x3hr", the default tile with x in registers (to set
-#    beside the morning's profile of the default), and "128x32x8x3hr/128x64x8x3hr" (two 8-warp programs an SM).
+#    them (the default's 8 come first): "128x32x4x3ht/64x4x3ht", the default tile with the weights in registers (to
+#    set beside the morning's profile of the default), and "128x64x8x3ht/64x4x3ht" (two 8-warp programs an SM).
 # Parts capped by tools/device/parts.sh, under 6 minutes in all; carry .whl (and .devcache).
 # Files: summary.txt (the tables), ncu_fusedx.txt, logs.tgz (and the caches).
 set -uo pipefail
@@ -17,7 +18,7 @@ BUDGET=${BUDGET:-345}
 source tools/device/parts.sh || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L/gpu.txt 2>&1
 Q="python3 -m strata.bench.moe_prefill --only Q2_0/Q2_0 --paths fused"
-SHAPES=$(python3 -c "from strata.bench.moe_prefill import FUSED_SWEEP; print(','.join(FUSED_SWEEP[:10]))")
+SHAPES=$(python3 -c "from strata.bench.moe_prefill import FUSED_SWEEP; print(','.join(FUSED_SWEEP[:12]))")
 part sweep_fusedx_16k 160 $Q --tokens 16384 --sweep "$SHAPES" --reps 3
 part sweep_fusedx_2k 35 $Q --tokens 2048 --sweep "$SHAPES" --reps 3
 part fused_tests_cuda 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_regs.py \
@@ -25,8 +26,8 @@ part fused_tests_cuda 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/
 NCU="ncu --clock-control none --target-processes all -k regex:_gate_up_q2_0_kernel|_down_q2_0_kernel --launch-skip 8
   --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
   --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-part ncu_fusedx_4w 55 $NCU $Q --tokens 16384 --sweep 128x32x4x3hr/64x4x3hr --reps 1
-part ncu_fusedx_8w 55 $NCU $Q --tokens 16384 --sweep 128x32x8x3hr/128x64x8x3hr --reps 1
+part ncu_fusedx_4w 55 $NCU $Q --tokens 16384 --sweep 128x32x4x3ht/64x4x3ht --reps 1
+part ncu_fusedx_8w 55 $NCU $Q --tokens 16384 --sweep 128x64x8x3ht/64x4x3ht --reps 1
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 { cat $L/times.txt; for f in sweep_fusedx_16k sweep_fusedx_2k; do
     echo "=== $f"; grep -E "^  |^Q2|tokens|PASS|FAIL" $L/$f.log 2>/dev/null | cut -c1-240

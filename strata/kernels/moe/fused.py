@@ -73,7 +73,8 @@ def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMat
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
     [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten;
     into `out` (those three tensors) when given. `h16` (Q2_0 gate/up, for an fp16 down kernel: `fp16_h`): the first
-    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads).
+    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads), each at
+    its `operand_k_position` for a "t" down shape.
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
     return fn(codes, scales, sums, grouping, gate, up, tiles, out, scratch, h16)
@@ -105,7 +106,9 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
         fp16_x = t.fp16 and not t.codes  # "a" reads the codes and scales themselves
-        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if fp16_x else codes
+        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16), t.trans) if fp16_x else codes
+        # H for a "t" down kernel: each value at its operand_k_position
+        h_permuted = h16 and tiles is not None and (tiles.down or tiles).trans
         if t.codes or t.regs:
             _check_words(a, scales)
         if h16:
@@ -114,8 +117,8 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, CODES=t.codes,
-            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages,
-            **(t.launch_options if codes.is_cuda else {}))
+            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, TRANS=t.trans, HPERM=h_permuted, num_warps=t.warps,
+            num_stages=t.stages, **(t.launch_options if codes.is_cuda else {}))
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -156,7 +159,7 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
         out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
     t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
     if t.fp16 and not t.codes and codes.dtype != torch.float16:  # int8 H (e.g. the reference gate/up's)
-        codes = rounded_fp16(codes, scales)
+        codes = rounded_fp16(codes, scales, permuted=t.trans)
     elif (not t.fp16 or t.codes) and codes.dtype == torch.float16:
         raise StrataError("the int8 down kernel and the register-operand one (a) need H as int8 codes, got fp16 "
                           "values (an fp16 gate/up shape)")
@@ -168,7 +171,7 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
             ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), CODES=t.codes, WARPS=t.warps,
-            ASM=codes.is_cuda, REGS=t.regs, num_warps=t.warps, num_stages=t.stages,
+            ASM=codes.is_cuda, REGS=t.regs, TRANS=t.trans, num_warps=t.warps, num_stages=t.stages,
             **(t.launch_options if codes.is_cuda else {}))
     return out
 

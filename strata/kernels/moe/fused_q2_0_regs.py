@@ -152,3 +152,35 @@ def fp16_rows_operand(words0, words1, BM: tl.constexpr, WARPS: tl.constexpr):
     MB: tl.constexpr = BM // (16 * WARPS)
     x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
     return tl.reshape(x, (BM, 64))
+
+
+# The "t" variant: the decoded weights as the register operand (A) of a transposed product, acc^T = W x^T, so that
+# they never go through shared memory; x is the wgmma's shared-memory operand (B), copied there by Triton's
+# pipeline as under "h". The weights reach the operand's registers where they are decoded (one 16-bit code word a
+# thread a row and half: `operand_rows` for the weight rows, the `operand_k_halves` k order); x must then be read in
+# that k order too, so the fp16 copy of x (`rounded_fp16(..., permuted=True)`) and H (the gate/up epilogue) are
+# written with each value at its `operand_k_position`.
+
+
+@triton.jit
+def operand_k_position(m):
+    """Where value m of a row goes in a k-permuted copy: in each 32 values, 8t + 4c + 2h + e -> 16c + 8h + 2t + e
+    (`operand_k_halves`' order)."""
+    j = m % 32
+    return m - j + 16 * ((j // 4) % 2) + 8 * ((j // 2) % 2) + 2 * (j // 8) + j % 2
+
+
+def operand_k_positions(k: int):
+    """`operand_k_position` of 0 .. k-1 as a torch index (the copies' torch form, the tests)."""
+    import torch
+    m = torch.arange(k)
+    j = m % 32
+    return m - j + 16 * ((j // 4) % 2) + 8 * ((j // 2) % 2) + 2 * (j // 8) + j % 2
+
+
+@triton.jit
+def operand_rows_order(v, ROWS: tl.constexpr, WARPS: tl.constexpr):
+    """[ROWS, 64] values of rows loaded in `operand_rows` order -> the operand's rows (the load's (mb, h, w, r) ->
+    (mb, w, h, r)): each row lands at the index it was loaded for."""
+    MB: tl.constexpr = ROWS // (16 * WARPS)
+    return tl.reshape(tl.permute(tl.reshape(v, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4)), (ROWS, 64))

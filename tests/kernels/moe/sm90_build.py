@@ -82,14 +82,15 @@ def fused_q2_0_kernels(spec, n_embd: int, n_ff: int, tiles=None):
     yield build(fused_q2_0._gate_up_q2_0_kernel, gate_up, dict(K=n_embd, TS=spec.type_size, BM=t.rows, BN=t.bn,
                                                                ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16,
                                                                WIDE=t.wide, H16=h16, CODES=t.codes, WARPS=t.warps,
-                                                               ASM=True, REGS=t.regs),
+                                                               ASM=True, REGS=t.regs, TRANS=t.trans,
+                                                               HPERM=h16 and td.trans),
                 num_warps=t.warps, num_stages=t.stages, **t.launch_options)
     down = {"h": "*fp16" if h16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32",
             "n_out": "i32", **sizes}
     yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=td.rows, BN=td.bn,
                                                          ONE_DOT=not td.split, MAGIC=td.magic, FP16=td.fp16,
                                                          WIDE=td.wide, CODES=td.codes, WARPS=td.warps, ASM=True,
-                                                         REGS=td.regs),
+                                                         REGS=td.regs, TRANS=td.trans),
                 num_warps=td.warps, num_stages=td.stages, **td.launch_options)
 
 

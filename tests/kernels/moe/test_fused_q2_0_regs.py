@@ -1,6 +1,6 @@
-"""The fused Q2_0 kernels' register-operand variants ("a" from int8 codes, "r" from fp16 rows: `fused_q2_0_regs`):
-their fp16 values bit for bit against `rounded_fp16` in the operand's row and k order, and the path under their
-shapes against "h" and the float64 bounds."""
+"""The fused Q2_0 kernels' register-operand variants ("a" from int8 codes, "r" from fp16 rows, "t" the weights:
+`fused_q2_0_regs`): their fp16 values bit for bit against `rounded_fp16` in the operand's row and k order, the
+k-permuted copies, and the path under their shapes against "h" and the float64 bounds."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ from strata.errors import StrataError
 from strata.kernels.moe import fused, grouping
 from strata.kernels.moe.fused_q2_0_fp16 import rounded_fp16
 from strata.kernels.moe.fused_q2_0_regs import (codes_operand, fp16_rows_operand, load_codes, load_fp16_rows,
-                                                operand_rows)
+                                                operand_k_positions, operand_rows)
 from strata.kernels.moe.prefill import moe_prefill_triton
 from strata.kernels.moe.reference import moe_float64
 from strata.kernels.moe.stack import Tiles
@@ -85,6 +85,21 @@ def test_fp16_rows_reach_the_operand_unchanged(device, rows, warps):
     assert torch.equal(got.view(torch.int16), exact.view(torch.int16))
 
 
+def test_permuted_copy_puts_each_value_at_its_operand_position(device):
+    # the "t" kernels' x copy: rounded_fp16's values, each row's value m at operand_k_position(m), which keeps each
+    # 32-value group in place (k 16c + 8h + 2t + e reads memory 8t + 4c + 2h + e), Triton and torch forms alike
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(-127, 128, (40, 128), generator=g, dtype=torch.int8)
+    scales = torch.rand(40, 4, generator=g) * 0.1
+    position = operand_k_positions(128)
+    assert sorted(position.tolist()) == list(range(128)) and (position // 32 == torch.arange(128) // 32).all()
+    assert position[:32].tolist()[:10] == [0, 1, 8, 9, 16, 17, 24, 25, 2, 3]
+    natural = rounded_fp16(codes, scales)
+    permuted = rounded_fp16(codes.to(device), scales.to(device), permuted=True).cpu()
+    assert torch.equal(permuted[:, position], natural)
+    assert torch.equal(rounded_fp16(codes, scales, permuted=True), permuted)
+
+
 def _layer(device, tile_rows):
     layer = make_layer("Q2_0 / Q2_0", 96, n_experts=12, n_embd=128, n_ff=64, top_k=4, seed=7, device=device)
     return layer, grouping.group_pairs_triton(layer.topk_ids, 12, tile_rows)
@@ -95,15 +110,16 @@ def _run(layer, tiles):
 
 
 # both kernels; 8 warps (two warpgroups); gate/up only (int8 H into an "h" down); down only (an "h" gate/up
-# writing int8 H for it); fp16 rows ("r") in both, and beside "a"
+# writing int8 H for it); fp16 rows ("r") in both, and beside "a"; the weights ("t") in both (8 warps), gate/up
+# only, down only (H written k-permuted for it)
 @pytest.mark.parametrize("shape", ["128x32x4x2ha/64x4x2ha", "128x32x8x2ha/128x64x8x2ha", "128x32x4x2ha/64x4x2h",
-                                   "128x32x4x2h/64x4x2ha", "128x32x8x2hr/128x64x8x2hr",
-                                   "128x32x4x2ha/64x4x2hr"])
+                                   "128x32x4x2h/64x4x2ha", "128x32x8x2hr/128x64x8x2hr", "128x32x4x2ha/64x4x2hr",
+                                   "128x64x8x2ht/128x128x8x2ht", "128x32x4x2ht/64x4x2h", "128x32x4x2hr/64x4x2ht"])
 def test_register_operand_shapes_match_h_up_to_summation_order(device, shape):
     tiles = Tiles.parse(shape)
     layer, _ = _layer(device, tiles.rows)
     out = _run(layer, tiles).cpu()
-    h = _run(layer, Tiles.parse(shape.replace("a", "").replace("r", ""))).cpu()
+    h = _run(layer, Tiles.parse(shape.replace("a", "").replace("r", "").replace("t", ""))).cpu()
     # The same products as "h", summed in another k order (float32): far below fp16 x's own 2^-12.
     rms, worst = errors(out, h)
     assert rms < 1e-4 and worst < 1e-3, (rms, worst)
@@ -134,12 +150,20 @@ def test_register_operand_letter():
     t = Tiles.parse("128x32x4x3ha/64x4x3ha")
     assert t.codes and t.down.codes and t.fp16 and not t.same_bytes and str(t) == "128x32x4x3ha/64x4x3ha"
     assert not Tiles.parse("128x32x4x3h/64x4x3ha").codes and not Tiles.parse("128x32x4x3h").codes
-    with pytest.raises(StrataError, match="register operand .a, r. is a form of the fp16"):
+    with pytest.raises(StrataError, match="register operand .a, r, t. is a form of the fp16"):
         Tiles.parse("128x32x4x3a")
     with pytest.raises(StrataError, match="not two"):
         Tiles.parse("128x32x4x3hwa")
-    with pytest.raises(StrataError, match="not both"):
+    with pytest.raises(StrataError, match="one of them"):
         Tiles.parse("128x32x4x3har")
+    with pytest.raises(StrataError, match="one of them"):
+        Tiles.parse("128x32x4x3hta")
+    with pytest.raises(StrataError, match="16 weight rows a warp"):
+        Tiles.parse("128x32x8x3ht")  # 64 weight rows (gate and up) for 8 warps
+    with pytest.raises(StrataError, match="16 weight rows a warp"):
+        Tiles.parse("128x64x8x3h/64x8x3ht")
+    t = Tiles.parse("128x64x8x3ht/64x4x3ht")
+    assert t.trans and t.down.trans and str(t) == "128x64x8x3ht/64x4x3ht"
     r = Tiles.parse("128x64x8x3hr/128x128x8x3hr")
     assert r.regs and r.down.regs and not r.codes and str(r) == "128x64x8x3hr/128x8x3hr"
     c = Tiles.parse("128x64x8x3hrc/128x64x8x3hr")
