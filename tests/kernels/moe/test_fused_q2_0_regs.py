@@ -135,6 +135,19 @@ def _cpu_experts(e):
     return PromptExperts(*(type(m)(m.raw.cpu(), m.qtype, m.rows, m.cols) for m in (e.gate, e.up, e.down)))
 
 
+def test_weights_operand_down_takes_int8_h_through_a_permuted_copy(device):
+    # int8 H (another format's gate/up, the reference's) reaches a "t" down kernel as rounded_fp16's k-permuted copy
+    layer, group = _layer(device, 128)
+    g = torch.Generator().manual_seed(6)
+    codes = torch.randint(-127, 128, (group.max_rows, 64), generator=g, dtype=torch.int8).to(device)
+    scales = (torch.rand(group.max_rows, 2, generator=g) * 0.01).to(device)
+    out = fused.down_int8_triton(codes, scales, scales, group, layer.experts.down, Tiles.parse("128x64x4x2ht"))
+    base = fused.down_int8_triton(codes, scales, scales, group, layer.experts.down, Tiles.parse("128x64x4x2h"))
+    real = (group.row_token >= 0).cpu()
+    rms, worst = errors(out.cpu()[real], base.cpu()[real])
+    assert rms < 1e-5 and worst < 1e-4, (rms, worst)
+
+
 def test_register_operand_down_needs_int8_h(device):
     layer, group = _layer(device, 128)
     h = torch.zeros(group.max_rows, 64, dtype=torch.float16, device=device)
