@@ -16,6 +16,13 @@ experts (the engine says the next chunk's size through `begin_chunk`), and for a
 begins it, before the embedding and the first mixer run, by the same policy (the first layer's routing in the last
 chunk the streamer saw, which is an earlier prompt's; without one, every missing expert when the chunk is large).
 
+When the copy of the next layer is queued: by default once this layer's experts are launched, which is after the
+host has read this layer's routing (the layer's one device read) and launched its experts. On the H200 that left
+the link idle ~6.5 ms of every ~19 ms layer (session 9's timeline of 12 full-size layers, balanced routing): the
+copy of L+1 waits for the host, which waits for the device to reach L's router. With STRATA_PF_EARLY=1 (and a ring of
+two layers) it is queued when the host reaches layer L, before the routing read: it waits on the device only for
+the slots layer L-1 used, as before.
+
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
 rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from strata import switches
 from strata.engine.copy_queue import CopyQueue
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
 from strata.engine.slot_ring import SlotRing
@@ -86,6 +94,10 @@ class PromptStreamer:
         self.next_layer = dict(zip(layers, layers[1:]))
         self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
         self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
+        # STRATA_PF_EARLY: the next layer's copy queued before this layer's routing read, where the ring holds two
+        # layers (this layer's late experts then still find room: it holds at most one layer's, the next one another).
+        two_layers = self.experts_per_layer > 0 and self.ring_slots >= 2 * self.experts_per_layer
+        self.early = switches.get("STRATA_PF_EARLY") and two_layers
         self.ring: SlotRing | None = None
         self.work_slots = 0  # adjacent slots to borrow for the chunk's work buffers (set by the engine's chunk rule)
         self.arena: WorkArena | None = None
@@ -158,10 +170,20 @@ class PromptStreamer:
         """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync."""
         return np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=n_experts).cpu().numpy())
 
+    def _prefetch_next(self, layer: int, n_tokens: int, top_k: int) -> None:
+        """Copy ahead the layer after `layer`: in this chunk, or the next chunk's first one after its last."""
+        if layer in self.next_layer:
+            self._prefetch(self.next_layer[layer], n_tokens, top_k)
+        elif self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
+            self._prefetch(min(self.host_stacks), self.next_chunk_tokens, top_k)
+
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
+        if self.early:  # the next layer's copy, queued before this layer's routing read (module docstring)
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
+        asked = time.perf_counter()
         routed = self.last_routed[layer] = self._routed(ids, stack.n_experts)
         read = time.perf_counter()
         slots = self.cache.lookup_slots(layer, routed)
@@ -178,18 +200,16 @@ class PromptStreamer:
         computing = time.perf_counter()
         out = self._compute(layer, stack, x, weights, ids, routed, slots)
         computed = time.perf_counter()
-        if layer in self.next_layer:
-            self._prefetch(self.next_layer[layer], x.shape[0], ids.shape[1])
-        else:
+        if not self.early:
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
+        if layer not in self.next_layer:
             self.stats.chunks += 1
             self.stats.tokens += x.shape[0]
-            if self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
-                self._prefetch(min(self.host_stacks), self.next_chunk_tokens, ids.shape[1])
             self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
         ring.release(layer)
         self.stats.layers += 1
-        self.stats.sync_s += read - started
-        self.stats.host_s += (computing - read) + (time.perf_counter() - computed)
+        self.stats.sync_s += read - asked
+        self.stats.host_s += (asked - started) + (computing - read) + (time.perf_counter() - computed)
         return out
 
     def _compute(self, layer, stack, x, weights, ids, experts: np.ndarray, slots: np.ndarray) -> torch.Tensor:
