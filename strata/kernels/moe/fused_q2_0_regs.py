@@ -1,8 +1,11 @@
-"""The fp16 fused Q2_0 kernels' "a" variant: the rows' int8 codes made the MMA's register operand.
+"""The fp16 fused Q2_0 kernels' register-operand variants: one of the wgmma's operands never in shared memory.
 
 Under "h" a program copies its rows' fp16 values (global -> shared memory) every 64-value step, and the wgmma reads
 them back: with the decoded weights' store and read, the L1/shared-memory pipe is the kernels' bound (Nsight: 93 %).
-Here a program loads the rows' int8 codes (half the bytes) and scales straight into registers, turns them into the
+Three variants (`Tiles` letters, with "h") give the wgmma its register operand (A) straight from registers: "a" x
+from int8 codes, "r" x's fp16 values, "t" the decoded weights (of the transposed product; sections below).
+
+"a": a program loads the rows' int8 codes (half the bytes) and scales straight into registers, turns them into the
 fp16 values `rounded_fp16` gives (bit for bit: code to float32 exactly, times the scale rounded once in float32,
 rounded once to fp16), and hands them to the wgmma as its register operand (A): no shared memory for x at all.
 
