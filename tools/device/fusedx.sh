@@ -19,15 +19,15 @@ source tools/device/parts.sh || exit 1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> $L/gpu.txt 2>&1
 Q="python3 -m strata.bench.moe_prefill --only Q2_0/Q2_0 --paths fused"
 SHAPES=$(python3 -c "from strata.bench.moe_prefill import FUSED_SWEEP; print(','.join(FUSED_SWEEP[:12]))")
-part sweep_fusedx_16k 150 $Q --tokens 16384 --sweep "$SHAPES" --reps 3
-part sweep_fusedx_2k 30 $Q --tokens 2048 --sweep "$SHAPES" --reps 3
-part fused_tests_cuda 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_regs.py \
+part sweep_fusedx_16k 140 $Q --tokens 16384 --sweep "$SHAPES" --reps 3
+part sweep_fusedx_2k 25 $Q --tokens 2048 --sweep "$SHAPES" --reps 3
+part fused_tests_cuda 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_fused_q2_0_regs.py \
   tests/kernels/moe/test_fused_q2_0_variants.py tests/kernels/moe/test_fused_q2_0.py --durations=5
 NCU="ncu --clock-control none --target-processes all -k regex:_gate_up_q2_0_kernel|_down_q2_0_kernel --launch-skip 8
   --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
   --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-part ncu_fusedx_4w 60 $NCU $Q --tokens 16384 --sweep 128x32x4x3ht/64x4x3ht --reps 1
-part ncu_fusedx_8w 60 $NCU $Q --tokens 16384 --sweep 128x64x8x3ht/64x4x3ht --reps 1
+part ncu_fusedx_4w 55 $NCU $Q --tokens 16384 --sweep 128x32x4x3ht/64x4x3ht --reps 1
+part ncu_fusedx_8w 55 $NCU $Q --tokens 16384 --sweep 128x64x8x3ht/64x4x3ht --reps 1
 echo "total ${SECONDS}s" | tee -a $L/times.txt
 { cat $L/times.txt; for f in sweep_fusedx_16k sweep_fusedx_2k; do
     echo "=== $f"; grep -E "^  |^Q2|tokens|PASS|FAIL" $L/$f.log 2>/dev/null | cut -c1-240
