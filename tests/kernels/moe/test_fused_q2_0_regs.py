@@ -130,6 +130,18 @@ def test_register_operand_shapes_match_h_up_to_summation_order(device, shape):
     assert (out[layer.zero_token] == 0).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the wgmma pipeline of a compiled kernel")
+@pytest.mark.parametrize("shape", ["128x32x4x3ht/64x4x3ht", "128x64x8x3ht/128x128x8x3ht"])
+def test_weights_operand_at_the_layers_dot_lengths_on_the_gpu(shape):
+    # "t" keeps its wgmmas in flight across steps with their register operands rewritten each step (Triton waits
+    # for each one's previous instance): at the layer's N = 2560 and FF = 640 (40 and 10 steps) a stale or clobbered
+    # operand would show against "h" far above the summation order's ~1e-6
+    layer = make_layer("Q2_0 / Q2_0", 512, n_experts=16, n_embd=2560, n_ff=640, top_k=4, seed=8, device="cuda")
+    out, h = _run(layer, Tiles.parse(shape)), _run(layer, Tiles.parse(shape.replace("t", "")))
+    rms, worst = errors(out.cpu(), h.cpu())
+    assert rms < 1e-4 and worst < 1e-3, (rms, worst)
+
+
 def _cpu_experts(e):
     from strata.kernels.moe.prefill import PromptExperts
     return PromptExperts(*(type(m)(m.raw.cpu(), m.qtype, m.rows, m.cols) for m in (e.gate, e.up, e.down)))
