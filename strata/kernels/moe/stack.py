@@ -122,11 +122,12 @@ class Tiles:
             if len(down.split("x")) == 4 and d.rows != tiles.rows:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
             tiles = replace(tiles, down=replace(d, rows=tiles.rows))
-        for t, weight_rows in ((tiles, 2 * tiles.bn), (tiles.down, tiles.down and tiles.down.bn)):
+        # The gate/up kernel's weight rows are 2 x BN (gate and up); the down kernel takes `down`, else this shape.
+        for t, weight_rows in ((tiles, 2 * tiles.bn), (tiles.down or tiles, (tiles.down or tiles).bn)):
             if t is not None and (t.codes or t.regs) and t.rows < 16 * t.warps:
                 raise StrataError(f"tile config {text!r}: the register operand (a, r) needs 16 rows a warp: "
                                   f"{t.rows} rows for {t.warps} warps")
-            if t is not None and t.trans and weight_rows < 16 * t.warps:  # gate/up: 2 x BN rows (gate and up)
+            if t is not None and t.trans and weight_rows < 16 * t.warps:
                 raise StrataError(f"tile config {text!r}: the weights as register operand (t) need 16 weight rows a "
                                   f"warp: {weight_rows} for {t.warps} warps")
         return tiles

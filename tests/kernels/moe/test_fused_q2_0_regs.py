@@ -187,6 +187,8 @@ def test_register_operand_letter():
         Tiles.parse("128x32x8x3ht")  # 64 weight rows (gate and up) for 8 warps
     with pytest.raises(StrataError, match="16 weight rows a warp"):
         Tiles.parse("128x64x8x3h/64x8x3ht")
+    with pytest.raises(StrataError, match="16 weight rows a warp: 32 for 4"):
+        Tiles.parse("128x32x4x3ht")  # its down kernel: 32 weight rows
     t = Tiles.parse("128x64x8x3ht/64x4x3ht")
     assert t.trans and t.down.trans and str(t) == "128x64x8x3ht/64x4x3ht"
     r = Tiles.parse("128x64x8x3hr/128x128x8x3hr")
