@@ -112,11 +112,7 @@ def codes_operand(words, scales, BM: tl.constexpr, WARPS: tl.constexpr, ASM: tl.
         v2, v3 = _code_value(words, scales, 2), _code_value(words, scales, 3)
     # Joins of values 2^b apart, highest b first, give natural order (see decode.q2_0_codes).
     x = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BM, 64))
-    x = operand_k(x, BM)
-    # Rows: the load's (mb, h, w, r) order -> the operand's (mb, w, h, r).
-    MB: tl.constexpr = BM // (16 * WARPS)
-    x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
-    return tl.reshape(x, (BM, 64))
+    return operand_rows_order(operand_k(x, BM), BM, WARPS)
 
 
 # The "r" variant: the rows' fp16 values themselves (rounded_fp16's, as "h" reads them) loaded straight into the
@@ -151,10 +147,7 @@ def _half_values(words, BM: tl.constexpr):
 def fp16_rows_operand(words0, words1, BM: tl.constexpr, WARPS: tl.constexpr):
     """fp16 [BM, 64]: the values of `load_fp16_rows`' step in the wgmma register operand's row and k order."""
     x = tl.reshape(tl.permute(tl.join(_half_values(words0, BM), _half_values(words1, BM)), (0, 2, 1)), (BM, 64))
-    x = operand_k_halves(x, BM)
-    MB: tl.constexpr = BM // (16 * WARPS)
-    x = tl.permute(tl.reshape(x, (MB, 2, WARPS, 8, 64)), (0, 2, 1, 3, 4))
-    return tl.reshape(x, (BM, 64))
+    return operand_rows_order(operand_k_halves(x, BM), BM, WARPS)
 
 
 # The "t" variant: the decoded weights as the register operand (A) of a transposed product, acc^T = W x^T, so that
