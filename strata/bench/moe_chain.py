@@ -1,6 +1,8 @@
-"""Speed and parity of the chained MoE launch (kernels/moe/chain_moe.py, STRATA_DECODE_CHAIN) against the five
-launches it replaces (the o projection's quantized matvec, add_norm_route_triton, the experts' gate/up and down
-kernels, the layer's closing add_rms_norm_triton) on one synthetic MoE layer.
+"""Speed and parity of the chained decode launches (STRATA_DECODE_CHAIN) against the launches they replace.
+
+The MoE half (kernels/moe/chain_moe.py) against its five launches (the o projection's quantized matvec,
+add_norm_route_triton, the experts' gate/up and down kernels, the layer's closing add_rms_norm_triton) on one
+synthetic MoE layer.
 
 Per shape: microseconds per call of each, replayed from a CUDA graph of 32 calls (each with its own activations,
 so its own routing, and one of 8 o weights: the weights come from HBM rather than L2), the floor (the distinct
