@@ -40,7 +40,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "layer's o projection, add + norm + routing, experts and closing norm as one launch whose programs take "
            "work items in order from a counter (kernels/moe/chain_moe.py), and the captured step's q/k/v matvec "
            "with its norm + RoPE + store as another (chain_qkv_store.py); 1: the default tiles, W:G:D[:O[:R]]: warps, "
-           "gate/up, down and matvec rows, router rows a routing item (as bench moe-chain --sweep; 0 the default's)"),
+           "gate/up, down and matvec rows, router rows a routing item, ns between polls (as bench moe-chain --sweep; 0 "
+           "the default's)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

@@ -40,7 +40,7 @@ SHAPES = {**SHAPES, "tiny-q4_0": ("Q4_0", "Q4_0", 128, 64, 8, 2)}  # the CPU smo
 # warps : gate/up rows : down rows [: matvec rows] (0: the default's), most telling first (a sweep cut short by its
 # cap keeps those): around 8 warps / 8 / 4 / 8, the down kernel's own 16 warps (one program an SM at A3B's shape),
 # 4 warps (three), and rows halved or doubled in each phase.
-SWEEP = "16:8:8,4:0:0,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,8:0:0:0:1,8:0:0:0:16,4:4:2,8:16:4"
+SWEEP = "16:8:8,4:0:0,8:0:0:0:0:100,8:8:8,8:4:4,8:8:2,16:16:8:16,8:8:4:4,8:0:0:0:1,8:0:0:0:16,8:0:0:0:0:500,4:4:2"
 
 
 def _calls(device) -> int:
@@ -148,7 +148,8 @@ def bench_shape(shape: str, tokens: int, device, configs: list[ChainConfig], ban
         us = graph_us(lambda h, heads, o, site, cfg=config: chained(h, heads, o, site, cfg), calls, device)
         label = "default " if config == DEFAULT else ""
         print(f"  {label}warps={tiles[0].warps:<2} gate_up_bn={tiles[0].bn:<2} down_bn={tiles[1].bn:<2} "
-              f"o_bn={tiles[2].bn:<2} route={config.route_experts or 'default'!s:<7} {us:7.2f} us  "
+              f"o_bn={tiles[2].bn:<2} route={config.route_experts or 'default'!s:<7} nap={config.nap_ns:<3} "
+              f"{us:7.2f} us  "
               f"{five_us / us:5.2f}x five  {100 * floor_us / us:5.1f} % of floor  "
               f"{'=' if same else '!='} its five launches' bytes, x' {worst:.1e} of max from the default five")
 
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="a3b-q4_0,qwen4exp-q2_0", help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--tokens", type=int, default=1, help="tokens a call (1: decode; a verify window's T)")
     p.add_argument("--sweep", nargs="?", const=SWEEP, default="",
-                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE_EXPERTS]], comma-separated; "
+                   help="time these configs (WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE_EXPERTS[:NAP_NS]]], "
+                   "comma-separated; "
                    "0: the default's) too")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: the interpreter, a smoke run

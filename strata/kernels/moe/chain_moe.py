@@ -46,15 +46,17 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe.oneshot_gemv import _units, down_dots, down_fetch, gate_up_item
-from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+from strata.kernels.pdl import _INTERPRETED, launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.add_norm_route import add_norm_route_item
 from strata.kernels.pointwise.add_rms_norm import add_rms_norm_row
 
 # Counter offsets (constexpr: the kernel reads them): the ticket, tokens routed, gate/up items done, programs
 # finished, waits given up (SPIN_LIMIT), down items done (JOIN), o-projection items done (O), then each token's
-# arrival count (add_norm_route's).
+# arrival count (add_norm_route's). Each on its own 128-byte line: hundreds of waiting programs poll a done-count,
+# which must not slow the ticket's and the arrivals' atomics on the same L2 line.
+LINE = 32  # int32 counters a 128-byte line
 TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, O_DONE, ARRIVALS = (
-    tl.constexpr(i) for i in (0, 1, 2, 3, 4, 5, 6, 8))
+    tl.constexpr(i * LINE) for i in range(8))
 MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = ARRIVALS.value + MAX_ROWS
 GPU_WARPS = 8  # one launch, one warp count for every phase (see ChainConfig)
@@ -75,37 +77,55 @@ class ChainConfig:
     down_bn: int = 0
     o_bn: int = 0  # rows an o projection item (and a q/k/v matvec item: kernels/pointwise/chain_qkv_store.py)
     route_experts: int = 0  # router rows a routing item (0: add_norm_route's default, 4: A3B's 128 in 32 items)
+    nap_ns: int = 0  # a waiting program sleeps this long between polls of a done-count (0: polls back to back)
 
 
 DEFAULT = ChainConfig()
 
 
 def parse_config(text: str) -> ChainConfig:
-    """'W:G:D[:O[:R]]' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
+    """'W:G:D[:O[:R[:N]]]' (0: the default's; fewer fields: the rest 0) -> ChainConfig; '1' -> DEFAULT."""
     from strata.errors import StrataError
 
     try:
         fields = [int(f) for f in text.split(":")] if text.strip() != "1" else []
     except ValueError:
         fields = None
-    if fields is None or len(fields) > 5 or any(f < 0 for f in fields):
-        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE]] "
-                          "(e.g. 8:8:4)")
+    if fields is None or len(fields) > 6 or any(f < 0 for f in fields):
+        raise StrataError(f"STRATA_DECODE_CHAIN={text!r}: expected 1 or "
+                          "WARPS:GATE_UP_BN:DOWN_BN[:O_BN[:ROUTE[:NAP_NS]]] (e.g. 8:8:4)")
     return ChainConfig(*fields)
 
 
+if _INTERPRETED:  # (no inline assembly under the interpreter, where no wait ever polls twice)
+    @triton.jit
+    def _nap(NS: tl.constexpr):
+        pass
+else:
+    @triton.jit
+    def _nap(NS: tl.constexpr):
+        """Sleep about NS ns (sm_70+ `nanosleep`): fewer polls of a hot L2 line from hundreds of waiting programs."""
+        tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [tl.full((), NS, tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
-def _wait_for(counter, target, gave_up, SPIN_LIMIT: tl.constexpr):
+def _wait_for(counter, target, gave_up, SPIN_LIMIT: tl.constexpr, NAP: tl.constexpr = 0):
     """Spin until *counter >= target (done-counts of items with smaller tickets, all held by running programs),
     then acquire what they released. SPIN_LIMIT (tests only; 0 = forever): give up after that many reads, count it
-    in *gave_up and return False, so a test can hold a counter back without hanging the interpreter."""
+    in *gave_up and return False, so a test can hold a counter back without hanging the interpreter. NAP: sleep
+    about that many ns between reads (ChainConfig.nap_ns)."""
     seen = tl.load(counter, volatile=True)
     if SPIN_LIMIT == 0:
         while seen < target:
+            if NAP:
+                _nap(NAP)
             seen = tl.load(counter, volatile=True)
     else:
         spins = 0
         while (seen < target) & (spins < SPIN_LIMIT):
+            if NAP:
+                _nap(NAP)
             seen = tl.load(counter, volatile=True)
             spins += 1
     seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")  # the increments' stores visible from here
@@ -138,7 +158,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
                       O_N_UNITS: tl.constexpr = 1, O_UNIT_W: tl.constexpr = 0, O_NT: tl.constexpr = 1,
                       O_BN: tl.constexpr = 1, O_NU: tl.constexpr = 1, O_PER: tl.constexpr = 0,
                       O_BLOCK_BYTES: tl.constexpr = 0, O_UNITS_PER_BLOCK: tl.constexpr = 1,
-                      SPIN_LIMIT: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                      SPIN_LIMIT: tl.constexpr = 0, NAP: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_start(PDL)
     O_ITEMS: tl.constexpr = (O_N_OUT + O_BN - 1) // O_BN if O else 0
     ROUTE_ITEMS: tl.constexpr = PROGRAMS * T
@@ -167,7 +187,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         r_item = item - O_ITEMS
         ready = True
         if O:  # delta is the o items' output
-            ready = _wait_for(counters + O_DONE, O_ITEMS, counters + GAVE_UP, SPIN_LIMIT)
+            ready = _wait_for(counters + O_DONE, O_ITEMS, counters + GAVE_UP, SPIN_LIMIT, NAP)
         if ready:
             last = add_norm_route_item(r_item % PROGRAMS, (r_item // PROGRAMS).to(tl.int64), h_ptr, d_ptr, nw_ptr,
                                        router_ptr, res_ptr, x_ptr, logits_ptr, counters + ARRIVALS, weights_ptr,
@@ -179,7 +199,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         if O:
             pdl_wait(PDL)
         g_item = item - O_ITEMS - ROUTE_ITEMS
-        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
+        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT, NAP):
             gate_up_item(x_ptr, ids_ptr, slot_of, wg, wu, hid, stride_g, stride_u, g_item // G_TILES,
                          g_item % G_TILES, G_N_OUT, TOP_K, G_K, G_FMT, G_N_UNITS, G_UNIT_W, G_NT, SLOTS, G_BN, G_NU,
                          1, G_PER, G_BLOCK_BYTES, G_UNITS_PER_BLOCK, False)
@@ -194,7 +214,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         g, um = _units(1, D_PER, TOP_K * D_N_UNITS, D_NU)
         j = g // D_N_UNITS
         blk = g % D_N_UNITS
-        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT):
+        if _wait_for(counters + ROUTED, T, counters + GAVE_UP, SPIN_LIMIT, NAP):
             # As the down kernel's read of its routing; .cg: from L2, where the routing item stored it.
             index = tl.load(ids_ptr + token * TOP_K + j, mask=um, other=0, cache_modifier=".cg").to(tl.int32)
             if SLOTS:
@@ -202,7 +222,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
             index = tl.where(um, index, -1)
             word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, D_N_OUT, D_FMT, D_N_UNITS,
                                               D_BLOCK_BYTES, D_UNITS_PER_BLOCK)  # stream while gate/up finishes
-            if _wait_for(counters + GATE_UP_DONE, GATE_UP_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
+            if _wait_for(counters + GATE_UP_DONE, GATE_UP_ITEMS, counters + GAVE_UP, SPIN_LIMIT, NAP):
                 down_dots(hid, weights_ptr, y, token, rows, t, j, blk, um, index, word, s0, s1, s2, s3, D_N_OUT, TOP_K,
                           D_K, D_FMT, D_N_UNITS, D_UNIT_W, 1, False)
                 if JOIN:
@@ -211,7 +231,7 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         if O:
             pdl_wait(PDL)
         row = (item - O_ITEMS - ROUTE_ITEMS - GATE_UP_ITEMS - DOWN_ITEMS).to(tl.int64)
-        if _wait_for(counters + DOWN_DONE, DOWN_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
+        if _wait_for(counters + DOWN_DONE, DOWN_ITEMS, counters + GAVE_UP, SPIN_LIMIT, NAP):
             add_rms_norm_row(row, res_ptr, y, nw2_ptr, res2_ptr, out2_ptr, n_cols, eps, BLOCK, 0)
     tl.debug_barrier()
     if tl.atomic_add(counters + FINISHED, 1, sem="acq_rel", scope="gpu") == ITEMS - 1:
@@ -374,5 +394,5 @@ def chain_moe_triton(h: torch.Tensor, delta: torch.Tensor | None, norm_weight: t
         rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, weights, ids, n_cols,
         n_experts, eps, experts.slot_of if slots else ids, g.raw, u.raw, d.raw, hid, y, g.stride, u.stride, d.stride,
         counters, next_norm.contiguous() if join else norm_weight, residual2, out2, *o_args, **constants,
-        SPIN_LIMIT=spin_limit, num_warps=warps, **launch_options(h))
+        SPIN_LIMIT=spin_limit, NAP=config.nap_ns, num_warps=warps, **launch_options(h))
     return (residual, out, y, residual2, out2) if join else (residual, out, y)

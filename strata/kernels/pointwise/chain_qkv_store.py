@@ -38,7 +38,7 @@ def _chain_qkv_store_kernel(x_ptr, w, ones_ptr, qkv_ptr, q_ptr, k_ptr, v_ptr, qw
                             M_N_OUT: tl.constexpr, M_K: tl.constexpr, M_FMT: tl.constexpr, M_N_UNITS: tl.constexpr,
                             M_UNIT_W: tl.constexpr, M_NT: tl.constexpr, M_BN: tl.constexpr, M_NU: tl.constexpr,
                             M_PER: tl.constexpr, M_BLOCK_BYTES: tl.constexpr, M_UNITS_PER_BLOCK: tl.constexpr,
-                            SPIN_LIMIT: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                            SPIN_LIMIT: tl.constexpr = 0, NAP: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_start(PDL)
     M_ITEMS: tl.constexpr = (M_N_OUT + M_BN - 1) // M_BN
     ITEMS: tl.constexpr = M_ITEMS + T * HEADS
@@ -57,7 +57,7 @@ def _chain_qkv_store_kernel(x_ptr, w, ones_ptr, qkv_ptr, q_ptr, k_ptr, v_ptr, qw
     else:
         pdl_wait(PDL)
         s_item = item - M_ITEMS
-        if _wait_for(counters + MATVEC_DONE, M_ITEMS, counters + GAVE_UP, SPIN_LIMIT):
+        if _wait_for(counters + MATVEC_DONE, M_ITEMS, counters + GAVE_UP, SPIN_LIMIT, NAP):
             qk_norm_rope_store_item((s_item // HEADS).to(tl.int64), s_item % HEADS, q_ptr, k_ptr, v_ptr, qw_ptr,
                                     kw_ptr, cos_ptr, sin_ptr, q_out, pos_ptr, page_table_ptr, kc_ptr, vc_ptr, ks_ptr,
                                     vs_ptr, n_heads, n_kv_heads, q_token_stride, q_head_stride, k_token_stride,
@@ -102,6 +102,6 @@ def chain_qkv_store(x: torch.Tensor, qkv, heads: tuple[int, int, int], q_weight:
     items = triton.cdiv(qkv.rows, tile.bn) + n_tokens * (n_heads + n_kv_heads)
     _chain_qkv_store_kernel[(items,)](
         x.contiguous(), qkv.raw, one_expert(x.device, n_tokens)[1], out, *args, counters, T=n_tokens,
-        HEADS=n_heads + n_kv_heads, **constants, **matvec, SPIN_LIMIT=spin_limit,
+        HEADS=n_heads + n_kv_heads, **constants, **matvec, SPIN_LIMIT=spin_limit, NAP=config.nap_ns,
         num_warps=tile.warps, **launch_options(x))
     return q_out

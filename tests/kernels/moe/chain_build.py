@@ -3,7 +3,7 @@
 configs, and the chained q/k/v projection + norm + RoPE + store; print each build's registers and spill stack.
 
 Run as a script in a process without TRITON_INTERPRET (test_chain_moe.py does):
-`python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN:O_BN[:PDL] ...]`.
+`python chain_build.py [WARPS:GATE_UP_BN:DOWN_BN:O_BN:ROUTE:NAP_NS[:PDL] ...]`.
 """
 
 import json
@@ -60,10 +60,10 @@ def a3b_qkv_build(config: ChainConfig, pdl: int, n_embd: int = 2048, heads=(32, 
                  num_warps=tile.warps)
 
 
-if __name__ == "__main__":  # arguments: configs as WARPS:GATE_UP_BN:DOWN_BN:O_BN (0: the default), PDL 1 unless ":0"
+if __name__ == "__main__":  # configs as WARPS:GATE_UP_BN:DOWN_BN:O_BN:ROUTE:NAP_NS (0: the default), then PDL (1)
     for arg in sys.argv[1:] or ["0:0:0"]:
         fields = [int(f) for f in arg.split(":")]
-        config = ChainConfig(*fields[:4])
-        pdl = fields[4] if len(fields) > 4 else 1
+        config = ChainConfig(*fields[:6])
+        pdl = fields[6] if len(fields) > 6 else 1
         print(json.dumps({**a3b_build(config, pdl), "config": arg, "pdl": pdl}), flush=True)
         print(json.dumps({**a3b_qkv_build(config, pdl), "config": arg, "pdl": pdl}), flush=True)

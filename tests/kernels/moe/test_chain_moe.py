@@ -131,7 +131,7 @@ def test_chain_steps_aside_where_it_does_not_apply(device):
 def test_chained_kernel_builds_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("chain_build.py")), "0:0:0:0", "8:8:4:8"],
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("chain_build.py")), "0:0:0:0", "8:8:4:8:0:64"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
@@ -147,7 +147,8 @@ def test_switch_text_names_a_config():
     assert parse_config("1") == DEFAULT and parse_config("8:8:4") == ChainConfig(8, 8, 4)
     assert parse_config("16") == ChainConfig(16)
     assert parse_config("8:8:4:2") == ChainConfig(8, 8, 4, 2) and parse_config("8:0:0:0:2").route_experts == 2
-    for bad in ("yes", "8:8:4:2:1:1", "8:-1"):
+    assert parse_config("8:0:0:0:0:64").nap_ns == 64
+    for bad in ("yes", "8:8:4:2:1:1:1", "8:-1"):
         with pytest.raises(StrataError, match="STRATA_DECODE_CHAIN"):
             parse_config(bad)
 
