@@ -1,6 +1,8 @@
 """The decoder's side of STRATA_DECODE_CHAIN: an MoE layer's o projection (where its attention is the decoder's
 own), add + norm + routing, resident experts and (where the layer ends plainly) the residual add + next norm as one
-launch (kernels/moe/chain_moe.py) where it applies; else the layer runs its usual launches."""
+launch (kernels/moe/chain_moe.py), and an attention layer's stacked q/k/v projection with its norm + RoPE + store
+(kernels/pointwise/chain_qkv_store.py, in the captured step's KV views), where they apply; else the layer runs its
+usual launches."""
 
 from __future__ import annotations
 
