@@ -112,10 +112,20 @@ class PromptStreamer:
                 run = self.cache.borrow_run(self.work_slots)
                 self.arena = WorkArena(self.cache.slots[run[0] : run[-1] + 1].view(-1))
                 self.queue.drain()  # an admit into the run still in flight lands before kernels write buffers there
-            lent = self.cache.borrow(self.ring_slots)
+            lent = self._borrow_ring()
             self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
             self.stats.lend_s += time.perf_counter() - started
         return self.ring
+
+    def _borrow_ring(self) -> list[int]:
+        """The ring's slots: the least-routed ones; for the copy engines, whose copies are runs of consecutive slot
+        rows, an adjacent run where the cache has one (else the least-routed ones in ascending order)."""
+        if not self.queue.dma:
+            return self.cache.borrow(self.ring_slots)
+        try:
+            return self.cache.borrow_run(self.ring_slots)
+        except StrataError:
+            return sorted(self.cache.borrow(self.ring_slots))
 
     def return_slots(self) -> None:
         """Give the lent slots back to the cache, refilled with the experts they held before."""

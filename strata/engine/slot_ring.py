@@ -8,6 +8,11 @@ The bookkeeping is numpy arrays over the ring's positions and one copy launch a 
 the host the same whether it streams 3 experts or 500 (issue 6: per-expert Python and copies made the GPU wait).
 Events are numbered (`_events`): an array says which event a position waits for, and a batch waits once for each
 distinct one.
+
+For the copy engines (STRATA_PF_STREAM=dma) a batch's copies are runs of experts consecutive in the host stacks and
+in the slots: the experts of a batch go into the free positions in ascending expert order (the same positions and
+events as otherwise, only which expert goes where changes), and the streamer lends the ring adjacent slots in
+ascending order where the cache has them, so consecutive positions are consecutive slot rows.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class SlotRing:
         wanted = wanted[: len(free)]
         if not len(free):
             return out, 0
+        if self.queue.dma:  # the copy engines' runs: the batch's experts ascending into the positions in ring order
+            wanted = wanted[np.argsort(experts[wanted], kind="stable")]
         self.cursor = int(free[-1] + 1) % n
         evicted = free[self.tenant_layer[free] != NONE]
         for old_layer in np.unique(self.tenant_layer[evicted]).tolist():

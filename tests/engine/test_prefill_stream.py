@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import strata
+from strata import switches
 from strata.engine.copy_queue import CopyQueue
 from strata.engine.expert_cache import ExpertCache
 from strata.engine.prefill_stream import expected_coverage, ring_size
@@ -30,8 +31,9 @@ def _host_bytes(stacks, key):
     return torch.cat([s.gate.raw[e].reshape(-1), s.up.raw[e].reshape(-1), s.down.raw[e].reshape(-1)])
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
-def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, tiny_moe, tiny_next):
+@pytest.mark.parametrize("arch, form", [("qwen3moe", "gather"), ("qwen3next", "gather"), ("qwen3moe", "dma"),
+                                        ("qwen3next", "dma")])
+def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, form, tiny_moe, tiny_next):
     path = tiny_moe if arch == "qwen3moe" else tiny_next
     resident = strata.LLM(path, device="cpu", prefill_chunk="auto:16", kv_dtype="float32")
     ids = resident.tokenize(TEXT)
@@ -39,17 +41,25 @@ def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, tiny_moe, tiny_ne
     expected = resident.logits(ids)
     n_experts = resident.config.n_layers * resident.config.n_experts
     for slots in (resident.config.n_experts, n_experts - 1):  # ring = the whole cache; ring + a kept part
-        llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
-        streamer = llm.engine.model.experts.prompt
-        got = llm.logits(ids)
-        assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots"
+        with switches.override(STRATA_PF_STREAM=form):  # the copy engines' plan, run by torch on the CPU
+            llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
+            streamer = llm.engine.model.experts.prompt
+            got = llm.logits(ids)
+        assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots, {form}"
         assert streamer.stats.bytes_streamed > 0 and streamer.stats.chunks == -(-len(ids) // 16)
+        assert (streamer.queue.copies > 0) == (form == "dma")
     # Chunked and streamed against one unchunked resident pass: the next-token logits within 1e-3 relative.
     whole = strata.LLM(path, device="cpu", prefill_chunk=len(ids), kv_dtype="float32").logits(ids)[-1]
     assert ((got[-1] - whole).abs().max() / whole.abs().max()).item() < 1e-3
 
 
-def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
+@pytest.mark.parametrize("form", ["gather", "dma"])
+def test_ring_never_overwrites_a_slot_in_use(tiny_moe, form):
+    with switches.override(STRATA_PF_STREAM=form):
+        _ring_never_overwrites_a_slot_in_use(tiny_moe)
+
+
+def _ring_never_overwrites_a_slot_in_use(tiny_moe):
     llm = _streamed(tiny_moe, 8, prefill_chunk="auto:16")  # ring = all 8 slots = one layer: it must wrap and wait
     backend = llm.engine.model.experts
     streamer, cache = backend.prompt, backend.cache
