@@ -113,3 +113,25 @@ def test_the_ring_places_a_batch_in_expert_order_for_the_copy_engines(form):
     for e, slot in placed.items():
         row = torch.cat([p.raw[e].reshape(-1) for p in (stack.gate, stack.up, stack.down)])
         assert torch.equal(slots[slot, : row.numel()], row)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the copy engines need a CUDA GPU (tools/device/dma.sh)")
+@pytest.mark.parametrize("form", ["dma", "dma1d"])
+def test_the_copy_engines_move_the_bytes_of_the_reference_on_a_gpu(form):
+    """cudaMemcpy2DAsync through ctypes (not torch's fallback) from pinned stacks, on the queue's side stream."""
+    stack = _stack(2)
+    for part in (stack.gate, stack.up, stack.down):
+        part.raw = part.raw.pin_memory()
+    rng = np.random.default_rng(3)
+    experts = np.flatnonzero(rng.random(N_EXPERTS) > 0.12)
+    targets = np.arange(len(experts)) + 3
+    targets[-4:] = targets[-4:][::-1].copy()  # a few slots out of order
+    slots = _slots(N_EXPERTS + 5).cuda()
+    want = slots.clone()
+    gather_experts_ref(want, stack, torch.from_numpy(experts), torch.from_numpy(targets))
+    with switches.override(STRATA_PF_STREAM=form):
+        queue = CopyQueue(torch.device("cuda"))
+    queue.wait(queue.gather(slots, stack, experts, targets))
+    torch.cuda.synchronize()
+    assert queue.copied_by != "torch", "no CUDA runtime or driver found to call: torch's strided copies ran"
+    assert torch.equal(slots, want), queue.copied_by

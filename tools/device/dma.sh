@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine (issue 6, branch dma): a prompt's missing experts streamed by the copy engines
+# (STRATA_PF_STREAM=dma: runs of experts consecutive in the stacks and the slots, three cudaMemcpy2DAsync a run, no
+# SM) against the gather kernel (the default, gather) and the gather kernel on the highest-priority stream (gather-hi).
+# 1. Tests: the copy engines' bytes == the reference (tests/engine/test_copy_runs.py; its GPU test fails if torch's
+#    fallback ran instead of the runtime's cudaMemcpy2DAsync).
+# 2. `strata bench expert-gather` at 64/256/512 experts with ~12 % of the layer present between them: GB/s alone vs
+#    the pinned rate, host us a batch, how much a bf16 product beside it slows, the copy's rate beside the product.
+# 3. The 12-layer full-size qwen4exp at --vram-budget 4.4 (the share of the layers 12 GiB streams of 48), balanced
+#    routing (a trained model's load: every chunk streams every expert the cache lacks), 4K and 32K, under each form:
+#    "x the PCIe floor" is the goal's figure (1.5x; 2.09x/2.43x at 32K/4K before).
+# 4. check_prefill_stream.py under dma: streamed logits bytes == all-resident (after the dma and gather prompts; then
+#    gather-hi's and dma1d's prompts while the budget lasts).
+# Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 6 minutes.
+set -uo pipefail
+BUDGET=${BUDGET:-410}
+source tools/device/parts.sh || exit 1
+F=$M/q4x12-00001-of-00002.gguf
+make_q4x12 &
+part dma_tests 45 python3 -m pytest -q -p no:cacheprovider tests/engine/test_copy_runs.py
+part gather_bench 80 python3 -m strata bench expert-gather --experts 64,256,512  # beside make_q4x12: host us high
+wait
+B="python3 -m strata bench prompt $F --device cuda --vram-budget 4.4 --ctx 4096,32768 --routing balanced --reps 1"
+STRATA_PF_STREAM=dma part prompt_dma 70 $B
+part prompt_gather 70 $B
+STRATA_PF_STREAM=dma part check_stream_dma 45 python3 tools/device/check_prefill_stream.py
+STRATA_PF_STREAM=gather-hi part prompt_gather_hi 70 $B
+STRATA_PF_STREAM=dma1d part prompt_dma1d 60 $B
+summarize dma "experts \(|gather|dma|copies|copy calls|pinned|tok/s|PCIe floor|streaming host|streamed by|PASS|FAIL|ALL OK|passed|failed|Error"
