@@ -22,7 +22,7 @@ import torch
 
 from strata import switches
 from strata.engine.copy_runs import group_runs, part_bytes, plan_copies
-from strata.engine.dma_copy import run_plan
+from strata.engine.dma_copy import copy_engine, run_plan
 from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.kernels.moe.expert_gather import (GatherConfig, GatherOperands, gather_experts_ref, gather_experts_triton,
@@ -146,7 +146,8 @@ class CopyQueue:
         plan = plan_copies(group_runs(experts, targets), part_bytes(stack), slots.stride(0) * slots.element_size(),
                            one_row=self.form == "dma1d")
         stream = torch.cuda.current_stream(self.device) if self.cuda else None
-        self.copied_by = run_plan(slots, (stack.gate.raw, stack.up.raw, stack.down.raw), plan, stream)
+        engine = copy_engine() if self.cuda else None
+        self.copied_by = run_plan(slots, (stack.gate.raw, stack.up.raw, stack.down.raw), plan, stream, engine)
         self.copies += len(plan)
 
     def _kernel_reads(self, stack) -> bool:

@@ -99,9 +99,9 @@ def copy_engine() -> CopyEngine | None:
     return _ENGINE[0]
 
 
-def run_plan(slots: torch.Tensor, sources: tuple, plan: np.ndarray, stream) -> str:
-    """Queue the plan's copies on `stream` (the current stream for torch's form); says which form ran."""
-    engine = copy_engine() if slots.is_cuda else None
+def run_plan(slots: torch.Tensor, sources: tuple, plan: np.ndarray, stream, engine: CopyEngine | None) -> str:
+    """Queue the plan's copies on `stream` through `engine` (None: torch's strided copies on the current stream);
+    says which form ran. The addresses: the slots' first byte plus the record's offset, each part's likewise."""
     if engine is None:
         apply_plan(slots, sources, plan, non_blocking=slots.is_cuda)
         return "torch"

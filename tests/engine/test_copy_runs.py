@@ -2,6 +2,7 @@
 grouped into maximal runs, each pair copied exactly once, and the plan's strided copies (run here by torch on the
 same views the GPU's cudaMemcpy2DAsync calls get) leaving the bytes of `gather_experts_ref` in the slots."""
 
+import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from strata import switches
 from strata.engine.copy_queue import CopyQueue, copy_stream_priority, stream_form
 from strata.engine.copy_runs import DST, HEIGHT, PART, SRC, WIDTH, group_runs, plan_copies
+from strata.engine.dma_copy import run_plan
 from strata.engine.slot_ring import SlotRing
 from strata.errors import StrataError
 from strata.kernels.moe.expert_gather import gather_experts_ref
@@ -84,6 +86,39 @@ def test_the_plan_moves_the_bytes_of_the_reference(case, form):
     assert (plan[:, WIDTH] * plan[:, HEIGHT]).sum() == len(experts) * sum(SIZES)  # nothing copied twice
     assert set(plan[:, PART].tolist()) == {0, 1, 2} and (plan[:, SRC] % plan[:, WIDTH] == 0).all()
     assert ((plan[:, DST] % slots.stride(0)) < sum(SIZES)).all()
+
+
+class _HostEngine:
+    """cudaMemcpy2DAsync's contract (rows of `width` bytes at each side's pitch) on host memory, row by row: checks
+    the addresses the GPU's calls get."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def copy(self, dst, dst_pitch, src, src_pitch, width, height, stream):
+        assert 0 < width <= min(dst_pitch, src_pitch) and height > 0 and stream == 7
+        for row in range(height):
+            ctypes.memmove(dst + row * dst_pitch, src + row * src_pitch, width)
+        self.calls += 1
+
+    def name(self):
+        return "host memmove"
+
+
+@pytest.mark.parametrize("one_row", [False, True])
+def test_the_copy_engines_addresses_move_the_bytes_of_the_reference(one_row):
+    stack, rng = _stack(4), np.random.default_rng(4)
+    experts = rng.permutation(N_EXPERTS)[:30]
+    targets = np.argsort(np.argsort(experts)) + 2  # mostly runs, as the ring places them
+    targets[:3] = [40, 1, 0]
+    slots = _slots(N_EXPERTS + 5)
+    want = slots.clone()
+    gather_experts_ref(want, stack, torch.from_numpy(experts), torch.from_numpy(targets))
+    plan = plan_copies(group_runs(experts, targets), SIZES, slots.stride(0), one_row=one_row)
+    engine = _HostEngine()
+    sources = (stack.gate.raw, stack.up.raw, stack.down.raw)
+    assert run_plan(slots, sources, plan, SimpleNamespace(cuda_stream=7), engine) == "host memmove"
+    assert torch.equal(slots, want) and engine.calls == len(plan)
 
 
 def test_the_switch_and_the_copy_streams_priority():
