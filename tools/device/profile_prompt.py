@@ -3,7 +3,7 @@ prefill under torch.profiler: GPU kernel time against wall time (the rest is hos
 device time, and the host's ops by self time (Python-side costs show there).
 
 Usage: python3 tools/device/profile_prompt.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--rows K] [--stacks]
-       [--kv-dtype float16|int8] [--syncs]
+       [--kv-dtype float16|int8] [--syncs] [--routing balanced] [--timeline]
 
 --stacks adds the device time by input shapes, then one more prefill under a dispatch logger listing each matrix
 product and softmax with its shapes, dtypes and call site (the innermost strata frames): the shapes join the two,
@@ -24,6 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+
+import prompt_timeline  # noqa: E402  (this folder)
 
 
 def streaming(engine, ids) -> None:
@@ -73,9 +75,13 @@ def main() -> None:
     parser.add_argument("--stacks", action="store_true", help="also by input shapes and by call site")
     parser.add_argument("--kv-dtype", default="float16", help="KV cache: float16 (the default) or int8 (paged)")
     parser.add_argument("--syncs", action="store_true", help="also list the operations that make the host wait")
+    parser.add_argument("--routing", default="model", choices=("model", "balanced"),
+                        help="balanced: every chunk's tokens spread over all experts (bench prompt's load test)")
+    parser.add_argument("--timeline", action="store_true", help="the copy stream against the compute stream")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget, kv_dtype=args.kv_dtype))
+    engine.model.balanced_prompt_routing = args.routing == "balanced"
     vocab = engine.model.config.vocab_size
     ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     engine.prefill(ids)  # compile and warm
@@ -91,6 +97,8 @@ def main() -> None:
                  with_stack=args.stacks) as prof:
         engine.prefill(ids)
         torch.cuda.synchronize()
+    if args.timeline:
+        prompt_timeline.report(prof)
     table = prof.key_averages()
     kernels = [e for e in table if e.device_type == torch.autograd.DeviceType.CUDA]
     device_ms = sum(e.self_device_time_total for e in kernels) / 1000
