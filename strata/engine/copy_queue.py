@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from strata import switches
-from strata.engine.copy_runs import group_runs, part_bytes, plan_copies
+from strata.engine.copy_runs import group_runs, plan_copies
 from strata.engine.dma_copy import copy_engine, run_plan
 from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.kernels.moe.expert_gather import (GatherConfig, GatherOperands, gather_experts_ref, gather_experts_triton,
-                                              gather_pairs)
+                                              gather_pairs, part_bytes)
 
 
 STREAM_FORMS = ("gather", "gather-hi", "dma", "dma1d")

@@ -46,11 +46,6 @@ def group_runs(experts: np.ndarray, targets: np.ndarray) -> Runs:
     return Runs(e[starts], s[starts], lengths)
 
 
-def part_bytes(stack) -> tuple[int, int, int]:
-    """One expert's gate, up and down bytes (the rows of each part's stack)."""
-    return tuple(p.raw.numel() // p.raw.shape[0] for p in (stack.gate, stack.up, stack.down))
-
-
 def plan_copies(runs: Runs, parts: tuple[int, int, int], slot_pitch: int, one_row: bool = False) -> np.ndarray:
     """int64 [n, 5] records (PART, DST, SRC, WIDTH, HEIGHT), run by run, each run's three parts in slot order.
     `one_row`: every expert part its own record (one 1D copy each, for comparison with the 2D copies)."""
