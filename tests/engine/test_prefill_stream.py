@@ -173,3 +173,21 @@ def test_prefetch_follows_the_last_chunks_routing(tiny_moe):
     del streamer.last_routed[1]
     streamer._prefetch(1, n_tokens=64, top_k=2)  # no history, a large chunk: every expert the cache lacks
     assert {e for layer, e in ring.where if layer == 1} == set(range(8)) - cached
+
+
+def test_the_copy_engines_ring_is_an_adjacent_run(tiny_moe):
+    """Under dma the ring is lent adjacent slots (consecutive positions are consecutive slot rows: long copy runs);
+    the default keeps the least-routed slots in the cache's order."""
+    import numpy as np
+
+    for form in ("gather", "dma"):
+        with switches.override(STRATA_PF_STREAM=form):
+            llm = _streamed(tiny_moe, 12)
+            streamer = llm.engine.model.experts.prompt
+            streamer.cache.count_table[:] = np.random.default_rng(0).random(streamer.cache.count_table.shape)
+            ring = streamer._ensure_ring()
+        rows = ring.indices
+        if form == "dma":
+            assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        else:
+            assert not np.array_equal(rows, np.sort(rows))  # least routed first: the order the counts give
