@@ -12,7 +12,8 @@ batch alone, GB/s and its fraction of the pinned rate, the host's microseconds t
 loop pays), whether the slots' bytes equal the torch reference's; then with a bf16 matrix product running on the
 compute stream as long as the copy needs: how many times longer the product takes ("slows"; the SMs a gather takes
 from the layer computing beside it) and the copy's own GB/s meanwhile ("beside"). `--sweep` also times the gather
-kernel's launch configurations below, the default first.
+kernel's launch configurations below, the default first. The last line of a batch copies its whole span as one run
+(the present experts again): its GB/s counts the batch's bytes only, so it says whether bridging gaps would pay.
 """
 
 from __future__ import annotations
@@ -161,6 +162,18 @@ def main(argv: list[str] | None = None) -> int:
             line(name, fn)
             calls = (queue.copies - before) // max(queue.launches, 1)
             print(f"      {calls} copy calls a batch, by {queue.copied_by}")
+        # The gaps bridged: the batch's whole span as one run, the present experts copied again (wasted link time);
+        # GB/s counts the batch's bytes only, so against dma's line it says whether merging runs across gaps pays.
+        span = np.arange(experts[0], experts[-1] + 1)
+        span_slots = torch.zeros((len(span), stack.expert_bytes), dtype=torch.uint8, device=device)
+        span_want = torch.zeros_like(span_slots)
+        gather_experts_ref(span_want, stack, torch.from_numpy(span), torch.arange(len(span)))
+        with switches.override(STRATA_PF_STREAM="dma"):
+            queue = CopyQueue(device)
+        bridged = Line(span_slots, span_want, n_bytes, pinned_rate, args.reps, beside)
+        bridged(f"dma, gaps bridged ({len(span) - len(experts)} more)",
+                lambda: _on_current(queue).gather(span_slots, stack, span, np.arange(len(span))))
+        del span_slots, span_want
     return 0
 
 
