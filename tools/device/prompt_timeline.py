@@ -4,11 +4,11 @@ compute stream is busy (overlap), how long the link sits idle between gathers wh
 gathers one by one (start, length, what the compute stream did meanwhile).
 """
 
+import collections
 import json
 import tempfile
 
 GATHER = "_gather_kernel"  # kernels/moe/expert_gather.py: the streamed experts' copy
-COPY_KINDS = ("memcpy", "gpu_memcpy")  # copy-engine transfers, where a path uses them
 
 
 def _union(intervals):
@@ -45,8 +45,14 @@ def report(prof, show: int = 12) -> None:
     if not events:
         print("timeline: no device events in the trace")
         return
-    copies = [e for e in events if GATHER in e["name"] or e.get("cat") == "gpu_memcpy"]
-    copy_streams = {e["args"].get("stream") for e in copies}
+    # The compute stream is the one with the most kernels; the copy streams are the other ones gathers run on (the
+    # refill at a prompt's end gathers on the compute stream, which has small memcpys of its own too).
+    per_stream = collections.Counter(e["args"].get("stream") for e in events if GATHER not in e["name"])
+    main = per_stream.most_common(1)[0][0]
+    copy_streams = {e["args"].get("stream") for e in events if GATHER in e["name"]} - {main}
+    launched = {e["args"].get("correlation"): e["ts"] for e in trace["traceEvents"]
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    copies = [e for e in events if e["args"].get("stream") in copy_streams]
     compute = [e for e in events if e["args"].get("stream") not in copy_streams]
     t0 = min(e["ts"] for e in events)
     t1 = max(e["ts"] + e["dur"] for e in events)
@@ -63,10 +69,26 @@ def report(prof, show: int = 12) -> None:
     gaps = [(g_busy[i + 1][0] - g_busy[i][1]) / 1e3 for i in range(len(g_busy) - 1)]
     if gaps:
         print(f"  link idle between copies: {sum(gaps):.1f} ms in {len(gaps)} gaps (largest {max(gaps):.2f} ms)")
-    print(f"  the first {show} copies: start ms, length ms, compute busy during it (ms), compute kernels during it")
-    for e in sorted(copies, key=lambda e: e["ts"])[:show]:
+    print(f"  the first {show} large copies (ms): start, launched by the host that long before, length, compute "
+          f"busy during it; the compute kernels running at its start, and the last one before it")
+    for e in [c for c in sorted(copies, key=lambda e: e["ts"]) if c["dur"] > 1000][:show]:  # the layers' batches
         span = [[e["ts"], e["ts"] + e["dur"]]]
-        inside = [k for k in compute if k["ts"] < e["ts"] + e["dur"] and k["ts"] + k["dur"] > e["ts"]]
-        names = sorted({k["name"][:40] for k in inside})[:4]
-        print(f"  {(e['ts'] - t0) / 1e3:9.2f} {e['dur'] / 1e3:8.2f} {_overlap(span, c_busy) / 1e3:8.2f}  "
-              f"{len(inside)} kernels: {', '.join(names)}")
+        at_start = [k["name"][:30] for k in compute if k["ts"] <= e["ts"] < k["ts"] + k["dur"]]
+        before = [k for k in compute if k["ts"] + k["dur"] <= e["ts"]]
+        last = max(before, key=lambda k: k["ts"] + k["dur"])["name"][:30] if before else "-"
+        host = launched.get(e["args"].get("correlation"))
+        lag = f"{(e['ts'] - host) / 1e3:7.2f}" if host is not None else "      ?"
+        print(f"  {(e['ts'] - t0) / 1e3:9.2f} {lag} {e['dur'] / 1e3:7.2f} {_overlap(span, c_busy) / 1e3:7.2f}  "
+              f"at start: {', '.join(at_start) or 'idle'}; before: {last}")
+        # What the copy stream ran just before (the pairs' upload, waits) and any host-to-device transfer in flight.
+        ahead = [c for c in copies if e["ts"] - 30000 < c["ts"] < e["ts"]][-3:]
+        for c in ahead:
+            host_c = launched.get(c["args"].get("correlation"))
+            print(f"      before it on the copy stream: {c['name'][:30]} at {(c['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{c['dur'] / 1e3:.3f} ms, {c['args'].get('bytes', '-')} bytes, host launch "
+                  f"{(c['ts'] - host_c) / 1e3 if host_c is not None else float('nan'):.2f} ms before its start")
+        dma = [m for m in events if m.get("cat") == "gpu_memcpy" and m["args"].get("stream") not in copy_streams
+               and m["ts"] < e["ts"] and m["ts"] + m["dur"] > e["ts"] - 10000]
+        for m in dma[-3:]:
+            print(f"      compute-stream transfer: {m['name'][:30]} at {(m['ts'] - e['ts']) / 1e3:+.2f} ms, "
+                  f"{m['dur'] / 1e3:.3f} ms, {m['args'].get('bytes', '-')} bytes")
