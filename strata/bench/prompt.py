@@ -104,7 +104,7 @@ def bench_prompt(args, placement: dict) -> None:
     for n_tokens in contexts:
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
                   streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
-                  streamer.queue.copies) if streamer else None
+                  streamer.copy_calls) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
         mads, read = routed_work(engine, n_tokens)
         matrix_floor = 2 * mads / int8_ops
@@ -131,8 +131,9 @@ def bench_prompt(args, placement: dict) -> None:
                   f"(bookkeeping and copy launches), waiting for its routing "
                   f"{(streamer.stats.sync_s - before[5]) * 1e3 / layers:.3f} ms")
             queue = streamer.queue
-            calls = (f": {(queue.copies - before[6]) / layers:.0f} copy calls a routed layer by {queue.copied_by}"
-                     if queue.dma else "")
-            print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}")
+            calls = (f": {(streamer.copy_calls - before[6]) / layers:.0f} copy calls a routed layer by "
+                     f"{queue.copied_by}" if queue.dma else "")
+            early = ", STRATA_PF_EARLY=1" if streamer.early else ""
+            print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")

@@ -28,6 +28,13 @@ the pinned host stacks itself); no Python or torch op per expert, so a layer cos
 experts or 500 and the copy runs at the link's rate. `stats` keeps the host time per layer for the profiles.
 With STRATA_PF_STREAM=dma the batch goes through the copy engines as runs of experts consecutive in the host stacks
 and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one.
+
+STRATA_PF_EARLY=1 (session 9's H200 timeline: the link idled ~6.5 ms of each 19 ms layer, because the copy of layer
+L + 1 was queued only after the host had read L's routing): the next layer's predicted experts are queued as soon as
+layer L's experts are asked for, before its routing read, in the ring's free positions beyond those L's own late
+misses could need; L's late misses then go on a second copy stream, so that they never wait behind that batch (on
+one in-order stream they would, and L's experts with them). The rest of the next layer's batch, if the room was
+short, follows after L's launch as before. The same bytes: only when copies are queued changes.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from strata.engine.copy_queue import CopyQueue
+from strata import switches
+from strata.engine.copy_queue import CopyQueue, copy_stream_priority
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
 from strata.engine.slot_ring import SlotRing
 from strata.engine.staging import upload
@@ -86,6 +94,12 @@ class PromptStreamer:
         self.queue = queue or CopyQueue(self.device, cache.copy_stream)  # the cache's stream: admits stay ordered
         layers = sorted(host_stacks)
         self.next_layer = dict(zip(layers, layers[1:]))
+        self.early = switches.get("STRATA_PF_EARLY")  # queue the next layer's copy before this one's routing read
+        self.late_queue = self.queue  # where late misses are copied: their own stream when copies are queued early
+        if self.early:
+            late_stream = (torch.cuda.Stream(self.device, priority=copy_stream_priority())
+                           if self.device.type == "cuda" else None)
+            self.late_queue = CopyQueue(self.device, late_stream)
         self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
         self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
         self.ring: SlotRing | None = None
@@ -149,7 +163,21 @@ class PromptStreamer:
         self._prefetch(min(self.host_stacks), n_tokens, top_k)
         self.stats.host_s += time.perf_counter() - started
 
-    def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
+    @property
+    def copy_calls(self) -> int:
+        """Copy calls the dma forms have queued (both queues)."""
+        return self.queue.copies + (self.late_queue.copies if self.late_queue is not self.queue else 0)
+
+    def _prefetch_early(self, layer: int, n_tokens: int, top_k: int) -> None:
+        """Before layer's routing read: the next layer's batch, in the free positions its late misses cannot need
+        (every expert of `layer` the cache lacks and the ring does not hold for it may be routed)."""
+        ring = self.ring
+        could_be_late = int((self.cache.layer_slots(layer) < 0).sum()) - len(ring.held_for(layer))
+        room = ring.n_free() - max(could_be_late, 0)
+        if room > 0:
+            self._prefetch(self.next_layer[layer], n_tokens, top_k, room)
+
+    def _prefetch(self, layer: int, n_tokens: int, top_k: int, limit: int | None = None) -> None:
         """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
         counts) in case the ring runs short: one launch, numpy bookkeeping."""
         stack = self.host_stacks[layer]
@@ -161,7 +189,7 @@ class PromptStreamer:
         predicted = np.asarray(predicted, dtype=np.int64)
         missing = predicted[self.cache.layer_slots(layer)[predicted] < 0]
         counts = self.cache.counts[layer].numpy()
-        ranked = missing[np.lexsort((missing, -counts[missing]))]
+        ranked = missing[np.lexsort((missing, -counts[missing]))][:limit]
         _, copied = self.ring.hold_many(layer, stack, ranked)
         self.stats.bytes_streamed += copied * stack.expert_bytes
 
@@ -174,11 +202,14 @@ class PromptStreamer:
         started = time.perf_counter()
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
+        if self.early and layer in self.next_layer:
+            self._prefetch_early(layer, x.shape[0], ids.shape[1])
+        asked = time.perf_counter()
         routed = self.last_routed[layer] = self._routed(ids, stack.n_experts)
         read = time.perf_counter()
         slots = self.cache.lookup_slots(layer, routed)
         misses = np.flatnonzero(slots < 0)
-        held, copied = ring.hold_many(layer, stack, routed[misses])
+        held, copied = ring.hold_many(layer, stack, routed[misses], queue=self.late_queue)
         if (held < 0).any():
             raise StrataError(f"layer {layer}: the streaming ring of {len(ring)} slots cannot hold its "
                               f"{len(misses)} missing experts")
@@ -200,8 +231,8 @@ class PromptStreamer:
             self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
         ring.release(layer)
         self.stats.layers += 1
-        self.stats.sync_s += read - started
-        self.stats.host_s += (computing - read) + (time.perf_counter() - computed)
+        self.stats.sync_s += read - asked
+        self.stats.host_s += (asked - started) + (computing - read) + (time.perf_counter() - computed)
         return out
 
     def _compute(self, layer, stack, x, weights, ids, experts: np.ndarray, slots: np.ndarray) -> torch.Tensor:

@@ -83,10 +83,12 @@ class SlotRing:
     def n_free(self) -> int:
         return int((self.held_layer == NONE).sum())
 
-    def hold_many(self, layer: int, stack, experts: np.ndarray) -> tuple[np.ndarray, int]:
+    def hold_many(self, layer: int, stack, experts: np.ndarray,
+                  queue: CopyQueue | None = None) -> tuple[np.ndarray, int]:
         """Hold a slot for each of `experts` (distinct, in priority order) of `layer`: the one holding it, or else
-        the oldest position not held, into which the expert is copied (one launch for all of them). Returns the
-        slots (NONE past the point where every position was held) and how many experts were copied."""
+        the oldest position not held, into which the expert is copied (one launch for all of them, on `queue`, the
+        ring's by default). Returns the slots (NONE past the point where every position was held) and how many
+        experts were copied."""
         experts = np.asarray(experts, dtype=np.int64)
         table = self._positions(layer, stack.n_experts)
         found = table[experts]
@@ -115,7 +117,7 @@ class SlotRing:
         table[new_experts] = free
         out[wanted] = self.indices[free]
         after = [self._events[k] for k in np.unique(self.released[free]).tolist()]
-        landed = self.queue.gather(self.slots, stack, new_experts, self.indices[free], after=after)
+        landed = (queue or self.queue).gather(self.slots, stack, new_experts, self.indices[free], after=after)
         self.landed[free] = self._event(landed)
         return out, len(free)
 

@@ -31,9 +31,10 @@ def _host_bytes(stacks, key):
     return torch.cat([s.gate.raw[e].reshape(-1), s.up.raw[e].reshape(-1), s.down.raw[e].reshape(-1)])
 
 
-@pytest.mark.parametrize("arch, form", [("qwen3moe", "gather"), ("qwen3next", "gather"), ("qwen3moe", "dma"),
-                                        ("qwen3next", "dma")])
-def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, form, tiny_moe, tiny_next):
+@pytest.mark.parametrize("arch, form, early", [("qwen3moe", "gather", False), ("qwen3next", "gather", False),
+                                               ("qwen3moe", "dma", False), ("qwen3next", "dma", False),
+                                               ("qwen3moe", "dma", True), ("qwen3next", "gather", True)])
+def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, form, early, tiny_moe, tiny_next):
     path = tiny_moe if arch == "qwen3moe" else tiny_next
     resident = strata.LLM(path, device="cpu", prefill_chunk="auto:16", kv_dtype="float32")
     ids = resident.tokenize(TEXT)
@@ -41,25 +42,26 @@ def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, form, tiny_moe, t
     expected = resident.logits(ids)
     n_experts = resident.config.n_layers * resident.config.n_experts
     for slots in (resident.config.n_experts, n_experts - 1):  # ring = the whole cache; ring + a kept part
-        with switches.override(STRATA_PF_STREAM=form):  # the copy engines' plan, run by torch on the CPU
+        with switches.override(STRATA_PF_STREAM=form, STRATA_PF_EARLY=early):  # dma: the copy engines' plan, by torch
             llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
             streamer = llm.engine.model.experts.prompt
             got = llm.logits(ids)
         assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots, {form}"
         assert streamer.stats.bytes_streamed > 0 and streamer.stats.chunks == -(-len(ids) // 16)
-        assert (streamer.queue.copies > 0) == (form == "dma")
+        assert (streamer.copy_calls > 0) == (form == "dma")
+        assert streamer.queue.bytes + (streamer.late_queue.bytes if early else 0) == streamer.stats.bytes_streamed
     # Chunked and streamed against one unchunked resident pass: the next-token logits within 1e-3 relative.
     whole = strata.LLM(path, device="cpu", prefill_chunk=len(ids), kv_dtype="float32").logits(ids)[-1]
     assert ((got[-1] - whole).abs().max() / whole.abs().max()).item() < 1e-3
 
 
-@pytest.mark.parametrize("form", ["gather", "dma"])
-def test_ring_never_overwrites_a_slot_in_use(tiny_moe, form):
-    with switches.override(STRATA_PF_STREAM=form):
-        _ring_never_overwrites_a_slot_in_use(tiny_moe)
+@pytest.mark.parametrize("form, early", [("gather", False), ("dma", False), ("dma", True)])
+def test_ring_never_overwrites_a_slot_in_use(tiny_moe, form, early):
+    with switches.override(STRATA_PF_STREAM=form, STRATA_PF_EARLY=early):
+        _ring_never_overwrites_a_slot_in_use(tiny_moe, early)
 
 
-def _ring_never_overwrites_a_slot_in_use(tiny_moe):
+def _ring_never_overwrites_a_slot_in_use(tiny_moe, early):
     llm = _streamed(tiny_moe, 8, prefill_chunk="auto:16")  # ring = all 8 slots = one layer: it must wrap and wait
     backend = llm.engine.model.experts
     streamer, cache = backend.prompt, backend.cache
@@ -76,6 +78,8 @@ def _ring_never_overwrites_a_slot_in_use(tiny_moe):
             return super().gather(slots, stack, experts, targets, after)
 
     streamer.queue = TracingQueue(torch.device("cpu"))
+    if early:  # late misses on their own queue (a second stream on a GPU): traced into the same log
+        streamer.late_queue = TracingQueue(torch.device("cpu"))
     compute = streamer._compute
 
     def traced_compute(layer, stack, x, weights, ids, experts, slots):
@@ -191,3 +195,22 @@ def test_the_copy_engines_ring_is_an_adjacent_run(tiny_moe):
             assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
         else:
             assert not np.array_equal(rows, np.sort(rows))  # least routed first: the order the counts give
+
+
+def test_early_copies_leave_room_for_the_layers_late_misses(tiny_moe):
+    """STRATA_PF_EARLY: before layer 0's routing read, layer 1's batch takes only the free positions that layer 0's
+    own late misses cannot need; every expert of layer 0 the cache lacks can still be held."""
+    import numpy as np
+
+    with switches.override(STRATA_PF_EARLY=True):
+        llm = _streamed(tiny_moe, 12)  # a ring of 8 slots (one layer), the cache keeps 4
+    streamer = llm.engine.model.experts.prompt
+    ring = streamer._ensure_ring()
+    missing = {layer: np.flatnonzero(streamer.cache.layer_slots(layer) < 0) for layer in (0, 1)}
+    streamer.last_routed[1] = np.arange(8)  # layer 1's history: every expert
+    streamer._prefetch_early(0, n_tokens=64, top_k=2)
+    taken = [e for layer, e in ring.where if layer == 1]
+    assert len(taken) == min(len(missing[1]), len(ring) - len(missing[0])) > 0
+    held, _ = ring.hold_many(0, streamer.host_stacks[0], missing[0], queue=streamer.late_queue)
+    assert (held >= 0).all() and streamer.late_queue is not streamer.queue
+    assert streamer.late_queue.launches == 1 and streamer.queue.launches == 1  # late batch on its own queue

@@ -9,10 +9,11 @@
 # 3. The 12-layer full-size qwen4exp at --vram-budget 4.4 (the share of the layers 12 GiB streams of 48), balanced
 #    routing (a trained model's load: every chunk streams every expert the cache lacks), 4K and 32K, under each form:
 #    "x the PCIe floor" is the goal's figure (1.5x; 2.09x/2.43x at 32K/4K before).
-# 4. profile_prompt.py --timeline under dma (4K, the same load): the copy stream's memcpys against the compute
-#    stream (both at once, link idle gaps; the gather's own timeline is session9_second.sh's).
-# 5. check_prefill_stream.py under dma: streamed logits bytes == all-resident; then gather-hi's and dma1d's prompts
-#    while the budget lasts.
+#    Forms: dma, gather (today's default), then each with STRATA_PF_EARLY=1 (the next layer's copy queued before this
+#    layer's routing read, late misses on a second copy stream: for the ~6.5 ms of idle link a layer in the timeline).
+# 4. check_prefill_stream.py under dma + early: streamed logits bytes == all-resident.
+# 5. profile_prompt.py --timeline under dma + early (4K, the same load): copies against compute, link idle gaps.
+# 6. gather-hi's and dma1d's prompts while the budget lasts.
 # Run from the repo root with .whl (and .devcache) carried; logs come back as one tarball; about 6 minutes.
 set -uo pipefail
 BUDGET=${BUDGET:-400}
@@ -25,9 +26,11 @@ wait
 B="python3 -m strata bench prompt $F --device cuda --vram-budget 4.4 --ctx 4096,32768 --routing balanced --reps 1"
 STRATA_PF_STREAM=dma part prompt_dma 100 $B  # the first: cold compiles too
 part prompt_gather 70 $B
+STRATA_PF_STREAM=dma STRATA_PF_EARLY=1 part prompt_dma_early 70 $B
+STRATA_PF_STREAM=dma STRATA_PF_EARLY=1 part check_stream_dma_early 60 python3 tools/device/check_prefill_stream.py
+STRATA_PF_EARLY=1 part prompt_gather_early 70 $B
 P="python3 tools/device/profile_prompt.py $F --vram-budget 4.4 --routing balanced --rows 8 --tokens 4096 --timeline"
-STRATA_PF_STREAM=dma part timeline_dma 90 $P
-STRATA_PF_STREAM=dma part check_stream_dma 60 python3 tools/device/check_prefill_stream.py
+STRATA_PF_STREAM=dma STRATA_PF_EARLY=1 part timeline_dma_early 90 $P
 STRATA_PF_STREAM=gather-hi part prompt_gather_hi 70 $B
 STRATA_PF_STREAM=dma1d part prompt_dma1d 60 $B
 summarize dma "timeline|link idle|experts \(|gather|dma|copies|copy calls|pinned|tok/s|PCIe floor|streaming host|streamed by|PASS|FAIL|ALL OK|passed|failed|Error"
