@@ -16,6 +16,14 @@ experts (the engine says the next chunk's size through `begin_chunk`), and for a
 begins it, before the embedding and the first mixer run, by the same policy (the first layer's routing in the last
 chunk the streamer saw, which is an earlier prompt's; without one, every missing expert when the chunk is large).
 
+When the copy of the next layer is queued: by default once this layer's experts are launched, which is after the
+host has read this layer's routing (the layer's one device read) and launched its experts. On the H200 that left
+the link idle ~6.5 ms of every ~19 ms layer (session 9's timeline of 12 full-size layers, balanced routing): the
+copy of L+1 waits for the host, which waits for the device to reach L's router. With STRATA_PF_EARLY=1 (and a ring of
+two layers) it is queued when the host reaches layer L, before the routing read: it waits on the device only for
+the slots layer L-1 used, as before. Layer L's late misses then go on a second copy stream (`late_queue`): on the
+one in-order stream they would wait behind that whole next-layer batch, and L's experts with them.
+
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
 rule), the chunk's expert work buffers live in a run of that many adjacent borrowed slots (`WorkArena`) instead of
@@ -29,12 +37,6 @@ experts or 500 and the copy runs at the link's rate. `stats` keeps the host time
 With STRATA_PF_STREAM=dma the batch goes through the copy engines as runs of experts consecutive in the host stacks
 and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one.
 
-STRATA_PF_EARLY=1 (session 9's H200 timeline: the link idled ~6.5 ms of each 19 ms layer, because the copy of layer
-L + 1 was queued only after the host had read L's routing): the next layer's predicted experts are queued as soon as
-layer L's experts are asked for, before its routing read, in the ring's free positions beyond those L's own late
-misses could need; L's late misses then go on a second copy stream, so that they never wait behind that batch (on
-one in-order stream they would, and L's experts with them). The rest of the next layer's batch, if the room was
-short, follows after L's launch as before. The same bytes: only when copies are queued changes.
 """
 
 from __future__ import annotations
@@ -94,14 +96,17 @@ class PromptStreamer:
         self.queue = queue or CopyQueue(self.device, cache.copy_stream)  # the cache's stream: admits stay ordered
         layers = sorted(host_stacks)
         self.next_layer = dict(zip(layers, layers[1:]))
-        self.early = switches.get("STRATA_PF_EARLY")  # queue the next layer's copy before this one's routing read
+        self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
+        self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
+        # STRATA_PF_EARLY: the next layer's copy queued before this layer's routing read, where the ring holds two
+        # layers (this layer's late experts then still find room: it holds at most one layer's, the next one another).
+        two_layers = self.experts_per_layer > 0 and self.ring_slots >= 2 * self.experts_per_layer
+        self.early = switches.get("STRATA_PF_EARLY") and two_layers
         self.late_queue = self.queue  # where late misses are copied: their own stream when copies are queued early
         if self.early:
             late_stream = (torch.cuda.Stream(self.device, priority=copy_stream_priority())
                            if self.device.type == "cuda" else None)
             self.late_queue = CopyQueue(self.device, late_stream)
-        self.experts_per_layer = max((s.n_experts for s in host_stacks.values()), default=0)
-        self.ring_slots = ring_size(cache.n_slots, self.experts_per_layer)
         self.ring: SlotRing | None = None
         self.work_slots = 0  # adjacent slots to borrow for the chunk's work buffers (set by the engine's chunk rule)
         self.arena: WorkArena | None = None
@@ -168,16 +173,7 @@ class PromptStreamer:
         """Copy calls the dma forms have queued (both queues)."""
         return self.queue.copies + (self.late_queue.copies if self.late_queue is not self.queue else 0)
 
-    def _prefetch_early(self, layer: int, n_tokens: int, top_k: int) -> None:
-        """Before layer's routing read: the next layer's batch, in the free positions its late misses cannot need
-        (every expert of `layer` the cache lacks and the ring does not hold for it may be routed)."""
-        ring = self.ring
-        could_be_late = int((self.cache.layer_slots(layer) < 0).sum()) - len(ring.held_for(layer))
-        room = ring.n_free() - max(could_be_late, 0)
-        if room > 0:
-            self._prefetch(self.next_layer[layer], n_tokens, top_k, room)
-
-    def _prefetch(self, layer: int, n_tokens: int, top_k: int, limit: int | None = None) -> None:
+    def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
         """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
         counts) in case the ring runs short: one launch, numpy bookkeeping."""
         stack = self.host_stacks[layer]
@@ -189,7 +185,7 @@ class PromptStreamer:
         predicted = np.asarray(predicted, dtype=np.int64)
         missing = predicted[self.cache.layer_slots(layer)[predicted] < 0]
         counts = self.cache.counts[layer].numpy()
-        ranked = missing[np.lexsort((missing, -counts[missing]))][:limit]
+        ranked = missing[np.lexsort((missing, -counts[missing]))]
         _, copied = self.ring.hold_many(layer, stack, ranked)
         self.stats.bytes_streamed += copied * stack.expert_bytes
 
@@ -198,12 +194,19 @@ class PromptStreamer:
         """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync."""
         return np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=n_experts).cpu().numpy())
 
+    def _prefetch_next(self, layer: int, n_tokens: int, top_k: int) -> None:
+        """Copy ahead the layer after `layer`: in this chunk, or the next chunk's first one after its last."""
+        if layer in self.next_layer:
+            self._prefetch(self.next_layer[layer], n_tokens, top_k)
+        elif self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
+            self._prefetch(min(self.host_stacks), self.next_chunk_tokens, top_k)
+
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         ring = self._ensure_ring()
         stack = self.host_stacks[layer]
-        if self.early and layer in self.next_layer:
-            self._prefetch_early(layer, x.shape[0], ids.shape[1])
+        if self.early:  # the next layer's copy, queued before this layer's routing read (module docstring)
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
         asked = time.perf_counter()
         routed = self.last_routed[layer] = self._routed(ids, stack.n_experts)
         read = time.perf_counter()
@@ -221,13 +224,11 @@ class PromptStreamer:
         computing = time.perf_counter()
         out = self._compute(layer, stack, x, weights, ids, routed, slots)
         computed = time.perf_counter()
-        if layer in self.next_layer:
-            self._prefetch(self.next_layer[layer], x.shape[0], ids.shape[1])
-        else:
+        if not self.early:
+            self._prefetch_next(layer, x.shape[0], ids.shape[1])
+        if layer not in self.next_layer:
             self.stats.chunks += 1
             self.stats.tokens += x.shape[0]
-            if self.takes_tokens(self.next_chunk_tokens):  # the next chunk's first layer, during this one's tail
-                self._prefetch(min(self.host_stacks), self.next_chunk_tokens, ids.shape[1])
             self.next_chunk_tokens = 0  # said once per chunk: a chunk the engine did not announce fetches nothing
         ring.release(layer)
         self.stats.layers += 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import strata
+from strata import switches
 from strata.engine import experts as experts_module
 from strata.engine import prefill_stream
 from strata.engine.prefill import (BORROW_MODES, ChunkPlan, activation_bytes_per_token, chunk_plan, chunk_size,
@@ -205,3 +206,23 @@ def test_info_plan_states_the_chunk_and_its_borrowed_slots(tiny_moe):
     assert f"prompt chunks up to {chunk.tokens} tokens" in line and f"in {chunk.work_slots} borrowed cache slots" in line
     assert "borrowed" not in describe_chunks(plan(1000, 1000), config, 0)  # all resident: nothing to lend
     assert "no slots borrowed (--prefill-borrow off)" in describe_chunks(plan(400), config, 0, borrow="off")
+
+
+def test_early_copies_are_queued_before_the_routing_read_and_give_the_same_bytes(deep_moe):
+    ids = _llm(deep_moe).tokenize(TEXT)[:16]
+    resident = _llm(deep_moe).logits(ids)
+    for early in (False, True):
+        with switches.override(STRATA_PF_EARLY=early):
+            llm = _llm(deep_moe, expert_cache=SLOTS, prefill_stream="on")
+        streamer = llm.engine.model.experts.prompt
+        assert streamer.early == early  # this cache lends a ring of two layers
+        log = []
+        routed, prefetch = streamer._routed, streamer._prefetch
+        streamer._routed = lambda *a: (log.append("read"), routed(*a))[1]
+        streamer._prefetch = lambda layer, *a: (log.append(("prefetch", layer)), prefetch(layer, *a))[1]
+        got = llm.logits(ids)
+        assert got.numpy().tobytes() == resident.numpy().tobytes(), early
+        assert streamer.stats.bytes_streamed > 0
+        first_read = log.index("read")
+        # Early: layer 1's copy is queued before layer 0's routing is read; otherwise after it.
+        assert (log.index(("prefetch", streamer.next_layer[min(streamer.host_stacks)])) < first_read) == early
