@@ -36,7 +36,6 @@ the pinned host stacks itself); no Python or torch op per expert, so a layer cos
 experts or 500 and the copy runs at the link's rate. `stats` keeps the host time per layer for the profiles.
 With STRATA_PF_STREAM=dma the batch goes through the copy engines as runs of experts consecutive in the host stacks
 and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one.
-
 """
 
 from __future__ import annotations
