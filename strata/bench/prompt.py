@@ -103,7 +103,8 @@ def bench_prompt(args, placement: dict) -> None:
     time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
     for n_tokens in contexts:
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
-                  streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s) if streamer else None
+                  streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
+                  streamer.copy_calls) if streamer else None
         seconds = statistics.median(time_prompt(engine, n_tokens, args.reps, seed=n_tokens))
         mads, read = routed_work(engine, n_tokens)
         matrix_floor = 2 * mads / int8_ops
@@ -129,5 +130,10 @@ def bench_prompt(args, placement: dict) -> None:
             print(f"  streaming host {(streamer.stats.host_s - before[4]) * 1e3 / layers:.3f} ms a routed layer "
                   f"(bookkeeping and copy launches), waiting for its routing "
                   f"{(streamer.stats.sync_s - before[5]) * 1e3 / layers:.3f} ms")
+            queue = streamer.queue
+            calls = (f": {(streamer.copy_calls - before[6]) / layers:.0f} copy calls a routed layer by "
+                     f"{queue.copied_by}" if queue.dma else "")
+            early = ", STRATA_PF_EARLY=1" if streamer.early else ""
+            print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")

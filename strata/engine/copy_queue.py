@@ -6,6 +6,11 @@ copies happen at once and the events are markers with nothing to wait for, so CP
 A batch of experts goes to the device in one launch (`gather`: kernels/moe/expert_gather.py reads the pinned host
 stacks itself), whatever its size: the host's cost a layer is flat. Memory-mapped stacks (`--no-pin-experts`), or
 STRATA_PF_STREAM_COPIES=1 for before/after runs, take the previous form: three copies an expert.
+
+STRATA_PF_STREAM=dma: the batch goes through the copy engines instead (engine/copy_runs.py groups it into runs of
+experts consecutive in the host stacks and in the slots, three strided copies a run, engine/dma_copy.py queues them
+with cudaMemcpy2DAsync): no SM taken from the layer computing beside it. `dma1d`: one copy an expert part (the same
+bytes; for comparison). `gather-hi`: the gather kernel on a copy stream of the highest priority torch allows.
 """
 
 from __future__ import annotations
@@ -16,9 +21,30 @@ import numpy as np
 import torch
 
 from strata import switches
+from strata.engine.copy_runs import group_runs, plan_copies
+from strata.engine.dma_copy import copy_engine, run_plan
 from strata.engine.staging import upload
+from strata.errors import StrataError
 from strata.kernels.moe.expert_gather import (GatherConfig, GatherOperands, gather_experts_ref, gather_experts_triton,
-                                              gather_pairs)
+                                              gather_pairs, part_bytes)
+
+
+STREAM_FORMS = ("gather", "gather-hi", "dma", "dma1d")
+COPY_STREAM_PRIORITY = -1  # the cache's copy stream: gather kernels take SMs as the layer beside them frees them
+HIGHEST_PRIORITY = -3  # torch keeps four stream priorities, 0 to -3
+
+
+def stream_form() -> str:
+    """STRATA_PF_STREAM: how a batch of streamed experts reaches the device."""
+    form = switches.get("STRATA_PF_STREAM").strip().lower() or "gather"
+    if form not in STREAM_FORMS:
+        raise StrataError(f"STRATA_PF_STREAM={form!r}: use one of {', '.join(STREAM_FORMS)}")
+    return form
+
+
+def copy_stream_priority() -> int:
+    """The priority of the expert cache's copy stream (where streamed batches are queued)."""
+    return HIGHEST_PRIORITY if stream_form() == "gather-hi" else COPY_STREAM_PRIORITY
 
 
 class Marker:
@@ -43,6 +69,9 @@ class CopyQueue:
         self.bytes = 0  # copied so far
         self.launches = 0  # gathers queued (one a batch; tests check the host's work is flat)
         self.per_part = switches.get("STRATA_PF_STREAM_COPIES")
+        self.form = stream_form()
+        self.copies = 0  # copy calls queued by the dma forms (tests and benches: the host's work a batch)
+        self.copied_by = ""  # which form ran the last dma batch (the runtime's function, or torch)
         config = switches.get("STRATA_PF_GATHER")
         self.config = GatherConfig.parse(config) if config else GatherConfig()
         self._pinned: dict[int, bool] = {}  # id(stack) -> whether the kernel may read it (pinned host memory)
@@ -64,7 +93,10 @@ class CopyQueue:
         self.launches += 1
         self.bytes += len(experts) * stack.expert_bytes
         if not self.cuda:
-            gather_experts_ref(slots, stack, torch.from_numpy(experts), torch.from_numpy(targets))
+            if self.dma and not self.per_part:  # the plan the GPU's copy engines get, run by torch
+                self.copy_runs(slots, stack, experts, targets)
+            else:
+                gather_experts_ref(slots, stack, torch.from_numpy(experts), torch.from_numpy(targets))
             return Marker()
         for event in after:
             if event is not None:
@@ -74,7 +106,10 @@ class CopyQueue:
                 self._timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 self._timings[-1][0].record(self.stream)
             if self._kernel_reads(stack):
-                self.launch(slots, stack, experts, targets)
+                if self.dma:
+                    self.copy_runs(slots, stack, experts, targets)
+                else:
+                    self.launch(slots, stack, experts, targets)
             else:
                 self._copy_parts(slots, stack, experts, targets)
             if self.timed:
@@ -100,6 +135,20 @@ class CopyQueue:
         if key not in self._operands:
             self._operands[key] = GatherOperands.of(slots, stack)
         gather_experts_triton(slots, stack, pairs, self.config, self._operands[key])
+
+    @property
+    def dma(self) -> bool:
+        """Whether batches go through the copy engines (and so want long runs: SlotRing places them for it)."""
+        return self.form.startswith("dma")
+
+    def copy_runs(self, slots, stack, experts: np.ndarray, targets: np.ndarray) -> None:
+        """The copy engines' form on the current stream: the batch's runs, three strided copies each."""
+        plan = plan_copies(group_runs(experts, targets), part_bytes(stack), slots.stride(0) * slots.element_size(),
+                           one_row=self.form == "dma1d")
+        stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        engine = copy_engine() if self.cuda else None
+        self.copied_by = run_plan(slots, (stack.gate.raw, stack.up.raw, stack.down.raw), plan, stream, engine)
+        self.copies += len(plan)
 
     def _kernel_reads(self, stack) -> bool:
         if self.per_part:

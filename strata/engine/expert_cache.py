@@ -57,7 +57,11 @@ class ExpertCache:
         # Copies into slots run on a side stream; a slot counts as a hit only once its copy has landed.
         # High priority: a prompt's gather kernels (engine/copy_queue.py) run here and should take SMs as soon as
         # the layer computing beside them frees any (copies through the copy engines are not affected).
-        self.copy_stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        self.copy_stream = None
+        if self.device.type == "cuda":
+            from strata.engine.copy_queue import copy_stream_priority
+
+            self.copy_stream = torch.cuda.Stream(self.device, priority=copy_stream_priority())
         self.landing: dict[int, torch.cuda.Event] = {}
         # Slots given back by a prompt and refilled with their former experts: hits at once, behind a wait of the
         # compute stream for their copy, so the placement after a prompt is the one before it whatever the copy's

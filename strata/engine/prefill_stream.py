@@ -21,7 +21,8 @@ host has read this layer's routing (the layer's one device read) and launched it
 the link idle ~6.5 ms of every ~19 ms layer (session 9's timeline of 12 full-size layers, balanced routing): the
 copy of L+1 waits for the host, which waits for the device to reach L's router. With STRATA_PF_EARLY=1 (and a ring of
 two layers) it is queued when the host reaches layer L, before the routing read: it waits on the device only for
-the slots layer L-1 used, as before.
+the slots layer L-1 used, as before. Layer L's late misses then go on a second copy stream (`late_queue`): on the
+one in-order stream they would wait behind that whole next-layer batch, and L's experts with them.
 
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
@@ -33,6 +34,8 @@ Host cost (issue 6): a layer reads its routing once (a bincount, the layer's one
 places the misses in the ring on numpy arrays, and streams a batch in one launch (`CopyQueue.gather`: the GPU reads
 the pinned host stacks itself); no Python or torch op per expert, so a layer costs the host the same for 3 missing
 experts or 500 and the copy runs at the link's rate. `stats` keeps the host time per layer for the profiles.
+With STRATA_PF_STREAM=dma the batch goes through the copy engines as runs of experts consecutive in the host stacks
+and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import numpy as np
 import torch
 
 from strata import switches
-from strata.engine.copy_queue import CopyQueue
+from strata.engine.copy_queue import CopyQueue, copy_stream_priority
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
 from strata.engine.slot_ring import SlotRing
 from strata.engine.staging import upload
@@ -98,6 +101,11 @@ class PromptStreamer:
         # layers (this layer's late experts then still find room: it holds at most one layer's, the next one another).
         two_layers = self.experts_per_layer > 0 and self.ring_slots >= 2 * self.experts_per_layer
         self.early = switches.get("STRATA_PF_EARLY") and two_layers
+        self.late_queue = self.queue  # where late misses are copied: their own stream when copies are queued early
+        if self.early:
+            late_stream = (torch.cuda.Stream(self.device, priority=copy_stream_priority())
+                           if self.device.type == "cuda" else None)
+            self.late_queue = CopyQueue(self.device, late_stream)
         self.ring: SlotRing | None = None
         self.work_slots = 0  # adjacent slots to borrow for the chunk's work buffers (set by the engine's chunk rule)
         self.arena: WorkArena | None = None
@@ -124,10 +132,20 @@ class PromptStreamer:
                 run = self.cache.borrow_run(self.work_slots)
                 self.arena = WorkArena(self.cache.slots[run[0] : run[-1] + 1].view(-1))
                 self.queue.drain()  # an admit into the run still in flight lands before kernels write buffers there
-            lent = self.cache.borrow(self.ring_slots)
+            lent = self._borrow_ring()
             self.ring = SlotRing(self.cache.slots, lent, self.queue, released)
             self.stats.lend_s += time.perf_counter() - started
         return self.ring
+
+    def _borrow_ring(self) -> list[int]:
+        """The ring's slots: the least-routed ones; for the copy engines, whose copies are runs of consecutive slot
+        rows, an adjacent run where the cache has one (else the least-routed ones in ascending order)."""
+        if not self.queue.dma:
+            return self.cache.borrow(self.ring_slots)
+        try:
+            return self.cache.borrow_run(self.ring_slots)
+        except StrataError:
+            return sorted(self.cache.borrow(self.ring_slots))
 
     def return_slots(self) -> None:
         """Give the lent slots back to the cache, refilled with the experts they held before."""
@@ -148,6 +166,11 @@ class PromptStreamer:
         self._ensure_ring()
         self._prefetch(min(self.host_stacks), n_tokens, top_k)
         self.stats.host_s += time.perf_counter() - started
+
+    @property
+    def copy_calls(self) -> int:
+        """Copy calls the dma forms have queued (both queues)."""
+        return self.queue.copies + (self.late_queue.copies if self.late_queue is not self.queue else 0)
 
     def _prefetch(self, layer: int, n_tokens: int, top_k: int) -> None:
         """Copy ahead the experts of `layer` the policy predicts and the cache lacks, likeliest first (routing
@@ -188,7 +211,7 @@ class PromptStreamer:
         read = time.perf_counter()
         slots = self.cache.lookup_slots(layer, routed)
         misses = np.flatnonzero(slots < 0)
-        held, copied = ring.hold_many(layer, stack, routed[misses])
+        held, copied = ring.hold_many(layer, stack, routed[misses], queue=self.late_queue)
         if (held < 0).any():
             raise StrataError(f"layer {layer}: the streaming ring of {len(ring)} slots cannot hold its "
                               f"{len(misses)} missing experts")

@@ -8,6 +8,11 @@ The bookkeeping is numpy arrays over the ring's positions and one copy launch a 
 the host the same whether it streams 3 experts or 500 (issue 6: per-expert Python and copies made the GPU wait).
 Events are numbered (`_events`): an array says which event a position waits for, and a batch waits once for each
 distinct one.
+
+For the copy engines (STRATA_PF_STREAM=dma) a batch's copies are runs of experts consecutive in the host stacks and
+in the slots: the experts of a batch go into the free positions in ascending expert order (the same positions and
+events as otherwise, only which expert goes where changes), and the streamer lends the ring adjacent slots in
+ascending order where the cache has them, so consecutive positions are consecutive slot rows.
 """
 
 from __future__ import annotations
@@ -78,10 +83,12 @@ class SlotRing:
     def n_free(self) -> int:
         return int((self.held_layer == NONE).sum())
 
-    def hold_many(self, layer: int, stack, experts: np.ndarray) -> tuple[np.ndarray, int]:
+    def hold_many(self, layer: int, stack, experts: np.ndarray,
+                  queue: CopyQueue | None = None) -> tuple[np.ndarray, int]:
         """Hold a slot for each of `experts` (distinct, in priority order) of `layer`: the one holding it, or else
-        the oldest position not held, into which the expert is copied (one launch for all of them). Returns the
-        slots (NONE past the point where every position was held) and how many experts were copied."""
+        the oldest position not held, into which the expert is copied (one launch for all of them, on `queue`, the
+        ring's by default). Returns the slots (NONE past the point where every position was held) and how many
+        experts were copied."""
         experts = np.asarray(experts, dtype=np.int64)
         table = self._positions(layer, stack.n_experts)
         found = table[experts]
@@ -98,6 +105,8 @@ class SlotRing:
         wanted = wanted[: len(free)]
         if not len(free):
             return out, 0
+        if self.queue.dma:  # the copy engines' runs: the batch's experts ascending into the positions in ring order
+            wanted = wanted[np.argsort(experts[wanted], kind="stable")]
         self.cursor = int(free[-1] + 1) % n
         evicted = free[self.tenant_layer[free] != NONE]
         for old_layer in np.unique(self.tenant_layer[evicted]).tolist():
@@ -108,7 +117,7 @@ class SlotRing:
         table[new_experts] = free
         out[wanted] = self.indices[free]
         after = [self._events[k] for k in np.unique(self.released[free]).tolist()]
-        landed = self.queue.gather(self.slots, stack, new_experts, self.indices[free], after=after)
+        landed = (queue or self.queue).gather(self.slots, stack, new_experts, self.indices[free], after=after)
         self.landed[free] = self._event(landed)
         return out, len(free)
 

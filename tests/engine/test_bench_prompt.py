@@ -2,6 +2,7 @@
 
 import re
 
+from strata import switches
 from strata.cli import main
 
 
@@ -13,6 +14,11 @@ def test_bench_prompt_streamed_and_resident(tiny_moe, capsys):
     chunks = [int(n) for n in re.findall(r"GB streamed in (\d+) chunks", out)]
     assert chunks == [2, 3], out  # the equal chunks of up to 16 tokens
     assert len(re.findall(r"streaming host [\d.]+ ms a routed layer", out)) == 2, out
+    assert out.count("streamed by  STRATA_PF_STREAM=gather\n") == 2, out
+    with switches.override(STRATA_PF_STREAM="dma"):
+        assert main(args + ["--ctx", "20", "--expert-cache", "10", "--prefill-stream", "on"]) in (0, None)
+    out = capsys.readouterr().out
+    assert re.search(r"STRATA_PF_STREAM=dma: \d+ copy calls a routed layer by torch", out), out
     assert main(args + ["--ctx", "20"]) in (0, None)
     out = capsys.readouterr().out
     assert "all resident" in out and "read floor" in out and "PCIe" not in out.split("ctx ")[-1], out

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import strata
+from strata import switches
 from strata.engine.copy_queue import CopyQueue
 from strata.engine.expert_cache import ExpertCache
 from strata.engine.prefill_stream import expected_coverage, ring_size
@@ -13,6 +14,13 @@ from strata.gguf import GGUFModelFile
 from strata.models.synthetic import make_model
 
 TEXT = "streamed experts must give the very same logits as resident ones, chunk after chunk of this prompt"
+
+
+@pytest.fixture(scope="module")
+def deep_moe(model_dir):
+    """The tiny qwen3moe with 16 layers: a cache of 120 slots lends a ring of two layers (STRATA_PF_EARLY acts)."""
+    return make_model(model_dir / "tiny16s-qwen3moe-q8_0.gguf", arch="qwen3moe", preset="tiny", quant="Q8_0",
+                      n_layers=16)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +38,9 @@ def _host_bytes(stacks, key):
     return torch.cat([s.gate.raw[e].reshape(-1), s.up.raw[e].reshape(-1), s.down.raw[e].reshape(-1)])
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
-def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, tiny_moe, tiny_next):
+@pytest.mark.parametrize("arch, form", [("qwen3moe", "gather"), ("qwen3next", "gather"), ("qwen3moe", "dma"),
+                                        ("qwen3next", "dma")])
+def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, form, tiny_moe, tiny_next):
     path = tiny_moe if arch == "qwen3moe" else tiny_next
     resident = strata.LLM(path, device="cpu", prefill_chunk="auto:16", kv_dtype="float32")
     ids = resident.tokenize(TEXT)
@@ -39,18 +48,31 @@ def test_streamed_prompt_gives_the_bytes_of_all_resident(arch, tiny_moe, tiny_ne
     expected = resident.logits(ids)
     n_experts = resident.config.n_layers * resident.config.n_experts
     for slots in (resident.config.n_experts, n_experts - 1):  # ring = the whole cache; ring + a kept part
-        llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
-        streamer = llm.engine.model.experts.prompt
-        got = llm.logits(ids)
-        assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots"
+        with switches.override(STRATA_PF_STREAM=form):  # dma: the copy engines' plan, run by torch
+            llm = _streamed(path, slots, prefill_chunk="auto:16", kv_dtype="float32")
+            streamer = llm.engine.model.experts.prompt
+            got = llm.logits(ids)
+        assert got.numpy().tobytes() == expected.numpy().tobytes(), f"{arch}, {slots} slots, {form}"
         assert streamer.stats.bytes_streamed > 0 and streamer.stats.chunks == -(-len(ids) // 16)
+        assert (streamer.copy_calls > 0) == (form == "dma")
+        assert streamer.queue.bytes == streamer.stats.bytes_streamed and streamer.late_queue is streamer.queue
     # Chunked and streamed against one unchunked resident pass: the next-token logits within 1e-3 relative.
     whole = strata.LLM(path, device="cpu", prefill_chunk=len(ids), kv_dtype="float32").logits(ids)[-1]
     assert ((got[-1] - whole).abs().max() / whole.abs().max()).item() < 1e-3
 
 
-def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
-    llm = _streamed(tiny_moe, 8, prefill_chunk="auto:16")  # ring = all 8 slots = one layer: it must wrap and wait
+@pytest.mark.parametrize("model, form, early", [("tiny", "gather", False), ("tiny", "dma", False),
+                                               ("deep", "gather", True), ("deep", "dma", True)])
+def test_ring_never_overwrites_a_slot_in_use(tiny_moe, deep_moe, model, form, early):
+    """tiny: a ring of all 8 slots = one layer, which must wrap and wait; deep (STRATA_PF_EARLY): a ring of two
+    layers, the next layer's copies queued before the routing read and late misses on their own queue."""
+    with switches.override(STRATA_PF_STREAM=form, STRATA_PF_EARLY=early):
+        _ring_never_overwrites_a_slot_in_use(tiny_moe if model == "tiny" else deep_moe, 8 if model == "tiny" else 120,
+                                             early)
+
+
+def _ring_never_overwrites_a_slot_in_use(path, n_slots, early):
+    llm = _streamed(path, n_slots, prefill_chunk="auto:16")
     backend = llm.engine.model.experts
     streamer, cache = backend.prompt, backend.cache
     log = []
@@ -65,7 +87,10 @@ def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
             log.extend(("copy", int(slot), list(after)) for slot in targets)
             return super().gather(slots, stack, experts, targets, after)
 
+    assert streamer.early == early
     streamer.queue = TracingQueue(torch.device("cpu"))
+    if early:  # late misses on their own queue (a second stream on a GPU): traced into the same log
+        streamer.late_queue = TracingQueue(torch.device("cpu"))
     compute = streamer._compute
 
     def traced_compute(layer, stack, x, weights, ids, experts, slots):
@@ -80,7 +105,7 @@ def test_ring_never_overwrites_a_slot_in_use(tiny_moe):
     streamer.return_slots = lambda: (rings.append(streamer.ring), give_back())  # the engine's, at the prompt's end
     llm.logits(llm.tokenize(TEXT))
     ring = rings[0]
-    assert len(ring) == 8 and not ring.held and streamer.ring is None
+    assert len(ring) == streamer.ring_slots and not ring.held and streamer.ring is None
     last_use, marked_at, copies = {}, {}, 0
     for i, entry in enumerate(log):
         if entry[0] == "use":
@@ -163,3 +188,39 @@ def test_prefetch_follows_the_last_chunks_routing(tiny_moe):
     del streamer.last_routed[1]
     streamer._prefetch(1, n_tokens=64, top_k=2)  # no history, a large chunk: every expert the cache lacks
     assert {e for layer, e in ring.where if layer == 1} == set(range(8)) - cached
+
+
+def test_the_copy_engines_ring_is_an_adjacent_run(tiny_moe):
+    """Under dma the ring is lent adjacent slots (consecutive positions are consecutive slot rows: long copy runs);
+    the default keeps the least-routed slots in the cache's order."""
+    import numpy as np
+
+    for form in ("gather", "dma"):
+        with switches.override(STRATA_PF_STREAM=form):
+            llm = _streamed(tiny_moe, 12)
+            streamer = llm.engine.model.experts.prompt
+            streamer.cache.count_table[:] = np.random.default_rng(0).random(streamer.cache.count_table.shape)
+            ring = streamer._ensure_ring()
+        rows = ring.indices
+        if form == "dma":
+            assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        else:
+            assert not np.array_equal(rows, np.sort(rows))  # least routed first: the order the counts give
+
+
+
+@pytest.mark.parametrize("form", ["gather", "dma"])
+def test_early_late_misses_go_on_their_own_queue(deep_moe, form):
+    """STRATA_PF_EARLY: the layer's late misses (after its routing read) on a second queue, never behind the next
+    layer's batch; every other copy on the first; the bytes of all-resident."""
+    ids = strata.LLM(deep_moe, device="cpu").tokenize(TEXT)[:40]
+    resident = strata.LLM(deep_moe, device="cpu", prefill_chunk="auto:16").logits(ids)
+    with switches.override(STRATA_PF_STREAM=form, STRATA_PF_EARLY=True):
+        llm = _streamed(deep_moe, 120, prefill_chunk="auto:16")
+        streamer = llm.engine.model.experts.prompt
+        streamer.cache.adapt_every = 10**9
+        got = llm.logits(ids)
+    assert got.numpy().tobytes() == resident.numpy().tobytes()
+    stats, late, ahead = streamer.stats, streamer.late_queue, streamer.queue
+    assert streamer.early and late is not ahead and stats.bytes_late > 0
+    assert late.bytes == stats.bytes_late and ahead.bytes == stats.bytes_streamed - stats.bytes_late

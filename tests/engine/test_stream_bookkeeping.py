@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import strata
+from strata import switches
 from strata.engine.copy_queue import CopyQueue, Marker
 from strata.engine.expert_cache import ExpertCache
 from strata.engine.slot_ring import FORGET_AFTER, NONE, SlotRing
@@ -40,8 +41,11 @@ def _holds_expert(ring, stack, slot, e):
     return torch.equal(ring.slots[slot, : 3 * PART], want)
 
 
-def test_ring_holds_batches_round_robin_and_never_a_held_slot():
-    stack, queue = _stack(), RecordingQueue()
+@pytest.mark.parametrize("form", ["gather", "dma"])  # the batches here are in expert order: the same slots
+def test_ring_holds_batches_round_robin_and_never_a_held_slot(form):
+    with switches.override(STRATA_PF_STREAM=form):
+        queue = RecordingQueue()
+    stack = _stack()
     slots = torch.zeros((10, 3 * PART + 1), dtype=torch.uint8)
     first = Marker()
     ring = SlotRing(slots, [9, 2, 5, 7], queue, released=first)

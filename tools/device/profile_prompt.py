@@ -53,7 +53,9 @@ def streaming(engine, ids) -> None:
     moved, late = stats.bytes_streamed - before[3], stats.bytes_late - before[4]
     pinned = host_to_device_bandwidth(torch.device("cuda"))
     rate = moved / (copy_ms * 1e-3) if copy_ms else 0.0
-    path = "three copies an expert" if streamer.queue.per_part else f"gather {streamer.queue.config.name()}"
+    queue = streamer.queue
+    path = ("three copies an expert" if queue.per_part else f"{queue.form} by {queue.copied_by}" if queue.dma
+            else f"{queue.form} {queue.config.name()}")
     print(f"streaming ({path}): {layers} routed layers, {(streamer.queue.launches - before[5]) / max(layers, 1):.2f} "
           f"copy batches a layer, {moved / 2**20 / max(layers, 1):.1f} MiB a layer ({late / max(moved, 1):.0%} late); "
           f"host {(stats.host_s - before[1]) * 1e3 / max(layers, 1):.3f} ms a layer, routing read "

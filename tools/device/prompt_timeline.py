@@ -45,11 +45,14 @@ def report(prof, show: int = 12) -> None:
     if not events:
         print("timeline: no device events in the trace")
         return
-    # The compute stream is the one with the most kernels; the copy streams are the other ones gathers run on (the
-    # refill at a prompt's end gathers on the compute stream, which has small memcpys of its own too).
-    per_stream = collections.Counter(e["args"].get("stream") for e in events if GATHER not in e["name"])
+    # The compute stream is the one with the most kernels; the copy streams are the other ones gathers or transfers
+    # run on (STRATA_PF_STREAM=dma: memcpys only; the refill at a prompt's end gathers on the compute stream, which
+    # has small memcpys of its own too).
+    per_stream = collections.Counter(e["args"].get("stream") for e in events
+                                     if GATHER not in e["name"] and e.get("cat") == "kernel")
     main = per_stream.most_common(1)[0][0]
-    copy_streams = {e["args"].get("stream") for e in events if GATHER in e["name"]} - {main}
+    copy_streams = {e["args"].get("stream") for e in events
+                    if GATHER in e["name"] or e.get("cat") == "gpu_memcpy"} - {main}
     launched = {e["args"].get("correlation"): e["ts"] for e in trace["traceEvents"]
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     copies = [e for e in events if e["args"].get("stream") in copy_streams]
@@ -71,7 +74,7 @@ def report(prof, show: int = 12) -> None:
         print(f"  link idle between copies: {sum(gaps):.1f} ms in {len(gaps)} gaps (largest {max(gaps):.2f} ms)")
     print(f"  the first {show} large copies (ms): start, launched by the host that long before, length, compute "
           f"busy during it; the compute kernels running at its start, and the last one before it")
-    for e in [c for c in sorted(copies, key=lambda e: e["ts"]) if c["dur"] > 1000][:show]:  # the layers' batches
+    for e in [c for c in sorted(copies, key=lambda e: e["ts"]) if c["dur"] > 1000][:show]:  # gathers (dma: none)
         span = [[e["ts"], e["ts"] + e["dur"]]]
         at_start = [k["name"][:30] for k in compute if k["ts"] <= e["ts"] < k["ts"] + k["dur"]]
         before = [k for k in compute if k["ts"] + k["dur"] <= e["ts"]]
@@ -92,3 +95,16 @@ def report(prof, show: int = 12) -> None:
         for m in dma[-3:]:
             print(f"      compute-stream transfer: {m['name'][:30]} at {(m['ts'] - e['ts']) / 1e3:+.2f} ms, "
                   f"{m['dur'] / 1e3:.3f} ms, {m['args'].get('bytes', '-')} bytes")
+    transfers = sorted((c for c in copies if c.get("cat") == "gpu_memcpy"), key=lambda c: c["ts"])
+    if len(transfers) > 2 * show:  # STRATA_PF_STREAM=dma: a layer's batch is many copies back to back
+        batches = [[transfers[0]]]
+        for c in transfers[1:]:
+            prev = batches[-1][-1]
+            (batches[-1].append(c) if c["ts"] - (prev["ts"] + prev["dur"]) < 200 else batches.append([c]))
+        print(f"  copy-engine batches (transfers < 0.2 ms apart): {len(batches)}; the first {show}: start ms, length "
+              f"ms, copies, MB, GB/s, compute busy during it (ms)")
+        for b in batches[:show]:
+            lo, hi = b[0]["ts"], max(c["ts"] + c["dur"] for c in b)
+            n_bytes = sum(int(c["args"].get("bytes", 0) or 0) for c in b)
+            print(f"  {(lo - t0) / 1e3:9.2f} {(hi - lo) / 1e3:7.2f} {len(b):5d} {n_bytes / 1e6:8.1f} "
+                  f"{n_bytes / max(hi - lo, 1) / 1e3:6.1f} {_overlap([[lo, hi]], c_busy) / 1e3:7.2f}")
