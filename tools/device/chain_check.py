@@ -1,16 +1,18 @@
-"""On the GPU: the captured decode with STRATA_DECODE_CHAIN (kernels/moe/chain_moe.py: each MoE layer's routing and
-experts in one launch) against the same engine without it: greedy tokens free-running after one random prompt and
-the logits before each token. One engine (one model load); each config's graphs are captured afresh under
-switches.override, the prompt prefilled again each time (after a first default run, so that every compared run
-reuses the prompt's cached prefix the same way).
+"""On the GPU: the captured decode with STRATA_DECODE_CHAIN (kernels/moe/chain_moe.py: each MoE layer's o
+projection, routing, experts and closing norm in one launch; kernels/pointwise/chain_qkv_store.py: the q/k/v matvec
+with its norm + RoPE + store in another) against the same engine without it: greedy tokens free-running after one
+random prompt and the logits before each token. One engine (one model load); each config's graphs are captured
+afresh under switches.override, the prompt prefilled again each time (after a first default run, so that every
+compared run reuses the prompt's cached prefix the same way).
 
-    python3 tools/device/chain_check.py MODEL.gguf [--tokens 32] [--prompt-tokens 32] [--configs 1,16:8:8]
+    python3 tools/device/chain_check.py MODEL.gguf [--tokens 32] [--prompt-tokens 32] [--configs 1,4:0:0]
 
-Prints per config: whether the steps ran captured, how many chained launches were made (captures and eager steps),
-tokens equal, logits byte-equal or their largest difference in units of the largest logit. Compiled, a phase run
-at another warp count than its own kernel's may sum in another order (bench moe-chain checks the chained bytes
-against the three launches at the chain's warps), so logits may differ by roundings; tokens should not, except at a
-near-tie. Exit 1 if a config made no chained launch, did not run captured while the default did, or changed tokens.
+Prints per config: whether the steps ran captured, how many launches of each chain were made (captures and eager
+steps), tokens equal, logits byte-equal or their largest difference in units of the largest logit. Compiled, a
+phase run at another warp count than its own kernel's may sum in another order (bench moe-chain checks the chained
+bytes against the separate launches at the chain's warps), so logits may differ by roundings; tokens should not,
+except at a near-tie. Exit 1 if a config made no chained launch, did not run captured while the default did, or
+changed tokens.
 """
 
 import argparse
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata import switches  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from strata.engine import static_kv  # noqa: E402
 from strata.kernels.moe import chain_moe  # noqa: E402
 from tools.device.pdl_check import greedy  # noqa: E402
 
@@ -47,6 +50,15 @@ def main() -> int:
         return out
 
     chain_moe.chain_moe_triton = counted
+    qkv_launches = []
+    real_qkv = static_kv.chain_qkv_store
+
+    def counted_qkv(*a, **k):  # the captured step's q/k/v chain, looked up on engine/static_kv.py at each call
+        out = real_qkv(*a, **k)
+        qkv_launches.append(out is not None)
+        return out
+
+    static_kv.chain_qkv_store = counted_qkv
     with switches.override(STRATA_DECODE_CHAIN=""):
         greedy(engine, prompt, args.tokens)  # the first run prefills the whole prompt; later ones reuse its prefix
         want_tokens, want_logits, want_captured = greedy(engine, prompt, args.tokens)
@@ -54,6 +66,7 @@ def main() -> int:
     ok = not launches
     for config in args.configs.split(","):
         launches.clear()
+        qkv_launches.clear()
         with switches.override(STRATA_DECODE_CHAIN=config):
             tokens, logits, captured = greedy(engine, prompt, args.tokens)
         same = sum(a == b for a, b in zip(tokens, want_tokens))
@@ -62,7 +75,8 @@ def main() -> int:
         diff = (logits[:steps] - want_logits[:steps]).abs().amax(-1) / want_logits[:steps].abs().amax(-1)
         bytes_equal = torch.equal(logits[:steps], want_logits[:steps])
         print(f"STRATA_DECODE_CHAIN={config}: captured {captured}; chained launches {sum(launches)} "
-              f"(declined {len(launches) - sum(launches)}); tokens equal {same}/{len(want_tokens)}"
+              f"(declined {len(launches) - sum(launches)}), q/k/v chains {sum(qkv_launches)} (declined "
+              f"{len(qkv_launches) - sum(qkv_launches)}); tokens equal {same}/{len(want_tokens)}"
               f"{'' if first is None else f' (first differs at step {first})'}; logits "
               f"{'byte-equal' if bytes_equal else f'differ: max {float(diff.max()):.3e} of the largest logit'}")
         ok = ok and first is None and sum(launches) > 0 and (captured or not want_captured)
