@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 9's measuring call (one H200), the three branches merged: the parts of fusedx.sh, chain.sh and dma.sh that
 # decide defaults, within one call's time.
+#   (Branch fusedx was not merged after this call: its parts below need that branch.)
 #   fusedx: the fused sweep at 16K tokens over the first six new shapes (register-operand "t", "r") beside the
 #     default, each line within the tool's bounds or not; the new kernels' CUDA tests.
 #   chain: A3B all resident, bench decode with STRATA_DECODE_CHAIN off and on; chain_check.py's bytes.

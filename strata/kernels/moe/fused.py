@@ -73,18 +73,15 @@ def gate_up_swiglu_int8(codes, scales, sums, grouping: Grouping, gate: ExpertMat
     codes, scales, sums: the tokens' int8 activations (`quantize32.quantize_rows`). Returns H's codes int8
     [max_rows, ff], scales float32 [max_rows, ff/32] and code sums int32 [max_rows, ff/32]; padding rows unwritten;
     into `out` (those three tensors) when given. `h16` (Q2_0 gate/up, for an fp16 down kernel: `fp16_h`): the first
-    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads), each at
-    its `operand_k_position` for a "t" down shape.
+    is H's values as fp16 instead, from `scratch` (as the fp16 copy of x that an fp16 gate/up shape reads).
     """
     fn = gate_up_swiglu_int8_triton if use_triton(codes) else gate_up_swiglu_int8_ref
     return fn(codes, scales, sums, grouping, gate, up, tiles, out, scratch, h16)
 
 
 def fp16_h(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> bool:
-    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape (not one that
-    reads H's int8 codes into registers, "a")."""
-    t = _down_tiles(down.spec, down.rows, on_gpu, tiles) if down.spec.scale_per_64 else None
-    return t is not None and t.fp16 and not t.codes
+    """Whether the down projection takes H as fp16 values: Q2_0 experts under an fp16 down shape."""
+    return down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16
 
 
 def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None,
@@ -105,20 +102,14 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         raise StrataError(f"the fused gate/up kernel rounds H per {GROUP} features: {t.bn} features a program")
     grid = (grouping.max_tiles * triton.cdiv(n_ff, t.bn),)
     if grid[0] and spec.scale_per_64:  # Q2_0: gate and up rows as one tile (fused_q2_0)
-        fp16_x = t.fp16 and not t.codes  # "a" reads the codes and scales themselves
-        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16), t.trans) if fp16_x else codes
-        # H for a "t" down kernel: each value at its operand_k_position
-        h_permuted = h16 and tiles is not None and (tiles.down or tiles).trans
-        if t.codes or t.regs:
-            _check_words(a, scales)
+        a = rounded_fp16(codes, scales, scratch.empty(codes.shape, torch.float16)) if t.fp16 else codes
         if h16:
             hq = scratch.empty((grouping.max_rows, n_ff), torch.float16)
         _gate_up_q2_0_kernel[grid](
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, CODES=t.codes,
-            WARPS=t.warps, ASM=codes.is_cuda, REGS=t.regs, TRANS=t.trans, HPERM=h_permuted, num_warps=t.warps,
-            num_stages=t.stages, **(t.launch_options if codes.is_cuda else {}))
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, num_warps=t.warps,
+            num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
             codes, scales, sums, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw,
@@ -158,31 +149,18 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     if out is None:
         out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
     t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
-    if t.fp16 and not t.codes and codes.dtype != torch.float16:  # int8 H (e.g. the reference gate/up's)
-        codes = rounded_fp16(codes, scales, permuted=t.trans)
-    elif (not t.fp16 or t.codes) and codes.dtype == torch.float16:
-        raise StrataError("the int8 down kernel and the register-operand one (a) need H as int8 codes, got fp16 "
-                          "values (an fp16 gate/up shape)")
-    if t.codes or t.regs:
-        _check_words(codes, scales)
+    if t.fp16 and codes.dtype != torch.float16:  # int8 H (e.g. from the reference gate/up): its fp16 values
+        codes = rounded_fp16(codes, scales)
+    elif not t.fp16 and codes.dtype == torch.float16:
+        raise StrataError("the int8 down kernel needs H as int8 codes, got fp16 values (an fp16 gate/up shape)")
     grid = (grouping.max_tiles * triton.cdiv(down.rows, t.bn),)
     if grid[0]:
         _down_q2_0_kernel[grid](
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), CODES=t.codes, WARPS=t.warps,
-            ASM=codes.is_cuda, REGS=t.regs, TRANS=t.trans, num_warps=t.warps, num_stages=t.stages,
-            **(t.launch_options if codes.is_cuda else {}))
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), num_warps=t.warps,
+            num_stages=t.stages)
     return out
-
-
-def _check_words(rows: torch.Tensor, scales: torch.Tensor) -> None:
-    """The register-operand kernels ("a", "r") read the rows (int8 codes, fp16 values) as 32-bit words, 16 bytes a
-    thread, and the codes' scales as 32-bit floats: contiguous rows from 16-byte aligned addresses."""
-    if not (rows.is_contiguous() and scales.is_contiguous() and rows.data_ptr() % 16 == 0
-            and scales.dtype == torch.float32):
-        raise StrataError("the register-operand fused kernels (a, r) need contiguous rows at a 16-byte aligned "
-                          "address (and float32 scales)")
 
 
 def _wide(tiles: Tiles, k: int) -> bool:

@@ -24,7 +24,6 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import q2_0_codes_words, q2_0_words
 from strata.kernels.moe.fused_q2_0_fp16 import q2_0_fp16_loop
-from strata.kernels.moe.fused_q2_0_regs import operand_k_position, operand_rows
 from strata.kernels.moe.quantize32 import round_groups
 
 _MAGIC_BITS = tl.constexpr(0x4B400000)  # float32 1.5 * 2^23: an int32 added to its bits below 2^22 stays exact
@@ -96,13 +95,9 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
                          n_ff, expert_bytes, row_bytes,
                          K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                          ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr,
-                         H16: tl.constexpr, CODES: tl.constexpr = False, WARPS: tl.constexpr = 4,
-                         ASM: tl.constexpr = False, REGS: tl.constexpr = False, TRANS: tl.constexpr = False,
-                         HPERM: tl.constexpr = False):
-    """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused; with CODES
-    their int8 codes and scales, made fp16 in registers (`fused_q2_0_regs`); with REGS the fp16 values loaded
-    into the MMA's registers (the same module). H16: H is stored as fp16 values
-    (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
+                         H16: tl.constexpr):
+    """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused. H16: H is
+    stored as fp16 values (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_ff, BN)
     tile = pid // n_blocks
@@ -111,20 +106,13 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
     expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM)
     am = token >= 0
     a_row = tl.where(am, token, 0).to(tl.int64)
-    # The weight rows in `operand_rows` order for TRANS (the loop gives them back in this natural order).
-    c = operand_rows(2 * BN, WARPS) if TRANS else tl.arange(0, 2 * BN)
+    c = tl.arange(0, 2 * BN)
     f = (pid % n_blocks) * BN + c // 2  # column 2i: gate row f0 + i; column 2i + 1: up row f0 + i
     fm = f < n_ff
     offset = expert * expert_bytes + f * row_bytes
     at = tl.where(c % 2 == 0, wg + offset, wu + offset)
     if FP16:
-        if CODES or REGS:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
-            token_p = tl.load(row_token + tile * BM + operand_rows(BM, WARPS))
-            acc = q2_0_fp16_loop(a, tl.where(token_p >= 0, token_p, 0).to(tl.int64), token_p >= 0, at, fm, K, TS,
-                                 2 * BN, BM, WIDE, a_scale, CODES, WARPS, ASM, REGS)
-        else:
-            acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE, a_scale, False, WARPS, False, False,
-                                 TRANS)
+        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE)
     else:
         acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, BM, ONE_DOT, MAGIC)
     g, u = tl.split(tl.reshape(acc, (BM, BN, 2)))
@@ -134,8 +122,7 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
     r64 = rows.to(tl.int64)[:, None]
     if H16:
         values = tl.reshape(tl.reshape(codes.to(tl.float32), (BM, BN // 32, 32)) * scales[:, :, None], (BM, BN))
-        fat = operand_k_position(fo) if HPERM else fo
-        tl.store(hq + r64 * n_ff + fat[None, :], values.to(tl.float16), mask=am[:, None] & (fo < n_ff)[None, :])
+        tl.store(hq + r64 * n_ff + fo[None, :], values.to(tl.float16), mask=am[:, None] & (fo < n_ff)[None, :])
         return
     tl.store(hq + r64 * n_ff + fo[None, :], codes, mask=am[:, None] & (fo < n_ff)[None, :])
     gi = (pid % n_blocks) * (BN // 32) + tl.arange(0, BN // 32)
@@ -147,12 +134,8 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
 @triton.jit
 def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out, expert_bytes, row_bytes,
                       K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr,
-                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr, CODES: tl.constexpr = False,
-                      WARPS: tl.constexpr = 4, ASM: tl.constexpr = False, REGS: tl.constexpr = False,
-                      TRANS: tl.constexpr = False):
-    """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused; with CODES H's int8 codes and
-    scales, made fp16 in registers (`fused_q2_0_regs`); with REGS H's fp16 values loaded into the MMA's
-    registers; with TRANS the weights are that register operand (`h` k-permuted)."""
+                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
+    """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_out, BN)
     tile = pid // n_blocks
@@ -164,20 +147,8 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
     n = (pid % n_blocks) * BN + tl.arange(0, BN)
     nm = n < n_out
     at = w + expert * expert_bytes + n * row_bytes
-    if TRANS:  # the weight rows in `operand_rows` order (the loop gives them back in n's)
-        n_p = (pid % n_blocks) * BN + operand_rows(BN, WARPS)
-        at = w + expert * expert_bytes + n_p * row_bytes
-        nm_p = n_p < n_out
     if FP16:
-        if CODES or REGS:  # the loads' rows in `operand_rows` order (the result comes back in the tile's)
-            rows_p = tile * BM + operand_rows(BM, WARPS)
-            acc = q2_0_fp16_loop(h, rows_p.to(tl.int64), tl.load(row_token + rows_p) >= 0, at, nm, K, TS, BN, BM,
-                                 WIDE, h_scale, CODES, WARPS, ASM, REGS)
-        elif TRANS:
-            acc = q2_0_fp16_loop(h, r64, am, at, nm_p, K, TS, BN, BM, WIDE, h_scale, False, WARPS, False, False,
-                                 TRANS)
-        else:
-            acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
+        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
     else:
         acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, BM, ONE_DOT, MAGIC)
     tl.store(out + r64[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])

@@ -18,9 +18,6 @@ import triton.language as tl
 
 from strata.kernels.moe.decode import q2_0_words
 from strata.kernels.moe.dispatch import use_triton
-from strata.kernels.moe.fused_q2_0_regs import (codes_operand, fp16_rows_operand, load_codes, load_fp16_rows,
-                                                operand_k, operand_k_halves, operand_k_position, operand_k_positions,
-                                                operand_rows_order)
 from strata.kernels.moe.quantize32 import GROUP
 
 _CODE_BITS = tl.constexpr(0x64006400)  # fp16 1024.0 in both halves: OR-ing a code below 1024 gives 1024 + code
@@ -67,48 +64,13 @@ def _block_fp16(d, words0, words1, NW: tl.constexpr):
 
 @triton.jit
 def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: tl.constexpr, BM: tl.constexpr,
-                   WIDE: tl.constexpr, a_scale=None, CODES: tl.constexpr = False, WARPS: tl.constexpr = 4,
-                   ASM: tl.constexpr = False, REGS: tl.constexpr = False, TRANS: tl.constexpr = False):
+                   WIDE: tl.constexpr):
     """float32 [BM, NW]: the dots of the NW Q2_0 weight rows whose blocks start at byte pointers `at` with the fp16
     rows a_row of `a` (K values each). Weight words are loaded one step ahead (registers double-buffer them).
-    WIDE: two blocks a step (K a multiple of 128): half the barriers and MMA waits, twice the registers.
-    CODES (`fused_q2_0_regs`): `a` holds int8 codes with scales per 32 in a_scale, a_row and am are in
-    `operand_rows` order (the result's rows are the tile's), and the codes, loaded one step ahead, become the MMA's
-    register operand; ASM: its PTX form (GPU). REGS: the same for the fp16 rows of `a` themselves (no scales).
-    TRANS: the weights are the register operand of acc^T = W x^T instead (at and nm in `operand_rows` order, the
-    result's columns are the natural weight rows; `a` holds k-permuted fp16 rows, `operand_k_position`)."""
+    WIDE: two blocks a step (K a multiple of 128): half the barriers and MMA waits, twice the registers."""
     acc = tl.zeros((BM, NW), tl.float32)
     d, words0, words1 = q2_0_words(at, nm)
-    if CODES:
-        codes, scales = load_codes(a, a_scale, a_row, am, 0, K, ASM)
-        for k0 in range(0, K, 64):
-            nxt = tl.minimum(k0 + 64, K - 64)
-            nd, nwords0, nwords1 = q2_0_words(at + (nxt // 64) * TS, nm)
-            ncodes, nscales = load_codes(a, a_scale, a_row, am, nxt, K, ASM)
-            x = codes_operand(codes, scales, BM, WARPS, ASM)
-            w = operand_k(_block_fp16(d, words0, words1, NW), NW)
-            acc = tl.dot(x, tl.trans(w), acc)
-            d, words0, words1, codes, scales = nd, nwords0, nwords1, ncodes, nscales
-    elif REGS:
-        xw0, xw1 = load_fp16_rows(a, a_row, am, 0, K)
-        for k0 in range(0, K, 64):
-            nxt = tl.minimum(k0 + 64, K - 64)
-            nd, nwords0, nwords1 = q2_0_words(at + (nxt // 64) * TS, nm)
-            nxw0, nxw1 = load_fp16_rows(a, a_row, am, nxt, K)
-            x = fp16_rows_operand(xw0, xw1, BM, WARPS)
-            w = operand_k_halves(_block_fp16(d, words0, words1, NW), NW)
-            acc = tl.dot(x, tl.trans(w), acc)
-            d, words0, words1, xw0, xw1 = nd, nwords0, nwords1, nxw0, nxw1
-    elif TRANS:
-        acc_t = tl.zeros((NW, BM), tl.float32)
-        for k0 in range(0, K, 64):
-            nd, nwords0, nwords1 = q2_0_words(at + (tl.minimum(k0 + 64, K - 64) // 64) * TS, nm)
-            w = operand_rows_order(operand_k_halves(_block_fp16(d, words0, words1, NW), NW), NW, WARPS)
-            x = tl.load(a + a_row[:, None] * K + k0 + tl.arange(0, 64)[None, :], mask=am[:, None], other=0.0)
-            acc_t = tl.dot(w, tl.trans(x), acc_t)
-            d, words0, words1 = nd, nwords0, nwords1
-        acc = tl.trans(acc_t)
-    elif WIDE:
+    if WIDE:
         e, words2, words3 = q2_0_words(at + TS, nm)
         for k0 in range(0, K, 128):
             # The next step's blocks (the last step reloads its own), at scalar offsets from the first block.
@@ -131,33 +93,25 @@ def q2_0_fp16_loop(a, a_row, am, at, nm, K: tl.constexpr, TS: tl.constexpr, NW: 
 
 
 @triton.jit
-def _rounded_fp16_kernel(codes, scales, out, n_rows, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                         PERMUTED: tl.constexpr):
+def _rounded_fp16_kernel(codes, scales, out, n_rows, K: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     m = (rows[:, None] < n_rows) & (cols[None, :] < K)
     r64 = rows[:, None].to(tl.int64)
     q = tl.load(codes + r64 * K + cols[None, :], mask=m, other=0).to(tl.float32)
     s = tl.load(scales + r64 * (K // 32) + cols[None, :] // 32, mask=m, other=0.0)
-    at = operand_k_position(cols) if PERMUTED else cols
-    tl.store(out + r64 * K + at[None, :], (q * s).to(tl.float16), mask=m)
+    tl.store(out + r64 * K + cols[None, :], (q * s).to(tl.float16), mask=m)
 
 
-def rounded_fp16(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None = None,
-                 permuted: bool = False) -> torch.Tensor:
-    """The values int8 rows stand for (code x scale per 32 values, `quantize32`), rounded to fp16: fp16 [R, K];
-    `permuted`: each value of a row at its `operand_k_position` (the "t" kernels' copy)."""
+def rounded_fp16(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The values int8 rows stand for (code x scale per 32 values, `quantize32`), rounded to fp16: fp16 [R, K]."""
     n_rows, k = codes.shape
     if out is None:
         out = torch.empty(n_rows, k, dtype=torch.float16, device=codes.device)
     if not use_triton(codes):
-        values = (codes.float().reshape(n_rows, k // GROUP, GROUP) * scales[:, :, None]).reshape(n_rows, k)
-        if permuted:
-            out[:, operand_k_positions(k).to(out.device)] = values.half()
-            return out
-        return out.copy_(values)
+        return out.copy_((codes.float().reshape(n_rows, k // GROUP, GROUP) * scales[:, :, None]).reshape(n_rows, k))
     bm, bk = (16 if codes.is_cuda else 64), min(256, triton.next_power_of_2(k))
     if n_rows:
         _rounded_fp16_kernel[(triton.cdiv(n_rows, bm), triton.cdiv(k, bk))](codes, scales, out, n_rows, K=k, BM=bm,
-                                                                           BK=bk, PERMUTED=permuted)
+                                                                           BK=bk)
     return out

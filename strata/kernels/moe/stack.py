@@ -74,8 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhwarct"
-MAX_REGISTERS = 128  # the register cap of the "c" shapes  # the letters a shape may end with (Tiles)
+VARIANTS = "smhw"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,7 @@ class Tiles:
     step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
     bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
     against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes); `wide`
-    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128; `codes` ("a",
-    with "h"), the rows' int8 codes and scales loaded into registers and made the fp16 MMA's register operand there
-    (`fused_q2_0_regs`: no shared memory for x; the same values as "h", summed in another k order), which needs 16
-    rows a warp (BM >= 16 x warps); `regs` ("r", with "h", the same needs), the rows' fp16 values ("h"'s) loaded
-    into that register operand as they are (twice the bytes of "a", no conversions); `trans` ("t", with "h"), the
-    decoded weights as that register operand instead (acc^T = W x^T: no shared memory for the weights; x, copied
-    k-permuted, through it as under "h"), which needs 16 weight rows a warp; `cap` ("c"), at most 128
-    registers a thread (`MAX_REGISTERS`: two programs of 8 warps an SM, four of 4), whatever ptxas spills for it."""
+    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128."""
 
     bn: int
     warps: int
@@ -105,10 +97,6 @@ class Tiles:
     magic: bool = False
     fp16: bool = False
     wide: bool = False
-    codes: bool = False
-    regs: bool = False
-    cap: bool = False
-    trans: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -122,14 +110,6 @@ class Tiles:
             if len(down.split("x")) == 4 and d.rows != tiles.rows:
                 raise StrataError(f"tile config {text!r}: the down shape's rows must be the gate/up shape's")
             tiles = replace(tiles, down=replace(d, rows=tiles.rows))
-        # The gate/up kernel's weight rows are 2 x BN (gate and up); the down kernel takes `down`, else this shape.
-        for t, weight_rows in ((tiles, 2 * tiles.bn), (tiles.down or tiles, (tiles.down or tiles).bn)):
-            if t is not None and (t.codes or t.regs) and t.rows < 16 * t.warps:
-                raise StrataError(f"tile config {text!r}: the register operand (a, r) needs 16 rows a warp: "
-                                  f"{t.rows} rows for {t.warps} warps")
-            if t is not None and t.trans and weight_rows < 16 * t.warps:
-                raise StrataError(f"tile config {text!r}: the weights as register operand (t) need 16 weight rows a "
-                                  f"warp: {weight_rows} for {t.warps} warps")
         return tiles
 
     @classmethod
@@ -149,29 +129,17 @@ class Tiles:
             raise StrataError(f"tile config {text!r}: the fp16 variant (h) has no int32 dots to split (s) or convert (m)")
         if "w" in letters and "h" not in letters:
             raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
-        if any(c in letters for c in "art") and "h" not in letters:
-            raise StrataError(f"tile config {text!r}: the register operand (a, r, t) is a form of the fp16 variant "
-                              "(h)")
-        if sum(c in letters for c in "wart") > 1:
-            raise StrataError(f"tile config {text!r}: the register operand (a, r, t) steps one block at a time, not "
-                              "two (w), from codes (a), fp16 values (r) or weights (t), one of them")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters, codes="a" in letters, regs="r" in letters,
-                   cap="c" in letters, trans="t" in letters)
+                   wide="w" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "a" * self.codes + "r" * self.regs + "t" * self.trans + "c" * self.cap
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide
 
     @property
     def same_bytes(self) -> bool:
         """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs round differently."""
         return not (self.fp16 or (self.down is not None and self.down.fp16))
-
-    @property
-    def launch_options(self) -> dict:
-        """Triton launch options beside warps and stages: the register cap of "c"."""
-        return {"maxnreg": MAX_REGISTERS} if self.cap else {}
 
     def __str__(self) -> str:
         own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \

@@ -36,9 +36,7 @@ def build(kernel, signature: dict, constants: dict, **options) -> dict:
         f.flush()
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-    # shared-memory buffers made from tensors or rings of copies (the fused "a" kernels: the weights' only)
-    allocs = compiled.asm["ttgir"].count("ttg.local_alloc")
-    return {"kernel": kernel.__name__, "regs": int(regs), "stack": int(stack), "allocs": allocs, **{
+    return {"kernel": kernel.__name__, "regs": int(regs), "stack": int(stack), **{
         k: v for k, v in constants.items() if k in ("FMT", "K", "BN")}, "warps": options.get("num_warps"),
         "stages": options.get("num_stages")}
 
@@ -76,22 +74,18 @@ def fused_q2_0_kernels(spec, n_embd: int, n_ff: int, tiles=None):
     sizes = {"expert_bytes": "i64", "row_bytes": "i32"}
     t = tiles or tile_config("gate_up", spec, n_ff, True)
     td = (tiles.down or tiles) if tiles else tile_config("down", spec, n_embd, True)
-    h16 = td.fp16 and not td.codes  # as fused.fp16_h
-    gate_up = {"a": "*fp16" if t.fp16 and not t.codes else "*i8", "a_scale": "*fp32", **rows, "wg": "*u8",
-               "wu": "*u8", "hq": "*fp16" if h16 else "*i8", "hs": "*fp32", "hsum": "*i32", "n_ff": "i32", **sizes}
+    gate_up = {"a": "*fp16" if t.fp16 else "*i8", "a_scale": "*fp32", **rows, "wg": "*u8", "wu": "*u8",
+               "hq": "*fp16" if td.fp16 else "*i8", "hs": "*fp32", "hsum": "*i32", "n_ff": "i32", **sizes}
     yield build(fused_q2_0._gate_up_q2_0_kernel, gate_up, dict(K=n_embd, TS=spec.type_size, BM=t.rows, BN=t.bn,
                                                                ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16,
-                                                               WIDE=t.wide, H16=h16, CODES=t.codes, WARPS=t.warps,
-                                                               ASM=True, REGS=t.regs, TRANS=t.trans,
-                                                               HPERM=h16 and td.trans),
-                num_warps=t.warps, num_stages=t.stages, **t.launch_options)
-    down = {"h": "*fp16" if h16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32",
+                                                               WIDE=t.wide, H16=td.fp16),
+                num_warps=t.warps, num_stages=t.stages)
+    down = {"h": "*fp16" if td.fp16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32",
             "n_out": "i32", **sizes}
     yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=td.rows, BN=td.bn,
                                                          ONE_DOT=not td.split, MAGIC=td.magic, FP16=td.fp16,
-                                                         WIDE=td.wide, CODES=td.codes, WARPS=td.warps, ASM=True,
-                                                         REGS=td.regs, TRANS=td.trans),
-                num_warps=td.warps, num_stages=td.stages, **td.launch_options)
+                                                         WIDE=td.wide),
+                num_warps=td.warps, num_stages=td.stages)
 
 
 def helper_kernels():
