@@ -39,6 +39,21 @@ def greedy(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], torch.
     return tokens, torch.stack(seen), captured
 
 
+def compare(tokens, logits, want_tokens, want_logits) -> tuple[str, bool, bool]:
+    """A run against the reference run: a line (tokens equal, the first that differs, the logits' bytes or their
+    largest difference in units of the largest logit, up to that token), whether the tokens and the bytes agree."""
+    same = sum(a == b for a, b in zip(tokens, want_tokens))
+    first = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), None)
+    steps = min(len(logits), first + 1 if first is not None else len(logits))  # logits until the tokens part
+    diff = (logits[:steps] - want_logits[:steps]).abs().amax(-1) / want_logits[:steps].abs().amax(-1)
+    bytes_equal = torch.equal(logits[:steps], want_logits[:steps])
+    differ = (diff > 0).nonzero()
+    where = f", first at step {int(differ[0])}" if len(differ) else ""
+    line = (f"tokens equal {same}/{len(want_tokens)}{'' if first is None else f' (first differs at step {first})'}; "
+            f"logits {'byte-equal' if bytes_equal else f'differ: max {float(diff.max()):.3e} of the largest logit{where}'}")
+    return line, first is None, bytes_equal
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -60,17 +75,9 @@ def main() -> int:
     for mode in (int(m) for m in args.modes.split(",")):
         with switches.override(STRATA_PDL=mode):
             tokens, logits, captured = greedy(engine, prompt, args.tokens)
-        same = sum(a == b for a, b in zip(tokens, want_tokens))
-        first = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), None)
-        steps = min(len(logits), first + 1 if first is not None else len(logits))  # logits until the tokens part
-        diff = (logits[:steps] - want_logits[:steps]).abs().amax(-1) / want_logits[:steps].abs().amax(-1)
-        bytes_equal = torch.equal(logits[:steps], want_logits[:steps])
-        differ = (diff > 0).nonzero()
-        where = f", first at step {int(differ[0])}" if len(differ) else ""
-        print(f"STRATA_PDL={mode}: captured {captured}; tokens equal {same}/{len(want_tokens)}"
-              f"{'' if first is None else f' (first differs at step {first})'}; logits "
-              f"{'byte-equal' if bytes_equal else f'differ: max {float(diff.max()):.3e} of the largest logit{where}'}")
-        ok = ok and first is None and bytes_equal and (captured or not want_captured)
+        line, tokens_equal, bytes_equal = compare(tokens, logits, want_tokens, want_logits)
+        print(f"STRATA_PDL={mode}: captured {captured}; {line}")
+        ok = ok and tokens_equal and bytes_equal and (captured or not want_captured)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
