@@ -192,8 +192,13 @@ class PromptStreamer:
 
     @staticmethod
     def _routed(ids: torch.Tensor, n_experts: int) -> np.ndarray:
-        """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync."""
-        return np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=n_experts).cpu().numpy())
+        """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync.
+        Counted into a zeroed row, not by `bincount`, whose output size needs the ids' maximum read first (on the
+        H200's timeline: a second device read each layer, on the path from the router to the next copy)."""
+        flat = ids.reshape(-1).long()
+        counts = torch.zeros(n_experts, dtype=torch.int32, device=ids.device)
+        counts.index_add_(0, flat, torch.ones(flat.shape, dtype=torch.int32, device=ids.device))
+        return np.flatnonzero(counts.cpu().numpy())
 
     def _prefetch_next(self, layer: int, n_tokens: int, top_k: int) -> None:
         """Copy ahead the layer after `layer`: in this chunk, or the next chunk's first one after its last."""

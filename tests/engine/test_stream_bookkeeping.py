@@ -12,6 +12,7 @@ import strata
 from strata import switches
 from strata.engine.copy_queue import CopyQueue, Marker
 from strata.engine.expert_cache import ExpertCache
+from strata.engine.prefill_stream import PromptStreamer
 from strata.engine.slot_ring import FORGET_AFTER, NONE, SlotRing
 from strata.errors import StrataError
 from strata.gguf import GGUFModelFile
@@ -200,3 +201,11 @@ def test_array_lookup_asks_each_copy_event_once(tiny_moe):
     got = dict(zip(experts, slots.tolist()))
     assert all(got[e] == slot_of[e] for e in restored + landed) and all(got[e] == -1 for e in pending)
     assert set(cache.landing) == {slot_of[e] for e in pending} and not cache.restoring
+
+
+def test_routed_experts_are_the_nonzero_bins():
+    ids = torch.randint(0, 48, (200, 4), generator=torch.Generator().manual_seed(3))
+    ids[ids == 7] = 8  # one expert no token routes to
+    want = np.flatnonzero(torch.bincount(ids.reshape(-1), minlength=64).numpy())
+    got = PromptStreamer._routed(ids.to(torch.int32), 64)
+    assert got.tolist() == want.tolist() and 7 not in got and got.max() < 48
