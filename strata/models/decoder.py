@@ -277,20 +277,22 @@ class DecoderLM:
         Each residual add runs with the norm that reads it (one launch on the GPU), with an MoE layer's routing and
         its shared expert's gate where their kernels take them."""
         c, w = self.config, self.ffn[i]
-        chain = None if w.router is None else chain_config(self, i, h)  # STRATA_DECODE_CHAIN
-        if chain is not None:  # the layer's o projection (where foldable), MoE half and closing norm in one launch
-            if folds_o(self, i, h):
-                heads = self._attention_heads(i, h, ctx, cos, sin, x)
-                done = chained_moe_layer(self, i, h, chain, heads=heads)
-                delta = linear(heads, self.attention[i].o) if done is None else None
-            else:
-                done, delta = None, self.mixer(i, h, ctx, cos, sin, x)
-            if done is None:
-                done = chained_moe_layer(self, i, h, chain, delta=delta)
+        # STRATA_DECODE_CHAIN: the layer's o projection (where foldable), MoE half and closing norm in one launch;
+        # where the launch declines, the layer goes on with the mixer's output as usual.
+        chain = None if w.router is None else chain_config(self, i, h)
+        delta = None
+        if chain is not None and folds_o(self, i, h):
+            heads = self._attention_heads(i, h, ctx, cos, sin, x)
+            done = chained_moe_layer(self, i, h, chain, heads=heads)
             if done is not None:
                 return done
-        else:
+            delta = linear(heads, self.attention[i].o)
+        if delta is None:
             delta = self.mixer(i, h, ctx, cos, sin, x)
+        if chain is not None:
+            done = chained_moe_layer(self, i, h, chain, delta=delta)
+            if done is not None:
+                return done
         # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
         routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
                                                                c.n_experts_used, c.norm_topk_prob)

@@ -11,12 +11,18 @@ import torch
 from strata import switches
 
 
+def _switch() -> str | None:
+    """STRATA_DECODE_CHAIN's text where it is on ("1" or a tile config), else None."""
+    text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
+    return None if text in ("", "0") else text
+
+
 def chain_config(model, i: int, h: torch.Tensor):
     """STRATA_DECODE_CHAIN's ChainConfig where the chain may take MoE layer i of `model` (a DecoderLM) for the rows
     h, else None: the switch on, the layer's experts all resident and read by the decode kernels, and the add +
     route launch itself would apply (`add_norm_route`: a fused dtype, a float router, a decode-sized step)."""
-    text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
-    if text in ("", "0"):
+    text = _switch()
+    if text is None:
         return None
     from strata.engine import experts as backends
     from strata.kernels.moe.chain_moe import parse_config
@@ -89,8 +95,8 @@ def qkv_chain(model, i: int, x: torch.Tensor):
     one launch with its q/k norm + RoPE + store (kernels/pointwise/chain_qkv_store.py, through the context's
     `attend_projected`), else None: the switch on, a stacked q/k/v read at once by the quantized matvec
     (stacked_projections._one_matvec), no biases, q/k norms."""
-    text = str(switches.get("STRATA_DECODE_CHAIN")).strip()
-    if text in ("", "0"):
+    text = _switch()
+    if text is None:
         return None
     from strata.kernels.moe.chain_moe import parse_config
     from strata.kernels.moe.gemv import ExpertOperand

@@ -146,6 +146,25 @@ def _count_done(counter):
 
 
 @triton.jit
+def dense_matvec_item(item, w, x_ptr, ones_ptr, out_ptr, done, BN: tl.constexpr, NT: tl.constexpr,
+                      PER: tl.constexpr, N_UNITS: tl.constexpr, NU: tl.constexpr, N_OUT: tl.constexpr,
+                      K: tl.constexpr, FMT: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+                      UNITS_PER_BLOCK: tl.constexpr, UNIT_W: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
+    """A dense matvec's program as a chain's item (the o projection here, the q/k/v one in chain_qkv_store): its
+    rows' weights loaded, then the PDL wait, then the dots of the rows x, then the item counted in `done`."""
+    rows = item * BN + tl.arange(0, BN)
+    t = tl.arange(0, NT)
+    g, um = _units(1, PER, N_UNITS, NU)
+    index = tl.where(um, 0, -1)  # one "expert" at stride 0
+    word, s0, s1, s2, s3 = down_fetch(w, 0, rows, t, g % N_UNITS, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
+                                      UNITS_PER_BLOCK)
+    pdl_wait(PDL)
+    down_dots(x_ptr, ones_ptr, out_ptr, 0, rows, t, g // N_UNITS, g % N_UNITS, um, index, word, s0, s1, s2, s3,
+              N_OUT, 1, K, FMT, N_UNITS, UNIT_W, T, True)
+    _count_done(done)
+
+
+@triton.jit
 def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_ptr, weights_ptr, ids_ptr,
                       n_cols, n_experts, eps, slot_of, wg, wu, wd, hid, y, stride_g, stride_u, stride_d, counters,
                       nw2_ptr, res2_ptr, out2_ptr, a_ptr, wo, ones_ptr, JOIN: tl.constexpr, T: tl.constexpr,
@@ -175,16 +194,8 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
         pdl_wait(PDL)
     item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")
     if item < O_ITEMS:  # the o projection's rows (the dense matvec's program): weights, wait, then the heads
-        rows = item * O_BN + tl.arange(0, O_BN)
-        t = tl.arange(0, O_NT)
-        g, um = _units(1, O_PER, O_N_UNITS, O_NU)
-        index = tl.where(um, 0, -1)  # one "expert" at stride 0
-        word, s0, s1, s2, s3 = down_fetch(wo, 0, rows, t, g % O_N_UNITS, index, O_N_OUT, O_FMT, O_N_UNITS,
-                                          O_BLOCK_BYTES, O_UNITS_PER_BLOCK)
-        pdl_wait(PDL)
-        down_dots(a_ptr, ones_ptr, d_ptr, 0, rows, t, g // O_N_UNITS, g % O_N_UNITS, um, index, word, s0, s1, s2,
-                  s3, O_N_OUT, 1, O_K, O_FMT, O_N_UNITS, O_UNIT_W, T, True)
-        _count_done(counters + O_DONE)
+        dense_matvec_item(item, wo, a_ptr, ones_ptr, d_ptr, counters + O_DONE, O_BN, O_NT, O_PER, O_N_UNITS, O_NU,
+                          O_N_OUT, O_K, O_FMT, O_BLOCK_BYTES, O_UNITS_PER_BLOCK, O_UNIT_W, T, PDL)
     elif item < O_ITEMS + ROUTE_ITEMS:  # (PDL 0: the body's own wait is the one above)
         if O:
             pdl_wait(PDL)

@@ -20,9 +20,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe import gemv
-from strata.kernels.moe.chain_moe import (DEFAULT, FINISHED, GAVE_UP, O_DONE, TICKET, ChainConfig, _count_done,
-                                          _prefixed, _wait_for, phase_tile, site_counters)
-from strata.kernels.moe.oneshot_gemv import _units, down_dots, down_fetch
+from strata.kernels.moe.chain_moe import (DEFAULT, FINISHED, GAVE_UP, O_DONE, TICKET, ChainConfig, _prefixed,
+                                          _wait_for, dense_matvec_item, phase_tile, site_counters)
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_item, store_args
 
@@ -44,16 +43,8 @@ def _chain_qkv_store_kernel(x_ptr, w, ones_ptr, qkv_ptr, q_ptr, k_ptr, v_ptr, qw
     ITEMS: tl.constexpr = M_ITEMS + T * HEADS
     item = tl.atomic_add(counters + TICKET, 1, sem="relaxed", scope="gpu")  # (a site's launches: a step apart)
     if item < M_ITEMS:  # the dense matvec's program: its rows' weights, the wait, then x
-        rows = item * M_BN + tl.arange(0, M_BN)
-        t = tl.arange(0, M_NT)
-        g, um = _units(1, M_PER, M_N_UNITS, M_NU)
-        index = tl.where(um, 0, -1)  # one "expert" at stride 0
-        word, s0, s1, s2, s3 = down_fetch(w, 0, rows, t, g % M_N_UNITS, index, M_N_OUT, M_FMT, M_N_UNITS,
-                                          M_BLOCK_BYTES, M_UNITS_PER_BLOCK)
-        pdl_wait(PDL)
-        down_dots(x_ptr, ones_ptr, qkv_ptr, 0, rows, t, g // M_N_UNITS, g % M_N_UNITS, um, index, word, s0, s1, s2,
-                  s3, M_N_OUT, 1, M_K, M_FMT, M_N_UNITS, M_UNIT_W, T, True)
-        _count_done(counters + MATVEC_DONE)
+        dense_matvec_item(item, w, x_ptr, ones_ptr, qkv_ptr, counters + MATVEC_DONE, M_BN, M_NT, M_PER, M_N_UNITS,
+                          M_NU, M_N_OUT, M_K, M_FMT, M_BLOCK_BYTES, M_UNITS_PER_BLOCK, M_UNIT_W, T, PDL)
     else:
         pdl_wait(PDL)
         s_item = item - M_ITEMS
