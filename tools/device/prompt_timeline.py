@@ -108,3 +108,45 @@ def report(prof, show: int = 12) -> None:
             n_bytes = sum(int(c["args"].get("bytes", 0) or 0) for c in b)
             print(f"  {(lo - t0) / 1e3:9.2f} {(hi - lo) / 1e3:7.2f} {len(b):5d} {n_bytes / 1e6:8.1f} "
                   f"{n_bytes / max(hi - lo, 1) / 1e3:6.1f} {_overlap([[lo, hi]], c_busy) / 1e3:7.2f}")
+
+
+def dump(prof, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: float = 50.0) -> None:
+    """Every device event and every host runtime call of `host_min_us` or more (waits, syncs; and each gather's
+    launch) in a window of the run, in time order: which stream ran what while the host waited for what."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    device = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
+              and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
+            and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    if not device:
+        print("dump: no device events")
+        return
+    t0 = min(e["ts"] for e in device)
+    t1 = max(e["ts"] + e["dur"] for e in device)
+    lo = t0 + start_frac * (t1 - t0)
+    hi = lo + span_ms * 1e3
+    launches = {e["args"].get("correlation"): e for e in host}
+    gather_launches = {launches[e["args"]["correlation"]]["ts"] for e in device
+                       if GATHER in e["name"] and e["args"].get("correlation") in launches}
+    rows = []
+    for e in device:
+        if lo <= e["ts"] <= hi:
+            rows.append((e["ts"], f"dev s{e['args'].get('stream')}", e["name"][:60], e["dur"]))
+    for e in host:
+        if lo <= e["ts"] <= hi and (e["dur"] >= host_min_us or e["ts"] in gather_launches):
+            tag = " (gather launch)" if e["ts"] in gather_launches else ""
+            rows.append((e["ts"], "host", e["name"][:60] + tag, e["dur"]))
+    print(f"\ndump: {len(rows)} events from {(lo - t0) / 1e3:.1f} ms for {span_ms:.0f} ms (time ms, where, what, "
+          f"length ms); the host's calls of {host_min_us:.0f} us or more")
+    last_dev = {}
+    for ts, where, name, dur in sorted(rows):
+        stream = where
+        gap = ""
+        if where.startswith("dev") and stream in last_dev:
+            idle = (ts - last_dev[stream]) / 1e3
+            gap = f"  [+{idle:.2f} idle]" if idle > 0.05 else ""
+        if where.startswith("dev"):
+            last_dev[stream] = max(last_dev.get(stream, 0), ts + dur)
+        print(f"  {(ts - t0) / 1e3:9.3f} {where:8s} {dur / 1e3:7.3f} {name}{gap}")

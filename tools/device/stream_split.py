@@ -25,6 +25,8 @@ from strata import switches  # noqa: E402
 from strata.engine.copy_queue import CopyQueue  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 
+import prompt_timeline  # noqa: E402  (this folder)
+
 _launch, _copy_runs = CopyQueue.launch, CopyQueue.copy_runs
 
 
@@ -62,6 +64,22 @@ def kernels(engine, ids) -> dict:
             if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
+def compare(engine, streamer, ids, rows: int) -> None:
+    """Each compute kernel's device time in one profiled prefill with the copies and one without."""
+    copies(True)
+    reset(streamer)
+    with_copies = kernels(engine, ids)
+    copies(False)
+    alone = kernels(engine, ids)
+    copies(True)
+    print("\nkernels, device ms: streamed | compute only | ratio (count)  [default form]")
+    for name, (ms, count) in sorted(with_copies.items(), key=lambda kv: -kv[1][0])[:rows]:
+        b = alone.get(name, (0.0, 0))[0]
+        print(f"  {ms:9.2f} | {b:9.2f} | {ms / b if b else float('nan'):5.2f}x ({count})  {name[:90]}")
+    total_a, total_b = (sum(ms for ms, _ in k.values()) for k in (with_copies, alone))
+    print(f"  all kernels: {total_a:.1f} | {total_b:.1f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -69,6 +87,8 @@ def main() -> None:
     p.add_argument("--vram-budget", type=float, default=7.0)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rows", type=int, default=22)
+    p.add_argument("--dump", default="", choices=("", "default", "early"),
+                   help="then one profiled streamed prefill in this form: its events in a window, in time order")
     args = p.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget))
@@ -80,7 +100,7 @@ def main() -> None:
     streamer = _streamer(engine)
     print(f"{args.tokens} tokens at {args.vram_budget} GiB, chunks of {engine.prefill_chunk}, ring "
           f"{getattr(streamer, 'ring_slots', 0)} slots, {getattr(streamer, 'experts_per_layer', 0)} experts a layer")
-    for early in (False, True):
+    for early in (False, True) if args.reps else ():
         with switches.override(STRATA_PF_EARLY=early):
             reset(streamer)
             for on in (True, False):
@@ -91,18 +111,16 @@ def main() -> None:
                 print(f"{'early' if early else 'default':8s} {'streamed' if on else 'compute only':13s} "
                       f"{ms:8.1f} ms  ({per / 1e9:.2f} GB a prompt asked to stream; "
                       f"{per / 54e9 * 1e3:.1f} ms at 54 GB/s)")
-    copies(True)
-    reset(streamer)
-    with_copies = kernels(engine, ids)
-    copies(False)
-    alone = kernels(engine, ids)
-    copies(True)
-    print(f"\nkernels, device ms: streamed | compute only | ratio (count)  [default form]")
-    for name, (ms, count) in sorted(with_copies.items(), key=lambda kv: -kv[1][0])[: args.rows]:
-        b = alone.get(name, (0.0, 0))[0]
-        print(f"  {ms:9.2f} | {b:9.2f} | {ms / b if b else float('nan'):5.2f}x ({count})  {name[:90]}")
-    total_a, total_b = (sum(ms for ms, _ in k.values()) for k in (with_copies, alone))
-    print(f"  all kernels: {total_a:.1f} | {total_b:.1f} ms")
+    if args.reps:
+        compare(engine, streamer, ids, args.rows)
+    if args.dump:
+        with switches.override(STRATA_PF_EARLY=args.dump == "early"):
+            reset(streamer)
+            engine.prefill(ids)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                engine.prefill(ids)
+                torch.cuda.synchronize()
+        prompt_timeline.dump(prof)
 
 
 if __name__ == "__main__":
