@@ -150,3 +150,47 @@ def dump(prof, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: floa
         if where.startswith("dev"):
             last_dev[stream] = max(last_dev.get(stream, 0), ts + dur)
         print(f"  {(ts - t0) / 1e3:9.3f} {where:8s} {dur / 1e3:7.3f} {name}{gap}")
+
+
+def waits(prof, idle_ms: float = 0.5, show: int = 4, calls: int = 14) -> None:
+    """For each compute-stream kernel that started after the stream sat idle `idle_ms` or more: the host's runtime
+    calls just before that kernel's launch (every one, however short: stream waits, event records, uploads,
+    allocations), which say what the stream waited on; then every allocation, free, sync or stream wait of the
+    run counted by name."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    device = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
+                     and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    host = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
+                   and e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    if not device:
+        return
+    t0 = device[0]["ts"]
+    per_stream = collections.Counter(e["args"].get("stream") for e in device if e.get("cat") == "kernel")
+    main = per_stream.most_common(1)[0][0]
+    launch = {e["args"].get("correlation"): e for e in host}
+    end = None
+    shown = 0
+    for e in (d for d in device if d["args"].get("stream") == main):
+        if end is not None and (e["ts"] - end) / 1e3 >= idle_ms and shown < show:
+            shown += 1
+            at = launch.get(e["args"].get("correlation"))
+            print(f"\nwait: compute stream idle {(e['ts'] - end) / 1e3:.2f} ms before {e['name'][:50]} at "
+                  f"{(e['ts'] - t0) / 1e3:.2f} ms; launched at "
+                  f"{(at['ts'] - t0) / 1e3 if at else float('nan'):.2f} ms; the host's calls before that launch:")
+            if at is not None:
+                before = [h for h in host if h["ts"] <= at["ts"]][-calls:]
+                for h in before:
+                    print(f"    {(h['ts'] - t0) / 1e3:9.3f} {h['dur'] / 1e3:7.3f} {h['name'][:60]}")
+        end = max(end or 0, e["ts"] + e["dur"])
+    watch = ("Malloc", "Free", "HostAlloc", "Synchronize", "WaitEvent", "Query", "HostRegister")
+    counted = collections.Counter()
+    spent = collections.Counter()
+    for h in host:
+        if any(w in h["name"] for w in watch):
+            counted[h["name"]] += 1
+            spent[h["name"]] += h["dur"] / 1e3
+    print("\nhost calls of the run that allocate, free, sync or wait (count, host ms):")
+    for name, n in counted.most_common():
+        print(f"    {n:6d} {spent[name]:9.2f}  {name}")

@@ -7,5 +7,5 @@ L=$OUT
 make_q4x12
 S="python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 --reps 0"
 part dump_default 70 $S --dump default
-part dump_early 70 $S --dump early
+[ "${EARLY:-0}" = 1 ] && part dump_early 70 $S --dump early
 finish 5

@@ -120,6 +120,7 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 engine.prefill(ids)
                 torch.cuda.synchronize()
+        prompt_timeline.waits(prof)
         prompt_timeline.dump(prof)
 
 
