@@ -110,12 +110,16 @@ def report(prof, show: int = 12) -> None:
                   f"{n_bytes / max(hi - lo, 1) / 1e3:6.1f} {_overlap([[lo, hi]], c_busy) / 1e3:7.2f}")
 
 
-def dump(prof, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: float = 50.0) -> None:
-    """Every device event and every host runtime call of `host_min_us` or more (waits, syncs; and each gather's
-    launch) in a window of the run, in time order: which stream ran what while the host waited for what."""
+def trace_of(prof) -> dict:
+    """The profiler's chrome trace as a dict (a profile exports once)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
+        return json.load(open(f.name))
+
+
+def dump(trace: dict, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: float = 50.0) -> None:
+    """Every device event and every host runtime call of `host_min_us` or more (waits, syncs; and each gather's
+    launch) in a window of a run's trace (`trace_of`), in time order: which stream ran what while the host waited."""
     device = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
               and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
@@ -152,14 +156,11 @@ def dump(prof, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: floa
         print(f"  {(ts - t0) / 1e3:9.3f} {where:8s} {dur / 1e3:7.3f} {name}{gap}")
 
 
-def waits(prof, idle_ms: float = 0.5, show: int = 4, calls: int = 14) -> None:
+def waits(trace: dict, idle_ms: float = 0.5, show: int = 4, calls: int = 14) -> None:
     """For each compute-stream kernel that started after the stream sat idle `idle_ms` or more: the host's runtime
     calls just before that kernel's launch (every one, however short: stream waits, event records, uploads,
     allocations), which say what the stream waited on; then every allocation, free, sync or stream wait of the
     run counted by name."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
     device = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
                      and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
     host = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e

@@ -111,7 +111,7 @@ def main() -> None:
                 print(f"{'early' if early else 'default':8s} {'streamed' if on else 'compute only':13s} "
                       f"{ms:8.1f} ms  ({per / 1e9:.2f} GB a prompt asked to stream; "
                       f"{per / 54e9 * 1e3:.1f} ms at 54 GB/s)")
-    if args.reps:
+    if args.reps and args.rows:
         compare(engine, streamer, ids, args.rows)
     if args.dump:
         with switches.override(STRATA_PF_EARLY=args.dump == "early"):
@@ -120,8 +120,9 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 engine.prefill(ids)
                 torch.cuda.synchronize()
-        prompt_timeline.waits(prof)
-        prompt_timeline.dump(prof)
+        trace = prompt_timeline.trace_of(prof)
+        prompt_timeline.waits(trace)
+        prompt_timeline.dump(trace)
 
 
 if __name__ == "__main__":
