@@ -53,8 +53,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PF_EARLY", False, "prompt streaming: the next layer's experts queued for copy before this layer's "
            "routing is read (where the ring holds two layers), not after its experts are launched; its late misses "
            "on a second copy stream"),
-    Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p132b2048w4 (persistent programs, "
-           "8-byte words a program copies per step, warps; parts left out keep the default's)"),
+    Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p66b2048w4, the default "
+           "(persistent programs, 8-byte words a program copies per step, warps; parts left out keep the default's)"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),
     Switch("STRATA_CPU_POOL_OLD", False, "CPU expert pool: the numba `blocks` kernels (int16, per-row sums) for parity"),
     Switch("STRATA_GEMV_STREAM", 0, "decode GEMVs (experts, dense matvec): the streamed kernels on the default tiles, "

@@ -32,7 +32,10 @@ WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 @dataclass(frozen=True)
 class GatherConfig:
-    programs: int = 132  # one a H200 SM: 132 x 16 KB in flight is well past the link's ~110 KB
+    # Half the H200's SMs: 66 x 16 KB in flight is still well past the link's ~110 KB. With a program on every SM
+    # the compute stream's cuBLAS sm90 GEMMs did not start until the gather ended (session 10's timeline of a
+    # streamed prompt: its copy and its compute then serialised, 459 ms against 376 at 66 programs, 378 at 32).
+    programs: int = 66
     block: int = 2048  # words a program copies per step (16 KB of int64)
     warps: int = 4
 

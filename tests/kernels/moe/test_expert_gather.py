@@ -68,7 +68,7 @@ def test_the_queue_launches_the_kernel_with_its_config(device):
 
 def test_config_text():
     assert GatherConfig.parse("p16b4096w8") == GatherConfig(16, 4096, 8)
-    assert GatherConfig.parse("w8") == GatherConfig(warps=8) and GatherConfig().name() == "p132b2048w4"
+    assert GatherConfig.parse("w8") == GatherConfig(warps=8) and GatherConfig().name() == "p66b2048w4"
     for bad in ("p0", "b100", "x3", "p", "w3"):
         with pytest.raises(StrataError, match="expert gather config"):
             GatherConfig.parse(bad)
