@@ -50,9 +50,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "default: one kernel reading the pinned stacks), gather-hi (that kernel on a copy stream of the highest "
            "priority), dma (the copy engines: few strided cudaMemcpy2DAsync calls a batch, no SM), dma1d (the copy "
            "engines, one copy an expert part)"),
-    Switch("STRATA_PF_EARLY", False, "prompt streaming: the next layer's experts queued for copy before this layer's "
+    Switch("STRATA_PF_EARLY", True, "prompt streaming: the next layer's experts queued for copy before this layer's "
            "routing is read (where the ring holds two layers), not after its experts are launched; its late misses "
-           "on a second copy stream"),
+           "on a second copy stream (0: after the launch, as before session 10)"),
     Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p66b2048w4, the default "
            "(persistent programs, 8-byte words a program copies per step, warps; parts left out keep the default's)"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),

@@ -16,15 +16,14 @@ experts (the engine says the next chunk's size through `begin_chunk`), and for a
 begins it, before the embedding and the first mixer run, by the same policy (the first layer's routing in the last
 chunk the streamer saw, which is an earlier prompt's; without one, every missing expert when the chunk is large).
 
-When the copy of the next layer is queued: by default once this layer's experts are launched, which is after the
-host has read this layer's routing (the layer's one device read) and launched its experts. On the H200 that left
-the link idle ~6.5 ms of every ~19 ms layer (session 9's timeline of 12 full-size layers, balanced routing): the
-copy of L+1 waits for the host, which waits for the device to reach L's router. With STRATA_PF_EARLY=1 (and a ring of
-two layers) it is queued when the host reaches layer L, before the routing read: it waits on the device only for
-the slots layer L-1 used, as before. Layer L's late misses then go on a second copy stream (`late_queue`): on the
-one in-order stream they would wait behind that whole next-layer batch, and L's experts with them. Opt-in: on the
-H200 (session 9, one run each) it read 2.46x the PCIe floor with the gather and 2.24x with STRATA_PF_STREAM=dma,
-against 2.35x for the default in another call, not yet a clear gain.
+When the copy of the next layer is queued: where the ring holds two layers (STRATA_PF_EARLY, on by default), when
+the host reaches layer L, before it reads L's routing; the copy waits on the device only for the slots layer L-1
+used. Layer L's late misses then go on a second copy stream (`late_queue`): on the one in-order stream they would
+wait behind that whole next-layer batch, and L's experts with them. With STRATA_PF_EARLY=0 (or a one-layer ring)
+once L's experts are launched, after the host has read L's routing: the copy of L+1 then waits for the host, which
+waits for the device to reach L's router (the link idled ~6.5 ms of every ~19 ms layer in session 9's timeline).
+H200, 12 full-size qwen4exp layers at 7 GiB, balanced routing, one run (session 10, gather on 66 programs):
+early 16K 1.51x the PCIe floor, 4K 1.70x; after the launch 16K 1.73x.
 
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
