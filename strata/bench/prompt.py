@@ -133,7 +133,7 @@ def bench_prompt(args, placement: dict) -> None:
             queue = streamer.queue
             calls = (f": {(streamer.copy_calls - before[6]) / layers:.0f} copy calls a routed layer by "
                      f"{queue.copied_by}" if queue.dma else "")
-            early = ", next layer queued early" if streamer.early else ", STRATA_PF_EARLY=0"
+            early = ", next layer queued " + ("early" if streamer.early else "after the launch")
             print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")

@@ -36,7 +36,7 @@ HIGHEST_PRIORITY = -3  # torch keeps four stream priorities, 0 to -3
 
 def stream_form() -> str:
     """STRATA_PF_STREAM: how a batch of streamed experts reaches the device."""
-    form = switches.get("STRATA_PF_STREAM").strip().lower() or "gather"
+    form = switches.get("STRATA_PF_STREAM").strip().lower() or "dma"
     if form not in STREAM_FORMS:
         raise StrataError(f"STRATA_PF_STREAM={form!r}: use one of {', '.join(STREAM_FORMS)}")
     return form

@@ -31,12 +31,14 @@ rule), the chunk's expert work buffers live in a run of that many adjacent borro
 PyTorch's allocator. Lent slots go back to the cache (refilled with their former experts) when the engine's prompt
 ends (`return_slots`), or at the first step that is not a prompt chunk.
 
-Host cost (issue 6): a layer reads its routing once (a bincount, the layer's one sync), looks its experts up and
-places the misses in the ring on numpy arrays, and streams a batch in one launch (`CopyQueue.gather`: the GPU reads
-the pinned host stacks itself); no Python or torch op per expert, so a layer costs the host the same for 3 missing
-experts or 500 and the copy runs at the link's rate. `stats` keeps the host time per layer for the profiles.
-With STRATA_PF_STREAM=dma the batch goes through the copy engines as runs of experts consecutive in the host stacks
-and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one.
+Host cost (issue 6): a layer reads its routing once (counts into a zeroed row, the layer's one sync), looks its
+experts up and places the misses in the ring on numpy arrays, and queues a batch with a few calls (`CopyQueue.gather`);
+no Python or torch op per expert, so a layer costs the host about the same for 3 missing experts or 500. By default
+(STRATA_PF_STREAM=dma) the batch goes through the copy engines as runs of experts consecutive in the host stacks and
+in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one, and the
+copies take no SM from the layer computing beside them. STRATA_PF_STREAM=gather streams it in one kernel launch that
+reads the pinned host stacks itself (kernels/moe/expert_gather.py, on half the SMs). `stats` keeps the host time per
+layer for the profiles.
 """
 
 from __future__ import annotations
