@@ -22,8 +22,8 @@ used. Layer L's late misses then go on a second copy stream (`late_queue`): on t
 wait behind that whole next-layer batch, and L's experts with them. With STRATA_PF_EARLY=0 (or a one-layer ring)
 once L's experts are launched, after the host has read L's routing: the copy of L+1 then waits for the host, which
 waits for the device to reach L's router (the link idled ~6.5 ms of every ~19 ms layer in session 9's timeline).
-H200, 12 full-size qwen4exp layers at 7 GiB, balanced routing, one run (session 10, gather on 66 programs):
-early 16K 1.51x the PCIe floor, 4K 1.70x; after the launch 16K 1.73x.
+H200, 12 full-size qwen4exp layers at 7 GiB, balanced routing (session 10, gather on 66 programs, median of 3):
+early 4K 1.75x the PCIe floor, 32K 1.49x; after the launch 1.76x and 1.54x (16K in another call: 1.51x, 1.73x).
 
 The ring holds two layers' experts where the cache can lend that much (the next layer's copy overlaps this layer's
 work), one layer at least; a smaller cache keeps the CPU-pool path. With `work_slots` set (engine/prefill.py's chunk
