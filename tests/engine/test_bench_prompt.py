@@ -10,7 +10,8 @@ def test_bench_prompt_streamed_and_resident(tiny_moe, capsys):
     args = ["bench", "prompt", str(tiny_moe), "--device", "cpu", "--ctx", "20,36", "--prefill", "auto:16"]
     assert main(args + ["--expert-cache", "10", "--prefill-stream", "on"]) in (0, None)
     out = capsys.readouterr().out
-    assert len(re.findall(r"ctx +(20|36): +[\d.]+ tok/s", out)) == 2, out
+    assert len(re.findall(r"ctx +(20|36): +[\d.]+ tok/s \([\d.]+ s to the last logits, \d chunks; the device idle "
+                          r"-?[\d.]+ ms later: [\d.]+ tok/s\)", out)) == 2, out
     chunks = [int(n) for n in re.findall(r"GB streamed in (\d+) chunks", out)]
     assert chunks == [2, 3], out  # the equal chunks of up to 16 tokens
     assert len(re.findall(r"streaming host [\d.]+ ms a routed layer", out)) == 2, out
