@@ -85,6 +85,19 @@ def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None,
     resolved = EngineConfig(device=device).resolve_device()
     plan = plan_placement(model, config, resolved, n_ctx, per_value, vram_budget, expert_cache, kv_resident)
     resident = f", {kv_resident} cells per layer on the device" if kv_resident else ""
-    lines = [*plan.describe().splitlines(), describe_chunks(plan, config, 0 if kv_dtype == "int8" else n_ctx,
+    lines = [*plan.describe().splitlines(), describe_chunks(plan, config, _mask_context(model, config, n_ctx, kv_dtype,
+                                                                                       resolved.type == "cuda"),
                                                                   borrow=prefill_borrow)]
     return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in lines)
+
+
+def _mask_context(model: GGUFModelFile, config, n_ctx: int, kv_dtype: str, on_cuda: bool) -> int:
+    """The context a prompt chunk's attention masks densely, as the engine's chunk rule will budget it
+    (Engine._mask_context): none for the paged int8 cache, qwen4exp's own rule, else the whole context."""
+    if kv_dtype == "int8":
+        return 0
+    if config.arch == "qwen4exp":
+        from strata.models.qwen4exp import planned_mask_context
+
+        return planned_mask_context(model, config, n_ctx, kv_dtype, on_cuda)
+    return n_ctx

@@ -70,7 +70,7 @@ class Qwen4ExpLM(DecoderLM):
                             n_rot=c.rope_dim or c.head_dim, rope_base=c.rope_theta,
                             indexer_heads=meta("attention.indexer.head_count", 4),
                             indexer_dim=meta("attention.indexer.key_length", 128),
-                            top_k=meta("attention.indexer.top_k", 2048))
+                            top_k=indexer_top_k(model, arch))
         self.gdn = GDNShape(n_k_heads=c.ssm_group_count, n_v_heads=c.ssm_time_step_rank, k_dim=c.ssm_state_size,
                             v_dim=c.ssm_inner_size // c.ssm_time_step_rank, conv_kernel=c.ssm_conv_kernel)
         self.n_main = c.n_layers - c.nextn_layers
@@ -403,3 +403,20 @@ class Qwen4ExpLM(DecoderLM):
         stack being what the MTP block drafts from."""
         residual, x, _ = hc_write_read(residual, self.hc_output, self.config.rms_eps, pending, self.dtype)
         return residual, linear(x, self.output).float()
+
+
+def indexer_top_k(model: GGUFModelFile, arch: str) -> int:
+    """The cells each trunk QSA query's indexer keeps (qsa.hpp's top_k; Strata's default 2,048)."""
+    return model.field(f"{arch}.attention.indexer.top_k", 2048, int)
+
+
+def planned_mask_context(model: GGUFModelFile, config: ModelConfig, n_ctx: int, kv_dtype: str, on_cuda: bool) -> int:
+    """`Qwen4Exp.prompt_mask_context` before a model is loaded (strata info --plan's chunk rule; the engine without
+    speculation): the selection's width where the selected-cells kernel will attend, else the whole context."""
+    from strata.kernels.attention.prompt_dense import dense_kernel_shape
+
+    cache_dtype = {"float16": torch.float16}.get(kv_dtype)
+    if (on_cuda and cache_dtype is not None and not switches.get("STRATA_QSA_DENSE_MASK")
+            and dense_kernel_shape(cache_dtype, config.head_dim, config.n_heads, config.n_kv_heads)):
+        return min(n_ctx, indexer_top_k(model, config.arch) + 3)  # QSAShape.selection_cells
+    return n_ctx

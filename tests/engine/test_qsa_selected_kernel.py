@@ -60,3 +60,20 @@ def test_the_chunk_rule_budgets_no_context_wide_mask_where_the_kernel_attends(ti
     assert engine._mask_context("float16", 2) == 4096  # speculation's MTP catch-up attends densely
     with switches.override(STRATA_QSA_DENSE_MASK=True):
         assert engine._mask_context("float16", 1) == 4096
+
+
+def test_the_plan_budgets_the_masks_the_engine_budgets(tiny, monkeypatch):
+    """`strata info --plan` (no model loaded) gives the engine's mask width: the selection's on a GPU's fp16 cache,
+    the whole context on the CPU, with STRATA_QSA_DENSE_MASK or for another cache dtype; none for int8."""
+    from strata.gguf.reader import GGUFModelFile
+    from strata.models.info import _mask_context
+
+    engine = Engine(tiny, EngineConfig(device="cpu", kv_dtype="float16", n_ctx=4096))
+    file, config = GGUFModelFile(tiny), engine.model.config
+    monkeypatch.setattr(KVCache, "kernels", True)  # the engine as on a GPU
+    assert _mask_context(file, config, 4096, "float16", True) == engine._mask_context("float16", 1) < 4096
+    assert _mask_context(file, config, 4096, "float16", False) == 4096
+    assert _mask_context(file, config, 4096, "int8", True) == 0
+    assert _mask_context(file, config, 4096, "bfloat16", True) == 4096
+    with switches.override(STRATA_QSA_DENSE_MASK=True):
+        assert _mask_context(file, config, 4096, "float16", True) == engine._mask_context("float16", 1) == 4096

@@ -50,9 +50,15 @@ P_SCALE = tl.constexpr(16384.0)  # e <= 1 scaled to 2^14 before its hi + lo spli
 
 
 def dense_kernel_applies(keys: torch.Tensor, n_heads: int) -> bool:
-    """Whether the kernel reads this cache: fp16 values, head_dim a power of two from 16, unit stride along D."""
+    """Whether the kernel reads this cache: its shape (`dense_kernel_shape`) and unit stride along D."""
     _, n_kv_heads, dim = keys.shape
-    return (keys.dtype == torch.float16 and dim >= 16 and dim & (dim - 1) == 0 and keys.stride(2) == 1
+    return dense_kernel_shape(keys.dtype, dim, n_heads, n_kv_heads) and keys.stride(2) == 1
+
+
+def dense_kernel_shape(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int) -> bool:
+    """Whether the kernel takes a cache of this dtype and shape: fp16 values, head_dim a power of two from 16, whole
+    groups of at most 64 query heads a key head."""
+    return (dtype == torch.float16 and head_dim >= 16 and head_dim & (head_dim - 1) == 0
             and n_heads % n_kv_heads == 0 and n_heads // n_kv_heads <= 64)
 
 
