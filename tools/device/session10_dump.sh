@@ -6,6 +6,6 @@ source tools/device/parts.sh || exit 1
 L=$OUT
 make_q4x12
 S="python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 --reps 0"
-part dump_default 70 $S --dump default
-[ "${EARLY:-0}" = 1 ] && part dump_early 70 $S --dump early
+part dump_early 70 $S --dump early
+[ "${LATE:-0}" = 1 ] && part dump_late 70 $S --dump late
 finish 5

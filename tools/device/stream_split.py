@@ -1,12 +1,13 @@
 """On the GPU: a streamed prompt's time split into its copies and its compute (issue 6 end to end). The same engine
 and prompt run four ways, each timed (median of --reps) after a warm run:
-  streamed      as the engine runs it (the copy stream's gathers beside the compute stream);
+  streamed      as the engine runs it (the copy stream's batches beside the compute stream);
   compute only  the same launches with every expert copy skipped (the ring's slots keep stale bytes: the logits are
                 wrong, the work and its order are the same), so its time is the compute's alone;
-and the two again under STRATA_PF_EARLY. Then one profiled prefill of "streamed" and of "compute only": each
-compute kernel's device time in both, so a kernel that the copies slow shows beside its time alone. If streamed
-takes about copies + compute, they serialise; if about max(copies, compute), they overlap and the compute is the
-floor to move.
+each with the next layer's copy queued after the launch (STRATA_PF_EARLY=0) and early (the default). Then one
+profiled prefill of "streamed" and of "compute only": each compute kernel's device time in both, so a kernel that
+the copies slow shows beside its time alone. If streamed takes about copies + compute, they serialise; if about
+max(copies, compute), they overlap and the larger is the floor to move. --dump: the waits and a window of events of
+one more profiled prefill (prompt_timeline.waits, dump).
 
 Usage: python3 tools/device/stream_split.py MODEL.gguf [--tokens 4096] [--vram-budget 7] [--reps 3]
 """
@@ -72,7 +73,7 @@ def compare(engine, streamer, ids, rows: int) -> None:
     copies(False)
     alone = kernels(engine, ids)
     copies(True)
-    print("\nkernels, device ms: streamed | compute only | ratio (count)  [default form]")
+    print("\nkernels, device ms: streamed | compute only | ratio (count)  [queued early]")
     for name, (ms, count) in sorted(with_copies.items(), key=lambda kv: -kv[1][0])[:rows]:
         b = alone.get(name, (0.0, 0))[0]
         print(f"  {ms:9.2f} | {b:9.2f} | {ms / b if b else float('nan'):5.2f}x ({count})  {name[:90]}")
@@ -87,8 +88,9 @@ def main() -> None:
     p.add_argument("--vram-budget", type=float, default=7.0)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rows", type=int, default=22)
-    p.add_argument("--dump", default="", choices=("", "default", "early"),
-                   help="then one profiled streamed prefill in this form: its events in a window, in time order")
+    p.add_argument("--dump", default="", choices=("", "early", "late"),
+                   help="then one profiled streamed prefill with the next layer queued early (the default) or after "
+                        "the launch (STRATA_PF_EARLY=0): its waits, and its events in a window in time order")
     args = p.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget))
@@ -108,7 +110,7 @@ def main() -> None:
                 moved = streamer.stats.bytes_streamed
                 ms = timed(engine, ids, args.reps)
                 per = (streamer.stats.bytes_streamed - moved) / (args.reps + 1)
-                print(f"{'early' if early else 'default':8s} {'streamed' if on else 'compute only':13s} "
+                print(f"{'early' if early else 'late':8s} {'streamed' if on else 'compute only':13s} "
                       f"{ms:8.1f} ms  ({per / 1e9:.2f} GB a prompt asked to stream; "
                       f"{per / 54e9 * 1e3:.1f} ms at 54 GB/s)")
     if args.reps and args.rows:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Ready for session 11's first call (one H200, ~8 minutes; carry .whl and .devcache):
+# - issue 6's command on the full-size qwen4exp with session 10's defaults (copy engines, next layer queued early):
+#   `bench prompt --vram-budget 12 --ctx 4096,32768 --routing balanced`, then the same with STRATA_PF_STREAM=gather;
+# - where a 4K streamed prompt's passes still lose time (12 layers at 7 GiB: stream_split's split and --dump);
+# - issue 4: the chained decode's tile sweep at the A3B shape (`bench moe-chain --sweep`, never run) and the A3B
+#   decode all resident.
+# The full file (~200 s) and the A3B file (~90 s) are made in the background at the start.
+set -uo pipefail
+BUDGET=${BUDGET:-480}
+source tools/device/parts.sh || exit 1
+L=$OUT
+Q=/tmp/q4x; mkdir -p $Q
+F=$Q/full-00001-of-00002.gguf A=$M/a3b.gguf
+(nice -n 5 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
+  && touch $Q/made) &
+(python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
+  > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A) &
+make_q4x12
+part split_4k 90 python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 \
+  --reps 2 --dump early
+while [ ! -f $A ] && [ $SECONDS -lt 200 ]; do sleep 2; done
+part chain_sweep 80 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
+while [ ! -f $Q/made ] && [ $SECONDS -lt 300 ]; do sleep 2; done
+P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --routing balanced --reps 2"
+part prompt_full 110 $P
+STRATA_PF_STREAM=gather part prompt_full_gather 90 $P
+finish 24
