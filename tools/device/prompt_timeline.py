@@ -37,9 +37,7 @@ def _overlap(a, b) -> float:
 
 
 def report(prof, show: int = 12) -> None:
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
+    trace = trace_of(prof)
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
               and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not events:
@@ -117,13 +115,18 @@ def trace_of(prof) -> dict:
         return json.load(open(f.name))
 
 
+def _events(trace: dict) -> tuple[list, list]:
+    """(device events: kernels, copies and memsets; host runtime/driver calls), each sorted by start."""
+    spans = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    device = sorted((e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    host = sorted((e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    return device, host
+
+
 def dump(trace: dict, start_frac: float = 0.4, span_ms: float = 45.0, host_min_us: float = 50.0) -> None:
     """Every device event and every host runtime call of `host_min_us` or more (waits, syncs; and each gather's
     launch) in a window of a run's trace (`trace_of`), in time order: which stream ran what while the host waited."""
-    device = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
-              and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
-            and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    device, host = _events(trace)
     if not device:
         print("dump: no device events")
         return
@@ -157,37 +160,32 @@ def dump(trace: dict, start_frac: float = 0.4, span_ms: float = 45.0, host_min_u
 
 
 def waits(trace: dict, idle_ms: float = 0.5, show: int = 4, calls: int = 14) -> None:
-    """For each compute-stream kernel that started after the stream sat idle `idle_ms` or more: the host's runtime
-    calls just before that kernel's launch (every one, however short: stream waits, event records, uploads,
-    allocations), which say what the stream waited on; then every allocation, free, sync or stream wait of the
-    run counted by name."""
-    device = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
-                     and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
-    host = sorted((e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e
-                   and e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    """The `show` longest stretches (of `idle_ms` or more) the compute stream sat idle, each with the host's runtime
+    calls just before the launch of the kernel that ended it (every one, however short: stream waits, event records,
+    uploads, allocations): what the stream waited on. Then every allocation, free, sync or stream wait of the run,
+    counted by name."""
+    device, host = _events(trace)
     if not device:
         return
     t0 = device[0]["ts"]
     per_stream = collections.Counter(e["args"].get("stream") for e in device if e.get("cat") == "kernel")
     main = per_stream.most_common(1)[0][0]
     launch = {e["args"].get("correlation"): e for e in host}
-    end = None
-    shown = 0
+    gaps, end = [], None
     for e in (d for d in device if d["args"].get("stream") == main):
-        if end is not None and (e["ts"] - end) / 1e3 >= idle_ms and shown < show:
-            shown += 1
-            at = launch.get(e["args"].get("correlation"))
-            print(f"\nwait: compute stream idle {(e['ts'] - end) / 1e3:.2f} ms before {e['name'][:50]} at "
-                  f"{(e['ts'] - t0) / 1e3:.2f} ms; launched at "
-                  f"{(at['ts'] - t0) / 1e3 if at else float('nan'):.2f} ms; the host's calls before that launch:")
-            if at is not None:
-                before = [h for h in host if h["ts"] <= at["ts"]][-calls:]
-                for h in before:
-                    print(f"    {(h['ts'] - t0) / 1e3:9.3f} {h['dur'] / 1e3:7.3f} {h['name'][:60]}")
+        if end is not None and (e["ts"] - end) / 1e3 >= idle_ms:
+            gaps.append(((e["ts"] - end) / 1e3, e))
         end = max(end or 0, e["ts"] + e["dur"])
+    print(f"\ncompute stream idle {idle_ms} ms or more: {len(gaps)} times, {sum(g for g, _ in gaps):.1f} ms in all; "
+          f"the {show} longest:")
+    for idle, e in sorted(gaps, key=lambda g: -g[0])[:show]:
+        at = launch.get(e["args"].get("correlation"))
+        print(f"\nwait: {idle:.2f} ms idle before {e['name'][:50]} at {(e['ts'] - t0) / 1e3:.2f} ms; launched at "
+              f"{(at['ts'] - t0) / 1e3 if at else float('nan'):.2f} ms; the host's calls before that launch:")
+        for h in ([h for h in host if h["ts"] <= at["ts"]][-calls:] if at is not None else []):
+            print(f"    {(h['ts'] - t0) / 1e3:9.3f} {h['dur'] / 1e3:7.3f} {h['name'][:60]}")
     watch = ("Malloc", "Free", "HostAlloc", "Synchronize", "WaitEvent", "Query", "HostRegister")
-    counted = collections.Counter()
-    spent = collections.Counter()
+    counted, spent = collections.Counter(), collections.Counter()
     for h in host:
         if any(w in h["name"] for w in watch):
             counted[h["name"]] += 1
