@@ -1,0 +1,271 @@
+"""Decode GEMVs over Q4_0 weights with an int8 activation: each 32-weight block's dot is integer `dp4a`s (a prototype
+for issue 4; nothing in the engine calls it yet).
+
+The one-shot float kernels (`oneshot_gemv.py`) spend ~7 instructions a weight turning 4-bit codes into floats and
+multiplying them, and issuing those instructions is most of their time beyond the bare read of the weights. Here the
+activation is rounded once to int8 codes per 32 values (`quantize_x`: a float32 scale d_x and the codes' sum a block,
+`quantize32`'s rounding), and a block's dot with a weight row is integer work: the block's 16 code bytes are 4
+uint32 words, each word's low nibbles (weights 4i..4i+3) and high nibbles (16+4i..16+4i+3) masked to bytes, and one
+`dp4a` (four int8 multiply-adds into an int32) for each against the activation's codes read as int32 words. The Q4_0
+offset is taken once a block: the integer sum starts at -8 x the block's activation code sum, so
+    row . x ~ sum over blocks of d_w * d_x * (sum_i q_i * c_i - 8 * sum_i c_i)       (q_i the 4-bit code, c_i x's)
+with the integer part exact, then one float multiply-add a word. That is ~2 instructions a weight, not 7.
+
+Layout (a program: BN rows of one weight matrix, all its units at once, no loop over the input: the one-shot form):
+a tile [BN, NU, 4], a thread per (unit, word) holding all BN rows of it, so that the activation words a thread
+loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then the codes): in GGUF order every other block's
+codes are only 2-byte aligned, so each word is built from two uint16 loads. The -8 x code sum goes into word 0's
+start. The sums reduce once per program over units and words (`_row_sums`' single reduction).
+
+`dp4a` is PTX `dp4a.s32.s32` through inline assembly; Triton's interpreter cannot run assembly, so under
+TRITON_INTERPRET=1 the same function is plain integer operations (bytes sign-extended by shifts), and the CPU tests
+run these kernels as they are.
+
+Error (tests/kernels/moe/test_dp4a_gemv.py, `row_error_bound`): against float64 of the dequantized weights times
+the ORIGINAL x, a row is within sum over blocks of (d_x / 2) * sum |w| of the block (x rounded to the nearest code)
+plus float32 rounding of the products and sums: not gemv.ERROR_BOUND's 1e-5 relative, since x itself is rounded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.errors import StrataError
+from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
+
+BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
+WORDS = 4  # uint32 code words a block (threads a unit)
+LANE_WORDS = 8  # code words (int32, each two uint16 loads) a thread should hold at most: registers for x and sums
+MIN_WARPS = 12 * 132  # resident warps the grid should give an H200 (12 an SM, as oneshot_gemv's tiles)
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels decided before Triton was imported
+
+
+@triton.jit
+def dp4a_emulated(a, b, c):
+    """c + the dot of a's and b's four signed bytes (int32 each), in plain integer operations."""
+    for k in tl.static_range(4):
+        c += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)  # byte k, sign-extended (arithmetic >>)
+    return c
+
+
+if _INTERPRETED:
+    @triton.jit
+    def dp4a(a, b, c):
+        return dp4a_emulated(a, b, c)
+else:
+    @triton.jit
+    def dp4a(a, b, c):
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _codes(w_at, off, bm):
+    """Code words [BN, NU, 4] (int32) and scales [BN, NU] (float32) of the blocks `off` [BN, NU] bytes after w_at
+    (a pointer, or [1, NU] of them); word i = code bytes 4i..4i+3 from the uint16s at 2 + 4i and 4 + 4i."""
+    word = tl.arange(0, 4)
+    at = (w_at + off)[:, :, None] + 2 + 4 * word[None, None, :]
+    lo = tl.load(at.to(tl.pointer_type(tl.uint16)), mask=bm[:, :, None], other=0)
+    hi = tl.load((at + 2).to(tl.pointer_type(tl.uint16)), mask=bm[:, :, None], other=0)
+    codes = lo.to(tl.int32) | (hi.to(tl.int32) << 16)
+    d = tl.load((w_at + off).to(tl.pointer_type(tl.uint16)), mask=bm, other=0)
+    return codes, d.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _x_words(xq, xs, xsum, pair, blk, live, K: tl.constexpr):
+    """Activation row `pair` [NU] at units blk [NU]: its code words for the low and the high nibbles [NU, 4], the
+    scale [NU] and the start of each word's integer sum [NU, 4] (-8 x the block's code sum in word 0, else 0)."""
+    word = tl.arange(0, 4)
+    at = xq + (pair.to(tl.int64) * (K // 4) + blk * 8)[:, None] + word[None, :]
+    xl = tl.load(at, mask=live[:, None], other=0)
+    xh = tl.load(at + 4, mask=live[:, None], other=0)
+    g = pair.to(tl.int64) * (K // 32) + blk
+    scale = tl.load(xs + g, mask=live, other=0.0)
+    start = tl.load(xsum + g, mask=live, other=0)[:, None] * tl.where(word == 0, -8, 0)[None, :]
+    return xl, xh, scale, start
+
+
+@triton.jit
+def _block_dots(codes, d, xl, xh, scale, start):
+    """[BN, NU, 4] float32: each word's part of d_w * d_x * (q . c - 8 * sum c) (the offset in word 0's part)."""
+    shape: tl.constexpr = codes.shape
+    acc = dp4a(codes & 0x0F0F0F0F, tl.broadcast_to(xl[None, :, :], shape), tl.broadcast_to(start[None, :, :], shape))
+    acc = dp4a((codes >> 4) & 0x0F0F0F0F, tl.broadcast_to(xh[None, :, :], shape), acc)
+    return acc.to(tl.float32) * (d * scale[None, :])[:, :, None]
+
+
+@triton.jit
+def _row_sums(part):
+    """[BN, NU, 4] -> [BN]: one reduction over units and words."""
+    return tl.sum(tl.reshape(part, (part.shape[0], part.shape[1] * part.shape[2])), axis=1)
+
+
+@triton.jit
+def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constexpr, K: tl.constexpr,
+                      TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
+                      SHARED: tl.constexpr):
+    """y[t, rows] = sum over t's chosen experts j of topk_w[t, j] * (expert ids[t, j]'s rows . x[t * TOP_K + j]),
+    every block of every chosen expert loaded at once. SHARED (the dense matvec: one matrix, TOP_K 1, ids and
+    topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token."""
+    NB: tl.constexpr = K // 32
+    ROW_BYTES: tl.constexpr = NB * 18
+    first = tl.program_id(0) * (ROWS if SHARED else 1)
+    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    g = tl.arange(0, NU)
+    j = g // NB
+    blk = g % NB
+    um = g < TOP_K * NB
+    if SHARED:
+        index = tl.where(um, 0, -1)
+    else:
+        index = tl.where(um, tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32), -1)
+    bm = (rows < N_OUT)[:, None] & (index >= 0)[None, :]
+    w_at = w + tl.maximum(index, 0).to(tl.int64)[None, :] * stride
+    codes, d = _codes(w_at, (rows * ROW_BYTES)[:, None] + (blk * 18)[None, :], bm)
+    for r in tl.static_range(ROWS if SHARED else 1):
+        token = first + r
+        xl, xh, scale, start = _x_words(xq, xs, xsum, token * TOP_K + j, blk, index >= 0, K)
+        if not SHARED:  # an expert's combine weight scales its blocks' d_x: one product a unit, not a row
+            scale = scale * tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
+        out = _row_sums(_block_dots(codes, d, xl, xh, scale, start))
+        tl.store(y + token.to(tl.int64) * N_OUT + rows, out, mask=rows < N_OUT)
+
+
+@triton.jit
+def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_OUT: tl.constexpr, K: tl.constexpr,
+                         TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr):
+    """Pair p = (token p // TOP_K, its expert ids[p]): hid[p, rows] = silu(gate rows . x) * (up rows . x), both
+    operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]."""
+    NB: tl.constexpr = K // 32
+    ROW_BYTES: tl.constexpr = NB * 18
+    pair = tl.program_id(0)
+    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    blk = tl.arange(0, NU)
+    um = blk < NB
+    expert = tl.load(ids + pair + blk * 0, mask=um, other=0).to(tl.int64)
+    bm = (rows < N_OUT)[:, None] & um[None, :]
+    off = (rows * ROW_BYTES)[:, None] + (blk * 18)[None, :]
+    g_codes, g_d = _codes(wg + expert[None, :] * stride_g, off, bm)
+    u_codes, u_d = _codes(wu + expert[None, :] * stride_u, off, bm)
+    xl, xh, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
+    gate = _row_sums(_block_dots(g_codes, g_d, xl, xh, scale, start))
+    up = _row_sums(_block_dots(u_codes, u_d, xl, xh, scale, start))
+    at = hid + pair.to(tl.int64) * N_OUT + rows
+    if SWIGLU:
+        tl.store(at, gate / (1.0 + tl.exp(-gate)) * up, mask=rows < N_OUT)
+    else:
+        tl.store(at, gate, mask=rows < N_OUT)
+        tl.store(at + tl.num_programs(0) * N_OUT, up, mask=rows < N_OUT)
+
+
+def quantize_x(x: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, K] (K a multiple of 32) -> int8 codes [T, K], float32 scales [T, K/32], int32 code sums [T, K/32]:
+    `quantize32`'s rounding (code = rint(x * 127 / a), a = max |x| of the 32), its Triton kernel on a GPU or under
+    the interpreter, its torch reference on plain CPU runs."""
+    if x.dim() != 2 or x.shape[-1] % GROUP:
+        raise StrataError(f"dp4a GEMV: activation of shape {tuple(x.shape)} is not [rows, a multiple of {GROUP}]")
+    if x.is_cuda or _INTERPRETED:
+        return quantize_rows_triton(x, out)
+    return quantize_rows_ref(x, out)
+
+
+def quantize_x_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch reference of `quantize_x`."""
+    return quantize_rows_ref(x)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bool) -> tuple[int, int]:
+    """(BN rows, warps) of a program over `n_units` blocks a row (all chosen experts' for the down form), n_out rows,
+    `programs` programs a row tile (pairs or tokens), `operands` matrices (gate/up: 2).
+
+    A thread holds BN rows of NU * 4 / threads words: at most LANE_WORDS of them (two uint16 loads each, so 16
+    loads in flight a thread, ~32 KB an SM at 4 warps x 4 programs), warps 4..16 to get there; rows start at 8 (more
+    rows share each activation word and the one reduction) and halve while the grid gives under MIN_WARPS warps.
+    Under the interpreter (cost per operation): the widest tile, 4 warps."""
+    if not on_gpu:
+        return min(32, _pow2(n_out)), 4
+
+    def fit(bn: int) -> tuple[int, int]:
+        warps = 4
+        while operands * _pow2(n_units) * WORDS * bn / (32 * warps) > LANE_WORDS and warps < 16:
+            warps *= 2
+        return bn, warps
+
+    bn, warps = fit(8)
+    while bn > 1 and programs * -(-n_out // bn) * warps < MIN_WARPS:
+        bn, warps = fit(bn // 2)
+    return bn, warps
+
+
+def _check(w: torch.Tensor, n_out: int, k: int, stride: int) -> None:
+    """One clear line for weights the kernels cannot read (expert ids are not checked: that would wait on the GPU)."""
+    matrix = n_out * k // GROUP * BLOCK_BYTES
+    if k % GROUP:
+        raise StrataError(f"dp4a GEMV: input width {k} is not a multiple of {GROUP} (whole Q4_0 blocks)")
+    if w.dtype != torch.uint8 or not w.is_contiguous() or w.numel() < matrix or 0 < stride < matrix:
+        raise StrataError(f"dp4a GEMV: weight bytes {tuple(w.shape)} {w.dtype} do not hold Q4_0 matrices of "
+                          f"{n_out} x {k} ({matrix} bytes) at stride {stride}")
+    if w.data_ptr() % 2:
+        raise StrataError("dp4a GEMV: Q4_0 weight bytes must start at an even address (uint16 loads)")
+
+
+def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, bn: int | None = None,
+                warps: int | None = None) -> torch.Tensor:
+    """y [T, n_out] float32 = x [T, K] (T = 1..4 rows, given as `quantize_x`'s triple) times one Q4_0 matrix w
+    (uint8, n_out rows of K / 32 blocks): the weights read once for all T rows."""
+    codes, scales, sums = xq
+    n_tokens, k = codes.shape
+    _check(w, n_out, k, 0)
+    d_bn, d_warps = dp4a_tile(n_out, k // 32, 1, 1, codes.is_cuda)
+    bn, warps = bn or d_bn, warps or d_warps
+    y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
+    _dp4a_down_kernel[(1, triton.cdiv(n_out, bn))](
+        codes.view(torch.int32), scales, sums, codes, scales, w, y, 0, N_OUT=n_out, K=k, TOP_K=1,
+        NU=_pow2(k // 32), BN=bn, ROWS=n_tokens, SHARED=True, num_warps=warps)
+    return y
+
+
+def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, stride: int, n_out: int,
+              y: torch.Tensor | None = None, bn: int | None = None, warps: int | None = None) -> torch.Tensor:
+    """y [T, n_out] float32 = sum over j of weights[t, j] * (expert ids[t, j] of w . h[t * k + j]): the routed
+    down projection, h [T * k, ff] given as `quantize_x`'s triple, experts at `stride` bytes in w."""
+    codes, scales, sums = hq
+    n_tokens, top_k = ids.shape
+    k = codes.shape[1]
+    _check(w, n_out, k, stride)
+    d_bn, d_warps = dp4a_tile(n_out, top_k * k // 32, n_tokens, 1, codes.is_cuda)
+    bn, warps = bn or d_bn, warps or d_warps
+    y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
+    _dp4a_down_kernel[(n_tokens, triton.cdiv(n_out, bn))](
+        codes.view(torch.int32), scales, sums, ids.int().contiguous(), weights.float().contiguous(), w, y, stride,
+        N_OUT=n_out, K=k, TOP_K=top_k, NU=_pow2(top_k * k // 32), BN=bn, ROWS=1, SHARED=False, num_warps=warps)
+    return y
+
+
+def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
+                 swiglu: bool = True, bn: int | None = None, warps: int | None = None) -> torch.Tensor:
+    """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
+    experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots."""
+    codes, scales, sums = xq
+    n_tokens, top_k = ids.shape
+    k = codes.shape[1]
+    _check(wg, n_out, k, stride)
+    _check(wu, n_out, k, stride)
+    d_bn, d_warps = dp4a_tile(n_out, k // 32, n_tokens * top_k, 2, codes.is_cuda)
+    bn, warps = bn or d_bn, warps or d_warps
+    shape = (n_tokens * top_k, n_out) if swiglu else (2, n_tokens * top_k, n_out)
+    hid = torch.empty(shape, dtype=torch.float32, device=codes.device)
+    _dp4a_gate_up_kernel[(n_tokens * top_k, triton.cdiv(n_out, bn))](
+        codes.view(torch.int32), scales, sums, ids.int().contiguous(), wg, wu, hid, stride, stride, N_OUT=n_out,
+        K=k, TOP_K=top_k, NU=_pow2(k // 32), BN=bn, SWIGLU=swiglu, num_warps=warps)
+    return hid
