@@ -5,21 +5,24 @@ The one-shot float kernels (`oneshot_gemv.py`) spend ~7 instructions a weight tu
 multiplying them, and issuing those instructions is most of their time beyond the bare read of the weights. Here the
 activation is rounded once to int8 codes per 32 values (`quantize_x`: a float32 scale d_x and the codes' sum a block,
 `quantize32`'s rounding), and a block's dot with a weight row is integer work: the block's 16 code bytes are 4
-uint32 words, each word's low nibbles (weights 4i..4i+3) and high nibbles (16+4i..16+4i+3) masked to bytes, and one
-`dp4a` (four int8 multiply-adds into an int32) for each against the activation's codes read as int32 words. The Q4_0
-offset is taken once a block: the integer sum starts at -8 x the block's activation code sum, so
+uint32 words; each word's low nibbles (weights 4i..4i+3) masked to bytes go through one `dp4a` (four byte
+multiply-adds into an int32) against the activation's codes 4i..4i+3 (read as an int32 word), its high nibbles
+(16+4i..) masked in place (bytes 16 q) through another, into a second sum divided by 16 once (exact). The Q4_0
+offset is taken once a block: the first sum starts at -8 x the block's activation code sum, so
     row . x ~ sum over blocks of d_w * d_x * (sum_i q_i * c_i - 8 * sum_i c_i)       (q_i the 4-bit code, c_i x's)
-with the integer part exact, then one float multiply-add a word. That is ~2 instructions a weight, not 7.
+with the integer part exact, then one conversion and one float multiply-add a block. Built for sm_90 (the last test
+of test_dp4a_gemv.py prints the counts) that is ~2 instructions a weight, all included, against ~7.
 
-Layout (a program: BN rows of one weight matrix, all its units at once, no loop over the input: the one-shot form):
-a tile [BN, NU, 4], a thread per (unit, word) holding all BN rows of it, so that the activation words a thread
-loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then the codes): in GGUF order every other block's
-codes are only 2-byte aligned, so each word is built from two uint16 loads. The -8 x code sum goes into word 0's
-start. The sums reduce once per program over units and words (`_row_sums`' single reduction).
+Layout (a program: BN rows of one weight matrix, all its blocks at once, no loop over the input: the one-shot
+form): tiles [NU blocks, BN rows], one a code word, Triton spreading the blocks over a warp's lanes (a load
+instruction reads 32 neighbouring blocks of a row) and the rows over registers and warps, so that the activation
+words a thread loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then the codes): in GGUF order
+every other block's codes are only 2-byte aligned, so each word is two uint16 loads. The sums reduce once per
+program over the blocks.
 
-`dp4a` is PTX `dp4a.s32.s32` through inline assembly; Triton's interpreter cannot run assembly, so under
-TRITON_INTERPRET=1 the same function is plain integer operations (bytes sign-extended by shifts), and the CPU tests
-run these kernels as they are.
+`dp4a` is PTX `dp4a.u32.s32` (unsigned weight bytes, signed activation bytes) through inline assembly; Triton's
+interpreter cannot run assembly, so under TRITON_INTERPRET=1 the same function is plain integer operations, and
+the CPU tests run these kernels as they are.
 
 Error (tests/kernels/moe/test_dp4a_gemv.py, `row_error_bound`): against float64 of the dequantized weights times
 the ORIGINAL x, a row is within sum over blocks of (d_x / 2) * sum |w| of the block (x rounded to the nearest code)
@@ -38,8 +41,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
 
 BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
-WORDS = 4  # uint32 code words a block (threads a unit)
-LANE_WORDS = 8  # code words (int32, each two uint16 loads) a thread should hold at most: registers for x and sums
+LANE_BLOCKS = 8  # block rows a thread holds at most (36 code words): the old kernels' registers and then some
 MIN_WARPS = 12 * 132  # resident warps the grid should give an H200 (12 an SM, as oneshot_gemv's tiles)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels decided before Triton was imported
@@ -47,9 +49,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels de
 
 @triton.jit
 def dp4a_emulated(a, b, c):
-    """c + the dot of a's and b's four signed bytes (int32 each), in plain integer operations."""
+    """c + the dot of a's four unsigned bytes with b's four signed bytes (int32 each), in plain integer operations."""
     for k in tl.static_range(4):
-        c += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)  # byte k, sign-extended (arithmetic >>)
+        c += ((a >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)  # b's byte k sign-extended (arithmetic >>)
     return c
 
 
@@ -60,50 +62,62 @@ if _INTERPRETED:
 else:
     @triton.jit
     def dp4a(a, b, c):
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+        """c + a's unsigned bytes . b's signed bytes, one instruction (IDP.4A on sm_61 and newer)."""
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
                                          is_pure=True, pack=1)
 
 
 @triton.jit
-def _codes(w_at, off, bm):
-    """Code words [BN, NU, 4] (int32) and scales [BN, NU] (float32) of the blocks `off` [BN, NU] bytes after w_at
-    (a pointer, or [1, NU] of them); word i = code bytes 4i..4i+3 from the uint16s at 2 + 4i and 4 + 4i."""
-    word = tl.arange(0, 4)
-    at = (w_at + off)[:, :, None] + 2 + 4 * word[None, None, :]
-    lo = tl.load(at.to(tl.pointer_type(tl.uint16)), mask=bm[:, :, None], other=0)
-    hi = tl.load((at + 2).to(tl.pointer_type(tl.uint16)), mask=bm[:, :, None], other=0)
-    codes = lo.to(tl.int32) | (hi.to(tl.int32) << 16)
-    d = tl.load((w_at + off).to(tl.pointer_type(tl.uint16)), mask=bm, other=0)
-    return codes, d.to(tl.float16, bitcast=True).to(tl.float32)
+def _word(at, i: tl.constexpr):
+    """Code word i [NU, BN] (int32: code bytes 4i..4i+3 of the blocks at `at`) from the uint16s at 2 + 4i, 4 + 4i."""
+    lo = tl.load((at + 2 + 4 * i).to(tl.pointer_type(tl.uint16)))
+    hi = tl.load((at + 4 + 4 * i).to(tl.pointer_type(tl.uint16)))
+    return lo.to(tl.int32) | (hi.to(tl.int32) << 16)
+
+
+@triton.jit
+def _codes(w_at, off):
+    """The 4 code words [NU, BN] (int32) and the scales [NU, BN] (float32) of the blocks `off` [NU, BN] bytes after
+    w_at (a pointer, or [NU, 1] of them). No masks: callers address only bytes of the matrices (rows past the end
+    clamped to the last, absent units to expert 0), which saves a zeroing instruction a load; what such a block
+    gives is multiplied by a zero activation or not stored."""
+    at = w_at + off
+    d = tl.load(at.to(tl.pointer_type(tl.uint16))).to(tl.float16, bitcast=True).to(tl.float32)
+    return _word(at, 0), _word(at, 1), _word(at, 2), _word(at, 3), d
 
 
 @triton.jit
 def _x_words(xq, xs, xsum, pair, blk, live, K: tl.constexpr):
-    """Activation row `pair` [NU] at units blk [NU]: its code words for the low and the high nibbles [NU, 4], the
-    scale [NU] and the start of each word's integer sum [NU, 4] (-8 x the block's code sum in word 0, else 0)."""
-    word = tl.arange(0, 4)
-    at = xq + (pair.to(tl.int64) * (K // 4) + blk * 8)[:, None] + word[None, :]
-    xl = tl.load(at, mask=live[:, None], other=0)
-    xh = tl.load(at + 4, mask=live[:, None], other=0)
+    """Activation row `pair` [NU] at units blk [NU]: its 8 code words (int32 [NU] each: codes 4i..4i+3, then
+    16+4i..), its scale [NU] and -8 x its code sum [NU] (the integer sum's start)."""
+    at = xq + pair.to(tl.int64) * (K // 4) + blk * 8
+    x0 = tl.load(at, mask=live, other=0)
+    x1 = tl.load(at + 1, mask=live, other=0)
+    x2 = tl.load(at + 2, mask=live, other=0)
+    x3 = tl.load(at + 3, mask=live, other=0)
+    x4 = tl.load(at + 4, mask=live, other=0)
+    x5 = tl.load(at + 5, mask=live, other=0)
+    x6 = tl.load(at + 6, mask=live, other=0)
+    x7 = tl.load(at + 7, mask=live, other=0)
     g = pair.to(tl.int64) * (K // 32) + blk
     scale = tl.load(xs + g, mask=live, other=0.0)
-    start = tl.load(xsum + g, mask=live, other=0)[:, None] * tl.where(word == 0, -8, 0)[None, :]
-    return xl, xh, scale, start
+    start = tl.load(xsum + g, mask=live, other=0) * -8
+    return x0, x1, x2, x3, x4, x5, x6, x7, scale, start
 
 
 @triton.jit
-def _block_dots(codes, d, xl, xh, scale, start):
-    """[BN, NU, 4] float32: each word's part of d_w * d_x * (q . c - 8 * sum c) (the offset in word 0's part)."""
-    shape: tl.constexpr = codes.shape
-    acc = dp4a(codes & 0x0F0F0F0F, tl.broadcast_to(xl[None, :, :], shape), tl.broadcast_to(start[None, :, :], shape))
-    acc = dp4a((codes >> 4) & 0x0F0F0F0F, tl.broadcast_to(xh[None, :, :], shape), acc)
-    return acc.to(tl.float32) * (d * scale[None, :])[:, :, None]
-
-
-@triton.jit
-def _row_sums(part):
-    """[BN, NU, 4] -> [BN]: one reduction over units and words."""
-    return tl.sum(tl.reshape(part, (part.shape[0], part.shape[1] * part.shape[2])), axis=1)
+def _block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start):
+    """[NU, BN] float32: d_w * d_x * (q . c - 8 * sum c) of each block. Low nibbles masked to bytes 0..15; high
+    ones masked in place (bytes 16 q) into their own sum, divided by 16 once (exact: a multiple of 16)."""
+    low = dp4a(c0 & 0x0F0F0F0F, x0[:, None], start[:, None])
+    low = dp4a(c1 & 0x0F0F0F0F, x1[:, None], low)
+    low = dp4a(c2 & 0x0F0F0F0F, x2[:, None], low)
+    low = dp4a(c3 & 0x0F0F0F0F, x3[:, None], low)
+    high = dp4a(c0 & -252645136, x4[:, None], tl.zeros_like(low))  # 0xF0F0F0F0
+    high = dp4a(c1 & -252645136, x5[:, None], high)
+    high = dp4a(c2 & -252645136, x6[:, None], high)
+    high = dp4a(c3 & -252645136, x7[:, None], high)
+    return (low + (high >> 4)).to(tl.float32) * (d * scale[:, None])
 
 
 @triton.jit
@@ -125,15 +139,15 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
         index = tl.where(um, 0, -1)
     else:
         index = tl.where(um, tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32), -1)
-    bm = (rows < N_OUT)[:, None] & (index >= 0)[None, :]
-    w_at = w + tl.maximum(index, 0).to(tl.int64)[None, :] * stride
-    codes, d = _codes(w_at, (rows * ROW_BYTES)[:, None] + (blk * 18)[None, :], bm)
+    w_at = w + tl.maximum(index, 0).to(tl.int64)[:, None] * stride
+    c0, c1, c2, c3, d = _codes(w_at, (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :])
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
-        xl, xh, scale, start = _x_words(xq, xs, xsum, token * TOP_K + j, blk, index >= 0, K)
+        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, token * TOP_K + j, blk, index >= 0,
+                                                                  K)
         if not SHARED:  # an expert's combine weight scales its blocks' d_x: one product a unit, not a row
             scale = scale * tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
-        out = _row_sums(_block_dots(codes, d, xl, xh, scale, start))
+        out = tl.sum(_block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
         tl.store(y + token.to(tl.int64) * N_OUT + rows, out, mask=rows < N_OUT)
 
 
@@ -148,14 +162,13 @@ def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_O
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     blk = tl.arange(0, NU)
     um = blk < NB
-    expert = tl.load(ids + pair + blk * 0, mask=um, other=0).to(tl.int64)
-    bm = (rows < N_OUT)[:, None] & um[None, :]
-    off = (rows * ROW_BYTES)[:, None] + (blk * 18)[None, :]
-    g_codes, g_d = _codes(wg + expert[None, :] * stride_g, off, bm)
-    u_codes, u_d = _codes(wu + expert[None, :] * stride_u, off, bm)
-    xl, xh, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
-    gate = _row_sums(_block_dots(g_codes, g_d, xl, xh, scale, start))
-    up = _row_sums(_block_dots(u_codes, u_d, xl, xh, scale, start))
+    expert = tl.load(ids + pair).to(tl.int64)
+    off = (tl.minimum(blk, NB - 1) * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
+    g0, g1, g2, g3, g_d = _codes(wg + expert * stride_g, off)
+    u0, u1, u2, u3, u_d = _codes(wu + expert * stride_u, off)
+    x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
+    gate = tl.sum(_block_dots(g0, g1, g2, g3, g_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
+    up = tl.sum(_block_dots(u0, u1, u2, u3, u_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
     at = hid + pair.to(tl.int64) * N_OUT + rows
     if SWIGLU:
         tl.store(at, gate / (1.0 + tl.exp(-gate)) * up, mask=rows < N_OUT)
@@ -188,16 +201,16 @@ def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bo
     """(BN rows, warps) of a program over `n_units` blocks a row (all chosen experts' for the down form), n_out rows,
     `programs` programs a row tile (pairs or tokens), `operands` matrices (gate/up: 2).
 
-    A thread holds BN rows of NU * 4 / threads words: at most LANE_WORDS of them (two uint16 loads each, so 16
-    loads in flight a thread, ~32 KB an SM at 4 warps x 4 programs), warps 4..16 to get there; rows start at 8 (more
-    rows share each activation word and the one reduction) and halve while the grid gives under MIN_WARPS warps.
-    Under the interpreter (cost per operation): the widest tile, 4 warps."""
+    A thread holds at most LANE_BLOCKS block rows (9 uint16 loads each, all issued at once; sm_90 builds: ~2
+    instructions a weight at 8, ~2.4 at 4, as fixed costs (addresses, the reduction) spread over fewer weights),
+    warps 4..16 to get there; rows start at 8 (more rows share each activation word) and halve while the grid gives
+    under MIN_WARPS warps. Under the interpreter (cost per operation): the widest tile, 4 warps."""
     if not on_gpu:
         return min(32, _pow2(n_out)), 4
 
     def fit(bn: int) -> tuple[int, int]:
         warps = 4
-        while operands * _pow2(n_units) * WORDS * bn / (32 * warps) > LANE_WORDS and warps < 16:
+        while operands * _pow2(n_units) * bn / (32 * warps) > LANE_BLOCKS and warps < 16:
             warps *= 2
         return bn, warps
 

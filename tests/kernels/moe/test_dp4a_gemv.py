@@ -7,16 +7,29 @@ block code sums zeroed (so without the -8 offset) must fall outside it. Under TR
 its integer emulation, checked here byte by byte against numpy.
 """
 
-import numpy as np
-import pytest
-import torch
-import triton
-import triton.language as tl
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
-from strata.errors import StrataError
-from strata.kernels.moe import dp4a_gemv
-from strata.kernels.moe.dp4a_gemv import dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref
+if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton  # noqa: F401
 
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from strata.errors import StrataError  # noqa: E402
+from strata.kernels.moe import dp4a_gemv  # noqa: E402
+from strata.kernels.moe.dp4a_gemv import dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
 U = 2.0**-24
 
 
@@ -47,13 +60,13 @@ def _dp4a_probe_kernel(a, b, c, out, N: tl.constexpr):
     tl.store(out + i, dp4a_gemv.dp4a(tl.load(a + i), tl.load(b + i), tl.load(c + i)))
 
 
-def test_dp4a_is_four_signed_byte_products_added(device):
+def test_dp4a_adds_four_unsigned_by_signed_byte_products(device):
     rng = np.random.default_rng(1)
     a = rng.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
     b = rng.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
-    a[:2], b[:2] = np.int32(-2139062144), np.int32(2139062143)  # bytes -128 x4 and 127 x4 (0x80808080, 0x7F7F7F7F)
+    a[:2], b[:2] = np.int32(-1), np.int32(-2139062144)  # bytes 255 x4 and -128 x4 (0xFFFFFFFF, 0x80808080)
     c = rng.integers(-2**20, 2**20, 64).astype(np.int32)
-    want = c.astype(np.int64) + (a.view(np.int8).reshape(64, 4).astype(np.int64)
+    want = c.astype(np.int64) + (a.view(np.uint8).reshape(64, 4).astype(np.int64)
                                  * b.view(np.int8).reshape(64, 4).astype(np.int64)).sum(1)
     out = torch.empty(64, dtype=torch.int32, device=device)
     _dp4a_probe_kernel[(1,)](*(torch.from_numpy(v).to(device) for v in (a, b, c)), out, N=64)
@@ -145,10 +158,74 @@ def test_weights_the_kernels_cannot_read_are_one_line_errors(device):
 
 
 def test_tiles_fill_an_h200_within_their_registers():
-    from strata.kernels.moe.dp4a_gemv import LANE_WORDS, MIN_WARPS, dp4a_tile
+    from strata.kernels.moe.dp4a_gemv import LANE_BLOCKS, MIN_WARPS, dp4a_tile
 
     for n_out, units, programs, operands in [(5120, 64, 1, 1), (2048, 128, 1, 1), (768, 64, 8, 2), (2048, 192, 1, 1)]:
         bn, warps = dp4a_tile(n_out, units, programs, operands, True)
-        words = operands * (1 << (units - 1).bit_length()) * 4 * bn / (32 * warps)
-        assert words <= LANE_WORDS or warps == 16, (n_out, units, bn, warps)
+        blocks = operands * (1 << (units - 1).bit_length()) * bn / (32 * warps)
+        assert blocks <= LANE_BLOCKS or warps == 16, (n_out, units, bn, warps)
         assert programs * -(-n_out // bn) * warps >= MIN_WARPS or bn == 1, (n_out, units, bn, warps)
+
+
+# The A3B shapes (kind, rows, input width, top_k): q/k/v stacked, o, the experts' gate/up and down
+A3B = [("matvec", 5120, 2048, 1), ("matvec", 2048, 4096, 1), ("gate_up", 768, 2048, 8), ("down", 2048, 768, 8)]
+
+
+def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: int = 0, rows: int = 1) -> dict:
+    """Compile one A3B form for sm_90 without a GPU (Triton's bundled ptxas): registers, spill stack, SASS
+    instructions a weight (a static count: these kernels have no loops) and whether dp4a became IDP.4A."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    units = k // 32 * (top_k if kind == "down" else 1)
+    operands, programs = (2, top_k) if kind == "gate_up" else (1, 1)
+    d_bn, d_warps = dp4a_gemv.dp4a_tile(n_out, units, programs, operands, True)
+    bn, warps = bn or d_bn, warps or d_warps
+    x = {"xq": "*i32", "xs": "*fp32", "xsum": "*i32", "ids": "*i32"}
+    nu = 1 << (units - 1).bit_length()
+    if kind == "gate_up":
+        kernel = dp4a_gemv._dp4a_gate_up_kernel
+        signature = {**x, "wg": "*u8", "wu": "*u8", "hid": "*fp32", "stride_g": "i64", "stride_u": "i64"}
+        constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, SWIGLU=True)
+    else:
+        kernel = dp4a_gemv._dp4a_down_kernel
+        signature = {**x, "topk_w": "*fp32", "w": "*u8", "y": "*fp32", "stride": "i64"}
+        constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, ROWS=rows, SHARED=kind == "matvec")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature if not n.startswith("stride")}
+    source = ASTSource(kernel, {**signature, **{c: "constexpr" for c in constants}}, constants, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z]", line)]
+    executed = [line for line in lines if not re.search(r"\s(NOP|BRA)\b", line)]  # (the padding after EXIT)
+    weights = n_out * k * top_k * operands
+    threads = 32 * warps * -(-n_out // bn) * (top_k if kind == "gate_up" else 1)
+    return {"kind": kind, "n_out": n_out, "k": k, "bn": bn, "warps": warps, "rows": rows, "regs": int(regs),
+            "stack": int(stack), "per_weight": round(len(executed) * threads / weights, 2),
+            "dp4a": sum("IDP.4A" in line for line in lines)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device probe builds and times them")
+@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
+                    reason="this Triton build carries no ptxas")
+def test_kernels_build_for_sm90_with_dp4a_and_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(builds) == len(A3B) + 1, builds
+    for b in builds:  # the one-shot float kernels take ~7 a weight; a count over 3 means the integer path is lost
+        assert b["stack"] == 0 and b["dp4a"] > 0 and b["per_weight"] < 3 * b["rows"], b
+
+
+if __name__ == "__main__":
+    for shape in A3B:
+        print(json.dumps(build_sm90(*shape)), flush=True)
+    print(json.dumps(build_sm90(*A3B[0], rows=4)), flush=True)  # a verify window's 4 rows
