@@ -193,6 +193,21 @@ def quantize_x_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return quantize_rows_ref(x)
 
 
+def row_error_bound(w64: torch.Tensor, x: torch.Tensor, xq, terms: int = 0) -> torch.Tensor:
+    """[T, n_out] float64: the stated bound on |kernel - w64 . x[t]| for w64 [n_out, K] (the dequantized weights,
+    float64), x [T, K] the ORIGINAL activation and xq its `quantize_x` triple, the kernel summing `terms` float32
+    parts a row (default K / 32, one matrix's blocks). Each x_i is off its code by at most d_x / 2 + 4u|x_i| (the
+    rounding and its float32 steps, u = 2^-24); the float32 products and sums of n parts add at most (n + 4) u times
+    sum |w| |x rounded| (the integer dots are exact)."""
+    u = 2.0**-24
+    codes, scales, _ = (t.to(w64.device) for t in xq)
+    step = scales.double().repeat_interleave(GROUP, dim=1)  # [T, K]: each value's d_x
+    x_err = step / 2 + 4 * u * x.to(w64.device).double().abs()
+    rounded = codes.double() * step
+    terms = terms or x.shape[1] // GROUP
+    return x_err @ w64.abs().T + (terms + 4) * u * (rounded.abs() @ w64.abs().T)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 

@@ -1,8 +1,8 @@
 """The int8-activation Q4_0 GEMVs (`dp4a_gemv.py`) against float64 of the dequantized weights times the ORIGINAL x.
 
-Bound (`row_error_bound`, float64): a row's error is at most sum over its weights of |w| * (d_x / 2 + 4u |x|) (x
-rounded to the nearest code of its block's scale d_x, the rounding's own float32 steps 4u|x|) plus (n + 4) u * sum
-|w| |x_rounded|, float32 rounding of n partial sums and their scale products (u = 2^-24). The same kernel with the
+Bound (`dp4a_gemv.row_error_bound`, float64): a row's error is at most sum over its weights of |w| * (d_x / 2 +
+4u |x|) (x rounded to the nearest code of its block's scale d_x, the rounding's own float32 steps 4u|x|) plus
+(n + 4) u * sum |w| |x_rounded|, float32 rounding of n block parts and their scale products (u = 2^-24). The same kernel with the
 block code sums zeroed (so without the -8 offset) must fall outside it. Under TRITON_INTERPRET=1 (CPU) `dp4a` is
 its integer emulation, checked here byte by byte against numpy.
 """
@@ -27,10 +27,10 @@ import triton.language as tl  # noqa: E402
 
 from strata.errors import StrataError  # noqa: E402
 from strata.kernels.moe import dp4a_gemv  # noqa: E402
-from strata.kernels.moe.dp4a_gemv import dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref  # noqa: E402
+from strata.kernels.moe.dp4a_gemv import (  # noqa: E402
+    dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref, row_error_bound)
 
 ROOT = Path(__file__).resolve().parents[3]
-U = 2.0**-24
 
 
 def q4_0(n_mats: int, n_out: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,18 +40,6 @@ def q4_0(n_mats: int, n_out: int, k: int, seed: int) -> tuple[torch.Tensor, torc
     raw = torch.from_numpy(random_blocks("Q4_0", n_mats * n_out * k // 32, np.random.default_rng(seed), 0.02))
     w64 = dequantize(raw.reshape(n_mats * n_out, -1), get_format("Q4_0").ggml_type, (n_mats * n_out, k))
     return raw.reshape(-1), w64.double().reshape(n_mats, n_out, k)
-
-
-def row_error_bound(w64: torch.Tensor, x: torch.Tensor, xq, terms: int = 0) -> torch.Tensor:
-    """[T, n_out] float64: the stated bound of (w64 [n_out, K] . x[t]) for x [T, K] rounded as xq, the kernel
-    summing `terms` float32 parts (a word's each; default K / 8, one matrix)."""
-    codes, scales, _ = xq
-    k = x.shape[1]
-    step = scales.double().cpu().repeat_interleave(32, dim=1)  # [T, K]: each value's d_x
-    rounded = codes.double().cpu() * step
-    x_err = step / 2 + 4 * U * x.double().abs()
-    terms = terms or 4 * k // 32
-    return x_err @ w64.abs().T + (terms + 4) * U * (rounded.abs() @ w64.abs().T)
 
 
 @triton.jit
@@ -119,8 +107,8 @@ def test_routed_down_within_the_rounding_bound(device):
             p = t * top_k + j
             e = int(ids[t, j])
             want[t] += weights[t, j].double() * (h[p].double() @ w64[e].T)
-            # all experts' words in one sum (8 blocks each: 64 terms), d_x times the combine weight (+1 rounding)
-            one = row_error_bound(w64[e], h[p:p + 1], tuple(v[p:p + 1] for v in hq), terms=4 * 16 + 1)[0]
+            # both experts' blocks in one float32 sum (2 x 8), d_x times the combine weight (one rounding more)
+            one = row_error_bound(w64[e], h[p:p + 1], tuple(v[p:p + 1] for v in hq), terms=2 * 8 + 1)[0]
             bound[t] += weights[t, j].double() * one
     err = (y.cpu().double() - want).abs()
     assert (err <= bound).all(), (err / bound).max()
