@@ -85,9 +85,8 @@ def describe_plan(path: str, n_ctx: int, device: str, vram_budget: float | None,
     resolved = EngineConfig(device=device).resolve_device()
     plan = plan_placement(model, config, resolved, n_ctx, per_value, vram_budget, expert_cache, kv_resident)
     resident = f", {kv_resident} cells per layer on the device" if kv_resident else ""
-    lines = [*plan.describe().splitlines(), describe_chunks(plan, config, _mask_context(model, config, n_ctx, kv_dtype,
-                                                                                       resolved.type == "cuda"),
-                                                                  borrow=prefill_borrow)]
+    masked = _mask_context(model, config, n_ctx, kv_dtype, resolved.type == "cuda")
+    lines = [*plan.describe().splitlines(), describe_chunks(plan, config, masked, borrow=prefill_borrow)]
     return f"placement plan ({kv_dtype} KV{resident}):\n" + "\n".join("  " + line for line in lines)
 
 
