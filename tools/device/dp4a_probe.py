@@ -8,6 +8,8 @@ evicts L2 (its own graph's time subtracted), and is printed per launch:
   oneshot      the engine's kernel today (quant_matvec / gate_up_swiglu_triton / down_sum_triton, default tiles);
   dp4a         the dp4a kernel, the activation quantized beforehand (as if the norm kernel wrote the codes);
   dp4a+quant   the dp4a kernel after its own quantize launch (the cost if nothing fuses the quantization);
+  dp4a halfwords  its HALFWORDS layout (a lane per halfword of codes: coalesced like the float kernels' loads,
+               ~2x the instructions): faster than dp4a only if the block layout's strided loads bind in L1;
   --sweep      dp4a at each (rows, warps) tile, beside its default ("*").
 Each line: us a launch, GB/s of weights read against the device copy rate (read + write, as
 l2_prefetch_probe.copy_rate measures), and the error against float64: the float kernels' max |err| / max |float64|
@@ -109,10 +111,10 @@ class Matvec:
     def oneshot(self, i: int):
         return quant_matvec(self.x, self.copies[i].view(self.n_out, -1), Q4_0.ggml_type, (self.n_out, self.k))
 
-    def dp4a(self, i: int, bn=None, warps=None, quantize=False):
+    def dp4a(self, i: int, bn=None, warps=None, quantize=False, halfwords=False):
         if quantize:
             dp.quantize_x(self.x, out=self.xq)
-        return dp.dp4a_matvec(self.xq, self.copies[i], self.n_out, self.y, bn, warps)
+        return dp.dp4a_matvec(self.xq, self.copies[i], self.n_out, self.y, bn, warps, halfwords)
 
     def checks(self) -> tuple[str, str]:
         want = self.want()
@@ -157,15 +159,17 @@ class Experts:
             return gate_up_swiglu_triton(self.x, self.ids, e)
         return down_sum_triton(self.h, self.ids, self.weights, e)
 
-    def dp4a(self, i: int, bn=None, warps=None, quantize=False, swiglu=True):
+    def dp4a(self, i: int, bn=None, warps=None, quantize=False, swiglu=True, halfwords=False):
         e = self.copies[i]
         if self.name == "gate_up":
             if quantize:
                 dp.quantize_x(self.x, out=self.xq)
-            return dp.dp4a_gate_up(self.xq, self.ids, e.gate.raw, e.up.raw, e.gate.stride, self.ff, swiglu, bn, warps)
+            return dp.dp4a_gate_up(self.xq, self.ids, e.gate.raw, e.up.raw, e.gate.stride, self.ff, swiglu, bn, warps,
+                                   halfwords)
         if quantize:
             dp.quantize_x(self.h.reshape(self.top_k, self.ff), out=self.hq)
-        return dp.dp4a_down(self.hq, self.ids, self.weights, e.down.raw, e.down.stride, self.embd, self.y, bn, warps)
+        return dp.dp4a_down(self.hq, self.ids, self.weights, e.down.raw, e.down.stride, self.embd, self.y, bn, warps,
+                            halfwords)
 
     def checks(self) -> tuple[str, str]:
         ids = self.ids[0].tolist()
@@ -185,7 +189,7 @@ class Experts:
         want = sum(w[j] * (h[j] @ self.w64["down"][e].T) for j, e in enumerate(ids))[None, :]
         terms = 1 << (self.units - 1).bit_length()
         bound = sum(w[j] * dp.row_error_bound(self.w64["down"][e], self.h[0, j:j + 1], tuple(
-            t[j:j + 1] for t in self.hq), terms=terms + 1) for j, e in enumerate(ids))
+            t[j:j + 1] for t in self.hq), terms=8 * terms + 1) for j, e in enumerate(ids))
         return float_check(self.oneshot(0), want), dp4a_check(self.dp4a(0), want, bound)
 
 
@@ -235,6 +239,7 @@ def main():
         line("oneshot", chain_us(case.oneshot, args.chain, flush), old_check)
         line("dp4a", chain_us(case.dp4a, args.chain, flush), new_check)
         line("dp4a+quant", chain_us(lambda i: case.dp4a(i, quantize=True), args.chain, flush))
+        line("dp4a halfwords", chain_us(lambda i: case.dp4a(i, halfwords=True), args.chain, flush))
         if args.sweep and case.name != "qkv x4":
             for bn, warps in sweep_tiles(case):
                 if time.monotonic() - started > args.budget:

@@ -18,7 +18,9 @@ form): tiles [NU blocks, BN rows], one a code word, Triton spreading the blocks 
 instruction reads 32 neighbouring blocks of a row) and the rows over registers and warps, so that the activation
 words a thread loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then the codes): in GGUF order
 every other block's codes are only 2-byte aligned, so each word is two uint16 loads. The sums reduce once per
-program over the blocks.
+program over the blocks. A load instruction of this layout reads 2 bytes of each of 32 blocks (576 bytes apart
+end to end), so the L1 serves each line ~9 times; the HALFWORDS layout (a tunable: a lane per halfword of codes,
+the float kernels' coalesced loads, ~2x the instructions) is the probe's check of whether that binds.
 
 `dp4a` is PTX `dp4a.u32.s32` (unsigned weight bytes, signed activation bytes) through inline assembly; Triton's
 interpreter cannot run assembly, so under TRITON_INTERPRET=1 the same function is plain integer operations, and
@@ -121,12 +123,48 @@ def _block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start)
 
 
 @triton.jit
+def _halfword_codes(w_at, off):
+    """The HALFWORDS layout's loads: [NU, BN, 8] int32, halfword t of each block's codes (bytes 2t, 2t+1) spread to
+    the bytes q(2t), q(2t+1), q(2t+16), q(2t+17) (h | h << 12, masked), and the scales [NU, BN] (float32). A load
+    instruction reads 4 blocks' 16 code bytes in a row, 8 lanes a block (the float one-shot kernels' layout)."""
+    at = w_at + off
+    h = tl.load((at + 2)[:, :, None].to(tl.pointer_type(tl.uint16)) + tl.arange(0, 8)[None, None, :]).to(tl.int32)
+    d = tl.load(at.to(tl.pointer_type(tl.uint16))).to(tl.float16, bitcast=True).to(tl.float32)
+    return (h | (h << 12)) & 0x0F0F0F0F, d
+
+
+@triton.jit
+def _x_halfwords(xq, xs, xsum, pair, blk, live, K: tl.constexpr):
+    """The HALFWORDS layout's activation [NU, 8] int32: codes 2t, 2t+1, 2t+16, 2t+17 of each block (two uint16
+    loads), its scale [NU] and the integer sums' start [NU, 8] (-8 x the block's code sum in lane 0, else 0)."""
+    t = tl.arange(0, 8)
+    at = xq.to(tl.pointer_type(tl.uint16)) + (pair.to(tl.int64) * (K // 2) + blk * 16)[:, None] + t[None, :]
+    lo = tl.load(at, mask=live[:, None], other=0).to(tl.int32)
+    hi = tl.load(at + 8, mask=live[:, None], other=0).to(tl.int32)
+    g = pair.to(tl.int64) * (K // 32) + blk
+    scale = tl.load(xs + g, mask=live, other=0.0)
+    start = tl.load(xsum + g, mask=live, other=0)[:, None] * tl.where(t == 0, -8, 0)[None, :]
+    return lo | (hi << 16), scale, start
+
+
+@triton.jit
+def _halfword_sums(v, d, xw, scale, start):
+    """[BN] row sums of d_w * d_x * (q . c - 8 * sum c) over the HALFWORDS tiles (one reduction over blocks and
+    lanes)."""
+    shape: tl.constexpr = v.shape
+    acc = dp4a(v, tl.broadcast_to(xw[:, None, :], shape), tl.broadcast_to(start[:, None, :], shape))
+    part = tl.permute(acc.to(tl.float32) * (d * scale[:, None])[:, :, None], (1, 0, 2))
+    return tl.sum(tl.reshape(part, (shape[1], shape[0] * shape[2])), axis=1)
+
+
+@triton.jit
 def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constexpr, K: tl.constexpr,
                       TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
-                      SHARED: tl.constexpr):
+                      SHARED: tl.constexpr, HALFWORDS: tl.constexpr = False):
     """y[t, rows] = sum over t's chosen experts j of topk_w[t, j] * (expert ids[t, j]'s rows . x[t * TOP_K + j]),
     every block of every chosen expert loaded at once. SHARED (the dense matvec: one matrix, TOP_K 1, ids and
-    topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token."""
+    topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token. HALFWORDS: a lane per
+    halfword of codes (`_halfword_codes`) instead of a lane per block."""
     NB: tl.constexpr = K // 32
     ROW_BYTES: tl.constexpr = NB * 18
     first = tl.program_id(0) * (ROWS if SHARED else 1)
@@ -136,24 +174,36 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
     blk = g % NB
     um = g < TOP_K * NB
     if SHARED:
-        index = tl.where(um, 0, -1)
+        expert = tl.zeros_like(g)
+    else:  # padding units (NU is a power of two) read the last expert's blocks again: cache hits, no HBM bytes
+        expert = tl.load(ids + first * TOP_K + tl.minimum(j, TOP_K - 1)).to(tl.int32)
+    w_at = w + expert.to(tl.int64)[:, None] * stride
+    off = (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
+    if HALFWORDS:
+        v, d = _halfword_codes(w_at, off)
     else:
-        index = tl.where(um, tl.load(ids + first * TOP_K + j, mask=um, other=0).to(tl.int32), -1)
-    w_at = w + tl.maximum(index, 0).to(tl.int64)[:, None] * stride
-    c0, c1, c2, c3, d = _codes(w_at, (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :])
+        c0, c1, c2, c3, d = _codes(w_at, off)
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
-        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, token * TOP_K + j, blk, index >= 0,
-                                                                  K)
-        if not SHARED:  # an expert's combine weight scales its blocks' d_x: one product a unit, not a row
-            scale = scale * tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)
-        out = tl.sum(_block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
+        pair = token * TOP_K + j
+        if SHARED:
+            weight = 1.0
+        else:  # an expert's combine weight scales its blocks' d_x: one product a unit, not a row
+            weight = tl.load(topk_w + pair, mask=um, other=0.0).to(tl.float32)
+        if HALFWORDS:
+            xw, scale, start = _x_halfwords(xq, xs, xsum, pair, blk, um, K)
+            out = _halfword_sums(v, d, xw, scale * weight, start)
+        else:
+            x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair, blk, um, K)
+            out = tl.sum(_block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale * weight, start),
+                         axis=0)
         tl.store(y + token.to(tl.int64) * N_OUT + rows, out, mask=rows < N_OUT)
 
 
 @triton.jit
 def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_OUT: tl.constexpr, K: tl.constexpr,
-                         TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr):
+                         TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr,
+                         HALFWORDS: tl.constexpr = False):
     """Pair p = (token p // TOP_K, its expert ids[p]): hid[p, rows] = silu(gate rows . x) * (up rows . x), both
     operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]."""
     NB: tl.constexpr = K // 32
@@ -164,11 +214,18 @@ def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_O
     um = blk < NB
     expert = tl.load(ids + pair).to(tl.int64)
     off = (tl.minimum(blk, NB - 1) * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
-    g0, g1, g2, g3, g_d = _codes(wg + expert * stride_g, off)
-    u0, u1, u2, u3, u_d = _codes(wu + expert * stride_u, off)
-    x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
-    gate = tl.sum(_block_dots(g0, g1, g2, g3, g_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
-    up = tl.sum(_block_dots(u0, u1, u2, u3, u_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
+    if HALFWORDS:
+        g_v, g_d = _halfword_codes(wg + expert * stride_g, off)
+        u_v, u_d = _halfword_codes(wu + expert * stride_u, off)
+        xw, scale, start = _x_halfwords(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
+        gate = _halfword_sums(g_v, g_d, xw, scale, start)
+        up = _halfword_sums(u_v, u_d, xw, scale, start)
+    else:
+        g0, g1, g2, g3, g_d = _codes(wg + expert * stride_g, off)
+        u0, u1, u2, u3, u_d = _codes(wu + expert * stride_u, off)
+        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
+        gate = tl.sum(_block_dots(g0, g1, g2, g3, g_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
+        up = tl.sum(_block_dots(u0, u1, u2, u3, u_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
     at = hid + pair.to(tl.int64) * N_OUT + rows
     if SWIGLU:
         tl.store(at, gate / (1.0 + tl.exp(-gate)) * up, mask=rows < N_OUT)
@@ -196,7 +253,7 @@ def quantize_x_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def row_error_bound(w64: torch.Tensor, x: torch.Tensor, xq, terms: int = 0) -> torch.Tensor:
     """[T, n_out] float64: the stated bound on |kernel - w64 . x[t]| for w64 [n_out, K] (the dequantized weights,
     float64), x [T, K] the ORIGINAL activation and xq its `quantize_x` triple, the kernel summing `terms` float32
-    parts a row (default K / 32, one matrix's blocks). Each x_i is off its code by at most d_x / 2 + 4u|x_i| (the
+    parts a row (default K / 4: one matrix, 8 parts a block as in the HALFWORDS layout; the other has 1). Each x_i is off its code by at most d_x / 2 + 4u|x_i| (the
     rounding and its float32 steps, u = 2^-24); the float32 products and sums of n parts add at most (n + 4) u times
     sum |w| |x rounded| (the integer dots are exact)."""
     u = 2.0**-24
@@ -204,7 +261,7 @@ def row_error_bound(w64: torch.Tensor, x: torch.Tensor, xq, terms: int = 0) -> t
     step = scales.double().repeat_interleave(GROUP, dim=1)  # [T, K]: each value's d_x
     x_err = step / 2 + 4 * u * x.to(w64.device).double().abs()
     rounded = codes.double() * step
-    terms = terms or x.shape[1] // GROUP
+    terms = terms or 8 * x.shape[1] // GROUP
     return x_err @ w64.abs().T + (terms + 4) * u * (rounded.abs() @ w64.abs().T)
 
 
@@ -248,7 +305,7 @@ def _check(w: torch.Tensor, n_out: int, k: int, stride: int) -> None:
 
 
 def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, bn: int | None = None,
-                warps: int | None = None) -> torch.Tensor:
+                warps: int | None = None, halfwords: bool = False) -> torch.Tensor:
     """y [T, n_out] float32 = x [T, K] (T = 1..4 rows, given as `quantize_x`'s triple) times one Q4_0 matrix w
     (uint8, n_out rows of K / 32 blocks): the weights read once for all T rows."""
     codes, scales, sums = xq
@@ -259,12 +316,13 @@ def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, 
     y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
     _dp4a_down_kernel[(1, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, codes, scales, w, y, 0, N_OUT=n_out, K=k, TOP_K=1,
-        NU=_pow2(k // 32), BN=bn, ROWS=n_tokens, SHARED=True, num_warps=warps)
+        NU=_pow2(k // 32), BN=bn, ROWS=n_tokens, SHARED=True, HALFWORDS=halfwords, num_warps=warps)
     return y
 
 
 def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, stride: int, n_out: int,
-              y: torch.Tensor | None = None, bn: int | None = None, warps: int | None = None) -> torch.Tensor:
+              y: torch.Tensor | None = None, bn: int | None = None, warps: int | None = None,
+              halfwords: bool = False) -> torch.Tensor:
     """y [T, n_out] float32 = sum over j of weights[t, j] * (expert ids[t, j] of w . h[t * k + j]): the routed
     down projection, h [T * k, ff] given as `quantize_x`'s triple, experts at `stride` bytes in w."""
     codes, scales, sums = hq
@@ -276,12 +334,14 @@ def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, str
     y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
     _dp4a_down_kernel[(n_tokens, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), weights.float().contiguous(), w, y, stride,
-        N_OUT=n_out, K=k, TOP_K=top_k, NU=_pow2(top_k * k // 32), BN=bn, ROWS=1, SHARED=False, num_warps=warps)
+        N_OUT=n_out, K=k, TOP_K=top_k, NU=_pow2(top_k * k // 32), BN=bn, ROWS=1, SHARED=False, HALFWORDS=halfwords,
+        num_warps=warps)
     return y
 
 
 def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
-                 swiglu: bool = True, bn: int | None = None, warps: int | None = None) -> torch.Tensor:
+                 swiglu: bool = True, bn: int | None = None, warps: int | None = None,
+                 halfwords: bool = False) -> torch.Tensor:
     """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
     experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots."""
     codes, scales, sums = xq
@@ -295,5 +355,5 @@ def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stri
     hid = torch.empty(shape, dtype=torch.float32, device=codes.device)
     _dp4a_gate_up_kernel[(n_tokens * top_k, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), wg, wu, hid, stride, stride, N_OUT=n_out,
-        K=k, TOP_K=top_k, NU=_pow2(k // 32), BN=bn, SWIGLU=swiglu, num_warps=warps)
+        K=k, TOP_K=top_k, NU=_pow2(k // 32), BN=bn, SWIGLU=swiglu, HALFWORDS=halfwords, num_warps=warps)
     return hid
