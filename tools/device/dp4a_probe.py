@@ -24,6 +24,7 @@ Without a GPU (a smoke run of every path and check at tiny shapes under Triton's
 
 import argparse
 import dataclasses
+import math
 import time
 
 import torch
@@ -193,8 +194,9 @@ class Experts:
         return float_check(self.oneshot(0), want), dp4a_check(self.dp4a(0), want, bound)
 
 
-def sweep_tiles(case) -> list[tuple[int, int]]:
-    """(rows, warps) tiles whose threads hold 2..16 block rows each (the default's neighbours: dp4a_tile)."""
+def sweep_tiles(case, default: tuple[int, int]) -> list[tuple[int, int]]:
+    """(rows, warps) tiles whose threads hold 2..16 block rows each, the default's nearest first (a sweep cut by
+    the time budget keeps the likeliest ones)."""
     nu = 1 << (case.units - 1).bit_length()
     tiles = []
     for bn in (1, 2, 4, 8, 16, 32):
@@ -202,7 +204,11 @@ def sweep_tiles(case) -> list[tuple[int, int]]:
             blocks = case.operands * nu * bn / (32 * warps)
             if 2 <= blocks <= 16 and bn <= case.n_out:
                 tiles.append((bn, warps))
-    return tiles
+
+    def distance(tile):
+        return abs(math.log2(tile[0] / default[0])) + abs(math.log2(tile[1] / default[1]))
+
+    return sorted(tiles, key=distance)
 
 
 def main():
@@ -211,7 +217,7 @@ def main():
     p.add_argument("--chain", type=int, default=16)
     p.add_argument("--shapes", default="qkv,qkv4,o,gate_up,down")
     p.add_argument("--tiny", action="store_true", help="small shapes (a CPU smoke run of every path)")
-    p.add_argument("--budget", type=float, default=200, help="seconds after which the sweep stops (said)")
+    p.add_argument("--budget", type=float, default=200, help="seconds by which the sweep stops (said)")
     args = p.parse_args()
     started = time.monotonic()
     rate = copy_bandwidth(DEV, 1 << (30 if DEV.type == "cuda" else 24))
@@ -224,37 +230,44 @@ def main():
               "o": lambda: Matvec("o", 2048 // s, 4096 // s, 1, args.chain),
               "gate_up": lambda: Experts("gate_up", 2048 // s, 768 // s * 2, 8, args.chain),
               "down": lambda: Experts("down", 2048 // s, 768 // s * 2, 8, args.chain)}
-    for shape in args.shapes.split(","):
-        case = makers[shape]()
-        floor = case.bytes / rate * 1e6
-        default = dp.dp4a_tile(case.n_out, case.units, case.programs, case.operands, True)
-        print(f"\n{case.name}: {case.bytes / 1e6:.2f} MB of weights a launch, copy-rate floor {floor:.2f} us; "
-              f"dp4a default tile rows {default[0]} warps {default[1]}")
-        old_check, new_check = case.checks()
+    shapes = args.shapes.split(",")
+    swept = [shape for shape in shapes if shape != "qkv4"] if args.sweep else []
+    # First every shape's comparison, then the sweeps (each shape an equal share of what is left of the budget)
+    for sweep, names in ((False, shapes), (True, swept)):
+        share_start = time.monotonic()
+        for n, shape in enumerate(names):
+            case = makers[shape]()
+            floor = case.bytes / rate * 1e6
+            default = dp.dp4a_tile(case.n_out, case.units, case.programs, case.operands, True)
 
-        def line(label: str, us: float, note: str = ""):
-            print(f"  {label:24s} {us:7.2f} us {case.bytes / us / 1e3:7.0f} GB/s {floor / us:6.1%} of copy  {note}",
-                  flush=True)
+            def line(label: str, us: float, note: str = ""):
+                print(f"  {label:24s} {us:7.2f} us {case.bytes / us / 1e3:7.0f} GB/s {floor / us:6.1%} of copy  "
+                      f"{note}", flush=True)
 
-        line("oneshot", chain_us(case.oneshot, args.chain, flush), old_check)
-        line("dp4a", chain_us(case.dp4a, args.chain, flush), new_check)
-        line("dp4a+quant", chain_us(lambda i: case.dp4a(i, quantize=True), args.chain, flush))
-        line("dp4a halfwords", chain_us(lambda i: case.dp4a(i, halfwords=True), args.chain, flush))
-        if args.sweep and case.name != "qkv x4":
-            for bn, warps in sweep_tiles(case):
-                if time.monotonic() - started > args.budget:
-                    print(f"  (sweep stopped: past {args.budget:.0f} s)")
-                    break
-                try:
-                    us = chain_us(lambda i: case.dp4a(i, bn, warps), args.chain, flush)
-                except Exception as e:  # a tile the compiler refuses (shared memory, registers): said, not fatal
-                    print(f"  dp4a rows {bn} warps {warps}: {type(e).__name__}: {str(e)[:120]}")
-                    continue
-                star = "*" if (bn, warps) == default else " "
-                line(f"dp4a rows {bn:2d} warps {warps:2d} {star}", us)
-        del case
-        if DEV.type == "cuda":
-            torch.cuda.empty_cache()
+            if not sweep:
+                print(f"\n{case.name}: {case.bytes / 1e6:.2f} MB of weights a launch, copy-rate floor {floor:.2f} us; "
+                      f"dp4a default tile rows {default[0]} warps {default[1]}")
+                old_check, new_check = case.checks()
+                line("oneshot", chain_us(case.oneshot, args.chain, flush), old_check)
+                line("dp4a", chain_us(case.dp4a, args.chain, flush), new_check)
+                line("dp4a+quant", chain_us(lambda i: case.dp4a(i, quantize=True), args.chain, flush))
+                line("dp4a halfwords", chain_us(lambda i: case.dp4a(i, halfwords=True), args.chain, flush))
+            else:
+                deadline = share_start + (n + 1) * (args.budget - (share_start - started)) / len(names)
+                print(f"\n{case.name} sweep (* the default):")
+                for bn, warps in sweep_tiles(case, default):
+                    if time.monotonic() > deadline:
+                        print("  (this shape's share of --budget is spent: the farther tiles left out)")
+                        break
+                    try:
+                        us = chain_us(lambda i: case.dp4a(i, bn, warps), args.chain, flush)
+                    except Exception as e:  # a tile the compiler refuses (shared memory, registers): said
+                        print(f"  dp4a rows {bn} warps {warps}: {type(e).__name__}: {str(e)[:120]}")
+                        continue
+                    line(f"dp4a rows {bn:2d} warps {warps:2d} {'*' if (bn, warps) == default else ' '}", us)
+            del case
+            if DEV.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
