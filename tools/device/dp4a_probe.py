@@ -85,7 +85,8 @@ def dp4a_check(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> st
     err = (got.double() - want).abs()
     ok = "ok" if bool((err <= bound).all()) else "OUTSIDE"
     rel = err.max().item() / max(want.abs().max().item(), 1e-30)
-    return f"max err {err.max().item():.2e} bound {bound.min().item():.2e}..{bound.max().item():.2e} {ok} (rel {rel:.1e})"
+    return (f"max err {err.max().item():.2e} bound {bound.min().item():.2e}..{bound.max().item():.2e} {ok} "
+            f"(rel {rel:.1e})")
 
 
 def float_check(got: torch.Tensor, want: torch.Tensor) -> str:

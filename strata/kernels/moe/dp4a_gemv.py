@@ -253,9 +253,9 @@ def quantize_x_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def row_error_bound(w64: torch.Tensor, x: torch.Tensor, xq, terms: int = 0) -> torch.Tensor:
     """[T, n_out] float64: the stated bound on |kernel - w64 . x[t]| for w64 [n_out, K] (the dequantized weights,
     float64), x [T, K] the ORIGINAL activation and xq its `quantize_x` triple, the kernel summing `terms` float32
-    parts a row (default K / 4: one matrix, 8 parts a block as in the HALFWORDS layout; the other has 1). Each x_i is off its code by at most d_x / 2 + 4u|x_i| (the
-    rounding and its float32 steps, u = 2^-24); the float32 products and sums of n parts add at most (n + 4) u times
-    sum |w| |x rounded| (the integer dots are exact)."""
+    parts a row (default K / 4: one matrix, 8 parts a block as in the HALFWORDS layout; the other has 1). Each x_i
+    is off its code by at most d_x / 2 + 4u|x_i| (the rounding and its float32 steps, u = 2^-24); the float32
+    products and sums of n parts add at most (n + 4) u times sum |w| |x rounded| (the integer dots are exact)."""
     u = 2.0**-24
     codes, scales, _ = (t.to(w64.device) for t in xq)
     step = scales.double().repeat_interleave(GROUP, dim=1)  # [T, K]: each value's d_x
