@@ -3,8 +3,8 @@
 Bound (`dp4a_gemv.row_error_bound`, float64): a row's error is at most sum over its weights of |w| * (d_x / 2 +
 4u |x|) (x rounded to the nearest code of its block's scale d_x, the rounding's own float32 steps 4u|x|) plus
 (n + 4) u * sum |w| |x_rounded|, float32 rounding of n parts and their scale products (u = 2^-24). The same kernel
-with the block code sums zeroed (so without the -8 offset) must fall outside it. Under TRITON_INTERPRET=1 (CPU) `dp4a` is
-its integer emulation, checked here byte by byte against numpy.
+with the block code sums zeroed (so without the -8 offset) must fall outside it. Under TRITON_INTERPRET=1 (CPU)
+`dp4a` is its integer emulation, checked here byte by byte against numpy (on a GPU: the instruction itself).
 """
 
 import json
