@@ -6,11 +6,12 @@ the experts' gate/up (8 chosen experts x 768 x 2048, both operands) and down (8 
 variant runs as a chain of CHAIN launches over distinct copies of the weights in one CUDA graph, after a fill that
 evicts L2 (its own graph's time subtracted), and is printed per launch:
   oneshot      the engine's kernel today (quant_matvec / gate_up_swiglu_triton / down_sum_triton, default tiles);
-  dp4a         the dp4a kernel, the activation quantized beforehand (as if the norm kernel wrote the codes);
-  dp4a+quant   the dp4a kernel after its own quantize launch (the cost if nothing fuses the quantization);
-  dp4a halfwords  its HALFWORDS layout (a lane per halfword of codes: coalesced like the float kernels' loads,
-               ~2x the instructions): faster than dp4a only if the block layout's strided loads bind in L1;
-  --sweep      dp4a at each (rows, warps) tile, beside its default ("*").
+  dp4a         the dp4a kernel (its default layout, pairs), the activation quantized beforehand (as if the norm
+               kernel wrote the codes);
+  dp4a+quant   the same after its own quantize launch (the cost if nothing fuses the quantization);
+  dp4a blocks / dp4a halfwords   its other layouts (dp4a_gemv.LAYOUTS): halfwords (coalesced loads, ~2x the
+               instructions) faster than the others only if their strided loads bind in the L1;
+  --sweep      dp4a pairs and blocks at each (rows, warps) tile, beside the default ("*").
 Each line: us a launch, GB/s of weights read against the device copy rate (read + write, as
 l2_prefetch_probe.copy_rate measures), and the error against float64: the float kernels' max |err| / max |float64|
 beside gemv.ERROR_BOUND, the dp4a kernels' max |err| beside their bound (`dp4a_gemv.row_error_bound`: x rounded to
@@ -113,10 +114,10 @@ class Matvec:
     def oneshot(self, i: int):
         return quant_matvec(self.x, self.copies[i].view(self.n_out, -1), Q4_0.ggml_type, (self.n_out, self.k))
 
-    def dp4a(self, i: int, bn=None, warps=None, quantize=False, halfwords=False):
+    def dp4a(self, i: int, bn=None, warps=None, quantize=False, layout=None):
         if quantize:
             dp.quantize_x(self.x, out=self.xq)
-        return dp.dp4a_matvec(self.xq, self.copies[i], self.n_out, self.y, bn, warps, halfwords)
+        return dp.dp4a_matvec(self.xq, self.copies[i], self.n_out, self.y, bn, warps, layout)
 
     def checks(self) -> tuple[str, str]:
         want = self.want()
@@ -161,17 +162,17 @@ class Experts:
             return gate_up_swiglu_triton(self.x, self.ids, e)
         return down_sum_triton(self.h, self.ids, self.weights, e)
 
-    def dp4a(self, i: int, bn=None, warps=None, quantize=False, swiglu=True, halfwords=False):
+    def dp4a(self, i: int, bn=None, warps=None, quantize=False, swiglu=True, layout=None):
         e = self.copies[i]
         if self.name == "gate_up":
             if quantize:
                 dp.quantize_x(self.x, out=self.xq)
             return dp.dp4a_gate_up(self.xq, self.ids, e.gate.raw, e.up.raw, e.gate.stride, self.ff, swiglu, bn, warps,
-                                   halfwords)
+                                   layout)
         if quantize:
             dp.quantize_x(self.h.reshape(self.top_k, self.ff), out=self.hq)
         return dp.dp4a_down(self.hq, self.ids, self.weights, e.down.raw, e.down.stride, self.embd, self.y, bn, warps,
-                            halfwords)
+                            layout)
 
     def checks(self) -> tuple[str, str]:
         ids = self.ids[0].tolist()
@@ -229,8 +230,8 @@ def main():
     makers = {"qkv": lambda: Matvec("qkv", 5120 // s, 2048 // s, 1, args.chain),
               "qkv4": lambda: Matvec("qkv x4", 5120 // s, 2048 // s, 4, args.chain),
               "o": lambda: Matvec("o", 2048 // s, 4096 // s, 1, args.chain),
-              "gate_up": lambda: Experts("gate_up", 2048 // s, 768 // s * 2, 8, args.chain),
-              "down": lambda: Experts("down", 2048 // s, 768 // s * 2, 8, args.chain)}
+              "gate_up": lambda: Experts("gate_up", 2048 // s, 768 // s * 4, 8, args.chain),
+              "down": lambda: Experts("down", 2048 // s, 768 // s * 4, 8, args.chain)}
     shapes = args.shapes.split(",")
     swept = [shape for shape in shapes if shape != "qkv4"] if args.sweep else []
     # First every shape's comparison, then the sweeps (each shape an equal share of what is left of the budget)
@@ -252,20 +253,23 @@ def main():
                 line("oneshot", chain_us(case.oneshot, args.chain, flush), old_check)
                 line("dp4a", chain_us(case.dp4a, args.chain, flush), new_check)
                 line("dp4a+quant", chain_us(lambda i: case.dp4a(i, quantize=True), args.chain, flush))
-                line("dp4a halfwords", chain_us(lambda i: case.dp4a(i, halfwords=True), args.chain, flush))
+                for layout in ("blocks", "halfwords"):
+                    line(f"dp4a {layout}", chain_us(lambda i: case.dp4a(i, layout=layout), args.chain, flush))
             else:
                 deadline = share_start + (n + 1) * (args.budget - (share_start - started)) / len(names)
                 print(f"\n{case.name} sweep (* the default):")
-                for bn, warps in sweep_tiles(case, default):
+                for bn, warps, layout in [(bn, warps, layout) for bn, warps in sweep_tiles(case, default)
+                                          for layout in ("pairs", "blocks")]:
                     if time.monotonic() > deadline:
                         print("  (this shape's share of --budget is spent: the farther tiles left out)")
                         break
                     try:
-                        us = chain_us(lambda i: case.dp4a(i, bn, warps), args.chain, flush)
+                        us = chain_us(lambda i: case.dp4a(i, bn, warps, layout=layout), args.chain, flush)
                     except Exception as e:  # a tile the compiler refuses (shared memory, registers): said
-                        print(f"  dp4a rows {bn} warps {warps}: {type(e).__name__}: {str(e)[:120]}")
+                        print(f"  dp4a {layout} rows {bn} warps {warps}: {type(e).__name__}: {str(e)[:120]}")
                         continue
-                    line(f"dp4a rows {bn:2d} warps {warps:2d} {'*' if (bn, warps) == default else ' '}", us)
+                    star = "*" if (bn, warps) == default and layout == "pairs" else " "
+                    line(f"{layout:6s} rows {bn:2d} warps {warps:2d} {star}", us)
             del case
             if DEV.type == "cuda":
                 torch.cuda.empty_cache()

@@ -11,16 +11,20 @@ multiply-adds into an int32) against the activation's codes 4i..4i+3 (read as an
 offset is taken once a block: the first sum starts at -8 x the block's activation code sum, so
     row . x ~ sum over blocks of d_w * d_x * (sum_i q_i * c_i - 8 * sum_i c_i)       (q_i the 4-bit code, c_i x's)
 with the integer part exact, then one conversion and one float multiply-add a block. Built for sm_90 (the last test
-of test_dp4a_gemv.py prints the counts) that is ~2 instructions a weight, all included, against ~7.
+of test_dp4a_gemv.py prints the counts) that is 1.5-2.7 instructions a weight, all included, against 6.3-7.8.
 
 Layout (a program: BN rows of one weight matrix, all its blocks at once, no loop over the input: the one-shot
-form): tiles [NU blocks, BN rows], one a code word, Triton spreading the blocks over a warp's lanes (a load
-instruction reads 32 neighbouring blocks of a row) and the rows over registers and warps, so that the activation
-words a thread loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then the codes): in GGUF order
-every other block's codes are only 2-byte aligned, so each word is two uint16 loads. The sums reduce once per
-program over the blocks. A load instruction of this layout reads 2 bytes of each of 32 blocks (576 bytes apart
-end to end), so the L1 serves each line ~9 times; the HALFWORDS layout (a tunable: a lane per halfword of codes,
-the float kernels' coalesced loads, ~2x the instructions) is the probe's check of whether that binds.
+form): tiles [NU units, BN rows], Triton spreading the units over a warp's lanes and the rows over registers and
+warps, so that the activation words a thread loads serve all its rows. Q4_0 blocks are 18 bytes (an fp16 scale then
+the codes), so in GGUF order every other block's codes are only 2-byte aligned. LAYOUTS (a tunable):
+  pairs      (the default where K is a multiple of 64 and the bytes 4-aligned) a unit is two blocks, 36 bytes,
+             read as 9 uint32 words, the even block's code words funnel-shifted out of words 0..4: half the load
+             instructions of `blocks`, ~20 % fewer instructions;
+  blocks     a unit is a block, each code word two uint16 loads;
+  halfwords  a lane a halfword of codes, 8 a block: a load instruction reads 4 blocks' codes in a row (the float
+             kernels' coalesced loads) where the other two read 2 bytes of each of 32 blocks (the L1 serving each
+             line ~9 times), at ~2x the instructions: the probe's check of whether that binds.
+The sums reduce once per program over the units.
 
 `dp4a` is PTX `dp4a.u32.s32` (unsigned weight bytes, signed activation bytes) through inline assembly; Triton's
 interpreter cannot run assembly, so under TRITON_INTERPRET=1 the same function is plain integer operations, and
@@ -45,6 +49,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
 
 BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
+LAYOUTS = ("blocks", "halfwords", "pairs")  # a lane a block (the default), a halfword, a pair of blocks
 LANE_BLOCKS = 8  # block rows a thread holds at most (36 code words): the old kernels' registers and then some
 MIN_WARPS = 12 * 132  # resident warps the grid should give an H200 (12 an SM, as oneshot_gemv's tiles)
 
@@ -160,31 +165,87 @@ def _halfword_sums(v, d, xw, scale, start):
 
 
 @triton.jit
+def _pair_codes(w_at, off):
+    """The PAIRS layout's loads: a unit is two blocks (36 bytes, 4-aligned where the row is), read as 9 uint32 words
+    (half the loads of two blocks' uint16s): the even block's code words straddle words 0..4 (a funnel shift each),
+    the odd block's are words 5..8 as they are; the scales are word 0's low and word 4's high half."""
+    at = (w_at + off).to(tl.pointer_type(tl.uint32))
+    w0 = tl.load(at)
+    w1 = tl.load(at + 1)
+    w2 = tl.load(at + 2)
+    w3 = tl.load(at + 3)
+    w4 = tl.load(at + 4)
+    w5 = tl.load(at + 5)
+    w6 = tl.load(at + 6)
+    w7 = tl.load(at + 7)
+    w8 = tl.load(at + 8)
+    d0 = (w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    d1 = (w4 >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    e0 = ((w0 >> 16) | (w1 << 16)).to(tl.int32, bitcast=True)  # (uint32: logical shifts)
+    e1 = ((w1 >> 16) | (w2 << 16)).to(tl.int32, bitcast=True)
+    e2 = ((w2 >> 16) | (w3 << 16)).to(tl.int32, bitcast=True)
+    e3 = ((w3 >> 16) | (w4 << 16)).to(tl.int32, bitcast=True)
+    return e0, e1, e2, e3, d0, w5.to(tl.int32, bitcast=True), w6.to(tl.int32, bitcast=True), \
+        w7.to(tl.int32, bitcast=True), w8.to(tl.int32, bitcast=True), d1
+
+
+@triton.jit
+def _weights(w_at, off, LAYOUT: tl.constexpr):
+    """A tile's weight loads, all issued together, kept as the layout keeps them (a tuple)."""
+    if LAYOUT == 1:
+        return _halfword_codes(w_at, off)
+    elif LAYOUT == 2:
+        return _pair_codes(w_at, off)
+    else:
+        return _codes(w_at, off)
+
+
+@triton.jit
+def _row_sums(wts, xq, xs, xsum, pair, blk, live, weight, K: tl.constexpr, LAYOUT: tl.constexpr):
+    """[BN]: the tile's rows (`_weights`) . activation rows `pair` [NU] at units blk [NU] (their first block), each
+    unit's d_x times `weight` (an expert's combine weight, or 1)."""
+    if LAYOUT == 1:
+        v, d = wts
+        xw, scale, start = _x_halfwords(xq, xs, xsum, pair, blk, live, K)
+        out = _halfword_sums(v, d, xw, scale * weight, start)
+    elif LAYOUT == 2:
+        e0, e1, e2, e3, d0, o0, o1, o2, o3, d1 = wts
+        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair, blk, live, K)
+        even = _block_dots(e0, e1, e2, e3, d0, x0, x1, x2, x3, x4, x5, x6, x7, scale * weight, start)
+        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair, blk + 1, live, K)
+        odd = _block_dots(o0, o1, o2, o3, d1, x0, x1, x2, x3, x4, x5, x6, x7, scale * weight, start)
+        out = tl.sum(even + odd, axis=0)
+    else:
+        c0, c1, c2, c3, d = wts
+        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair, blk, live, K)
+        out = tl.sum(_block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale * weight, start), axis=0)
+    return out
+
+
+@triton.jit
 def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constexpr, K: tl.constexpr,
                       TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
-                      SHARED: tl.constexpr, HALFWORDS: tl.constexpr = False):
+                      SHARED: tl.constexpr, LAYOUT: tl.constexpr = 0):
     """y[t, rows] = sum over t's chosen experts j of topk_w[t, j] * (expert ids[t, j]'s rows . x[t * TOP_K + j]),
     every block of every chosen expert loaded at once. SHARED (the dense matvec: one matrix, TOP_K 1, ids and
-    topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token. HALFWORDS: a lane per
-    halfword of codes (`_halfword_codes`) instead of a lane per block."""
+    topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token. LAYOUT: LAYOUTS'
+    index (0 a lane a block, 1 a lane a halfword, 2 a lane a block pair)."""
+    STEP: tl.constexpr = 2 if LAYOUT == 2 else 1  # blocks a unit
     NB: tl.constexpr = K // 32
+    UNITS: tl.constexpr = NB // STEP  # units a row of one expert
     ROW_BYTES: tl.constexpr = NB * 18
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     g = tl.arange(0, NU)
-    j = g // NB
-    blk = g % NB
-    um = g < TOP_K * NB
+    j = g // UNITS
+    blk = g % UNITS * STEP
+    um = g < TOP_K * UNITS
     if SHARED:
         expert = tl.zeros_like(g)
     else:  # padding units (NU is a power of two) read the last expert's blocks again: cache hits, no HBM bytes
         expert = tl.load(ids + first * TOP_K + tl.minimum(j, TOP_K - 1)).to(tl.int32)
     w_at = w + expert.to(tl.int64)[:, None] * stride
-    off = (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
-    if HALFWORDS:
-        v, d = _halfword_codes(w_at, off)
-    else:
-        c0, c1, c2, c3, d = _codes(w_at, off)
+    wts = _weights(w_at, (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :], LAYOUT)
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
         pair = token * TOP_K + j
@@ -192,42 +253,31 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
             weight = 1.0
         else:  # an expert's combine weight scales its blocks' d_x: one product a unit, not a row
             weight = tl.load(topk_w + pair, mask=um, other=0.0).to(tl.float32)
-        if HALFWORDS:
-            xw, scale, start = _x_halfwords(xq, xs, xsum, pair, blk, um, K)
-            out = _halfword_sums(v, d, xw, scale * weight, start)
-        else:
-            x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair, blk, um, K)
-            out = tl.sum(_block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale * weight, start),
-                         axis=0)
+        out = _row_sums(wts, xq, xs, xsum, pair, blk, um, weight, K, LAYOUT)
         tl.store(y + token.to(tl.int64) * N_OUT + rows, out, mask=rows < N_OUT)
 
 
 @triton.jit
 def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_OUT: tl.constexpr, K: tl.constexpr,
                          TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr,
-                         HALFWORDS: tl.constexpr = False):
+                         LAYOUT: tl.constexpr = 0):
     """Pair p = (token p // TOP_K, its expert ids[p]): hid[p, rows] = silu(gate rows . x) * (up rows . x), both
     operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]."""
+    STEP: tl.constexpr = 2 if LAYOUT == 2 else 1
     NB: tl.constexpr = K // 32
     ROW_BYTES: tl.constexpr = NB * 18
     pair = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
-    blk = tl.arange(0, NU)
-    um = blk < NB
+    u = tl.arange(0, NU)
+    um = u < NB // STEP
+    blk = tl.minimum(u, NB // STEP - 1) * STEP
     expert = tl.load(ids + pair).to(tl.int64)
-    off = (tl.minimum(blk, NB - 1) * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
-    if HALFWORDS:
-        g_v, g_d = _halfword_codes(wg + expert * stride_g, off)
-        u_v, u_d = _halfword_codes(wu + expert * stride_u, off)
-        xw, scale, start = _x_halfwords(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
-        gate = _halfword_sums(g_v, g_d, xw, scale, start)
-        up = _halfword_sums(u_v, u_d, xw, scale, start)
-    else:
-        g0, g1, g2, g3, g_d = _codes(wg + expert * stride_g, off)
-        u0, u1, u2, u3, u_d = _codes(wu + expert * stride_u, off)
-        x0, x1, x2, x3, x4, x5, x6, x7, scale, start = _x_words(xq, xs, xsum, pair // TOP_K + blk * 0, blk, um, K)
-        gate = tl.sum(_block_dots(g0, g1, g2, g3, g_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
-        up = tl.sum(_block_dots(u0, u1, u2, u3, u_d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start), axis=0)
+    off = (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :]
+    g_wts = _weights(wg + expert * stride_g, off, LAYOUT)
+    u_wts = _weights(wu + expert * stride_u, off, LAYOUT)
+    token = pair // TOP_K + u * 0
+    gate = _row_sums(g_wts, xq, xs, xsum, token, blk, um, 1.0, K, LAYOUT)
+    up = _row_sums(u_wts, xq, xs, xsum, token, blk, um, 1.0, K, LAYOUT)
     at = hid + pair.to(tl.int64) * N_OUT + rows
     if SWIGLU:
         tl.store(at, gate / (1.0 + tl.exp(-gate)) * up, mask=rows < N_OUT)
@@ -275,8 +325,9 @@ def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bo
     """(BN rows, warps) of a program over `n_units` blocks a row (all chosen experts' for the down form), n_out rows,
     `programs` programs a row tile (pairs or tokens), `operands` matrices (gate/up: 2).
 
-    A thread holds at most LANE_BLOCKS block rows (9 uint16 loads each, all issued at once; sm_90 builds: ~2
-    instructions a weight at 8, ~2.4 at 4, as fixed costs (addresses, the reduction) spread over fewer weights),
+    A thread holds at most LANE_BLOCKS block rows (the blocks layout: 9 uint16 loads each, all issued at once; sm_90
+    builds: ~2 instructions a weight at 8, ~2.4 at 4, as fixed costs (addresses, the reduction) spread over fewer
+    weights; the same bytes a thread in the other layouts),
     warps 4..16 to get there; rows start at 8 (more rows share each activation word) and halve while the grid gives
     under MIN_WARPS warps. Under the interpreter (cost per operation): the widest tile, 4 warps."""
     if not on_gpu:
@@ -294,9 +345,14 @@ def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bo
     return bn, warps
 
 
-def _check(w: torch.Tensor, n_out: int, k: int, stride: int) -> None:
-    """One clear line for weights the kernels cannot read (expert ids are not checked: that would wait on the GPU)."""
+def _check(w: torch.Tensor, n_out: int, k: int, stride: int, layout: str | None) -> int:
+    """LAYOUTS' index of `layout` (None: pairs where the weights allow it, else blocks), after one clear line for
+    weights the kernels cannot read (expert ids are not checked: that would wait on the GPU)."""
     matrix = n_out * k // GROUP * BLOCK_BYTES
+    if layout is None:  # pairs: ~20 % fewer instructions than blocks in sm_90 builds, half the load instructions
+        layout = "pairs" if not (k % (2 * GROUP) or w.data_ptr() % 4 or stride % 4) else "blocks"
+    if layout not in LAYOUTS:
+        raise StrataError(f"dp4a GEMV: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     if k % GROUP:
         raise StrataError(f"dp4a GEMV: input width {k} is not a multiple of {GROUP} (whole Q4_0 blocks)")
     if w.dtype != torch.uint8 or not w.is_contiguous() or w.numel() < matrix or 0 < stride < matrix:
@@ -304,58 +360,66 @@ def _check(w: torch.Tensor, n_out: int, k: int, stride: int) -> None:
                           f"{n_out} x {k} ({matrix} bytes) at stride {stride}")
     if w.data_ptr() % 2:
         raise StrataError("dp4a GEMV: Q4_0 weight bytes must start at an even address (uint16 loads)")
+    if layout == "pairs" and (k % (2 * GROUP) or w.data_ptr() % 4 or stride % 4):
+        raise StrataError(f"dp4a GEMV: the pairs layout reads 4-aligned block pairs: input width {k} (a multiple of "
+                          f"64?), weights at address {w.data_ptr()} and stride {stride} (multiples of 4?)")
+    return LAYOUTS.index(layout)
+
+
+def _units(layout: int, blocks: int) -> int:
+    """NU: the power of two of lanes that holds `blocks` blocks as the layout (LAYOUTS' index) groups them."""
+    return _pow2(blocks // 2 if LAYOUTS[layout] == "pairs" else blocks)
 
 
 def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, bn: int | None = None,
-                warps: int | None = None, halfwords: bool = False) -> torch.Tensor:
+                warps: int | None = None, layout: str | None = None) -> torch.Tensor:
     """y [T, n_out] float32 = x [T, K] (T = 1..4 rows, given as `quantize_x`'s triple) times one Q4_0 matrix w
     (uint8, n_out rows of K / 32 blocks): the weights read once for all T rows."""
     codes, scales, sums = xq
     n_tokens, k = codes.shape
-    _check(w, n_out, k, 0)
+    code = _check(w, n_out, k, 0, layout)
     d_bn, d_warps = dp4a_tile(n_out, k // 32, 1, 1, codes.is_cuda)
     bn, warps = bn or d_bn, warps or d_warps
     y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
     _dp4a_down_kernel[(1, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, codes, scales, w, y, 0, N_OUT=n_out, K=k, TOP_K=1,
-        NU=_pow2(k // 32), BN=bn, ROWS=n_tokens, SHARED=True, HALFWORDS=halfwords, num_warps=warps)
+        NU=_units(code, k // 32), BN=bn, ROWS=n_tokens, SHARED=True, LAYOUT=code, num_warps=warps)
     return y
 
 
 def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, stride: int, n_out: int,
               y: torch.Tensor | None = None, bn: int | None = None, warps: int | None = None,
-              halfwords: bool = False) -> torch.Tensor:
+              layout: str | None = None) -> torch.Tensor:
     """y [T, n_out] float32 = sum over j of weights[t, j] * (expert ids[t, j] of w . h[t * k + j]): the routed
     down projection, h [T * k, ff] given as `quantize_x`'s triple, experts at `stride` bytes in w."""
     codes, scales, sums = hq
     n_tokens, top_k = ids.shape
     k = codes.shape[1]
-    _check(w, n_out, k, stride)
+    code = _check(w, n_out, k, stride, layout)
     d_bn, d_warps = dp4a_tile(n_out, top_k * k // 32, n_tokens, 1, codes.is_cuda)
     bn, warps = bn or d_bn, warps or d_warps
     y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
     _dp4a_down_kernel[(n_tokens, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), weights.float().contiguous(), w, y, stride,
-        N_OUT=n_out, K=k, TOP_K=top_k, NU=_pow2(top_k * k // 32), BN=bn, ROWS=1, SHARED=False, HALFWORDS=halfwords,
+        N_OUT=n_out, K=k, TOP_K=top_k, NU=_units(code, top_k * k // 32), BN=bn, ROWS=1, SHARED=False, LAYOUT=code,
         num_warps=warps)
     return y
 
 
 def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
                  swiglu: bool = True, bn: int | None = None, warps: int | None = None,
-                 halfwords: bool = False) -> torch.Tensor:
+                 layout: str | None = None) -> torch.Tensor:
     """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
     experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots."""
     codes, scales, sums = xq
     n_tokens, top_k = ids.shape
     k = codes.shape[1]
-    _check(wg, n_out, k, stride)
-    _check(wu, n_out, k, stride)
+    code = min(_check(wg, n_out, k, stride, layout), _check(wu, n_out, k, stride, layout))  # (pairs only if both)
     d_bn, d_warps = dp4a_tile(n_out, k // 32, n_tokens * top_k, 2, codes.is_cuda)
     bn, warps = bn or d_bn, warps or d_warps
     shape = (n_tokens * top_k, n_out) if swiglu else (2, n_tokens * top_k, n_out)
     hid = torch.empty(shape, dtype=torch.float32, device=codes.device)
     _dp4a_gate_up_kernel[(n_tokens * top_k, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), wg, wu, hid, stride, stride, N_OUT=n_out,
-        K=k, TOP_K=top_k, NU=_pow2(k // 32), BN=bn, SWIGLU=swiglu, HALFWORDS=halfwords, num_warps=warps)
+        K=k, TOP_K=top_k, NU=_units(code, k // 32), BN=bn, SWIGLU=swiglu, LAYOUT=code, num_warps=warps)
     return hid

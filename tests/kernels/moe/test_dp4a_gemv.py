@@ -70,31 +70,31 @@ def test_quantize_x_is_the_reference_rounding(device):
         quantize_x(torch.zeros(2, 48))
 
 
-@pytest.mark.parametrize("halfwords", [False, True])
-def test_matvec_within_the_rounding_bound_and_rows_independent_of_the_window(device, halfwords):
+@pytest.mark.parametrize("layout", dp4a_gemv.LAYOUTS)
+def test_matvec_within_the_rounding_bound_and_rows_independent_of_the_window(device, layout):
     n_out, k = 40, 512  # 3 row tiles of 16, the last partial
     raw, w64 = q4_0(1, n_out, k, seed=3)
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(4))
     x[1, 64:96] = 0  # an all-zero block: scale 0, codes 0
     xq = quantize_x(x.to(device))
     w = raw.to(device)
-    y = dp4a_matvec(xq, w, n_out, bn=16, halfwords=halfwords)
+    y = dp4a_matvec(xq, w, n_out, bn=16, layout=layout)
     want = x.double() @ w64[0].T
     bound = row_error_bound(w64[0], x, xq)
     err = (y.cpu().double() - want).abs()
     assert (err <= bound).all(), (err / bound).max()
     assert (bound < 0.02 * (x.double().abs() @ w64[0].abs().T)).all()  # a bound that says something
     for r in range(4):  # each row as a one-row call gives the same bits (weights read once for the window)
-        alone = dp4a_matvec(tuple(t[r:r + 1] for t in xq), w, n_out, bn=16, halfwords=halfwords)
+        alone = dp4a_matvec(tuple(t[r:r + 1] for t in xq), w, n_out, bn=16, layout=layout)
         assert torch.equal(alone[0], y[r])
     codes, scales, sums = xq
     # the same kernel without the -8 offset (block sums zeroed) falls outside the bound
-    no_offset = dp4a_matvec((codes, scales, torch.zeros_like(sums)), w, n_out, bn=16, halfwords=halfwords)
+    no_offset = dp4a_matvec((codes, scales, torch.zeros_like(sums)), w, n_out, bn=16, layout=layout)
     assert ((no_offset.cpu().double() - want).abs() > bound).any()
 
 
-@pytest.mark.parametrize("halfwords", [False, True])
-def test_routed_down_within_the_rounding_bound(device, halfwords):
+@pytest.mark.parametrize("layout", dp4a_gemv.LAYOUTS)
+def test_routed_down_within_the_rounding_bound(device, layout):
     n_experts, ff, embd, top_k = 4, 256, 64, 3  # 3 x 8 blocks a row: 8 padding units (the last expert again)
     raw, w64 = q4_0(n_experts, embd, ff, seed=5)
     gen = torch.Generator().manual_seed(6)
@@ -103,7 +103,7 @@ def test_routed_down_within_the_rounding_bound(device, halfwords):
     h = torch.randn(3 * top_k, ff, generator=gen)
     hq = quantize_x(h.to(device))
     y = dp4a_down(hq, ids.to(device), weights.to(device), raw.to(device), embd * ff // 32 * 18, embd, bn=32,
-                  halfwords=halfwords)
+                  layout=layout)
     want = torch.zeros(3, embd, dtype=torch.float64)
     bound = torch.zeros(3, embd, dtype=torch.float64)
     for t in range(3):
@@ -119,8 +119,8 @@ def test_routed_down_within_the_rounding_bound(device, halfwords):
     assert (err <= bound).all(), (err / bound).max()
 
 
-@pytest.mark.parametrize("halfwords", [False, True])
-def test_gate_up_within_the_rounding_bound_and_swiglu_of_its_dots(device, halfwords):
+@pytest.mark.parametrize("layout", dp4a_gemv.LAYOUTS)
+def test_gate_up_within_the_rounding_bound_and_swiglu_of_its_dots(device, layout):
     n_experts, ff, embd, top_k = 3, 48, 256, 2
     raw_g, g64 = q4_0(n_experts, ff, embd, seed=7)
     raw_u, u64 = q4_0(n_experts, ff, embd, seed=8)
@@ -128,14 +128,14 @@ def test_gate_up_within_the_rounding_bound_and_swiglu_of_its_dots(device, halfwo
     x = torch.randn(2, embd, generator=torch.Generator().manual_seed(9))
     xq = quantize_x(x.to(device))
     args = (xq, ids.to(device), raw_g.to(device), raw_u.to(device), ff * embd // 32 * 18, ff)
-    dots = dp4a_gate_up(*args, swiglu=False, bn=32, halfwords=halfwords).cpu()  # 2 row tiles, the last partial
+    dots = dp4a_gate_up(*args, swiglu=False, bn=32, layout=layout).cpu()  # 2 row tiles, the last partial
     for p in range(4):
         t, e = p // top_k, int(ids.view(-1)[p])
         xt, xqt = x[t:t + 1], tuple(v[t:t + 1] for v in xq)
         for got, w64 in ((dots[0, p], g64[e]), (dots[1, p], u64[e])):
             err = (got.double() - xt.double() @ w64.T).abs()
             assert (err <= row_error_bound(w64, xt, xqt)).all()
-    hid = dp4a_gate_up(*args, bn=32, halfwords=halfwords).cpu()
+    hid = dp4a_gate_up(*args, bn=32, layout=layout).cpu()
     g, u = dots[0].double(), dots[1].double()
     assert torch.allclose(hid.double(), g * torch.sigmoid(g) * u, rtol=1e-5, atol=1e-9)
 
@@ -149,6 +149,11 @@ def test_weights_the_kernels_cannot_read_are_one_line_errors(device):
     odd.copy_(raw)
     with pytest.raises(StrataError, match="even address"):
         dp4a_matvec(xq, odd, 8)
+    raw, _ = q4_0(1, 8, 96, seed=11)  # 3 blocks a row: no whole pairs
+    with pytest.raises(StrataError, match="pairs layout reads 4-aligned block pairs: input width 96"):
+        dp4a_matvec(quantize_x(torch.randn(1, 96).to(device)), raw.to(device), 8, layout="pairs")
+    with pytest.raises(StrataError, match="layout 'rows' is not one of blocks, halfwords, pairs"):
+        dp4a_matvec(xq, raw.to(device), 8, layout="rows")
 
 
 def test_tiles_fill_an_h200_within_their_registers():
@@ -188,7 +193,7 @@ def _sass_counts(kernel, signature: dict, constants: dict, warps: int) -> tuple[
 
 
 def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: int = 0, rows: int = 1,
-               halfwords: bool = False) -> dict:
+               layout: str = "blocks") -> dict:
     """One A3B form of the dp4a kernels built for sm_90: registers, spills, SASS instructions a weight (a static
     count: these kernels have no loops; all programs' threads over the weights read) and IDP.4A instructions."""
     units = k // 32 * (top_k if kind == "down" else 1)
@@ -196,20 +201,21 @@ def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: in
     d_bn, d_warps = dp4a_gemv.dp4a_tile(n_out, units, programs, operands, True)
     bn, warps = bn or d_bn, warps or d_warps
     x = {"xq": "*i32", "xs": "*fp32", "xsum": "*i32", "ids": "*i32"}
-    nu = 1 << (units - 1).bit_length()
+    nu = dp4a_gemv._units(dp4a_gemv.LAYOUTS.index(layout), units)
     if kind == "gate_up":
         kernel = dp4a_gemv._dp4a_gate_up_kernel
         signature = {**x, "wg": "*u8", "wu": "*u8", "hid": "*fp32", "stride_g": "i64", "stride_u": "i64"}
-        constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, SWIGLU=True, HALFWORDS=halfwords)
+        constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, SWIGLU=True,
+                         LAYOUT=dp4a_gemv.LAYOUTS.index(layout))
     else:
         kernel = dp4a_gemv._dp4a_down_kernel
         signature = {**x, "topk_w": "*fp32", "w": "*u8", "y": "*fp32", "stride": "i64"}
         constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, ROWS=rows, SHARED=kind == "matvec",
-                         HALFWORDS=halfwords)
+                         LAYOUT=dp4a_gemv.LAYOUTS.index(layout))
     regs, stack, executed, dp4a = _sass_counts(kernel, signature, constants, warps)
     threads = 32 * warps * -(-n_out // bn) * programs
     return {"kernel": "dp4a", "kind": kind, "n_out": n_out, "k": k, "bn": bn, "warps": warps, "rows": rows,
-            "halfwords": halfwords, "regs": regs, "stack": stack,
+            "layout": layout, "regs": regs, "stack": stack,
             "per_weight": round(executed * threads / (n_out * k * top_k * operands), 2), "dp4a": dp4a}
 
 
@@ -251,17 +257,18 @@ def test_kernels_build_for_sm90_with_dp4a_and_without_spills():
     builds = [json.loads(line) for line in run.stdout.splitlines()]
     oneshot = {b["kind"] + str(b["n_out"]): b for b in builds if b["kernel"] == "oneshot"}
     dp4a = [b for b in builds if b["kernel"] == "dp4a"]
-    assert len(oneshot) == len(A3B) and len(dp4a) == 2 * len(A3B) + 1, builds
-    for b in dp4a:  # no spills, the instruction itself, and well under the float kernel's count a weight (~7)
+    assert len(oneshot) == len(A3B) and len(dp4a) == len(dp4a_gemv.LAYOUTS) * len(A3B) + 1, builds
+    for b in dp4a:  # no spills, the instruction itself, and well under the float kernel's count a weight (~7;
+        # halfwords, the coalesced layout, ~5: under it)
         old = oneshot[b["kind"] + str(b["n_out"])]["per_weight"]
         assert b["stack"] == 0 and b["dp4a"] > 0, b
-        assert b["per_weight"] < (old if b["halfwords"] else old / 2) * b["rows"], (b, old)
+        assert b["per_weight"] < (old if b["layout"] == "halfwords" else old / 2) * b["rows"], (b, old)
 
 
 if __name__ == "__main__":
     for shape in A3B:
         print(json.dumps(build_oneshot_sm90(*shape)), flush=True)
-    for halfwords in (False, True):
+    for layout in dp4a_gemv.LAYOUTS:
         for shape in A3B:
-            print(json.dumps(build_sm90(*shape, halfwords=halfwords)), flush=True)
+            print(json.dumps(build_sm90(*shape, layout=layout)), flush=True)
     print(json.dumps(build_sm90(*A3B[0], rows=4)), flush=True)  # a verify window's 4 rows
