@@ -49,7 +49,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
 
 BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
-LAYOUTS = ("blocks", "halfwords", "pairs")  # a lane a block (the default), a halfword, a pair of blocks
+LAYOUTS = ("blocks", "halfwords", "pairs")  # a lane a block, a halfword, a pair of blocks (the module's docstring)
 LANE_BLOCKS = 8  # block rows a thread holds at most (36 code words): the old kernels' registers and then some
 MIN_WARPS = 12 * 132  # resident warps the grid should give an H200 (12 an SM, as oneshot_gemv's tiles)
 
@@ -87,9 +87,9 @@ def _word(at, i: tl.constexpr):
 @triton.jit
 def _codes(w_at, off):
     """The 4 code words [NU, BN] (int32) and the scales [NU, BN] (float32) of the blocks `off` [NU, BN] bytes after
-    w_at (a pointer, or [NU, 1] of them). No masks: callers address only bytes of the matrices (rows past the end
-    clamped to the last, absent units to expert 0), which saves a zeroing instruction a load; what such a block
-    gives is multiplied by a zero activation or not stored."""
+    w_at (a pointer, or [NU, 1] of them). No masks (nor in the other layouts' loads): callers address only bytes of
+    the matrices (rows past the end clamped to the last, padding units to real blocks), which saves a zeroing
+    instruction a load; what such a block gives is multiplied by a zero activation or not stored."""
     at = w_at + off
     d = tl.load(at.to(tl.pointer_type(tl.uint16))).to(tl.float16, bitcast=True).to(tl.float32)
     return _word(at, 0), _word(at, 1), _word(at, 2), _word(at, 3), d
@@ -126,7 +126,7 @@ def _block_dots(c0, c1, c2, c3, d, x0, x1, x2, x3, x4, x5, x6, x7, scale, start)
     high = dp4a(c1 & -252645136, x5[:, None], high)
     high = dp4a(c2 & -252645136, x6[:, None], high)
     high = dp4a(c3 & -252645136, x7[:, None], high)
-    return (low + (high >> 4)).to(tl.float32) * (d * scale[:, None])
+    return (low + (high >> 4)).to(tl.float32) * (d * scale[:, None])  # |int| < 2^17: exact in float32
 
 
 @triton.jit
