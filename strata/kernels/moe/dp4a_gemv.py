@@ -11,7 +11,8 @@ multiply-adds into an int32) against the activation's codes 4i..4i+3 (read as an
 offset is taken once a block: the first sum starts at -8 x the block's activation code sum, so
     row . x ~ sum over blocks of d_w * d_x * (sum_i q_i * c_i - 8 * sum_i c_i)       (q_i the 4-bit code, c_i x's)
 with the integer part exact, then one conversion and one float multiply-add a block. Built for sm_90 (the last test
-of test_dp4a_gemv.py prints the counts) that is 1.5-2.7 instructions a weight, all included, against 6.3-7.8.
+of test_dp4a_gemv.py prints the counts) that is 1.5-2.2 instructions a weight (pairs layout; blocks 2.1-2.7), all
+included, against the float one-shot kernels' 6.3-7.8 at A3B's shapes.
 
 Layout (a program: BN rows of one weight matrix, all its blocks at once, no loop over the input: the one-shot
 form): tiles [NU units, BN rows], Triton spreading the units over a warp's lanes and the rows over registers and
@@ -98,20 +99,18 @@ def _codes(w_at, off):
 @triton.jit
 def _x_words(xq, xs, xsum, pair, blk, live, K: tl.constexpr):
     """Activation row `pair` [NU] at units blk [NU]: its 8 code words (int32 [NU] each: codes 4i..4i+3, then
-    16+4i..), its scale [NU] and -8 x its code sum [NU] (the integer sum's start)."""
-    at = xq + pair.to(tl.int64) * (K // 4) + blk * 8
-    x0 = tl.load(at, mask=live, other=0)
-    x1 = tl.load(at + 1, mask=live, other=0)
-    x2 = tl.load(at + 2, mask=live, other=0)
-    x3 = tl.load(at + 3, mask=live, other=0)
-    x4 = tl.load(at + 4, mask=live, other=0)
-    x5 = tl.load(at + 5, mask=live, other=0)
-    x6 = tl.load(at + 6, mask=live, other=0)
-    x7 = tl.load(at + 7, mask=live, other=0)
+    16+4i..; loaded two at a time, a block's 32 bytes being 8-aligned), its scale [NU] and -8 x its code sum [NU]
+    (the integer sum's start)."""
+    at = xq.to(tl.pointer_type(tl.int64)) + pair.to(tl.int64) * (K // 8) + blk * 4
+    x01 = tl.load(at, mask=live, other=0)
+    x23 = tl.load(at + 1, mask=live, other=0)
+    x45 = tl.load(at + 2, mask=live, other=0)
+    x67 = tl.load(at + 3, mask=live, other=0)
     g = pair.to(tl.int64) * (K // 32) + blk
     scale = tl.load(xs + g, mask=live, other=0.0)
     start = tl.load(xsum + g, mask=live, other=0) * -8
-    return x0, x1, x2, x3, x4, x5, x6, x7, scale, start
+    return x01.to(tl.int32), (x01 >> 32).to(tl.int32), x23.to(tl.int32), (x23 >> 32).to(tl.int32), \
+        x45.to(tl.int32), (x45 >> 32).to(tl.int32), x67.to(tl.int32), (x67 >> 32).to(tl.int32), scale, start
 
 
 @triton.jit
