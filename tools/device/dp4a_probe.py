@@ -15,8 +15,10 @@ evicts L2 (its own graph's time subtracted), and is printed per launch:
 Each line: us a launch, GB/s of weights read against the device copy rate (read + write, as
 l2_prefetch_probe.copy_rate measures), and the error against float64: the float kernels' max |err| / max |float64|
 beside gemv.ERROR_BOUND, the dp4a kernels' max |err| beside their bound (`dp4a_gemv.row_error_bound`: x rounded to
-int8; "ok" when every row is within). If the idea pays, dp4a shows ~3.7-4.5 us on the 4.7 MB o matvec (against ~5
-us one-shot; a reader kernel takes 3.7 us) and gate/up and down well under the one-shot's 11.0 / 8.3 us.
+int8; "ok" when every row is within). If the idea pays, dp4a shows ~3.7-4.5 us on the 4.7 MB o matvec (one-shot:
+5.0 us in session 6's sweep, 6.1 under Nsight; a plain reader kernel of 4.7 MB takes 3.7 us in a graph, session 10)
+and gate/up and down well under the one-shot lines (9.6 / 6.8 us in session 6's sweep). If dp4a is no faster
+although its instructions are a third, the time is latency / the L1, not issue: then halfwords tells which.
 
 Usage: python3 tools/device/dp4a_probe.py [--sweep] [--chain 16] [--shapes qkv,qkv4,o,gate_up,down]
 Without a GPU (a smoke run of every path and check at tiny shapes under Triton's interpreter, no timing):
@@ -28,6 +30,7 @@ import dataclasses
 import math
 import time
 
+import numpy as np
 import torch
 
 from strata.bench.ceilings import copy_bandwidth
@@ -77,7 +80,7 @@ def chain_us(launch, n: int, flush: torch.Tensor, reps: int = 15) -> float:
 
 def q4_0(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random Q4_0 bytes (uint8 flat, on the GPU) and their float64 values [rows, cols]."""
-    gen = __import__("numpy").random.default_rng(seed)
+    gen = np.random.default_rng(seed)
     raw = torch.from_numpy(random_blocks("Q4_0", rows * cols // 32, gen, 0.02)).reshape(-1).to(DEV)
     return raw, dequantize(raw.reshape(rows, -1), Q4_0.ggml_type, (rows, cols)).double()
 
