@@ -4,7 +4,7 @@
 # --sweep: A3B's Q4_0 q/k/v, o, experts' gate/up and down, the float one-shot kernels against dp4a (with and without
 # its quantize launch) and dp4a's tiles, each a chain of 16 launches over distinct weight copies in a CUDA graph.
 # Run from the repo root with .whl carried (gguf); logs to $OUT; under 4 minutes. Batch line:
-#   part dp4a 240 bash tools/device/dp4a.sh
+#   script dp4a 240        (parts.sh: nested, its files under the batch's logs as dp4a/)
 set -uo pipefail
 source tools/device/wheels.sh || exit 1
 export PYTHONUNBUFFERED=1
