@@ -5,6 +5,8 @@ Shapes (Qwen3-30B-A3B, every matrix Q4_0): q/k/v stacked 5120 x 2048 (also a 4-r
 the experts' gate/up (8 chosen experts x 768 x 2048, both operands) and down (8 x 2048 x 768) for one token. Each
 variant runs as a chain of CHAIN launches over distinct copies of the weights in one CUDA graph, after a fill that
 evicts L2 (its own graph's time subtracted), and is printed per launch:
+  reader       session 10's plain reader kernel (l2_prefetch_probe: one burst of loads a program, a sum) over the
+               same bytes: the floor these kernels approach;
   oneshot      the engine's kernel today (quant_matvec / gate_up_swiglu_triton / down_sum_triton, default tiles);
   dp4a         the dp4a kernel (its default layout, pairs), the activation quantized beforehand (as if the norm
                kernel wrote the codes);
@@ -76,6 +78,17 @@ def chain_us(launch, n: int, flush: torch.Tensor, reps: int = 15) -> float:
             samples.append(a.elapsed_time(b))
         times.append(sorted(samples)[reps // 2])
     return (times[1] - times[0]) * 1e3 / n
+
+
+def reader(n_bytes: int, chain: int, programs: int = 256):
+    """Launches of l2_prefetch_probe's reader over `chain` distinct buffers of n_bytes (its default 256 programs)."""
+    from l2_prefetch_probe import _reader  # (this file's folder is on the path when run as a script)
+
+    words = int(n_bytes / 4 / programs) // 4 * 4
+    bufs = [torch.randint(-100, 100, (programs * words,), dtype=torch.int32, device=DEV) for _ in range(chain)]
+    out = torch.empty(programs, dtype=torch.float32, device=DEV)
+    block = 1 << (words - 1).bit_length()
+    return lambda i: _reader[(programs,)](bufs[i], out, bufs[i], words * 4, words, block, False, num_warps=4)
 
 
 def q4_0(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,6 +266,7 @@ def main():
                 print(f"\n{case.name}: {case.bytes / 1e6:.2f} MB of weights a launch, copy-rate floor {floor:.2f} us; "
                       f"dp4a default tile rows {default[0]} warps {default[1]}")
                 old_check, new_check = case.checks()
+                line("reader", chain_us(reader(case.bytes, args.chain), args.chain, flush), "(no arithmetic)")
                 line("oneshot", chain_us(case.oneshot, args.chain, flush), old_check)
                 line("dp4a", chain_us(case.dp4a, args.chain, flush), new_check)
                 line("dp4a+quant", chain_us(lambda i: case.dp4a(i, quantize=True), args.chain, flush))
