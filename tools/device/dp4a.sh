@@ -12,10 +12,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
   git rev-parse --short HEAD 2>/dev/null
 } 2>&1 | tee "$OUT/dp4a_gpu.txt"
-timeout 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_dp4a_gemv.py 2>&1 \
+timeout 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_dp4a_gemv.py 2>&1 \
   | tee "$OUT/dp4a_tests_cuda.txt"
 trc=${PIPESTATUS[0]}
-timeout 175 python3 tools/device/dp4a_probe.py --sweep --budget 140 2>&1 | tee "$OUT/dp4a_probe.txt"
+timeout 160 python3 tools/device/dp4a_probe.py --sweep --budget 125 2>&1 | tee "$OUT/dp4a_probe.txt"
 prc=${PIPESTATUS[0]}
 echo "tests rc=$trc probe rc=$prc" | tee -a "$OUT/dp4a_gpu.txt"
 [ "$trc" = 0 ] && [ "$prc" = 0 ]
