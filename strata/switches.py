@@ -42,6 +42,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "with its norm + RoPE + store as another (chain_qkv_store.py); 1: the default tiles, W:G:D[:O[:R]]: warps, "
            "gate/up, down and matvec rows, router rows a routing item, ns between polls (as bench moe-chain --sweep; 0 "
            "the default's)"),
+    Switch("STRATA_DP4A", False, "decode steps (GPU, bf16/fp16, 1-4 rows): the decoder's Q4_0 q/k/v and o matvecs and "
+           "resident Q4_0 experts' gate/up and down through the int8-activation dp4a GEMVs (kernels/moe/dp4a_gemv.py, "
+           "models/dp4a_step.py); the norms before them also write the activation's int8 codes; changes logits "
+           "(~0.5 % of a row each matvec)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

@@ -12,9 +12,10 @@ import torch
 
 from strata.engine.context import ForwardContext
 from strata.engine.kv import KVBackend, new_kv_cache
-from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
+from strata.engine.experts import ExpertBackend, ExpertStack, PendingExperts, ResidentExperts
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
+from strata.models import dp4a_step
 from strata.models.config import ModelConfig
 from strata.models.balanced_routing import balanced_routing
 from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
@@ -92,6 +93,7 @@ class DecoderLM:
     """Token ids in, logits out; keys and values go to the KV cache named by the forward context."""
 
     balanced_prompt_routing = False  # `bench prompt --routing balanced` (models/balanced_routing.py): timing only
+    dp4a_wired = True  # STRATA_DP4A (models/dp4a_step.py) takes this class's Q4_0 decode matvecs
 
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
                  experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
@@ -164,7 +166,9 @@ class DecoderLM:
 
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
                    x: torch.Tensor | None = None) -> torch.Tensor:
-        return linear(self._attention_heads(i, h, ctx, cos, sin, x), self.attention[i].o)
+        heads = self._attention_heads(i, h, ctx, cos, sin, x)
+        out = dp4a_step.matvec(heads, self.attention[i].o) if self.dp4a_wired else None  # STRATA_DP4A
+        return linear(heads, self.attention[i].o) if out is None else out
 
     def _attention_heads(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
                          x: torch.Tensor | None = None) -> torch.Tensor:
@@ -178,7 +182,13 @@ class DecoderLM:
                                        QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin), chain[0])
             if out is not None:
                 return out.reshape(-1, c.n_heads * c.head_dim)
-        q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
+        qkv = dp4a_step.matvec(x, w.qkv) if self.dp4a_wired and w.qkv is not None else None  # STRATA_DP4A
+        if qkv is None:
+            q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
+        else:
+            q, k, v = (t if b is None else t + b for t, b in zip(qkv.split([w.q.shape[0], w.k.shape[0],
+                                                                         w.v.shape[0]], dim=-1),
+                                                                (w.q_bias, w.k_bias, w.v_bias)))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch
             out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
@@ -231,7 +241,9 @@ class DecoderLM:
         weights, ids = routing or route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         if self.balanced_prompt_routing and x.shape[0] > ROUTE_KERNEL_MAX_TOKENS:
             weights, ids = balanced_routing(x.shape[0], c.n_experts_used, c.n_experts, i, x.device, ids.dtype)
-        pending = self.experts.start(i, x, weights, ids)
+        stack = dp4a_step.resident_stack(self, i) if w is self.ffn[i] else None  # STRATA_DP4A
+        routed = None if stack is None else dp4a_step.routed_experts(stack, x, weights, ids)
+        pending = self.experts.start(i, x, weights, ids) if routed is None else PendingExperts(routed)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.
         shared = self.shared_swiglu(i, x, w)
         return self.with_shared(i, pending.finish(), shared, x, w) if joined else (pending.finish(), shared)
@@ -245,7 +257,8 @@ class DecoderLM:
             done = shared_gate_add_rms_norm(h, routed, shared, x, w.shared_router, self.norm_after(i), eps)
             if done is not None:
                 return done
-        return add_rms_norm(h, self.with_shared(i, routed, shared, x, w), self.norm_after(i), eps)
+        return add_rms_norm(h, self.with_shared(i, routed, shared, x, w), self.norm_after(i), eps,
+                            quantize=dp4a_step.reads_qkv(self, i + 1))
 
     @property
     def n_main_layers(self) -> int:
@@ -294,10 +307,12 @@ class DecoderLM:
             if done is not None:
                 return done
         # An MoE layer's add + norm, router and top-k in one launch where the kernel takes them.
+        dp4a_experts = w.router is not None and dp4a_step.resident_stack(self, i) is not None  # codes beside x
         routed = None if w.router is None else add_norm_route(h, delta, w.norm, w.router, c.rms_eps,
-                                                               c.n_experts_used, c.norm_topk_prob)
+                                                               c.n_experts_used, c.norm_topk_prob,
+                                                               quantize=dp4a_experts)
         if routed is None:
-            h, x = add_rms_norm(h, delta, w.norm, c.rms_eps)
+            h, x = add_rms_norm(h, delta, w.norm, c.rms_eps, quantize=dp4a_experts)
             if w.router is None:  # a dense FFN
                 return add_rms_norm(h, self._feed_forward(i, x), self.norm_after(i), c.rms_eps)
             routing = None

@@ -33,22 +33,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add and the norm of the next block: (h + delta, rms_norm(h + delta))."""
+                 eps: float, quantize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the norm of the next block: (h + delta, rms_norm(h + delta)). `quantize` (STRATA_DP4A:
+    a dp4a matvec reads the norm next): the kernel also writes the normed rows' int8 codes, attached to them
+    (models/dp4a_step.py)."""
     if _fused(h, delta, weight):
         from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
+        from strata.models import dp4a_step
 
-        return add_rms_norm_triton(h, delta, weight, eps)
+        rounded = dp4a_step.rounded_buffers(h) if quantize else None
+        residual, out = add_rms_norm_triton(h, delta, weight, eps, rounded)
+        return residual, dp4a_step.attach(out, rounded)
     h = h + delta
     return h, rms_norm(h, weight, eps)
 
 
 def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, router: QuantWeight, eps: float,
-                   k: int, normalize: bool):
+                   k: int, normalize: bool, quantize: bool = False):
     """An MoE layer's residual add + norm, router and top-k in one launch (kernels/pointwise/add_norm_route.py):
     (h + delta, its norm, weights [T, k] float32, int32 ids [T, k]); None where it does not apply (the caller
     runs `add_rms_norm`, the router and `route_topk`): not a fused dtype, a quantized router, a prompt chunk, or
-    STRATA_ROUTE_SEPARATE."""
+    STRATA_ROUTE_SEPARATE. `quantize`: the normed rows' int8 codes too, as `add_rms_norm`'s."""
     from strata import switches
     from strata.models.weights import FLOAT_VIEWS
 
@@ -61,7 +66,12 @@ def add_norm_route(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, r
 
     fresh = not router.kept_as(h.dtype)  # converted by this call (STRATA_PDL reads the rows before the wait)
     rows = router.dequantize(h.dtype)
-    return add_norm_route_triton(h, delta, weight, rows, eps, k, normalize, router_kept=weights_settled(rows, fresh))
+    from strata.models import dp4a_step
+
+    rounded = dp4a_step.rounded_buffers(h) if quantize else None
+    routed = add_norm_route_triton(h, delta, weight, rows, eps, k, normalize, router_kept=weights_settled(rows, fresh),
+                                   rounded=rounded)
+    return routed if routed is None else (routed[0], dp4a_step.attach(routed[1], rounded), *routed[2:])
 
 
 def shared_gate_add_rms_norm(h: torch.Tensor, routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor,

@@ -59,6 +59,8 @@ class MTPWeights:
 class Qwen3NextLM(DecoderLM):
     """Token ids in, logits out; GatedDeltaNet states and attention keys/values live in a HybridCache."""
 
+    dp4a_wired = False  # STRATA_DP4A: not wired yet (its own attention and norms; models/dp4a_step.py)
+
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
                  experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None,
                  split=None):

@@ -52,6 +52,8 @@ QSA_TENSORS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.w
 class Qwen4ExpLM(DecoderLM):
     """Token ids in, logits out; every per-sequence state lives in the Qwen4ExpCache of new_cache()."""
 
+    dp4a_wired = False  # STRATA_DP4A: not wired yet (its own attention and norms; models/dp4a_step.py)
+
     def __init__(self, config: ModelConfig, model: GGUFModelFile, device: torch.device, dtype: torch.dtype,
                  experts: ExpertBackend | None = None, progress: bool = False, expert_device: torch.device | None = None):
         self.config, self.device, self.dtype = config, device, dtype

@@ -1,5 +1,5 @@
-"""Decode GEMVs over Q4_0 weights with an int8 activation: each 32-weight block's dot is integer `dp4a`s (a prototype
-for issue 4; nothing in the engine calls it yet).
+"""Decode GEMVs over Q4_0 weights with an int8 activation: each 32-weight block's dot is integer `dp4a`s (issue 4;
+the decode step takes them under STRATA_DP4A: models/dp4a_step.py).
 
 The one-shot float kernels (`oneshot_gemv.py`) spend ~7 instructions a weight turning 4-bit codes into floats and
 multiplying them, and issuing those instructions is most of their time beyond the bare read of the weights. Here the
@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from strata.errors import StrataError
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
 
 BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
@@ -224,11 +225,16 @@ def _row_sums(wts, xq, xs, xsum, pair, blk, live, weight, K: tl.constexpr, LAYOU
 @triton.jit
 def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constexpr, K: tl.constexpr,
                       TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
-                      SHARED: tl.constexpr, LAYOUT: tl.constexpr = 0):
+                      SHARED: tl.constexpr, LAYOUT: tl.constexpr = 0, PDL: tl.constexpr = 0):
     """y[t, rows] = sum over t's chosen experts j of topk_w[t, j] * (expert ids[t, j]'s rows . x[t * TOP_K + j]),
     every block of every chosen expert loaded at once. SHARED (the dense matvec: one matrix, TOP_K 1, ids and
     topk_w unread): a program's ROWS tokens reuse its loaded words; else a program per token. LAYOUT: LAYOUTS'
-    index (0 a lane a block, 1 a lane a halfword, 2 a lane a block pair)."""
+    index (0 a lane a block, 1 a lane a halfword, 2 a lane a block pair). PDL (kernels/pdl.py): the dense
+    matvec's weights are loaded before the wait (no kernel of a step writes them); the routed form waits first
+    (its expert ids come from the step's routing)."""
+    pdl_start(PDL)
+    if not SHARED:
+        pdl_wait(PDL)
     STEP: tl.constexpr = 2 if LAYOUT == 2 else 1  # blocks a unit
     NB: tl.constexpr = K // 32
     UNITS: tl.constexpr = NB // STEP  # units a row of one expert
@@ -245,6 +251,8 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
         expert = tl.load(ids + first * TOP_K + tl.minimum(j, TOP_K - 1)).to(tl.int32)
     w_at = w + expert.to(tl.int64)[:, None] * stride
     wts = _weights(w_at, (blk * 18)[:, None] + (tl.minimum(rows, N_OUT - 1) * ROW_BYTES)[None, :], LAYOUT)
+    if SHARED:
+        pdl_wait(PDL)
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
         pair = token * TOP_K + j
@@ -259,9 +267,12 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
 @triton.jit
 def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_OUT: tl.constexpr, K: tl.constexpr,
                          TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr,
-                         LAYOUT: tl.constexpr = 0):
+                         LAYOUT: tl.constexpr = 0, PDL: tl.constexpr = 0):
     """Pair p = (token p // TOP_K, its expert ids[p]): hid[p, rows] = silu(gate rows . x) * (up rows . x), both
-    operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]."""
+    operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]. PDL:
+    the wait comes first (the ids are the step's routing)."""
+    pdl_start(PDL)
+    pdl_wait(PDL)
     STEP: tl.constexpr = 2 if LAYOUT == 2 else 1
     NB: tl.constexpr = K // 32
     ROW_BYTES: tl.constexpr = NB * 18
@@ -371,9 +382,10 @@ def _units(layout: int, blocks: int) -> int:
 
 
 def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, bn: int | None = None,
-                warps: int | None = None, layout: str | None = None) -> torch.Tensor:
-    """y [T, n_out] float32 = x [T, K] (T = 1..4 rows, given as `quantize_x`'s triple) times one Q4_0 matrix w
-    (uint8, n_out rows of K / 32 blocks): the weights read once for all T rows."""
+                warps: int | None = None, layout: str | None = None, pdl: bool = False) -> torch.Tensor:
+    """y [T, n_out] float32 (or y's dtype, given) = x [T, K] (T = 1..4 rows, given as `quantize_x`'s triple) times
+    one Q4_0 matrix w (uint8, n_out rows of K / 32 blocks): the weights read once for all T rows. `pdl`: the launch
+    takes STRATA_PDL's options (a decode step's)."""
     codes, scales, sums = xq
     n_tokens, k = codes.shape
     code = _check(w, n_out, k, 0, layout)
@@ -382,14 +394,15 @@ def dp4a_matvec(xq, w: torch.Tensor, n_out: int, y: torch.Tensor | None = None, 
     y = torch.empty(n_tokens, n_out, dtype=torch.float32, device=codes.device) if y is None else y
     _dp4a_down_kernel[(1, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, codes, scales, w, y, 0, N_OUT=n_out, K=k, TOP_K=1,
-        NU=_units(code, k // 32), BN=bn, ROWS=n_tokens, SHARED=True, LAYOUT=code, num_warps=warps)
+        NU=_units(code, k // 32), BN=bn, ROWS=n_tokens, SHARED=True, LAYOUT=code, num_warps=warps,
+        **(launch_options(codes) if pdl else {}))
     return y
 
 
 def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, stride: int, n_out: int,
               y: torch.Tensor | None = None, bn: int | None = None, warps: int | None = None,
-              layout: str | None = None) -> torch.Tensor:
-    """y [T, n_out] float32 = sum over j of weights[t, j] * (expert ids[t, j] of w . h[t * k + j]): the routed
+              layout: str | None = None, pdl: bool = False) -> torch.Tensor:
+    """y [T, n_out] float32 (or y's dtype, given) = sum over j of weights[t, j] * (expert ids[t, j] of w . h[t * k + j]): the routed
     down projection, h [T * k, ff] given as `quantize_x`'s triple, experts at `stride` bytes in w."""
     codes, scales, sums = hq
     n_tokens, top_k = ids.shape
@@ -401,13 +414,13 @@ def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, str
     _dp4a_down_kernel[(n_tokens, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), weights.float().contiguous(), w, y, stride,
         N_OUT=n_out, K=k, TOP_K=top_k, NU=_units(code, top_k * k // 32), BN=bn, ROWS=1, SHARED=False, LAYOUT=code,
-        num_warps=warps)
+        num_warps=warps, **(launch_options(codes) if pdl else {}))
     return y
 
 
 def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
                  swiglu: bool = True, bn: int | None = None, warps: int | None = None,
-                 layout: str | None = None) -> torch.Tensor:
+                 layout: str | None = None, pdl: bool = False) -> torch.Tensor:
     """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
     experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots."""
     codes, scales, sums = xq
@@ -420,5 +433,6 @@ def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stri
     hid = torch.empty(shape, dtype=torch.float32, device=codes.device)
     _dp4a_gate_up_kernel[(n_tokens * top_k, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), wg, wu, hid, stride, stride, N_OUT=n_out,
-        K=k, TOP_K=top_k, NU=_units(code, k // 32), BN=bn, SWIGLU=swiglu, LAYOUT=code, num_warps=warps)
+        K=k, TOP_K=top_k, NU=_units(code, k // 32), BN=bn, SWIGLU=swiglu, LAYOUT=code, num_warps=warps,
+        **(launch_options(codes) if pdl else {}))
     return hid

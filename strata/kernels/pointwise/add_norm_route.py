@@ -24,6 +24,7 @@ import triton.language as tl
 
 from strata.kernels.attention.decode_short import arrival_counters
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+from strata.kernels.pointwise.add_rms_norm import rounded_options, store_rounded_row
 from strata.kernels.pointwise.route_topk import softmax_topk
 
 
@@ -42,20 +43,23 @@ DEFAULT = RouteConfig()
 def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, logits_ptr, count_ptr, weights_ptr,
                            ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
                            PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
-                           KB: tl.constexpr, PDL: tl.constexpr = 0):
+                           KB: tl.constexpr, PDL: tl.constexpr = 0, codes_ptr=None, scales_ptr=None, sums_ptr=None,
+                           QUANT: tl.constexpr = 0):
     pdl_start(PDL)
     add_norm_route_item(tl.program_id(0), tl.program_id(1).to(tl.int64), h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr,
                         out_ptr, logits_ptr, count_ptr, weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK, EB,
-                        PROGRAMS, K, NORMALIZE, EBLOCK, KB, PDL)
+                        PROGRAMS, K, NORMALIZE, EBLOCK, KB, PDL, codes_ptr, scales_ptr, sums_ptr, QUANT)
 
 
 @triton.jit
 def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, logits_ptr, count_ptr,
                         weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
                         PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
-                        KB: tl.constexpr, PDL: tl.constexpr):
+                        KB: tl.constexpr, PDL: tl.constexpr, codes_ptr=None, scales_ptr=None, sums_ptr=None,
+                        QUANT: tl.constexpr = 0):
     """Program p of token `row` (`_add_norm_route_kernel`'s body; also an item of the chained MoE launch,
-    kernels/moe/chain_moe.py): whether it was its token's last, the one that wrote the routing."""
+    kernels/moe/chain_moe.py): whether it was its token's last, the one that wrote the routing. QUANT
+    (STRATA_DP4A): program 0 also writes the normed row's int8 codes, scales and sums (`store_rounded_row`)."""
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = out_ptr.dtype.element_ty
@@ -75,6 +79,8 @@ def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_p
     if p == 0:
         tl.store(res_ptr + row * n_cols + cols, s, mask=mask)
         tl.store(out_ptr + row * n_cols + cols, y, mask=mask)
+        if QUANT:
+            store_rounded_row(y, row, codes_ptr, scales_ptr, sums_ptr, n_cols, BLOCK)
     logit = tl.sum(w_router * y.to(tl.float32)[None, :], axis=1).to(dtype).to(tl.float32)
     tl.store(logits_ptr + row * n_experts + e, logit, mask=e < n_experts)
     tl.debug_barrier()  # every thread's logits are written before the program counts itself (release)
@@ -93,12 +99,13 @@ def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_p
 
 def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, router: torch.Tensor,
                           eps: float, k: int, normalize: bool, ids_dtype: torch.dtype = torch.int32,
-                          config: RouteConfig = DEFAULT, router_kept: bool = True):
+                          config: RouteConfig = DEFAULT, router_kept: bool = True, rounded=None):
     """h, delta [T, D] (bf16/fp16), norm_weight [D] and router [E, D] of that dtype -> (h + delta, its RMSNorm x,
     routing weights [T, k] float32, expert ids [T, k] of ids_dtype), or None when the launch cannot count its
     programs (too many rows, or the counters not yet made while capturing): the caller runs the three kernels.
     `router_kept`: no kernel of this step made the router (else, a conversion just queued, the launch takes no PDL:
-    its programs read the rows before their wait)."""
+    its programs read the rows before their wait). `rounded`: the normed rows' quantize32 codes, scales and sums go
+    there too (add_rms_norm_triton's argument)."""
     n_tokens, n_cols = h.shape
     n_experts = router.shape[0]
     if not 1 <= k <= n_experts or router.shape[1] != n_cols:
@@ -119,5 +126,6 @@ def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: tor
             rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, counters, weights,
             ids, n_cols, n_experts, eps, BLOCK=block, EB=eb, PROGRAMS=programs, K=k, NORMALIZE=normalize,
             EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-            num_warps=config.warps or min(8, max(1, block // 256)), **(launch_options(h) if router_kept else {}))
+            num_warps=config.warps or min(8, max(1, block // 256)), **(launch_options(h) if router_kept else {}),
+            **rounded_options(rounded))
     return residual, out, weights, ids

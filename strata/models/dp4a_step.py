@@ -1,0 +1,131 @@
+"""STRATA_DP4A: a decode step's Q4_0 matvecs through the int8-activation dp4a GEMVs (kernels/moe/dp4a_gemv.py).
+
+Where the switch is on and a decode step (1-4 rows, bf16/fp16, on a GPU; on the CPU only where the tests make the
+fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the kernels read, `DecoderLM` takes:
+  q/k/v   (the stacked matvec) `matvec`, its input's codes written by the residual add + norm before it;
+  o       `matvec`, the attention's output rounded by one `quantize_x` launch (first form: the attention epilogue
+          could write the codes instead);
+  experts `routed_experts` (resident, gate/up/down all Q4_0): gate/up + SwiGLU from the codes `add_norm_route`
+          wrote, H rounded by one `quantize_x` launch (first form: the gate/up epilogue could), then the down sum.
+Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
+current path, so the switch unset changes nothing.
+
+The codes travel with the normed tensor as an attribute (`attach`): the norm's caller makes them, the matvec that
+reads that very tensor object finds them; a reshaped view or any other tensor carries none and is rounded by a
+`quantize_x` launch instead (the same bytes either way, quantize32's rounding). Every buffer is a torch allocation
+of the step (a CUDA graph keeps those static) and every launch takes STRATA_PDL's options (kernels/pdl.py's rule:
+the dense matvec's weights before its wait, nothing else)."""
+
+from __future__ import annotations
+
+import torch
+
+from strata import switches
+from strata.models import layers
+
+Q4_0 = 2  # GGML type id
+MAX_ROWS = 4  # dp4a_matvec's rows (a decode step or a verify window)
+MAX_BLOCKS = 4096  # blocks a program holds at once (one-shot: all of a row's), far above the models' 64-200
+_ATTR = "_strata_dp4a_rows"
+
+
+def on(x: torch.Tensor) -> bool:
+    """Whether STRATA_DP4A takes a decode step over x [rows, K]: the switch, a GPU (or the interpreted CPU tests),
+    a fused dtype, 1..MAX_ROWS rows of whole 32-value groups."""
+    return bool(switches.get("STRATA_DP4A")) and (x.is_cuda or layers.FUSED_ON_CPU) and x.dim() == 2 \
+        and x.dtype in (torch.bfloat16, torch.float16) and 1 <= x.shape[0] <= MAX_ROWS and x.shape[1] % 32 == 0
+
+
+def rounded_buffers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Empty (codes, scales, sums) for a norm kernel to round its output rows x's shape into, or None where no dp4a
+    matvec would read them (the norm launches as before)."""
+    if not on(x):
+        return None
+    rows, k = x.shape
+    return (torch.empty(rows, k, dtype=torch.int8, device=x.device),
+            torch.empty(rows, k // 32, dtype=torch.float32, device=x.device),
+            torch.empty(rows, k // 32, dtype=torch.int32, device=x.device))
+
+
+def attach(x: torch.Tensor, rounded) -> torch.Tensor:
+    """x, carrying `rounded` (its quantize32 codes, scales, sums) for the dp4a matvecs that read x."""
+    if rounded is not None:
+        setattr(x, _ATTR, rounded)
+    return x
+
+
+def rows_of(x: torch.Tensor):
+    """x's (codes, scales, sums): those a norm kernel wrote beside it, else one `quantize_x` launch."""
+    rounded = getattr(x, _ATTR, None)
+    if rounded is not None:
+        return rounded
+    from strata.kernels.moe import dp4a_gemv
+
+    return dp4a_gemv.quantize_x(x)
+
+
+def _readable(raw: torch.Tensor, matrices_bytes: int) -> bool:
+    """Q4_0 bytes the kernels read as they are (contiguous uint8, an even address for the uint16 loads)."""
+    return raw.dtype == torch.uint8 and raw.is_contiguous() and raw.numel() >= matrices_bytes \
+        and raw.data_ptr() % 2 == 0
+
+
+def _q4_0_fits(weight, k: int) -> bool:
+    n_out, n_in = weight.shape[-2:]
+    return (weight.ggml_type == Q4_0 and n_in == k and k // 32 <= MAX_BLOCKS and n_out > 0
+            and _readable(weight.raw, n_out * k // 32 * 18))
+
+
+def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [rows, K] @ weight.T (+ bias) in x's dtype through `dp4a_matvec`, or None where STRATA_DP4A does not take
+    it (the caller's `linear`)."""
+    if not (on(x) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1]) and weight.device == x.device):
+        return None
+    from strata.kernels.moe import dp4a_gemv
+
+    n_out = weight.shape[0]
+    y = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)  # the kernel's store rounds to it
+    dp4a_gemv.dp4a_matvec(rows_of(x), weight.raw, n_out, y=y, pdl=True)
+    return y if bias is None else y + bias
+
+
+def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+    """The resident experts' weighted sum [rows, embd] in x's dtype for x [rows, embd] (normed), the routing
+    weights and ids [rows, k], or None where STRATA_DP4A does not take the layer (the backend's kernels)."""
+    parts = (stack.gate, stack.up, stack.down)
+    if not (on(x) and all(len(p.shape) == 3 and p.ggml_type == Q4_0 and p.device == x.device for p in parts)):
+        return None
+    n_experts, ff, embd = stack.gate.shape
+    if (tuple(stack.up.shape) != (n_experts, ff, embd) or tuple(stack.down.shape) != (n_experts, embd, ff)
+            or embd != x.shape[1] or ff % 32 or ids.shape[1] * ff // 32 > MAX_BLOCKS):
+        return None
+    stride_gu, stride_d = ff * embd // 32 * 18, embd * ff // 32 * 18  # an expert's bytes in each stack
+    if not all(_readable(p.raw, n_experts * s) for p, s in zip(parts, (stride_gu, stride_gu, stride_d))):
+        return None
+    from strata.kernels.moe import dp4a_gemv
+
+    hid = dp4a_gemv.dp4a_gate_up(rows_of(x), ids, stack.gate.raw, stack.up.raw, stride_gu, ff, pdl=True)
+    # First form: H's rounding is its own launch (the gate/up kernel's epilogue could write the codes).
+    y = torch.empty(x.shape[0], embd, dtype=x.dtype, device=x.device)
+    return dp4a_gemv.dp4a_down(dp4a_gemv.quantize_x(hid), ids, weights, stack.down.raw, stride_d, embd, y=y, pdl=True)
+
+
+def reads_qkv(model, i: int) -> bool:
+    """Whether layer i's q/k/v matvec would read dp4a codes (so the norm before it should write them): the switch,
+    a model class wired for it (`DecoderLM.dp4a_wired`), a stacked Q4_0 q/k/v."""
+    if not switches.get("STRATA_DP4A") or not model.dp4a_wired or i >= model.n_main_layers:
+        return False
+    qkv = model.attention[i].qkv
+    return qkv is not None and qkv.ggml_type == Q4_0
+
+
+def resident_stack(model, i: int):
+    """Layer i's resident expert stack where STRATA_DP4A takes its experts (all three parts Q4_0), else None."""
+    from strata.engine.experts import ResidentExperts
+
+    if not switches.get("STRATA_DP4A") or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
+        return None
+    stack = model.experts.stacks.get(i)
+    if stack is None or not all(p.ggml_type == Q4_0 for p in (stack.gate, stack.up, stack.down)):
+        return None
+    return stack

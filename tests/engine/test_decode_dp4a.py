@@ -1,0 +1,90 @@
+"""STRATA_DP4A on the CPU (Triton's interpreter, the GPU's fused kernels taken by CPU tensors, PDL's launch options
+forced on): a tiny Q4_0 qwen3moe's decode steps run its q/k/v, o, experts' gate/up and down through the dp4a GEMVs
+(models/dp4a_step.py), the norms before q/k/v and the experts writing the codes those read, in the step-by-step
+engine and through the graph seam's static step (its CPU form); unset, nothing of it runs.
+
+Bound: each dp4a matvec is within `dp4a_gemv.row_error_bound` of the float product, at these widths (32-64, one or
+two blocks a row) up to 3-4 % of a row's largest value in the worst case (typically 0.5 %); six of them in series
+in each of the two layers move the logits of the first two steps by at most 5 % of the largest logit (measured:
+0.9 % over three steps, 3.8 % by the 16th; greedy tokens: 16 of the first 16 equal)."""
+
+import os
+
+import pytest
+import torch
+
+from strata import switches
+from strata.engine.engine import Engine, EngineConfig
+from strata.kernels import pdl
+from strata.kernels.moe import dp4a_gemv
+from strata.kernels.pointwise import add_norm_route, add_rms_norm
+from strata.models import layers
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="CPU tensors take Triton only interpreted")]
+PROMPT = [5, 17, 99, 3, 44, 8]  # over dp4a_step.MAX_ROWS rows: the prompt keeps the current path
+STEPS = 2
+LAYERS = 2  # the tiny preset's, every one MoE
+BOUND = 0.05  # of the largest logit (the module's docstring)
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_0(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "tiny-qwen3moe-q4_0.gguf", arch="qwen3moe", preset="tiny", quant="Q4_0")
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """The GPU's decode path on CPU tensors with PDL's options, and counts: each dp4a entry point's calls, and the
+    norm launches given code buffers."""
+    monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
+    monkeypatch.setattr(pdl, "FORCE_ON_CPU", True)
+    calls = {"rounded norms": 0}
+    for name in ("dp4a_matvec", "dp4a_gate_up", "dp4a_down", "quantize_x"):
+        real = getattr(dp4a_gemv, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls[_name] = calls.get(_name, 0) + 1
+            assert _name == "quantize_x" or k.get("pdl")  # the step's launches take STRATA_PDL's options
+            return _real(*a, **k)
+
+        monkeypatch.setattr(dp4a_gemv, name, spy)
+    real_options = add_rms_norm.rounded_options
+
+    def options(rounded):
+        calls["rounded norms"] += rounded is not None
+        return real_options(rounded)
+
+    monkeypatch.setattr(add_rms_norm, "rounded_options", options)
+    monkeypatch.setattr(add_norm_route, "rounded_options", options)
+    return calls
+
+
+def _run(path, graphs: str):
+    engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", decode_graphs=graphs))
+    logits, tokens, out = engine.prefill(PROMPT), [], []
+    for step in range(STEPS):
+        tokens.append(int(logits[-1].argmax()))
+        logits = engine.decode(tokens[-1], len(PROMPT) + step)
+        out.append(logits.float().clone())
+    return tokens, torch.cat(out)
+
+
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_dp4a_step_runs_its_kernels_within_the_bound(tiny_q4_0, spied, graphs):
+    with switches.override(STRATA_DP4A=False, STRATA_PDL=1):
+        tokens, logits = _run(tiny_q4_0, graphs)
+    assert spied == {"rounded norms": 0}  # unset: no dp4a launch, no norm given code buffers
+    with switches.override(STRATA_DP4A=True, STRATA_PDL=1):
+        dp4a_tokens, dp4a_logits = _run(tiny_q4_0, graphs)
+    # Each step: q/k/v and o of each layer, its experts; the norms' codes serve every q/k/v but layer 0's (its norm
+    # is the plain rms_norm) and every layer's experts, so quantize_x rounds layer 0's input, each o input and H.
+    assert spied == {"dp4a_matvec": 2 * LAYERS * STEPS, "dp4a_gate_up": LAYERS * STEPS,
+                     "dp4a_down": LAYERS * STEPS, "quantize_x": (2 * LAYERS + 1) * STEPS,
+                     "rounded norms": (2 * LAYERS - 1) * STEPS}
+    assert (dp4a_logits - logits).abs().max() <= BOUND * logits.abs().max()
+    assert not torch.equal(dp4a_logits, logits)  # the dp4a path really changed the sums
+    assert dp4a_tokens[0] == tokens[0]  # the prompt's own path: the same first token
