@@ -88,3 +88,26 @@ def test_dp4a_step_runs_its_kernels_within_the_bound(tiny_q4_0, spied, graphs):
     assert (dp4a_logits - logits).abs().max() <= BOUND * logits.abs().max()
     assert not torch.equal(dp4a_logits, logits)  # the dp4a path really changed the sums
     assert dp4a_tokens[0] == tokens[0]  # the prompt's own path: the same first token
+
+
+def test_a_windows_rows_are_its_one_row_steps(tiny_q4_0, monkeypatch):
+    """A verify window's rows (2-4) through the dp4a q/k/v matvec and experts give each row's one-row bytes (the
+    tiles fixed at a one-row step's), so speculation's windows stay exact under the switch."""
+    from strata.models import dp4a_step
+
+    monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
+    model = Engine(tiny_q4_0, EngineConfig(device="cpu", dtype="bfloat16")).model
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, model.config.n_embd, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 5], [7, 2], [5, 0]], dtype=torch.int32)
+    weights = torch.rand(3, 2, generator=gen)
+    with switches.override(STRATA_DP4A=True):
+        stack = dp4a_step.resident_stack(model, 1)
+        assert stack is not None and dp4a_step.reads_qkv(model, 1)
+        window = dp4a_step.matvec(x, model.attention[1].qkv), dp4a_step.routed_experts(stack, x, weights, ids)
+        for r in range(3):
+            one = (dp4a_step.matvec(x[r:r + 1], model.attention[1].qkv),
+                   dp4a_step.routed_experts(stack, x[r:r + 1], weights[r:r + 1], ids[r:r + 1]))
+            assert all(torch.equal(w[r:r + 1], o) for w, o in zip(window, one))
+    with switches.override(STRATA_DP4A=False):
+        assert dp4a_step.matvec(x, model.attention[1].qkv) is None and dp4a_step.resident_stack(model, 1) is None
