@@ -241,7 +241,7 @@ class DecoderLM:
         weights, ids = routing or route_topk(linear(x, w.router), c.n_experts_used, c.norm_topk_prob, torch.int32)
         if self.balanced_prompt_routing and x.shape[0] > ROUTE_KERNEL_MAX_TOKENS:
             weights, ids = balanced_routing(x.shape[0], c.n_experts_used, c.n_experts, i, x.device, ids.dtype)
-        stack = dp4a_step.resident_stack(self, i) if w is self.ffn[i] else None  # STRATA_DP4A
+        stack = dp4a_step.resident_stack(self, i, w)  # STRATA_DP4A
         routed = None if stack is None else dp4a_step.routed_experts(stack, x, weights, ids)
         pending = self.experts.start(i, x, weights, ids) if routed is None else PendingExperts(routed)
         # The shared expert runs while experts computed elsewhere (the CPU pool) are still in flight.

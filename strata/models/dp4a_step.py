@@ -125,11 +125,14 @@ def reads_qkv(model, i: int) -> bool:
     return qkv is not None and qkv.ggml_type == Q4_0
 
 
-def resident_stack(model, i: int):
-    """Layer i's resident expert stack where STRATA_DP4A takes its experts (all three parts Q4_0), else None."""
+def resident_stack(model, i: int, w=None):
+    """Layer i's resident expert stack where STRATA_DP4A takes its experts (all three parts Q4_0; `w`, where given,
+    the layer's own FFN weights: not an MTP block's, whose index is past the trunk's), else None."""
     from strata.engine.experts import ResidentExperts
 
     if not switches.get("STRATA_DP4A") or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
+        return None
+    if i >= len(model.ffn) or (w is not None and w is not model.ffn[i]):
         return None
     stack = model.experts.stacks.get(i)
     if stack is None or not all(p.ggml_type == Q4_0 for p in (stack.gate, stack.up, stack.down)):
