@@ -34,6 +34,7 @@ from strata.engine.hybrid_cache import HybridCache
 from strata.engine.staging import TokenUpload
 from strata.engine.static_kv import check_static, span_for, static_kv
 from strata.errors import StrataError
+from strata.models import dp4a_step
 from strata.models.decoder import DecoderLM
 from strata.models.layers import add_norm_route, add_rms_norm, rms_norm
 from strata.models.weights import rows_as_steps
@@ -307,7 +308,7 @@ class GraphDecoder:
 
         def first_segment() -> None:
             stash["h"], stash["cos"], stash["sin"] = model.begin(self.tokens, ctx)
-            stash["normed"] = rms_norm(stash["h"], model.mixer_norm(0), eps)
+            stash["normed"] = rms_norm(stash["h"], model.mixer_norm(0), eps, quantize=dp4a_step.reads_qkv(model, 0))
             layers(0, routed[0] if routed else model.n_main_layers)
             if not routed:
                 finish()

@@ -324,7 +324,7 @@ class DecoderLM:
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """ids: [T] -> logits float32 [T, vocab] (or [1, vocab] for the last token unless ctx.want_all_logits)."""
         h, cos, sin = self.begin(ids, ctx)
-        x = rms_norm(h, self.mixer_norm(0), self.config.rms_eps)
+        x = rms_norm(h, self.mixer_norm(0), self.config.rms_eps, quantize=dp4a_step.reads_qkv(self, 0))
         for i in range(self.n_main_layers):
             h, x = self.layer(i, h, x, ctx, cos, sin)
         return self.head(h, ctx, x)

@@ -106,14 +106,14 @@ def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Ten
 
     top_k = ids.shape[1]
     # The tiles of a one-row step whatever the rows: a verify window's row then sums as that step's, bit for bit.
-    bn_gu, warps_gu = dp4a_gemv.dp4a_tile(ff, embd // 32, top_k, 2, x.is_cuda)
+    # (the gate/up rows a multiple of 32: its epilogue rounds H per 32 values)
+    bn_gu, warps_gu = dp4a_gemv.dp4a_tile(ff, embd // 32, top_k, 2, x.is_cuda, dp4a_gemv.GROUP)
     bn_d, warps_d = dp4a_gemv.dp4a_tile(embd, top_k * ff // 32, 1, 1, x.is_cuda)
-    hid = dp4a_gemv.dp4a_gate_up(rows_of(x), ids, stack.gate.raw, stack.up.raw, stride_gu, ff, bn=bn_gu,
-                                 warps=warps_gu, pdl=True)
-    # First form: H's rounding is its own launch (the gate/up kernel's epilogue could write the codes).
+    hq = dp4a_gemv.dp4a_gate_up(rows_of(x), ids, stack.gate.raw, stack.up.raw, stride_gu, ff, bn=bn_gu,
+                                warps=warps_gu, pdl=True, rounded="codes")  # H's codes, no float H
     y = torch.empty(x.shape[0], embd, dtype=x.dtype, device=x.device)
-    return dp4a_gemv.dp4a_down(dp4a_gemv.quantize_x(hid), ids, weights, stack.down.raw, stride_d, embd, y=y,
-                               bn=bn_d, warps=warps_d, pdl=True)
+    return dp4a_gemv.dp4a_down(hq, ids, weights, stack.down.raw, stride_d, embd, y=y, bn=bn_d, warps=warps_d,
+                               pdl=True)
 
 
 def reads_qkv(model, i: int) -> bool:

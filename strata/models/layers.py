@@ -21,11 +21,15 @@ def _fused(x: torch.Tensor, *others: torch.Tensor) -> bool:
             and all(t.dtype == x.dtype for t in others))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quantize: bool = False) -> torch.Tensor:
+    """`quantize` (STRATA_DP4A: a dp4a matvec reads the norm next): the kernel also writes the normed rows' int8
+    codes, attached to them (models/dp4a_step.py)."""
     if _fused(x, weight):
         from strata.kernels.pointwise.rms_norm import rms_norm_triton
+        from strata.models import dp4a_step
 
-        return rms_norm_triton(x, weight, eps)
+        rounded = dp4a_step.rounded_buffers(x) if quantize else None
+        return dp4a_step.attach(rms_norm_triton(x, weight, eps, rounded), rounded)
     # Normalise in float32 whatever the activation dtype, as the reference implementations do.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)

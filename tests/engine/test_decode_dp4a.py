@@ -17,7 +17,7 @@ from strata import switches
 from strata.engine.engine import Engine, EngineConfig
 from strata.kernels import pdl
 from strata.kernels.moe import dp4a_gemv
-from strata.kernels.pointwise import add_norm_route, add_rms_norm
+from strata.kernels.pointwise import add_norm_route, add_rms_norm, rms_norm
 from strata.models import layers
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -60,6 +60,7 @@ def spied(monkeypatch):
 
     monkeypatch.setattr(add_rms_norm, "rounded_options", options)
     monkeypatch.setattr(add_norm_route, "rounded_options", options)
+    monkeypatch.setattr(rms_norm, "rounded_options", options)
     return calls
 
 
@@ -80,11 +81,11 @@ def test_dp4a_step_runs_its_kernels_within_the_bound(tiny_q4_0, spied, graphs):
     assert spied == {"rounded norms": 0}  # unset: no dp4a launch, no norm given code buffers
     with switches.override(STRATA_DP4A=True, STRATA_PDL=1):
         dp4a_tokens, dp4a_logits = _run(tiny_q4_0, graphs)
-    # Each step: q/k/v and o of each layer, its experts; the norms' codes serve every q/k/v but layer 0's (its norm
-    # is the plain rms_norm) and every layer's experts, so quantize_x rounds layer 0's input, each o input and H.
+    # Each step: q/k/v and o of each layer, its experts; the norms' codes serve every q/k/v (layer 0's: the plain
+    # rms_norm's) and every layer's experts, the gate/up epilogue H's, so quantize_x rounds only each o input.
     assert spied == {"dp4a_matvec": 2 * LAYERS * STEPS, "dp4a_gate_up": LAYERS * STEPS,
-                     "dp4a_down": LAYERS * STEPS, "quantize_x": (2 * LAYERS + 1) * STEPS,
-                     "rounded norms": (2 * LAYERS - 1) * STEPS}
+                     "dp4a_down": LAYERS * STEPS, "quantize_x": LAYERS * STEPS,
+                     "rounded norms": 2 * LAYERS * STEPS}
     assert (dp4a_logits - logits).abs().max() <= BOUND * logits.abs().max()
     assert not torch.equal(dp4a_logits, logits)  # the dp4a path really changed the sums
     assert dp4a_tokens[0] == tokens[0]  # the prompt's own path: the same first token

@@ -48,7 +48,9 @@ import triton.language as tl
 
 from strata.errors import StrataError
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
-from strata.kernels.moe.quantize32 import GROUP, quantize_rows_ref, quantize_rows_triton
+from strata.kernels.moe.quantize32 import (GROUP, quantize_rows_ref, quantize_rows_triton, round_groups,
+                                           rounded_rows_buffers)
+from strata.kernels.work_arena import AllocatorScratch
 
 BLOCK_BYTES = 18  # Q4_0: fp16 scale, 16 bytes of codes
 LAYOUTS = ("blocks", "halfwords", "pairs")  # a lane a block, a halfword, a pair of blocks (the module's docstring)
@@ -267,10 +269,13 @@ def _dp4a_down_kernel(xq, xs, xsum, ids, topk_w, w, y, stride, N_OUT: tl.constex
 @triton.jit
 def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_OUT: tl.constexpr, K: tl.constexpr,
                          TOP_K: tl.constexpr, NU: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr,
-                         LAYOUT: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                         LAYOUT: tl.constexpr = 0, PDL: tl.constexpr = 0, codes=None, scales=None, sums=None,
+                         QUANT: tl.constexpr = 0, STORE_H: tl.constexpr = 1):
     """Pair p = (token p // TOP_K, its expert ids[p]): hid[p, rows] = silu(gate rows . x) * (up rows . x), both
     operands' blocks loaded at once; without SWIGLU the two dots into hid[0, p, rows] and hid[1, p, rows]. PDL:
-    the wait comes first (the ids are the step's routing)."""
+    the wait comes first (the ids are the step's routing). QUANT (SWIGLU, BN a multiple of 32, N_OUT too): the
+    epilogue also rounds its H rows to int8 codes, scales and sums per 32 (quantize32's `round_groups`: the bytes
+    of `quantize_x(hid)` in a launch without FMA contraction), the down kernel's input; STORE_H 0: no float H."""
     pdl_start(PDL)
     pdl_wait(PDL)
     STEP: tl.constexpr = 2 if LAYOUT == 2 else 1
@@ -290,7 +295,16 @@ def _dp4a_gate_up_kernel(xq, xs, xsum, ids, wg, wu, hid, stride_g, stride_u, N_O
     up = _row_sums(u_wts, xq, xs, xsum, token, blk, um, 1.0, K, LAYOUT)
     at = hid + pair.to(tl.int64) * N_OUT + rows
     if SWIGLU:
-        tl.store(at, gate / (1.0 + tl.exp(-gate)) * up, mask=rows < N_OUT)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        if STORE_H:
+            tl.store(at, h, mask=rows < N_OUT)
+        if QUANT:  # whole groups: rows past N_OUT fill only groups past it, which are not stored
+            q, s, total = round_groups(tl.reshape(h, (1, BN)), 1, BN)
+            tl.store(codes + pair.to(tl.int64) * N_OUT + rows[None, :], q, mask=rows[None, :] < N_OUT)
+            groups = tl.program_id(1) * (BN // 32) + tl.arange(0, BN // 32)[None, :]
+            at_g = pair.to(tl.int64) * (N_OUT // 32) + groups
+            tl.store(scales + at_g, s, mask=groups < N_OUT // 32)
+            tl.store(sums + at_g, total, mask=groups < N_OUT // 32)
     else:
         tl.store(at, gate, mask=rows < N_OUT)
         tl.store(at + tl.num_programs(0) * N_OUT, up, mask=rows < N_OUT)
@@ -331,7 +345,8 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bool) -> tuple[int, int]:
+def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bool,
+              group: int = 1) -> tuple[int, int]:
     """(BN rows, warps) of a program over `n_units` blocks a row (all chosen experts' for the down form), n_out rows,
     `programs` programs a row tile (pairs or tokens), `operands` matrices (gate/up: 2).
 
@@ -339,9 +354,11 @@ def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bo
     builds: ~2 instructions a weight at 8, ~2.4 at 4, as fixed costs (addresses, the reduction) spread over fewer
     weights; the same bytes a thread in the other layouts),
     warps 4..16 to get there; rows start at 8 (more rows share each activation word) and halve while the grid gives
-    under MIN_WARPS warps. Under the interpreter (cost per operation): the widest tile, 4 warps."""
+    under MIN_WARPS warps; `group` (a power of two): rows a multiple of it (the gate/up epilogue rounding H per 32
+    rows: 32, however few programs; more blocks a thread where 16 warps do not reach LANE_BLOCKS). Under the
+    interpreter (cost per operation): the widest tile, 4 warps."""
     if not on_gpu:
-        return min(32, _pow2(n_out)), 4
+        return max(group, min(32, _pow2(n_out))), 4
 
     def fit(bn: int) -> tuple[int, int]:
         warps = 4
@@ -349,8 +366,8 @@ def dp4a_tile(n_out: int, n_units: int, programs: int, operands: int, on_gpu: bo
             warps *= 2
         return bn, warps
 
-    bn, warps = fit(8)
-    while bn > 1 and programs * -(-n_out // bn) * warps < MIN_WARPS:
+    bn, warps = fit(max(8, group))
+    while bn > group and programs * -(-n_out // bn) * warps < MIN_WARPS:
         bn, warps = fit(bn // 2)
     return bn, warps
 
@@ -420,19 +437,36 @@ def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, str
 
 def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
                  swiglu: bool = True, bn: int | None = None, warps: int | None = None,
-                 layout: str | None = None, pdl: bool = False) -> torch.Tensor:
+                 layout: str | None = None, pdl: bool = False, rounded: str = ""):
     """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
-    experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots."""
+    experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots.
+    `rounded` (swiglu, n_out a multiple of 32; bn then one too): "codes" returns H's `quantize_x` triple written by
+    the kernel's epilogue instead (no float H, no rounding launch: the down kernel's input), "both" (H, triple)."""
     codes, scales, sums = xq
     n_tokens, top_k = ids.shape
     k = codes.shape[1]
     code = min(_check(wg, n_out, k, stride, layout), _check(wu, n_out, k, stride, layout))  # (pairs only if both)
-    d_bn, d_warps = dp4a_tile(n_out, k // 32, n_tokens * top_k, 2, codes.is_cuda)
+    if rounded not in ("", "codes", "both"):
+        raise StrataError(f"dp4a GEMV: rounded={rounded!r} is not '', 'codes' or 'both'")
+    group = GROUP if rounded else 1
+    if rounded and (not swiglu or n_out % GROUP or (bn or GROUP) % GROUP):
+        raise StrataError(f"dp4a GEMV: H rounded in the gate/up epilogue wants swiglu and whole groups of {GROUP}: "
+                          f"{n_out} rows, tile {bn}")
+    d_bn, d_warps = dp4a_tile(n_out, k // 32, n_tokens * top_k, 2, codes.is_cuda, group)
     bn, warps = bn or d_bn, warps or d_warps
     shape = (n_tokens * top_k, n_out) if swiglu else (2, n_tokens * top_k, n_out)
-    hid = torch.empty(shape, dtype=torch.float32, device=codes.device)
+    keep_h = rounded != "codes"
+    hid = torch.empty(shape if keep_h else (1,), dtype=torch.float32, device=codes.device)
+    options = launch_options(codes) if pdl else {}
+    if rounded:  # quantize32's bytes: no multiply-add contracted in the rounding (nor, so, in the dots before it)
+        hq = rounded_rows_buffers(AllocatorScratch(codes.device), n_tokens * top_k, n_out)
+        options = {**options, "codes": hq[0], "scales": hq[1], "sums": hq[2], "QUANT": 1, "STORE_H": int(keep_h),
+                   "enable_fp_fusion": False}
     _dp4a_gate_up_kernel[(n_tokens * top_k, triton.cdiv(n_out, bn))](
         codes.view(torch.int32), scales, sums, ids.int().contiguous(), wg, wu, hid, stride, stride, N_OUT=n_out,
         K=k, TOP_K=top_k, NU=_units(code, k // 32), BN=bn, SWIGLU=swiglu, LAYOUT=code, num_warps=warps,
-        **(launch_options(codes) if pdl else {}))
-    return hid
+        **options)
+    if not rounded:
+        return hid
+    return hq if rounded == "codes" else (hid, hq)
+

@@ -140,6 +140,29 @@ def test_gate_up_within_the_rounding_bound_and_swiglu_of_its_dots(device, layout
     assert torch.allclose(hid.double(), g * torch.sigmoid(g) * u, rtol=1e-5, atol=1e-9)
 
 
+def test_gate_up_epilogue_writes_the_codes_quantize_x_gives_its_h(device):
+    """STRATA_DP4A's H: the gate/up epilogue's codes, scales and sums are `quantize_x`'s bytes on the H it computed
+    (two 32-row tiles of 64 rows; tile 64 too: two groups a program), and with no float H the same bytes."""
+    n_experts, ff, embd, top_k = 3, 64, 128, 2
+    raw_g, _ = q4_0(n_experts, ff, embd, seed=17)
+    raw_u, _ = q4_0(n_experts, ff, embd, seed=18)
+    ids = torch.tensor([[1, 2], [0, 1]], dtype=torch.int32)
+    xq = quantize_x(torch.randn(2, embd, generator=torch.Generator().manual_seed(19)).to(device))
+    args = (xq, ids.to(device), raw_g.to(device), raw_u.to(device), ff * embd // 32 * 18, ff)
+    plain = dp4a_gate_up(*args, layout="pairs")
+    for bn in (32, 64):
+        hid, hq = dp4a_gate_up(*args, bn=bn, layout="pairs", rounded="both")
+        assert torch.equal(hid, plain)
+        for got, want in zip(hq, quantize_x(hid)):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        for got, want in zip(dp4a_gate_up(*args, bn=bn, layout="pairs", rounded="codes"), hq):
+            assert torch.equal(got, want)
+    with pytest.raises(StrataError, match="whole groups of 32: 64 rows, tile 16"):
+        dp4a_gate_up(*args, bn=16, rounded="codes")
+    with pytest.raises(StrataError, match="whole groups of 32"):
+        dp4a_gate_up(*args, swiglu=False, rounded="codes")
+
+
 def test_weights_the_kernels_cannot_read_are_one_line_errors(device):
     raw, _ = q4_0(1, 8, 64, seed=10)
     xq = quantize_x(torch.randn(1, 64).to(device))
@@ -164,13 +187,17 @@ def test_tiles_fill_an_h200_within_their_registers():
         blocks = operands * (1 << (units - 1).bit_length()) * bn / (32 * warps)
         assert blocks <= LANE_BLOCKS or warps == 16, (n_out, units, bn, warps)
         assert programs * -(-n_out // bn) * warps >= MIN_WARPS or bn == 1, (n_out, units, bn, warps)
+    bn, warps = dp4a_tile(768, 64, 8, 2, True, group=32)  # A3B's gate/up rounding H: whole groups, 16 warps
+    assert (bn, warps) == (32, 16) and 2 * 64 * bn / (32 * warps) <= LANE_BLOCKS
+    assert dp4a_tile(768, 64, 8, 2, False, group=32)[0] == 32
 
 
 # The A3B shapes (kind, rows, input width, top_k): q/k/v stacked, o, the experts' gate/up and down
 A3B = [("matvec", 5120, 2048, 1), ("matvec", 2048, 4096, 1), ("gate_up", 768, 2048, 8), ("down", 2048, 768, 8)]
 
 
-def _sass_counts(kernel, signature: dict, constants: dict, warps: int) -> tuple[int, int, int, int]:
+def _sass_counts(kernel, signature: dict, constants: dict, warps: int,
+                 fusion: bool = True) -> tuple[int, int, int, int]:
     """(registers, spill stack, SASS instructions that run, IDP.4A among them) of a kernel built for sm_90 without a
     GPU (Triton's bundled ptxas); pointers and sizes specialized as 16-divisible, as a launch would."""
     from triton.backends.compiler import GPUTarget
@@ -178,7 +205,7 @@ def _sass_counts(kernel, signature: dict, constants: dict, warps: int) -> tuple[
 
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature if not n.startswith("stride")}
     source = ASTSource(kernel, {**signature, **{c: "constexpr" for c in constants}}, constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": fusion})
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -193,12 +220,12 @@ def _sass_counts(kernel, signature: dict, constants: dict, warps: int) -> tuple[
 
 
 def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: int = 0, rows: int = 1,
-               layout: str = "blocks") -> dict:
+               layout: str = "blocks", quant: bool = False) -> dict:
     """One A3B form of the dp4a kernels built for sm_90: registers, spills, SASS instructions a weight (a static
     count: these kernels have no loops; all programs' threads over the weights read) and IDP.4A instructions."""
     units = k // 32 * (top_k if kind == "down" else 1)
     operands, programs = (2, top_k) if kind == "gate_up" else (1, 1)
-    d_bn, d_warps = dp4a_gemv.dp4a_tile(n_out, units, programs, operands, True)
+    d_bn, d_warps = dp4a_gemv.dp4a_tile(n_out, units, programs, operands, True, 32 if quant else 1)
     bn, warps = bn or d_bn, warps or d_warps
     x = {"xq": "*i32", "xs": "*fp32", "xsum": "*i32", "ids": "*i32"}
     nu = dp4a_gemv._units(dp4a_gemv.LAYOUTS.index(layout), units)
@@ -207,15 +234,19 @@ def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: in
         signature = {**x, "wg": "*u8", "wu": "*u8", "hid": "*fp32", "stride_g": "i64", "stride_u": "i64"}
         constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, SWIGLU=True,
                          LAYOUT=dp4a_gemv.LAYOUTS.index(layout))
+        constants.update(QUANT=0, STORE_H=1)  # (a constexpr left out builds as None: no float H stored)
+        if quant:  # STRATA_DP4A's form: H's codes from the epilogue, no float H
+            signature.update({"codes": "*i8", "scales": "*fp32", "sums": "*i32"})
+            constants.update(QUANT=1, STORE_H=0)
     else:
         kernel = dp4a_gemv._dp4a_down_kernel
         signature = {**x, "topk_w": "*fp32", "w": "*u8", "y": "*fp32", "stride": "i64"}
         constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, ROWS=rows, SHARED=kind == "matvec",
                          LAYOUT=dp4a_gemv.LAYOUTS.index(layout))
-    regs, stack, executed, dp4a = _sass_counts(kernel, signature, constants, warps)
+    regs, stack, executed, dp4a = _sass_counts(kernel, signature, constants, warps, fusion=not quant)
     threads = 32 * warps * -(-n_out // bn) * programs
     return {"kernel": "dp4a", "kind": kind, "n_out": n_out, "k": k, "bn": bn, "warps": warps, "rows": rows,
-            "layout": layout, "regs": regs, "stack": stack,
+            "layout": layout, "quant": quant, "regs": regs, "stack": stack,
             "per_weight": round(executed * threads / (n_out * k * top_k * operands), 2), "dp4a": dp4a}
 
 
@@ -257,7 +288,7 @@ def test_kernels_build_for_sm90_with_dp4a_and_without_spills():
     builds = [json.loads(line) for line in run.stdout.splitlines()]
     oneshot = {b["kind"] + str(b["n_out"]): b for b in builds if b["kernel"] == "oneshot"}
     dp4a = [b for b in builds if b["kernel"] == "dp4a"]
-    assert len(oneshot) == len(A3B) and len(dp4a) == len(dp4a_gemv.LAYOUTS) * len(A3B) + 1, builds
+    assert len(oneshot) == len(A3B) and len(dp4a) == len(dp4a_gemv.LAYOUTS) * len(A3B) + 2, builds
     for b in dp4a:  # no spills, the instruction itself, and well under the float kernel's count a weight (~7;
         # halfwords, the coalesced layout, ~5: under it)
         old = oneshot[b["kind"] + str(b["n_out"])]["per_weight"]
@@ -272,3 +303,4 @@ if __name__ == "__main__":
         for shape in A3B:
             print(json.dumps(build_sm90(*shape, layout=layout)), flush=True)
     print(json.dumps(build_sm90(*A3B[0], rows=4)), flush=True)  # a verify window's 4 rows
+    print(json.dumps(build_sm90(*A3B[2], layout="pairs", quant=True)), flush=True)  # H rounded in the epilogue

@@ -1,4 +1,5 @@
-"""STRATA_DP4A's norm launches (`add_rms_norm_triton` / `add_norm_route_triton` given `rounded`): beside the residual
+"""STRATA_DP4A's norm launches (`add_rms_norm_triton` / `add_norm_route_triton` / `rms_norm_triton` given
+`rounded`): beside the residual
 and the normed rows they write the rows' int8 codes, scales and code sums, which must be `quantize_x`'s bytes of the
 normed rows they returned (quantize32's rounding: the launch compiles without FMA contraction, as its kernel), and
 the residual, the normed rows and the routing those of the launch without them (on a GPU the normed rows within one
@@ -10,6 +11,7 @@ import torch
 from strata.kernels.moe.dp4a_gemv import quantize_x
 from strata.kernels.pointwise.add_norm_route import add_norm_route_triton
 from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
+from strata.kernels.pointwise.rms_norm import rms_norm_triton
 from tests.kernels.pointwise.common import DEVICE, rand, ulp
 
 
@@ -55,3 +57,17 @@ def test_add_norm_route_writes_the_codes_of_its_rows(rows):
     if DEVICE == "cpu":  # the same sums in the interpreter: the same routing
         assert torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
     _codes_of(got[1], rounded)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,k", [(1, 64), (2, 96)])
+def test_rms_norm_writes_the_codes_of_its_rows(dtype, rows, k):
+    """Layer 0's norm (the plain rms_norm, no residual add before it)."""
+    x = rand((rows, k), 48, dtype, 2)
+    weight = (1 + 0.1 * rand((k,), 49, torch.float32)).to(dtype)
+    want = rms_norm_triton(x, weight, 1e-6)
+    rounded = _buffers(rows, k)
+    got = rms_norm_triton(x, weight, 1e-6, rounded)
+    assert _same_rows(got, want, dtype)
+    _codes_of(got, rounded)
+    assert rounded[0].abs().amax(1).eq(127).all()
