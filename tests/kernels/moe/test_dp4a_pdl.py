@@ -30,7 +30,8 @@ def test_pdl_launches_give_the_same_bytes(device, monkeypatch, mode):
         y = dp4a_matvec(xq, dense, 24, pdl=on)
         hid = dp4a_gate_up(xq, ids, gate, up, stride_gu, ff, pdl=on)
         out = torch.empty(2, embd, dtype=torch.bfloat16, device=device)  # the step's: the store rounds
-        return y, hid, dp4a_down(quantize_x(hid), ids, weights, down, stride_d, embd, y=out, pdl=on)
+        hq = dp4a_gate_up(xq, ids, gate, up, stride_gu, ff, pdl=on, rounded="codes")  # the step's: H's codes
+        return y, hid, dp4a_down(hq, ids, weights, down, stride_d, embd, y=out, pdl=on), *hq
 
     with switches.override(STRATA_PDL=mode):
         assert pdl.mode_for(xq[0]) == mode
