@@ -2,11 +2,14 @@
 
 Where the switch is on and a decode step (1-4 rows, bf16/fp16, on a GPU; on the CPU only where the tests make the
 fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the kernels read, `DecoderLM` takes:
-  q/k/v   (the stacked matvec) `matvec`, its input's codes written by the residual add + norm before it;
-  o       `matvec`, the attention's output rounded by one `quantize_x` launch (first form: the attention epilogue
-          could write the codes instead);
+  q/k/v   (the stacked matvec) `matvec`, its input's codes written by the norm before it (the residual add +
+          norm's, layer 0's by the plain `rms_norm`);
+  o       `matvec`, the attention's output rounded by one `quantize_x` launch (still: the decode attention's
+          epilogue, kernels/attention/decode*.py, could write the codes instead);
   experts `routed_experts` (resident, gate/up/down all Q4_0): gate/up + SwiGLU from the codes `add_norm_route`
-          wrote, H rounded by one `quantize_x` launch (first form: the gate/up epilogue could), then the down sum.
+          wrote, its epilogue rounding H to codes itself (a row tile of whole 32-row groups; no float H), then the
+          down sum.
+A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
 
