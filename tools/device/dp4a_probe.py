@@ -61,22 +61,14 @@ def chain_us(launch, n: int, flush: torch.Tensor, reps: int = 15) -> float:
             for i in range(n):
                 launch(i)
 
+    from l2_prefetch_probe import replay_ms  # (this file's folder is on the path when run as a script)
+
     times = []
     for with_chain in (False, True):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             body(with_chain)
-        graph.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
-        for _ in range(reps):
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            samples.append(a.elapsed_time(b))
-        times.append(sorted(samples)[reps // 2])
+        times.append(replay_ms(graph, reps))
     return (times[1] - times[0]) * 1e3 / n
 
 

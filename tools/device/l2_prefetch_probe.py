@@ -84,24 +84,27 @@ def run(mb: float, chain: int, programs: int, variant: str, distance: int, reps:
         with torch.cuda.graph(g):
             body(with_chain)
         graphs[with_chain] = g
-    times = {}
-    for with_chain, g in graphs.items():
-        g.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
-        for _ in range(reps):
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            samples.append(a.elapsed_time(b))
-        times[with_chain] = sorted(samples)[reps // 2]
+    times = {with_chain: replay_ms(g, reps) for with_chain, g in graphs.items()}
     for i in range(chain):
         want = bufs[i].view(programs, words).double().sum(1)
         err = (outs[i].double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
         assert err < 1e-6, f"buffer {i}: sums off by {err:.2e} of the largest"
     return (times[True] - times[False]) * 1e3  # us
+
+
+def replay_ms(graph, reps: int) -> float:
+    """The median milliseconds of `reps` replays of a captured CUDA graph (after one warm replay)."""
+    graph.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b))
+    return sorted(samples)[reps // 2]
 
 
 def copy_rate() -> float:
