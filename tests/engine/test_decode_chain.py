@@ -19,6 +19,7 @@ from strata.kernels.quant.matvec import quant_matvec
 from strata.models import decoder, layers, stacked_projections
 from strata.models.weights import FLOAT_VIEWS
 from strata.quant import get_format
+from tests.engine.greedy_bf16 import greedy_bf16
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -68,13 +69,8 @@ def kernels_on_cpu(monkeypatch):
 
 
 def _run(path, graphs: str):
-    engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", decode_graphs=graphs))
-    logits, tokens, out = engine.prefill(PROMPT), [], []
-    for step in range(STEPS):
-        tokens.append(int(logits[-1].argmax()))
-        logits = engine.decode(tokens[-1], len(PROMPT) + step)
-        out.append(logits.clone())
-    return tokens, torch.cat(out)
+    _, tokens, logits = greedy_bf16(path, True, PROMPT, STEPS, decode_graphs=graphs)
+    return tokens, logits
 
 
 @pytest.mark.parametrize("graphs", ["off", "eager"])

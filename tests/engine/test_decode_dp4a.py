@@ -19,6 +19,7 @@ from strata.kernels import pdl
 from strata.kernels.moe import dp4a_gemv
 from strata.kernels.pointwise import add_norm_route, add_rms_norm, rms_norm
 from strata.models import layers
+from tests.engine.greedy_bf16 import greedy_bf16
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -65,13 +66,8 @@ def spied(monkeypatch):
 
 
 def _run(path, graphs: str):
-    engine = Engine(path, EngineConfig(device="cpu", dtype="bfloat16", decode_graphs=graphs))
-    logits, tokens, out = engine.prefill(PROMPT), [], []
-    for step in range(STEPS):
-        tokens.append(int(logits[-1].argmax()))
-        logits = engine.decode(tokens[-1], len(PROMPT) + step)
-        out.append(logits.float().clone())
-    return tokens, torch.cat(out)
+    _, tokens, logits = greedy_bf16(path, True, PROMPT, STEPS, decode_graphs=graphs)
+    return tokens, logits.float()
 
 
 @pytest.mark.parametrize("graphs", ["off", "eager"])
