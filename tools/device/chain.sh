@@ -20,11 +20,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-350}
 source tools/device/parts.sh || exit 1
 A=$M/a3b.gguf
-if [ ! -f $A ]; then
-  BUDGET=$((BUDGET + 90))
-  (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
-    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A) &
-fi
+make_a3b_bg && BUDGET=$((BUDGET + 90))
 part tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_chain_moe.py \
   tests/kernels/pointwise/test_chain_qkv_store.py
 part chain_sweep 100 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep

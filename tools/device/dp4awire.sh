@@ -16,11 +16,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-280}
 source tools/device/parts.sh || exit 1
 A=$M/a3b.gguf
-if [ ! -f $A ]; then
-  BUDGET=$((BUDGET + 90))
-  (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
-    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A) &
-fi
+make_a3b_bg && BUDGET=$((BUDGET + 90))
 part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_norm_codes.py \
   tests/kernels/moe/test_dp4a_pdl.py
 while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 200)) ]; do sleep 2; done

@@ -73,3 +73,9 @@ make_q4x12() {  # the 12-layer full-size qwen4exp at $M/q4x12-00001-of-00002.ggu
     -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
     && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/
 }
+make_a3b_bg() {  # the A3B Q4_0 file at $M/a3b.gguf made in the background (~90 s) unless there or under way, written
+  # aside and moved into place; true when it started one (callers may extend their BUDGET)
+  [ -f $M/a3b.gguf ] || [ -f $M/a3b.tmp.gguf ] && return 1
+  (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
+    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
+}

@@ -14,8 +14,7 @@ Q=/tmp/q4x; mkdir -p $Q
 F=$Q/full-00001-of-00002.gguf A=$M/a3b.gguf
 (nice -n 5 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
   && touch $Q/made) &
-(python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
-  > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A) &
+make_a3b_bg
 make_q4x12
 part split_4k 90 python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 \
   --reps 2 --dump early
