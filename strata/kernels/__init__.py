@@ -14,7 +14,9 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # kernels choose their interpreter forms by this
+
+if INTERPRETED:
     from triton.runtime import interpreter as _interpreter
 
     def _patch_lang_tensor(tensor, scope, _original=_interpreter._patch_lang_tensor):

@@ -31,20 +31,18 @@ CPU tests can run each kernel's PDL form (its loads reordered around the wait) a
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from strata.errors import StrataError
+from strata.kernels import INTERPRETED  # decided before Triton was imported
 
 MODES = (0, 1, 2, 3)
 FORCE_ON_CPU = False  # tests: CPU tensors take the PDL options too (the interpreter's no-op waits)
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels decided before Triton was imported
-
-if _INTERPRETED:
+if INTERPRETED:
     @triton.jit
     def _gdc_wait():
         pass

@@ -49,8 +49,9 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels import INTERPRETED
 from strata.kernels.moe.oneshot_gemv import _units, down_dots, down_fetch, gate_up_item
-from strata.kernels.pdl import _INTERPRETED, launch_options, pdl_start, pdl_wait
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.pointwise.add_norm_route import add_norm_route_item
 from strata.kernels.pointwise.add_rms_norm import add_rms_norm_row
 
@@ -101,7 +102,7 @@ def parse_config(text: str) -> ChainConfig:
     return ChainConfig(*fields)
 
 
-if _INTERPRETED:  # (no inline assembly under the interpreter, where no wait ever polls twice)
+if INTERPRETED:  # (no inline assembly under the interpreter, where no wait ever polls twice)
     @triton.jit
     def _nap(NS: tl.constexpr):
         pass

@@ -40,13 +40,12 @@ float kernels are within 1e-7), so wiring it into the engine changes logits and 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from strata.errors import StrataError
+from strata.kernels import INTERPRETED  # decided before Triton was imported
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 from strata.kernels.moe.quantize32 import (GROUP, quantize_rows_ref, quantize_rows_triton, round_groups,
                                            rounded_rows_buffers)
@@ -57,8 +56,6 @@ LAYOUTS = ("blocks", "halfwords", "pairs")  # a lane a block, a halfword, a pair
 LANE_BLOCKS = 8  # block rows a thread holds at most (36 code words): the old kernels' registers and then some
 MIN_WARPS = 12 * 132  # resident warps the grid should give an H200 (12 an SM, as oneshot_gemv's tiles)
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as strata.kernels decided before Triton was imported
-
 
 @triton.jit
 def dp4a_emulated(a, b, c):
@@ -68,7 +65,7 @@ def dp4a_emulated(a, b, c):
     return c
 
 
-if _INTERPRETED:
+if INTERPRETED:
     @triton.jit
     def dp4a(a, b, c):
         return dp4a_emulated(a, b, c)
@@ -316,7 +313,7 @@ def quantize_x(x: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor, t
     the interpreter, its torch reference on plain CPU runs."""
     if x.dim() != 2 or x.shape[-1] % GROUP:
         raise StrataError(f"dp4a GEMV: activation of shape {tuple(x.shape)} is not [rows, a multiple of {GROUP}]")
-    if x.is_cuda or _INTERPRETED:
+    if x.is_cuda or INTERPRETED:
         return quantize_rows_triton(x, out)
     return quantize_rows_ref(x, out)
 
