@@ -9,6 +9,7 @@ pageable source) with its bytes and rate; the host's slowest runtime calls (a co
 the runtime made synchronous); and the compute stream's longest waits (prompt_timeline.waits).
 
 Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12] [--forms dma,gather]
+       [--before 4096x3] [--profile]
 """
 
 import argparse
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -24,20 +26,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata import switches  # noqa: E402
 from strata.bench.prompt import _streamer  # noqa: E402
+from strata.engine.copy_queue import CopyQueue  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 
 import prompt_timeline  # noqa: E402  (this folder)
 from stream_split import reset  # noqa: E402  (this folder)
 
 
+_copy_runs = CopyQueue.copy_runs
+IN_COPIES = [0.0]  # host seconds spent queueing the copy engines' calls (a call returns late when the queue is full)
+
+
+def _timed_copy_runs(self, *args):
+    started = time.perf_counter()
+    _copy_runs(self, *args)
+    IN_COPIES[0] += time.perf_counter() - started
+
+
+CopyQueue.copy_runs = _timed_copy_runs
+
+
+def ring_runs(streamer) -> str:
+    """How many runs of adjacent slots the ring was lent (1: the copy engines' runs can be long)."""
+    ring = streamer.ring
+    if ring is None:
+        return "no ring"
+    return f"ring in {1 + int((np.diff(ring.indices) != 1).sum())} runs of slots"
+
+
 def chunked(engine, streamer, ids) -> None:
     """One prompt, each chunk's time and the streamer's host split a layer over it."""
     marks = []
-    engine.on_prefill_progress = lambda progress: marks.append((time.perf_counter(), streamer.stats.host_s,
-                                                                streamer.stats.sync_s, streamer.stats.layers))
+
+    def mark(_=None):
+        s = streamer.stats
+        marks.append((time.perf_counter(), s.host_s, s.sync_s, s.layers, streamer.copy_calls, IN_COPIES[0]))
+        if streamer.ring is not None and len(marks) == 2:
+            print(f"  {ring_runs(streamer)}")
+
+    engine.on_prefill_progress = mark
     engine.cached_tokens = []
     torch.cuda.synchronize()
-    marks.append((time.perf_counter(), streamer.stats.host_s, streamer.stats.sync_s, streamer.stats.layers))
+    mark()
     engine.prefill(ids)
     torch.cuda.synchronize()
     total = time.perf_counter() - marks[0][0]
@@ -46,9 +76,33 @@ def chunked(engine, streamer, ids) -> None:
         layers = max(b[3] - a[3], 1)
         ms = (b[0] - a[0]) * 1e3
         host, sync = (b[1] - a[1]) * 1e3 / layers, (b[2] - a[2]) * 1e3 / layers
-        print(f"  chunk {i}: {ms:8.1f} ms; a layer {ms / layers:6.2f} ms: streamer host {host:5.2f}, routing wait "
-              f"{sync:5.2f}, the rest {ms / layers - host - sync:6.2f}")
+        calls, queued = (b[4] - a[4]) / layers, (b[5] - a[5]) * 1e3 / layers
+        print(f"  chunk {i}: {ms:8.1f} ms; a layer {ms / layers:6.2f} ms: streamer host {host:5.2f} (of it queueing "
+              f"{calls:.0f} copy calls {queued:5.2f}), routing wait {sync:5.2f}, the rest "
+              f"{ms / layers - host - sync:6.2f}")
     print(f"  all: {total * 1e3:.1f} ms for {len(ids)} tokens")
+
+
+def bench_like(engine, streamer, spec: str) -> None:
+    """What `bench prompt` does before its 32K prompt: the ceilings, then prompts of N tokens R times ("NxR")."""
+    from strata.bench.ceilings import host_to_device_bandwidth, read_bandwidth
+    from strata.bench.moe_prefill import int8_rate
+
+    device = engine.device
+    int8_rate(device), read_bandwidth(device, 1 << 30), host_to_device_bandwidth(device)
+    n, reps = (int(v) for v in spec.split("x"))
+    vocab = engine.model.config.vocab_size
+    for rep in range(reps):
+        ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n + rep)).tolist()
+        rings = []
+        engine.on_prefill_progress = lambda _: rings.append(ring_runs(streamer))
+        engine.cached_tokens = []
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.prefill(ids)
+        torch.cuda.synchronize()
+        engine.on_prefill_progress = None
+        print(f"  before: {n} tokens {(time.perf_counter() - started) * 1e3:.1f} ms; {rings[:1]}")
 
 
 def copies_of(trace: dict) -> None:
@@ -81,7 +135,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--vram-budget", type=float, default=12.0)
     p.add_argument("--forms", default="dma,gather")
-    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="then two chunks profiled by the first form")
+    p.add_argument("--before", default="", help="NxR: bench prompt's ceilings and R prompts of N tokens first")
     args = p.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget))
@@ -99,10 +154,12 @@ def main() -> None:
             engine.cached_tokens = []
             engine.prefill(ids[: min(chunk, len(ids))])  # warm: compiles for this form
             print(f"\nSTRATA_PF_STREAM={form} (early {streamer.early}):")
+            if args.before:
+                bench_like(engine, streamer, args.before)
             chunked(engine, streamer, ids)
             print(f"  again, the first chunk's worth alone:")
             chunked(engine, streamer, ids[:chunk])
-    if args.no_profile:
+    if not args.profile:
         return
     with switches.override(STRATA_PF_STREAM=forms[0]):
         reset(streamer)
