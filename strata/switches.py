@@ -50,9 +50,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "
            "form, for before/after runs) instead of one gather launch a layer reading the pinned host stacks"),
-    Switch("STRATA_PF_STREAM", "", "prompt streaming: how a layer's missing experts reach the device: gather (the "
-           "default: one kernel reading the pinned stacks), dma (the copy engines, few strided cudaMemcpy2DAsync "
-           "calls a batch, no SM), gather-hi (that kernel on a copy stream of the highest priority), dma1d "
+    Switch("STRATA_PF_STREAM", "", "prompt streaming: how a layer's missing experts reach the device: dma (the "
+           "default: the copy engines, few strided cudaMemcpy2DAsync calls a batch, no SM), gather (one kernel "
+           "reading the pinned stacks), gather-hi (that kernel on a copy stream of the highest priority), dma1d "
            "(the copy engines, one copy an expert part)"),
     Switch("STRATA_PF_EARLY", True, "prompt streaming: the next layer's experts queued for copy before this layer's "
            "routing is read (where the ring holds two layers), not after its experts are launched; its late misses "

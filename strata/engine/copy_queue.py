@@ -7,8 +7,6 @@ A batch of experts goes to the device in one launch (`gather`: kernels/moe/exper
 stacks itself), whatever its size: the host's cost a layer is flat. Memory-mapped stacks (`--no-pin-experts`), or
 STRATA_PF_STREAM_COPIES=1 for before/after runs, take the previous form: three copies an expert.
 
-The gather kernel is the default again since session 11: on the issue's own configuration (the full 48-layer qwen4exp
-at 12 GiB, H200) it read 32K and 4K faster than the copy engines (4.33 s against 4.79 s, 0.83 s against 1.04 s).
 STRATA_PF_STREAM=dma: the batch goes through the copy engines instead (engine/copy_runs.py groups it into runs of
 experts consecutive in the host stacks and in the slots, three strided copies a run, engine/dma_copy.py queues them
 with cudaMemcpy2DAsync): no SM taken from the layer computing beside it. `dma1d`: one copy an expert part (the same
@@ -38,7 +36,7 @@ HIGHEST_PRIORITY = -3  # torch keeps four stream priorities, 0 to -3
 
 def stream_form() -> str:
     """STRATA_PF_STREAM: how a batch of streamed experts reaches the device."""
-    form = switches.get("STRATA_PF_STREAM").strip().lower() or "gather"
+    form = switches.get("STRATA_PF_STREAM").strip().lower() or "dma"
     if form not in STREAM_FORMS:
         raise StrataError(f"STRATA_PF_STREAM={form!r}: use one of {', '.join(STREAM_FORMS)}")
     return form

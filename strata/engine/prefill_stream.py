@@ -34,11 +34,11 @@ ends (`return_slots`), or at the first step that is not a prompt chunk.
 Host cost (issue 6): a layer reads its routing once (counts into a zeroed row, the layer's one sync), looks its
 experts up and places the misses in the ring on numpy arrays, and queues a batch with a few calls (`CopyQueue.gather`);
 no Python or torch op per expert, so a layer costs the host about the same for 3 missing experts or 500. By default
-the batch streams in one kernel launch that reads the pinned host stacks itself (kernels/moe/expert_gather.py, on half
-the SMs). With STRATA_PF_STREAM=dma it goes through the copy engines as runs of experts consecutive in the host stacks
-and in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one, and
-the copies take no SM from the layer computing beside them (faster on 12 layers at 7 GiB, slower on the full file at
-12 GiB: docs/BENCHMARKS.md, sessions 10 and 11). `stats` keeps the host time per layer for the profiles.
+(STRATA_PF_STREAM=dma) the batch goes through the copy engines as runs of experts consecutive in the host stacks and
+in the slots (engine/copy_runs.py): the ring is then lent an adjacent run of slots where the cache has one, and the
+copies take no SM from the layer computing beside them. STRATA_PF_STREAM=gather streams it in one kernel launch that
+reads the pinned host stacks itself (kernels/moe/expert_gather.py, on half the SMs). `stats` keeps the host time per
+layer for the profiles.
 """
 
 from __future__ import annotations

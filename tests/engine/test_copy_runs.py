@@ -122,10 +122,10 @@ def test_the_copy_engines_addresses_move_the_bytes_of_the_reference(one_row):
 
 
 def test_the_switch_and_the_copy_streams_priority():
-    assert stream_form() == "gather" and copy_stream_priority() == -1  # unset: the gather kernel, the usual priority
-    assert not CopyQueue(torch.device("cpu")).dma
-    with switches.override(STRATA_PF_STREAM="dma"):
-        assert CopyQueue(torch.device("cpu")).dma
+    assert stream_form() == "dma" and copy_stream_priority() == -1  # unset: the copy engines, the usual priority
+    assert CopyQueue(torch.device("cpu")).dma
+    with switches.override(STRATA_PF_STREAM="gather"):
+        assert not CopyQueue(torch.device("cpu")).dma
     with switches.override(STRATA_PF_STREAM="gather-hi"):
         assert copy_stream_priority() == -3 and not CopyQueue(torch.device("cpu")).dma
     with switches.override(STRATA_PF_STREAM="DMA"):
