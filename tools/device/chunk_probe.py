@@ -8,7 +8,7 @@ profiled prompt of two chunks by the first form: every host-to-device copy the d
 pageable source) with its bytes and rate; the host's slowest runtime calls (a copy call that returns late is a copy
 the runtime made synchronous); and the compute stream's longest waits (prompt_timeline.waits).
 
-Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12] [--forms dma,gather]
+Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12] [--forms dma,gather,gather@p33]
        [--before 4096x3] [--profile]
 """
 
@@ -149,7 +149,8 @@ def main() -> None:
           f"work slots {streamer.work_slots}, early {streamer.early}")
     forms = args.forms.split(",")
     for form in forms:
-        with switches.override(STRATA_PF_STREAM=form):
+        stream, _, config = form.partition("@")  # gather@p33: the gather kernel on 33 programs (STRATA_PF_GATHER)
+        with switches.override(STRATA_PF_STREAM=stream, STRATA_PF_GATHER=config):
             reset(streamer)
             engine.cached_tokens = []
             engine.prefill(ids[: min(chunk, len(ids))])  # warm: compiles for this form
@@ -161,7 +162,8 @@ def main() -> None:
             chunked(engine, streamer, ids[:chunk])
     if not args.profile:
         return
-    with switches.override(STRATA_PF_STREAM=forms[0]):
+    stream, _, config = forms[0].partition("@")
+    with switches.override(STRATA_PF_STREAM=stream, STRATA_PF_GATHER=config):
         reset(streamer)
         two = ids[: 2 * chunk]
         engine.cached_tokens = []
