@@ -263,10 +263,19 @@ def _chain_moe_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, x_ptr, logits_p
 _counters: dict[tuple[torch.device, object], torch.Tensor] = {}
 
 
+def counter_device(device) -> torch.device:
+    """The device with its index: a tensor's `cuda:0` and a caller's `cuda` must find the same counters (torch's
+    devices compare unequal; the bench made them under one and looked them up under the other, inside a capture)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def site_counters(device: torch.device, site) -> torch.Tensor | None:
     """Call site `site`'s zeroed counters (made on first use: a span's first step runs eagerly, before any capture);
     None while capturing before they exist (the caller runs the unchained kernels)."""
-    key = (torch.device(device), site)
+    key = (counter_device(device), site)
     counters = _counters.get(key)
     if counters is None:
         if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -17,7 +17,8 @@ import triton
 
 from strata.bench.moe_decode import synthetic_stack
 from strata.kernels.moe.chain_moe import (ARRIVALS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP, O_DONE, ROUTED,
-                                          TICKET, ChainConfig, chain_moe_triton, chain_tiles, site_counters)
+                                          TICKET, ChainConfig, chain_moe_triton, chain_tiles, counter_device,
+                                          site_counters)
 from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand, down_sum_triton, gate_up_swiglu_triton
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
 from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel
@@ -112,6 +113,14 @@ def test_the_join_waits_for_every_down_item(device):
     buffers, gave_up, want = _held_back(device, DOWN_DONE.value, -1, join=True)  # one down item never counted
     assert gave_up == 2  # each token's add + norm
     assert torch.equal(buffers["y"], want[2])  # the down items ran
+
+
+def test_counters_made_under_cuda_are_found_under_its_index(monkeypatch):
+    """`bench moe-chain` made each call's counters under `cuda` and the kernel looked them up under the tensors'
+    `cuda:0`: inside a capture none were found and the chained launch declined (session 11's first call)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert counter_device("cuda") == counter_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert counter_device("cpu") == torch.device("cpu")
 
 
 def test_counter_layout_leaves_room_for_every_token():
