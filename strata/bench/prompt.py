@@ -106,7 +106,9 @@ def bench_prompt(args, placement: dict) -> None:
     print(f"ceilings   int8 {int8_ops / 1e12:.1f} TOPS, device reads {read_rate / 1e9:.0f} GB/s, "
           f"pinned host->device {pcie_rate / 1e9:.1f} GB/s")
     time_prompt(engine, min(contexts[0], engine.prefill_chunk), 1, seed=999)  # compiles the kernels
+    ngram = getattr(engine.model, "ngram_prefetch", None)  # qwen4exp: the n-gram rows gathered on a host thread
     for n_tokens in contexts:
+        waited = ngram.waited_s if ngram is not None else 0.0
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
                   streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
                   streamer.copy_calls) if streamer else None
@@ -145,3 +147,6 @@ def bench_prompt(args, placement: dict) -> None:
             print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")
+        if ngram is not None:  # a cold page cache under the table's shard shows here (gguf/access_advice.py)
+            print(f"  n-gram rows  the forwards waited {(ngram.waited_s - waited) * 1e3 / args.reps:.1f} ms a "
+                  "prompt for the host thread's table lookups")

@@ -15,6 +15,7 @@ takes it.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class NgramPrefetch:
         self.queued: deque[_Job] = deque()  # submitted, in chunk order
         self.waiting: deque[_Job] = deque()  # announced, not yet submitted
         self.taken = 0  # chunks whose rows came from a job (tests and benches read it)
+        self.waited_s = 0.0  # host time the forwards spent waiting for a job's rows (bench prompt prints it)
 
     def begin(self, tokens: list[int], bounds: list[tuple[int, int]], start: int, previous: tuple[int, int],
               min_tokens: int = 1) -> None:
@@ -74,6 +76,7 @@ class NgramPrefetch:
             return None
         self.queued.popleft()
         self._fill()
+        started = time.perf_counter()
         try:
             rows = job.future.result()
         except StrataError:
@@ -84,6 +87,8 @@ class NgramPrefetch:
             last = job.position + len(job.tokens) - 1
             raise StrataError(f"{self.source}: the n-gram table lookup for prompt tokens {job.position}..{last} "
                               f"failed on its host thread: {type(error).__name__}: {error}") from error
+        finally:
+            self.waited_s += time.perf_counter() - started
         self.taken += 1
         return rows
 

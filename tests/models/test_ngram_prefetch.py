@@ -131,3 +131,20 @@ def test_a_chunk_other_than_announced_is_looked_up_in_line():
     assert seen[0] == ([6, 7], (4, 5)) and prefetch.taken == 1
     assert prefetch.take(13, np.array([8, 0]), (6, 7)) is None  # other tokens than announced
     assert not prefetch.queued and prefetch.take(13, np.array([8, 9]), (6, 7)) is None  # the plan is gone
+
+
+def test_the_time_a_forward_waits_for_its_rows_is_counted():
+    """A lookup slower than the forward before it: take() waits for it, and waited_s says how long."""
+    import threading
+
+    release = threading.Event()
+
+    def lookup(tokens, previous, out):
+        release.wait(5)
+        out[:] = 1.0
+
+    prefetch = NgramPrefetch(lookup, 2, torch.device("cpu"))
+    prefetch.begin([5, 6], [(0, 2)], 0, (-1, -1))
+    threading.Timer(0.2, release.set).start()
+    assert prefetch.take(0, np.array([5, 6]), (-1, -1)).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert 0.15 <= prefetch.waited_s < 5

@@ -2,6 +2,7 @@
 hash against hand-computed rows, the selection hand-off to the KV backend, and bad files and caches."""
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,6 +81,17 @@ def test_the_ngram_block_changes_the_logits_and_caches_rows(tiny):
 
 
 # ---------------------------------------------------------------------------------------------- selection
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
+def test_the_ngram_tables_pages_are_advised_random_reads(tiny):
+    """Rows are read at random from the table's shard: its mapping carries MADV_RANDOM (no 32-page readahead a row,
+    which made a cold chunk's lookup take seconds)."""
+    from tests.gguf.test_access_advice import _flags_at
+
+    model = load_model(GGUFModelFile(tiny), CPU, torch.float32)
+    raw = model.ngram_table.weight.raw
+    assert "rr" in _flags_at(raw.data_ptr()) and "rr" in _flags_at(raw.data_ptr() + raw.numel() - 1)
 
 
 def test_indexer_keys_pooled_chunk_by_chunk_equal_one_pass():

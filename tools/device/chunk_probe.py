@@ -57,10 +57,12 @@ def ring_runs(streamer) -> str:
 def chunked(engine, streamer, ids) -> None:
     """One prompt, each chunk's time and the streamer's host split a layer over it."""
     marks = []
+    ngram = getattr(engine.model, "ngram_prefetch", None)
 
     def mark(_=None):
         s = streamer.stats
-        marks.append((time.perf_counter(), s.host_s, s.sync_s, s.layers, streamer.copy_calls, IN_COPIES[0]))
+        marks.append((time.perf_counter(), s.host_s, s.sync_s, s.layers, streamer.copy_calls, IN_COPIES[0],
+                      ngram.waited_s if ngram is not None else 0.0))
         if streamer.ring is not None and len(marks) == 2:
             print(f"  {ring_runs(streamer)}")
 
@@ -79,7 +81,7 @@ def chunked(engine, streamer, ids) -> None:
         calls, queued = (b[4] - a[4]) / layers, (b[5] - a[5]) * 1e3 / layers
         print(f"  chunk {i}: {ms:8.1f} ms; a layer {ms / layers:6.2f} ms: streamer host {host:5.2f} (of it queueing "
               f"{calls:.0f} copy calls {queued:5.2f}), routing wait {sync:5.2f}, the rest "
-              f"{ms / layers - host - sync:6.2f}")
+              f"{ms / layers - host - sync:6.2f}; n-gram rows waited {(b[6] - a[6]) * 1e3:.1f} ms")
     print(f"  all: {total * 1e3:.1f} ms for {len(ids)} tokens")
 
 
