@@ -1,0 +1,64 @@
+"""The n-gram table's rows gathered from a cold page cache, with and without MADV_RANDOM (gguf/access_advice.py).
+
+Writes the full-size qwen4exp table shard (160 x 320,001,536 IQ4_NL, 28.8 GB, a hole: no disk space) into a fresh
+file for each run, so its pages are not in the page cache, maps it as the engine does, and times the engine's own
+gather (NgramTable.gather_into) of one prompt chunk's rows (16 a token, hashed from random tokens), then the same
+rows again (warm). Usage: python3 tools/ngram_cold.py [--tokens 5731] [--plain-tokens 128] [--dir /tmp]
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from strata.gguf.access_advice import advise_random  # noqa: E402
+from strata.gguf.reader import GGUFModelFile  # noqa: E402
+from strata.gguf.writer import write_gguf  # noqa: E402
+from strata.models.ngram_embedding import NgramHash, NgramTable  # noqa: E402
+from strata.models.synthetic_qwen4exp import PRESETS, table_tensor  # noqa: E402
+from strata.models.weights import QuantWeight  # noqa: E402
+
+
+def gather_ms(folder: Path, tokens: np.ndarray, advised: bool) -> tuple[float, float]:
+    shape = PRESETS["full"]
+    path = folder / f"table-{'random' if advised else 'plain'}-{len(tokens)}.gguf"
+    write_gguf(path, "qwen4exp", {}, [table_tensor(shape, seed=0)])
+    try:
+        info = next(iter(GGUFModelFile(path).tensors.values()))
+        if advised:
+            assert advise_random(info.data)
+        table = NgramTable(QuantWeight.from_info(info, "cpu"))
+        hashed = NgramHash(vocab_sizes=tuple(shape.head_vocab_sizes)).rows(tokens, (-1, -1))
+        out = torch.empty(hashed.shape[0], hashed.shape[1] * table.head_dim)
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            table.gather_into(hashed, out)
+            times.append((time.perf_counter() - started) * 1e3)
+        return times[0], times[1]
+    finally:
+        path.unlink()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=5731, help="a chunk's tokens, advised (the engine's way)")
+    p.add_argument("--plain-tokens", type=int, default=128, help="tokens without the advice (slow when cold)")
+    p.add_argument("--dir", default=tempfile.gettempdir())
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    for n, advised in ((args.plain_tokens, False), (args.tokens, True)):
+        tokens = rng.integers(0, 248320, n)
+        cold, warm = gather_ms(Path(args.dir), tokens, advised)
+        print(f"{'MADV_RANDOM' if advised else 'no advice  '} {n:6d} tokens ({16 * n:7d} rows): cold {cold:9.1f} ms "
+              f"({cold * 1e3 / (16 * n):7.2f} us a row), warm {warm:7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
