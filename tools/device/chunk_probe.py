@@ -14,6 +14,7 @@ Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-b
 
 import argparse
 import collections
+import gc
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,17 @@ def _timed_copy_runs(self, *args):
 
 
 CopyQueue.copy_runs = _timed_copy_runs
+IN_GC = [0.0, None]  # host seconds in Python's collector, the current collection's start
+
+
+def _collector(phase, _info):
+    if phase == "start":
+        IN_GC[1] = time.perf_counter()
+    elif IN_GC[1] is not None:
+        IN_GC[0] += time.perf_counter() - IN_GC[1]
+
+
+gc.callbacks.append(_collector)  # the 82 ms the compute stream sat idle at a chunk boundary: a collection?
 
 
 def ring_runs(streamer) -> str:
@@ -62,7 +74,7 @@ def chunked(engine, streamer, ids) -> None:
     def mark(_=None):
         s = streamer.stats
         marks.append((time.perf_counter(), s.host_s, s.sync_s, s.layers, streamer.copy_calls, IN_COPIES[0],
-                      ngram.waited_s if ngram is not None else 0.0))
+                      ngram.waited_s if ngram is not None else 0.0, IN_GC[0]))
         if streamer.ring is not None and len(marks) == 2:
             print(f"  {ring_runs(streamer)}")
 
@@ -81,7 +93,8 @@ def chunked(engine, streamer, ids) -> None:
         calls, queued = (b[4] - a[4]) / layers, (b[5] - a[5]) * 1e3 / layers
         print(f"  chunk {i}: {ms:8.1f} ms; a layer {ms / layers:6.2f} ms: streamer host {host:5.2f} (of it queueing "
               f"{calls:.0f} copy calls {queued:5.2f}), routing wait {sync:5.2f}, the rest "
-              f"{ms / layers - host - sync:6.2f}; n-gram rows waited {(b[6] - a[6]) * 1e3:.1f} ms")
+              f"{ms / layers - host - sync:6.2f}; n-gram rows waited {(b[6] - a[6]) * 1e3:.1f} ms, Python's "
+              f"collector {(b[7] - a[7]) * 1e3:.1f} ms")
     print(f"  all: {total * 1e3:.1f} ms for {len(ids)} tokens")
 
 
