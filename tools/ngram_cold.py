@@ -4,7 +4,13 @@ Writes the full-size qwen4exp table shard (160 x 320,001,536 IQ4_NL, 28.8 GB, a 
 file for each run, so its pages are not in the page cache, maps it as the engine does, and times the engine's own
 gather (NgramTable.gather_into) of one prompt chunk's rows (16 a token, hashed from random tokens), then the same
 rows again (warm). Usage: python3 tools/ngram_cold.py [--tokens 5731] [--plain-tokens 128] [--dir /tmp]
+
+--data FILE: a file of real bytes instead (a hole costs no drive read): its bytes read as IQ4_NL rows of 90 bytes,
+its pages dropped from the page cache before each run (posix_fadvise), the rows gathered by the engine's decode
+(ngram_rows.decode_rows) with the pages touched first from 1 thread (no touch) and from TOUCH_THREADS.
 """
+
+import os
 
 import argparse
 import sys
@@ -17,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import strata.models.ngram_rows as ngram_rows  # noqa: E402
 from strata.gguf.access_advice import advise_random  # noqa: E402
 from strata.gguf.reader import GGUFModelFile  # noqa: E402
 from strata.gguf.writer import write_gguf  # noqa: E402
@@ -46,12 +53,40 @@ def gather_ms(folder: Path, tokens: np.ndarray, advised: bool) -> tuple[float, f
         path.unlink()
 
 
+def real_bytes(path: Path, n_rows: int, touch_threads: int, seed: int) -> tuple[float, float]:
+    """(cold, warm) ms of decode_rows over n_rows random 90-byte rows of `path` (IQ4_NL blocks of 5 a row)."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    row_bytes = 90
+    table = np.memmap(path, mode="r", shape=(path.stat().st_size // row_bytes, row_bytes))
+    advise_random(table)
+    index = np.random.default_rng(seed).integers(0, table.shape[0], n_rows).astype(np.int64)
+    out = np.empty((n_rows, 160), dtype=np.float32)
+    ngram_rows.TOUCH_THREADS = touch_threads
+    times = []
+    for _ in range(2):
+        started = time.perf_counter()
+        ngram_rows.decode_rows(table, ngram_rows.IQ4_NL.ggml_type, index, out)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times[0], times[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=5731, help="a chunk's tokens, advised (the engine's way)")
     p.add_argument("--plain-tokens", type=int, default=128, help="tokens without the advice (slow when cold)")
     p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--data", default="", help="a file of real bytes: cold reads from the drive, touched or not")
     args = p.parse_args()
+    if args.data:
+        touches = (1, ngram_rows.TOUCH_THREADS)
+        for rep, threads in enumerate(touches * 2):
+            cold, warm = real_bytes(Path(args.data), 16 * args.tokens, threads, seed=rep)
+            print(f"{16 * args.tokens} rows of {args.data}, pages touched from {threads:2d} thread(s) first, "
+                  f"{ngram_rows.PIECE_THREADS} decoding: cold {cold:8.1f} ms ({cold * 1e3 / (16 * args.tokens):6.2f} "
+                  f"us a row), warm {warm:6.1f} ms")
+        return
     rng = np.random.default_rng(0)
     for n, advised in ((args.plain_tokens, False), (args.tokens, True)):
         tokens = rng.integers(0, 248320, n)

@@ -30,9 +30,12 @@ def _tokens(n: int, seed: int) -> list[int]:
 @pytest.mark.parametrize("qtype", ["IQ4_NL", "F16", "BF16", "F32", "Q8_0"])
 def test_decoded_rows_have_dequantize_bits_in_pieces_over_threads(monkeypatch, qtype):
     """Every format the table may have (IQ4_NL's pair lookup, the float views, Q8_0 through the registry's fallback),
-    rows repeated and out of order, pieces smaller than the index and spread over two threads."""
+    rows repeated and out of order, pieces smaller than the index and spread over two threads, their pages touched
+    first from three."""
     monkeypatch.setattr(ngram_rows, "PIECE_ROWS", 7)
     monkeypatch.setattr(ngram_rows, "PIECE_THREADS", 2)
+    monkeypatch.setattr(ngram_rows, "TOUCH_MIN_ROWS", 1)
+    monkeypatch.setattr(ngram_rows, "TOUCH_THREADS", 3)
     fmt, cols, n_rows = get_format(qtype), 64, 50
     blocks_per_row = cols // fmt.block_size
     table = random_blocks(qtype, n_rows * blocks_per_row, np.random.default_rng(1), scale=1.0).reshape(n_rows, -1)
