@@ -10,17 +10,14 @@ set -uo pipefail
 BUDGET=${BUDGET:-480}
 source tools/device/parts.sh || exit 1
 L=$OUT
-Q=/tmp/q4x; mkdir -p $Q
-F=$Q/full-00001-of-00002.gguf A=$M/a3b.gguf
-(nice -n 5 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
-  && touch $Q/made) &
+make_full_bg; F=$FULL A=$M/a3b.gguf
 make_a3b_bg
 make_q4x12
 part split_4k 90 python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 \
   --reps 2 --dump early
 while [ ! -f $A ] && [ $SECONDS -lt 200 ]; do sleep 2; done
 part chain_sweep 80 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
-while [ ! -f $Q/made ] && [ $SECONDS -lt 300 ]; do sleep 2; done
+wait_full 300
 P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --routing balanced --reps 2"
 part prompt_full 110 $P
 STRATA_PF_STREAM=gather part prompt_full_gather 90 $P

@@ -7,11 +7,8 @@
 set -uo pipefail
 BUDGET=${BUDGET:-470}
 source tools/device/parts.sh || exit 1
-Q=/tmp/q4x; mkdir -p $Q
-F=$Q/full-00001-of-00002.gguf
-(nice -n 5 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
-  && touch $Q/made) &
+make_full_bg; F=$FULL
 script dp4a 200
-while [ ! -f $Q/made ] && [ $SECONDS -lt 280 ]; do sleep 2; done
+wait_full 280
 part chunk_probe 200 python3 tools/device/chunk_probe.py $F --tokens 32768 --vram-budget 12 --forms dma,gather
 finish 40

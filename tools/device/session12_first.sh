@@ -10,12 +10,9 @@
 set -uo pipefail
 BUDGET=${BUDGET:-520}
 source tools/device/parts.sh || exit 1
-Q=/tmp/q4x; mkdir -p $Q
-F=$Q/full-00001-of-00002.gguf
-(nice -n 10 python3 -m strata make-model --arch qwen4exp --preset full -o $Q/full.gguf > $L/make_full.log 2>&1 \
-  && touch $Q/made) &
+make_full_bg; F=$FULL
 part chain_sweep 120 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
-while [ ! -f $Q/made ] && [ $SECONDS -lt 260 ]; do sleep 2; done
+wait_full 260
 P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --routing balanced --reps 2"
 part prompt_dma 100 $P
 STRATA_PF_STREAM=gather part prompt_gather 100 $P
