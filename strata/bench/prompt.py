@@ -120,6 +120,8 @@ def bench_prompt(args, placement: dict) -> None:
         n_chunks = len(prompt_chunks(n_tokens, engine.prefill_chunk, isinstance(engine.config.prefill_chunk, str)))
         print(f"\nctx {n_tokens:>7}: {n_tokens / seconds:9.1f} tok/s ({seconds:.3f} s to the last logits, {n_chunks} "
               f"chunks; the device idle {(idle - seconds) * 1e3:.1f} ms later: {n_tokens / idle:.1f} tok/s)")
+        if len(runs) > 1:  # a first run slower than the others: something cold (pages, caches), not the steady rate
+            print(f"  each run     {', '.join(f'{ready:.3f}' for ready, _ in runs)} s to the last logits, in order")
         print(f"  matrix floor {matrix_floor:.3f} s ({2 * mads / 1e12:.1f} T int8 ops); "
               f"{seconds / matrix_floor:.1f}x the floor")
         if engine.plan.all_resident:

@@ -33,11 +33,13 @@ def test_bench_prompt_refuses_a_bad_context_list(tiny_moe, capsys):
 
 
 def test_bench_prompt_says_how_long_qwen4exps_forwards_waited_for_ngram_rows(tmp_path, capsys):
-    """qwen4exp gathers a chunk's n-gram rows on a host thread: the bench prints the forwards' wait for them (the cold
-    page cache under the table's shard made the GPU wait seconds a chunk before its pages were advised random)."""
+    """qwen4exp gathers a chunk's n-gram rows on a host thread: the bench prints the forwards' wait for them (on a
+    cold page cache under the table's shard the GPU waits for those rows), and each run's time in order."""
     from strata.models.synthetic import make_model
 
     path = make_model(tmp_path / "tiny.gguf", arch="qwen4exp", preset="tiny", quant="F32")
-    assert main(["bench", "prompt", str(path), "--device", "cpu", "--ctx", "40", "--prefill", "auto:16"]) in (0, None)
+    args = ["bench", "prompt", str(path), "--device", "cpu", "--ctx", "40", "--prefill", "auto:16", "--reps", "2"]
+    assert main(args) in (0, None)
     out = capsys.readouterr().out
+    assert re.search(r"ctx +40: .*\n  each run     [\d.]+, [\d.]+ s to the last logits, in order\n", out), out
     assert re.search(r"ctx +40: .*\n(.*\n)*  n-gram rows  the forwards waited [\d.]+ ms a prompt", out), out
