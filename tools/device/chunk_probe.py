@@ -3,13 +3,14 @@
 Session 11's first call: the full-size qwen4exp at 12 GiB read a 4K prompt (one chunk) at 1.69x the PCIe floor by
 the copy engines but a 32K one (six chunks) at 4.75x; by the gather kernel 1.63x both. This prints, for each form,
 each chunk's time (the engine's progress hook, host time: the host syncs on each layer's routing, so it tracks the
-device within a layer) with the streamer's host split a layer (its own work, its routing wait, the rest), then one
+device within a layer) with the streamer's host split a layer (its own work, its routing wait, the rest), the time
+the forwards waited for the n-gram rows and the time in Python's collector a chunk, then (--profile) one
 profiled prompt of two chunks by the first form: every host-to-device copy the device ran, grouped by kind (pinned or
 pageable source) with its bytes and rate; the host's slowest runtime calls (a copy call that returns late is a copy
 the runtime made synchronous); and the compute stream's longest waits (prompt_timeline.waits).
 
-Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12] [--forms dma,gather,gather@p33]
-       [--before 4096x3] [--profile]
+Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12]
+       [--forms dma,gather,gather@p33] [--before 4096x3] [--profile]
 """
 
 import argparse
