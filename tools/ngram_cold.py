@@ -7,7 +7,8 @@ rows again (warm). Usage: python3 tools/ngram_cold.py [--tokens 5731] [--plain-t
 
 --data FILE: a file of real bytes instead (a hole costs no drive read): its bytes read as IQ4_NL rows of 90 bytes,
 its pages dropped from the page cache before each run (posix_fadvise), the rows gathered by the engine's decode
-(ngram_rows.decode_rows) with the pages touched first from 1 thread (no touch) and from TOUCH_THREADS.
+(ngram_rows.decode_rows) with the pages touched first from 1 thread (no touch) and from TOUCH_THREADS; then decode
+steps (16 rows each, NgramTable.gather's small path) with and without ReadAhead asking for the rows first.
 """
 
 import os
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strata.models.ngram_rows as ngram_rows  # noqa: E402
-from strata.gguf.access_advice import advise_random  # noqa: E402
+from strata.gguf.access_advice import ReadAhead, advise_random  # noqa: E402
 from strata.gguf.reader import GGUFModelFile  # noqa: E402
 from strata.gguf.writer import write_gguf  # noqa: E402
 from strata.models.ngram_embedding import NgramHash, NgramTable  # noqa: E402
@@ -72,6 +73,26 @@ def real_bytes(path: Path, n_rows: int, touch_threads: int, seed: int) -> tuple[
     return times[0], times[1]
 
 
+def decode_steps(path: Path, steps: int, ahead: bool, seed: int) -> tuple[float, float]:
+    """(median, mean) us of a decode step's gather of 16 random cold rows of `path` (IQ4_NL, 160 values a row)."""
+    from strata.quant import get_format
+
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    view = np.memmap(path, mode="r", shape=(path.stat().st_size // 90, 90))
+    advise_random(view)
+    weight = QuantWeight("table", get_format("IQ4_NL").ggml_type, (view.shape[0], 160), torch.from_numpy(view))
+    table = NgramTable(weight, read_ahead=ReadAhead.of(view, str(path)) if ahead else None)
+    rng, times = np.random.default_rng(seed), []
+    for _ in range(steps):
+        rows = rng.integers(0, view.shape[0], (1, 16)).astype(np.uint64)
+        started = time.perf_counter()
+        table.gather(rows)
+        times.append((time.perf_counter() - started) * 1e6)
+    return float(np.median(times)), float(np.mean(times))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=5731, help="a chunk's tokens, advised (the engine's way)")
@@ -86,6 +107,10 @@ def main() -> None:
             print(f"{16 * args.tokens} rows of {args.data}, pages touched from {threads:2d} thread(s) first, "
                   f"{ngram_rows.PIECE_THREADS} decoding: cold {cold:8.1f} ms ({cold * 1e3 / (16 * args.tokens):6.2f} "
                   f"us a row), warm {warm:6.1f} ms")
+        for rep, ahead in enumerate((False, True, False, True)):
+            median, mean = decode_steps(Path(args.data), 200, ahead, seed=100 + rep)
+            print(f"decode steps of 16 cold rows, {'asked for first' if ahead else 'faulted in turn'}: median "
+                  f"{median:6.0f} us, mean {mean:6.0f} us")
         return
     rng = np.random.default_rng(0)
     for n, advised in ((args.plain_tokens, False), (args.tokens, True)):

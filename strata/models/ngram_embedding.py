@@ -106,8 +106,9 @@ class NgramTable:
     """The table [rows, head_dim], left in its (memory-mapped) file; rows are dequantized on demand, the most
     recently used `cache_rows` of them kept."""
 
-    def __init__(self, weight: QuantWeight, cache_rows: int = ROW_CACHE_ROWS):
+    def __init__(self, weight: QuantWeight, cache_rows: int = ROW_CACHE_ROWS, read_ahead=None):
         self.weight, self.cache_rows = weight, cache_rows
+        self.read_ahead = read_ahead  # gguf.access_advice.ReadAhead over the table's file, or None
         self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.hits = self.misses = 0
 
@@ -129,6 +130,8 @@ class NgramTable:
         flat = [int(r) for r in rows.reshape(-1)]
         wanted = sorted({r for r in flat if r not in self.cache})
         if wanted:
+            if self.read_ahead is not None:  # their reads at once, not one page fault after another (cold drive)
+                self.read_ahead.will_need(wanted)
             # One gather of the missing rows: only their pages of the mapping are read.
             fresh = self.weight[torch.tensor(wanted, dtype=torch.int64)].dequantize(torch.float32)
             for r, values in zip(wanted, fresh):

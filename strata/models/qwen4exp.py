@@ -25,7 +25,7 @@ from strata.engine.experts import ExpertBackend, ExpertStack, ResidentExperts
 from strata.engine.qwen4exp_cache import Qwen4ExpCache
 from strata.engine.staging import upload
 from strata.errors import StrataError
-from strata.gguf.access_advice import advise_random
+from strata.gguf.access_advice import ReadAhead, advise_random
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
 from strata.models.decoder import DecoderLM, FFNWeights, WeightLoader
@@ -233,7 +233,7 @@ class Qwen4ExpLM(DecoderLM):
             raise StrataError(f"{info.file}: tensor {TABLE_TENSOR} has shape {list(info.shape)}, expected at least "
                               f"{[rows, head_dim]} (the heads' vocab sizes sum to {rows:,} rows)")
         advise_random(info.data)  # its rows are read at random: a fault reads its own page, not 32 (access_advice.py)
-        return NgramTable(QuantWeight.from_info(info, "cpu"))
+        return NgramTable(QuantWeight.from_info(info, "cpu"), read_ahead=ReadAhead.of(info.data, info.file))
 
     # ------------------------------------------------------------------------------------------ running
 

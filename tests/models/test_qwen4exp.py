@@ -84,14 +84,24 @@ def test_the_ngram_block_changes_the_logits_and_caches_rows(tiny):
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
-def test_the_ngram_tables_pages_are_advised_random_reads(tiny):
-    """Rows are read at random from the table's shard: its mapping carries MADV_RANDOM (no 32-page readahead a row,
-    which made a cold chunk's lookup take seconds)."""
-    from tests.gguf.test_access_advice import _flags_at
+def test_the_ngram_table_is_read_at_random_and_its_missing_rows_asked_for_ahead(tiny):
+    """Rows are read at random from the table's shard: its mapping carries MADV_RANDOM (no 32-page readahead a row),
+    and a small gather (a decode step's) asks the kernel for the rows it lacks before it touches them."""
+    from tests.page_cache import mapping_flags
 
     model = load_model(GGUFModelFile(tiny), CPU, torch.float32)
-    raw = model.ngram_table.weight.raw
-    assert "rr" in _flags_at(raw.data_ptr()) and "rr" in _flags_at(raw.data_ptr() + raw.numel() - 1)
+    table = model.ngram_table
+    raw = table.weight.raw
+    assert "rr" in mapping_flags(raw.data_ptr()) and "rr" in mapping_flags(raw.data_ptr() + raw.numel() - 1)
+    # The rows a small gather lacks are asked of the kernel first, at their places in the table's shard.
+    shard = Path(GGUFModelFile(tiny).tensors["per_layer_token_embd.weight"].file).read_bytes()
+    ahead, asked = table.read_ahead, []
+    ahead.will_need = lambda rows: asked.extend(int(r) for r in rows)
+    table.gather(np.array([[7, 3], [3, 11]], dtype=np.uint64))
+    assert sorted(asked) == [3, 7, 11]
+    for row in asked:
+        start = ahead.offset + row * ahead.row_bytes
+        assert shard[start : start + ahead.row_bytes] == raw[row].numpy().tobytes()
 
 
 def test_indexer_keys_pooled_chunk_by_chunk_equal_one_pass():
