@@ -75,6 +75,9 @@ async function send(text) {
       throw new Error((body.error && body.error.message) || response.statusText);
     }
     for await (const data of sseData(response)) {
+      // Stop at once: events already received would otherwise be drawn first, each a redraw of the whole reply (on a
+      // busy machine the page said "generating..." for seconds after Stop).
+      if (controller.signal.aborted) throw new DOMException("stopped", "AbortError");
       if (data === "[DONE]") break;
       const event = JSON.parse(data);
       if (event.error) throw new Error(event.error.message);
