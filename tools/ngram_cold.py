@@ -4,6 +4,7 @@ Writes the full-size qwen4exp table shard (160 x 320,001,536 IQ4_NL, 28.8 GB, a 
 file for each run, so its pages are not in the page cache, maps it as the engine does, and times the engine's own
 gather (NgramTable.gather_into) of one prompt chunk's rows (16 a token, hashed from random tokens), then the same
 rows again (warm). Usage: python3 tools/ngram_cold.py [--tokens 5731] [--plain-tokens 128] [--dir /tmp]
+[--data FILE]
 
 --data FILE: a file of real bytes instead (a hole costs no drive read): its bytes read as IQ4_NL rows of 90 bytes,
 its pages dropped from the page cache before each run (posix_fadvise), the rows gathered by the engine's decode
@@ -11,9 +12,8 @@ its pages dropped from the page cache before each run (posix_fadvise), the rows 
 steps (16 rows each, NgramTable.gather's small path) with and without ReadAhead asking for the rows first.
 """
 
-import os
-
 import argparse
+import os
 import sys
 import tempfile
 import time
