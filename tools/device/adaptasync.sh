@@ -15,7 +15,7 @@ if [ ! -f $M/a3b.gguf ] && [ ! -f $M/a3b.tmp.gguf ]; then  # (a session batch ma
     > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
 fi
 part check 60 python3 tools/device/adaptasync_check.py $M 48
-while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
+wait_file $M/a3b.gguf $((BUDGET - 60))
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32"
 part resident24 30 $A --tokens 64 --vram-budget 24

@@ -24,7 +24,7 @@ make_a3b_bg && BUDGET=$((BUDGET + 90))
 part tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_chain_moe.py \
   tests/kernels/pointwise/test_chain_qkv_store.py
 part chain_sweep 100 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
-while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
+wait_file $A $((BUDGET - 150))
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64"
 part bench_off 40 env STRATA_DECODE_CHAIN= $B
 part bench_chain 40 env STRATA_DECODE_CHAIN=1 $B

@@ -19,7 +19,7 @@ A=$M/a3b.gguf
 make_a3b_bg && BUDGET=$((BUDGET + 90))
 part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/pointwise/test_norm_codes.py \
   tests/kernels/moe/test_dp4a_pdl.py
-while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 200)) ]; do sleep 2; done
+wait_file $A $((BUDGET - 200))
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64"
 part bench_unset 65 $B
 part bench_dp4a 65 env STRATA_DP4A=1 $B

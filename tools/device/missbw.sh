@@ -22,7 +22,7 @@ part missbw_q2_0 30 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --mis
 part missbw_a3b 25 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses 0,1,2,4,8
 part sweep_q2_0 30 python3 -m strata bench miss-bw --shapes qwen4exp-q2_0 --misses none --sweep --sweep-misses 2
 part sweep_a3b 25 python3 -m strata bench miss-bw --shapes a3b-q4_0 --misses none --sweep --sweep-misses 2
-while [ ! -f $M/a3b.gguf ] && [ $SECONDS -lt $((BUDGET - 60)) ]; do sleep 2; done
+wait_file $M/a3b.gguf $((BUDGET - 60))
 echo "a3b written by ${SECONDS}s" | tee -a $L/times.txt
 A="python3 -m strata bench decode $M/a3b.gguf --device cuda --ctx 4096 --prompt-tokens 32 --tokens 96"
 part direct12 30 $A --vram-budget 12

@@ -80,10 +80,12 @@ make_a3b_bg() {  # the A3B Q4_0 file at $M/a3b.gguf made in the background (~90 
     > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
 }
 make_full_bg() {  # the full-size 48-layer qwen4exp at $FULL made in the background (~200 s, niced: parts run beside
-  # it), unless there; `wait_full CAP` waits for it until CAP seconds into the batch
-  FULL=/tmp/q4x/full-00001-of-00002.gguf; mkdir -p /tmp/q4x
-  [ -f /tmp/q4x/made ] && return
+  # it), unless there; `wait_file $FULL_MADE CAP` waits for it (the first shard appears before the file is whole)
+  FULL=/tmp/q4x/full-00001-of-00002.gguf FULL_MADE=/tmp/q4x/made; mkdir -p /tmp/q4x
+  [ -f $FULL_MADE ] && return
   (nice -n 10 python3 -m strata make-model --arch qwen4exp --preset full -o /tmp/q4x/full.gguf > $L/make_full.log 2>&1 \
-    && touch /tmp/q4x/made) &
+    && touch $FULL_MADE) &
 }
-wait_full() { while [ ! -f /tmp/q4x/made ] && [ $SECONDS -lt $1 ]; do sleep 2; done; }
+wait_file() {  # path cap: until the file is there (a model made in the background), at most until cap s into the batch
+  while [ ! -f "$1" ] && [ $SECONDS -lt $2 ]; do sleep 2; done
+}

@@ -35,7 +35,7 @@ if [ ! -f $A ]; then
 fi
 part tests 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/pdl
 [ -n "$MADE" ] && small  # while the A3B file is made
-while [ ! -f $A ] && [ $SECONDS -lt $((BUDGET - 150)) ]; do sleep 2; done
+wait_file $A $((BUDGET - 150))
 B="python3 -m strata bench decode $A --device cuda --ctx 4096 --prompt-tokens 32 --tokens 64 --vram-budget 24"
 part bench_sweep 110 $B --pdl-sweep 1,3,2,0
 part check_a3b 50 python3 tools/device/pdl_check.py $A --tokens 32 --vram-budget 24 --modes 1,2,3

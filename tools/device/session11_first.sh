@@ -15,9 +15,9 @@ make_a3b_bg
 make_q4x12
 part split_4k 90 python3 tools/device/stream_split.py $M/q4x12-00001-of-00002.gguf --tokens 4096 --vram-budget 7 \
   --reps 2 --dump early
-while [ ! -f $A ] && [ $SECONDS -lt 200 ]; do sleep 2; done
+wait_file $A 200
 part chain_sweep 80 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
-wait_full 300
+wait_file $FULL_MADE 300
 P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --routing balanced --reps 2"
 part prompt_full 110 $P
 STRATA_PF_STREAM=gather part prompt_full_gather 90 $P

@@ -9,6 +9,6 @@ BUDGET=${BUDGET:-470}
 source tools/device/parts.sh || exit 1
 make_full_bg; F=$FULL
 script dp4a 200
-wait_full 280
+wait_file $FULL_MADE 280
 part chunk_probe 200 python3 tools/device/chunk_probe.py $F --tokens 32768 --vram-budget 12 --forms dma,gather
 finish 40

@@ -10,7 +10,7 @@ BUDGET=${BUDGET:-500}
 source tools/device/parts.sh || exit 1
 make_full_bg; F=$FULL
 script dp4awire 330
-wait_full 300
+wait_file $FULL_MADE 300
 part chunk_seq 160 python3 tools/device/chunk_probe.py $F --tokens 32768 --vram-budget 12 --forms dma,gather \
   --before 4096x3
 finish 40

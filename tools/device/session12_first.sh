@@ -12,7 +12,7 @@ BUDGET=${BUDGET:-520}
 source tools/device/parts.sh || exit 1
 make_full_bg; F=$FULL
 part chain_sweep 120 python3 -m strata bench moe-chain --shapes a3b-q4_0 --sweep
-wait_full 260
+wait_file $FULL_MADE 260
 P="python3 -m strata bench prompt $F --device cuda --vram-budget 12 --ctx 4096,32768 --routing balanced --reps 2"
 part prompt_dma 100 $P
 STRATA_PF_STREAM=gather part prompt_gather 100 $P
