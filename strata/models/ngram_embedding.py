@@ -135,9 +135,9 @@ class NgramTable:
             # One gather of the missing rows (only their pages of the mapping are read), decoded by numpy: the
             # same bits as dequantize; a decode step's gather of 16 new rows took 154 us through torch's
             # indexing and dequantize, 67 us so (session 11, the development VM), and the step waits for it.
-            fresh = np.empty((len(wanted), self.head_dim), dtype=np.float32)
-            decode_rows(self.weight.raw.numpy(), self.weight.ggml_type, np.asarray(wanted, dtype=np.int64), fresh)
-            for r, values in zip(wanted, torch.from_numpy(fresh)):
+            fresh = torch.empty(len(wanted), self.head_dim)
+            self.gather_into(np.asarray(wanted, dtype=np.int64), fresh)
+            for r, values in zip(wanted, fresh):
                 self.cache[r] = values
         self.misses += len(wanted)
         self.hits += len(flat) - len(wanted)

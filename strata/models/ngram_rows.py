@@ -44,25 +44,16 @@ IQ4_NL = get_format("IQ4_NL")
 FLOATS = {get_format("F32").ggml_type: np.float32, get_format("F16").ggml_type: np.float16,
           get_format("BF16").ggml_type: None}
 
-_pool: ThreadPoolExecutor | None = None
-_touch_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}  # "piece" (decoding), "touch" (faulting pages in)
 _pool_lock = threading.Lock()
 
 
-def _pieces_pool() -> ThreadPoolExecutor:
-    global _pool
+def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
     with _pool_lock:
-        if _pool is None or _pool._max_workers != PIECE_THREADS:  # made again when a sweep changes the count
-            _pool = ThreadPoolExecutor(PIECE_THREADS, thread_name_prefix="strata-ngram-piece")
-        return _pool
-
-
-def _touching_pool() -> ThreadPoolExecutor:
-    global _touch_pool
-    with _pool_lock:
-        if _touch_pool is None or _touch_pool._max_workers != TOUCH_THREADS:
-            _touch_pool = ThreadPoolExecutor(TOUCH_THREADS, thread_name_prefix="strata-ngram-touch")
-        return _touch_pool
+        pool = _pools.get(kind)
+        if pool is None or pool._max_workers != threads:  # made again when a sweep changes the count
+            pool = _pools[kind] = ThreadPoolExecutor(threads, thread_name_prefix=f"strata-ngram-{kind}")
+        return pool
 
 
 def _touch(table: np.ndarray, index: np.ndarray) -> int:
@@ -75,7 +66,7 @@ def touch_rows(table: np.ndarray, index: np.ndarray) -> None:
     threads at once, so that a cold table's reads overlap; the bytes are not changed or kept."""
     if index.shape[0] < TOUCH_MIN_ROWS or TOUCH_THREADS <= 1:
         return
-    list(_touching_pool().map(lambda part: _touch(table, part), np.array_split(index, TOUCH_THREADS)))
+    list(_pool("touch", TOUCH_THREADS).map(lambda part: _touch(table, part), np.array_split(index, TOUCH_THREADS)))
 
 
 @functools.cache
@@ -126,7 +117,8 @@ def decode_rows(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.nd
         for s in starts:
             _decode_piece(table, ggml_type, index[s : s + PIECE_ROWS], out[s : s + PIECE_ROWS])
         return
-    pieces = [_pieces_pool().submit(_decode_piece, table, ggml_type, index[s : s + PIECE_ROWS], out[s : s + PIECE_ROWS])
+    pieces = [_pool("piece", PIECE_THREADS).submit(_decode_piece, table, ggml_type, index[s : s + PIECE_ROWS],
+                                                   out[s : s + PIECE_ROWS])
               for s in starts]
     for piece in pieces:
         piece.result()
