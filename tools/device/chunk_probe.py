@@ -145,6 +145,12 @@ def copies_of(trace: dict) -> None:
         print(f"    {n:6d} {ms:9.2f} {longest:8.3f}  {name[:70]}")
 
 
+def form_switches(form: str) -> dict:
+    """The switches of a --forms entry: "gather@p33" is the gather kernel on 33 programs (STRATA_PF_GATHER)."""
+    stream, _, config = form.partition("@")
+    return {"STRATA_PF_STREAM": stream, "STRATA_PF_GATHER": config}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -165,8 +171,7 @@ def main() -> None:
           f"work slots {streamer.work_slots}, early {streamer.early}")
     forms = args.forms.split(",")
     for form in forms:
-        stream, _, config = form.partition("@")  # gather@p33: the gather kernel on 33 programs (STRATA_PF_GATHER)
-        with switches.override(STRATA_PF_STREAM=stream, STRATA_PF_GATHER=config):
+        with switches.override(**form_switches(form)):
             reset(streamer)
             engine.cached_tokens = []
             engine.prefill(ids[: min(chunk, len(ids))])  # warm: compiles for this form
@@ -174,12 +179,11 @@ def main() -> None:
             if args.before:
                 bench_like(engine, streamer, args.before)
             chunked(engine, streamer, ids)
-            print(f"  again, the first chunk's worth alone:")
+            print("  again, the first chunk's worth alone:")
             chunked(engine, streamer, ids[:chunk])
     if not args.profile:
         return
-    stream, _, config = forms[0].partition("@")
-    with switches.override(STRATA_PF_STREAM=stream, STRATA_PF_GATHER=config):
+    with switches.override(**form_switches(forms[0])):
         reset(streamer)
         two = ids[: 2 * chunk]
         engine.cached_tokens = []
