@@ -10,7 +10,9 @@ pageable source) with its bytes and rate; the host's slowest runtime calls (a co
 the runtime made synchronous); and the compute stream's longest waits (prompt_timeline.waits).
 
 Usage: python3 tools/device/chunk_probe.py MODEL.gguf [--tokens 32768] [--vram-budget 12]
-       [--forms dma,gather,gather@p33] [--before 4096x3] [--profile]
+       [--forms dma,gather,gather@p33] [--before 4096x3] [--profile] [--per-layer]
+(--per-layer: each routed layer's host time in the first chunk of each prompt, in order: a slow start is the n-gram
+rows or the first copies, a slow middle is not.)
 """
 
 import argparse
@@ -46,6 +48,28 @@ def _timed_copy_runs(self, *args):
 
 
 CopyQueue.copy_runs = _timed_copy_runs
+PER_LAYER = [False]
+LAYER_MARKS: list[float] = []  # host time as each routed layer's streamer run returns (--per-layer)
+
+
+def time_layers(streamer) -> None:
+    """Record the host time each routed layer's run returns (the layer's experts launched after its routing read)."""
+    run = streamer.run
+
+    def timed(*args, **kwargs):
+        out = run(*args, **kwargs)
+        LAYER_MARKS.append(time.perf_counter())
+        return out
+
+    streamer.run = timed
+
+
+def print_layers(start: float, n_layers: int) -> None:
+    """The first chunk's layers, ms each (the first from the prompt's start), ten a line."""
+    marks = [start] + LAYER_MARKS[:n_layers]
+    ms = [f"{(b - a) * 1e3:5.1f}" for a, b in zip(marks, marks[1:])]
+    for i in range(0, len(ms), 10):
+        print(f"    layers {i:2d}-{min(i + 9, len(ms) - 1):2d}: {' '.join(ms[i:i + 10])}")
 IN_GC = [0.0, None]  # host seconds in Python's collector, the current collection's start
 
 
@@ -83,6 +107,7 @@ def chunked(engine, streamer, ids) -> None:
     engine.cached_tokens = []
     torch.cuda.synchronize()
     mark()
+    LAYER_MARKS.clear()
     engine.prefill(ids)
     torch.cuda.synchronize()
     total = time.perf_counter() - marks[0][0]
@@ -97,6 +122,8 @@ def chunked(engine, streamer, ids) -> None:
               f"{ms / layers - host - sync:6.2f}; n-gram rows waited {(b[6] - a[6]) * 1e3:.1f} ms, Python's "
               f"collector {(b[7] - a[7]) * 1e3:.1f} ms")
     print(f"  all: {total * 1e3:.1f} ms for {len(ids)} tokens")
+    if PER_LAYER[0]:
+        print_layers(marks[0][0], len(engine.model.expert_stacks))
 
 
 def bench_like(engine, streamer, spec: str) -> None:
@@ -159,13 +186,18 @@ def main() -> None:
     p.add_argument("--forms", default="dma,gather")
     p.add_argument("--profile", action="store_true", help="then two chunks profiled by the first form")
     p.add_argument("--before", default="", help="NxR: bench prompt's ceilings and R prompts of N tokens first")
+    p.add_argument("--per-layer", action="store_true", help="each routed layer's host time in a prompt's first chunk")
+    p.add_argument("--seed", type=int, default=0, help="the prompt's ids (bench prompt's are seeded by their length)")
     args = p.parse_args()
+    PER_LAYER[0] = args.per_layer
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.tokens + 64,
                                              vram_budget=args.vram_budget))
     engine.model.balanced_prompt_routing = True
     streamer = _streamer(engine)
+    time_layers(streamer)
     vocab = engine.model.config.vocab_size
-    ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    warm = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(args.seed + 999)).tolist()
     chunk = engine.prefill_chunk
     print(f"{args.tokens} tokens at {args.vram_budget} GiB, chunks of {chunk}, ring {streamer.ring_slots} slots, "
           f"work slots {streamer.work_slots}, early {streamer.early}")
@@ -174,7 +206,7 @@ def main() -> None:
         with switches.override(**form_switches(form)):
             reset(streamer)
             engine.cached_tokens = []
-            engine.prefill(ids[: min(chunk, len(ids))])  # warm: compiles for this form
+            engine.prefill(warm[: min(chunk, len(ids))])  # compiles for this form; other ids: the prompt's rows stay cold
             print(f"\nSTRATA_PF_STREAM={form} (early {streamer.early}):")
             if args.before:
                 bench_like(engine, streamer, args.before)
