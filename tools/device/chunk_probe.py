@@ -70,6 +70,8 @@ def print_layers(start: float, n_layers: int) -> None:
     ms = [f"{(b - a) * 1e3:5.1f}" for a, b in zip(marks, marks[1:])]
     for i in range(0, len(ms), 10):
         print(f"    layers {i:2d}-{min(i + 9, len(ms) - 1):2d}: {' '.join(ms[i:i + 10])}")
+
+
 IN_GC = [0.0, None]  # host seconds in Python's collector, the current collection's start
 
 
