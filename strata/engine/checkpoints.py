@@ -16,6 +16,7 @@ it after the live prefix would.
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,6 +45,8 @@ class CheckpointStats:
     restored: int = 0
     restored_tokens: int = 0  # prompt tokens not read again thanks to a restore
     evicted: int = 0
+    save_s: float = 0.0  # host time of the saves (allocating host memory, queueing the copies)
+    saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,36 @@ def usable_prefix(held: list[int] | tuple[int, ...], ids: list[int], can_truncat
 # ---- snapshots of each cache kind: (copy of the first n tokens' state, bytes) and the way back ----
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type == "cpu":
-        return t.clone()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # pinned: the copy back runs at link speed
-    # Queued, no host wait: only a restore reads the copy, through the same stream, after it. (A blocking copy made
-    # the host wait for the whole prompt at the first tensor, then allocate and copy the rest one by one.)
-    host.copy_(t, non_blocking=True)
-    return host
+class HostCopies:
+    """Where one snapshot's tensors are copied: views into a few large host slabs (pinned when the cache is on a GPU)
+    instead of an allocation each. A qwen4exp snapshot is ~150 tensors; each fresh pinned allocation maps and locks
+    its pages (rounded up to a power of two) while the prompt's end waits on the host. Slabs double from 4 MiB to
+    64 MiB (a larger tensor gets its own), so the unused tail stays under the last slab; a slab goes back to torch's
+    pinned cache (reused by the next snapshot) when the last checkpoint view of it is dropped."""
+
+    FIRST, LARGEST, ALIGN = 4 << 20, 64 << 20, 256
+
+    def __init__(self):
+        self.slab: torch.Tensor | None = None
+        self.used = 0
+        self.next_size = self.FIRST
+
+    def _take(self, n_bytes: int, pinned: bool) -> torch.Tensor:
+        if n_bytes > self.next_size:  # a slab of its own; the current one keeps taking the smaller tensors
+            return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pinned)
+        if self.slab is None or self.used + n_bytes > self.slab.numel() or self.slab.is_pinned() != pinned:
+            self.slab = torch.empty(self.next_size, dtype=torch.uint8, pin_memory=pinned)
+            self.used, self.next_size = 0, min(2 * self.next_size, self.LARGEST)
+        part = self.slab[self.used : self.used + n_bytes]
+        self.used += -(-n_bytes // self.ALIGN) * self.ALIGN  # the next view starts aligned for any dtype
+        return part
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        host = self._take(t.numel() * t.element_size(), pinned=t.device.type == "cuda").view(t.dtype).view(t.shape)
+        # Queued, no host wait: only a restore reads the copy, through the same stream, after it. (A blocking copy
+        # made the host wait for the whole prompt at the first tensor, then allocate and copy the rest one by one.)
+        host.copy_(t, non_blocking=t.device.type == "cuda")
+        return host
 
 
 def _nbytes(tensors) -> int:
@@ -97,9 +122,9 @@ def _refresh_selector(cache, n: int) -> None:
         cache.selector.observe(layer, 0, n, lambda a, b, layer=layer: cache.read_keys(layer, a, b))
 
 
-def _snapshot_dense(cache: KVCache, n: int):
-    keys = [_to_host(k[:n]) for k in cache.keys]
-    values = [_to_host(v[:n]) for v in cache.values]
+def _snapshot_dense(cache: KVCache, n: int, host: HostCopies):
+    keys = [host.copy(k[:n]) for k in cache.keys]
+    values = [host.copy(v[:n]) for v in cache.values]
     return (n, keys, values), _nbytes(keys) + _nbytes(values)
 
 
@@ -119,9 +144,9 @@ def _page_rows(cache: PagedInt8KV, pages: list[int]) -> torch.Tensor:
     return (base + torch.arange(per_page, device=cache.device)).reshape(-1)
 
 
-def _snapshot_paged(cache: PagedInt8KV, n: int):
+def _snapshot_paged(cache: PagedInt8KV, n: int, host: HostCopies):
     rows = _page_rows(cache, cache.pages[: math.ceil(n / PAGE)])
-    pools = [tuple(_to_host(t[rows]) for t in (p.k, p.v, p.k_scale, p.v_scale)) for p in cache.pools]
+    pools = [tuple(host.copy(t[rows]) for t in (p.k, p.v, p.k_scale, p.v_scale)) for p in cache.pools]
     return (n, pools), sum(_nbytes(parts) for parts in pools)
 
 
@@ -136,10 +161,10 @@ def _restore_paged(cache: PagedInt8KV, state) -> None:
     _refresh_selector(cache, n)
 
 
-def _snapshot_hybrid(cache: HybridCache, n: int):
-    kv, kv_bytes = snapshot(cache.kv, n)
-    conv = {i: _to_host(t) for i, t in cache.conv.items()}
-    state = {i: _to_host(t) for i, t in cache.state.items()}
+def _snapshot_hybrid(cache: HybridCache, n: int, host: HostCopies):
+    kv, kv_bytes = snapshot(cache.kv, n, host)
+    conv = {i: host.copy(t) for i, t in cache.conv.items()}
+    state = {i: host.copy(t) for i, t in cache.state.items()}
     return (n, kv, conv, state), kv_bytes + _nbytes(conv.values()) + _nbytes(state.values())
 
 
@@ -153,10 +178,10 @@ def _restore_hybrid(cache: HybridCache, saved) -> None:
     cache.length = n
 
 
-def _snapshot_qwen4exp(cache: Qwen4ExpCache, n: int):
-    hybrid, n_bytes = _snapshot_hybrid(cache, n)
-    extra = {name: _to_host(t) for name, t in cache.saved_state(n).items()}
-    mtp, mtp_bytes = snapshot(cache.mtp_kv, n) if cache.mtp_kv is not None else (None, 0)
+def _snapshot_qwen4exp(cache: Qwen4ExpCache, n: int, host: HostCopies):
+    hybrid, n_bytes = _snapshot_hybrid(cache, n, host)
+    extra = {name: host.copy(t) for name, t in cache.saved_state(n).items()}
+    mtp, mtp_bytes = snapshot(cache.mtp_kv, n, host) if cache.mtp_kv is not None else (None, 0)
     return (hybrid, extra, mtp), n_bytes + _nbytes(extra.values()) + mtp_bytes
 
 
@@ -168,9 +193,9 @@ def _restore_qwen4exp(cache: Qwen4ExpCache, saved) -> None:
         restore(cache.mtp_kv, mtp)
 
 
-def _snapshot_split(cache: SplitKV, n: int):
+def _snapshot_split(cache: SplitKV, n: int, host: HostCopies):
     """A layer split: each card's backend copied as its kind is."""
-    parts = [snapshot(backend, n) for backend in cache.backends]
+    parts = [snapshot(backend, n, host) for backend in cache.backends]
     return [state for state, _ in parts], sum(n_bytes for _, n_bytes in parts)
 
 
@@ -197,8 +222,9 @@ def supports(cache) -> bool:
     return supports(cache.kv) if isinstance(cache, HybridCache) else True
 
 
-def snapshot(cache, n: int):
-    return _KINDS[type(cache)][0](cache, n)
+def snapshot(cache, n: int, host: HostCopies | None = None):
+    """(a copy of the first n tokens' state of `cache`, its bytes), copied into `host`'s slabs (new ones if None)."""
+    return _KINDS[type(cache)][0](cache, n, host or HostCopies())
 
 
 def restore(cache, state) -> None:
@@ -237,9 +263,12 @@ class CheckpointStore:
         if known is not None:
             self.items.move_to_end(known.tokens)
             return
+        started = time.perf_counter()
         state, n_bytes = snapshot(cache, len(key))
+        self.stats.save_s += time.perf_counter() - started
         if n_bytes > self.max_bytes:
             return
+        self.stats.saved_bytes += n_bytes
         if can_truncate:  # the new one serves every prompt that a prefix of it served
             for held in [h for h in self.items if h == key[: len(h)]]:
                 self.n_bytes -= self.items.pop(held).n_bytes

@@ -205,3 +205,22 @@ def test_usable_prefix():
     assert usable_prefix([1, 2, 3], [1, 2, 3], False) == 0
     assert usable_prefix([1, 2, 5], [1, 2, 3, 4], False) == 0
     assert usable_prefix([], [1], False) == 0
+
+
+def test_host_copies_share_a_few_slabs_and_keep_every_value():
+    from strata.engine.checkpoints import HostCopies
+
+    copies = HostCopies()
+    gen = torch.Generator().manual_seed(0)
+    sources = [torch.randn(n, generator=gen).to(dtype) for n, dtype in
+               [(3, torch.float16), (1000, torch.float32), (5, torch.int8), (7, torch.bfloat16), (0, torch.float32),
+                (3_000_000, torch.float32), (11, torch.int64)]]
+    sources.append(torch.randn(4, 6, generator=gen)[:, ::2])  # a strided view copies as its values
+    held = [copies.copy(t) for t in sources]
+    for source, copy in zip(sources, held):
+        assert copy.dtype == source.dtype and copy.shape == source.shape and torch.equal(copy, source)
+        assert copy.storage_offset() * copy.element_size() % HostCopies.ALIGN == 0  # aligned for any dtype
+    bases = {copy.untyped_storage().data_ptr() for copy in held}
+    assert len(bases) == 2  # the 12 MB tensor in its own; the others in the first 4 MiB slab
+    sources[1].zero_()
+    assert held[1].abs().sum() > 0  # copies, not views of the sources
