@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 import torch
 
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
+from strata.engine.pinned_memory import pin_from_threads
 from strata.engine.context import ForwardContext
 from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_plan, prompt_chunks
@@ -90,6 +91,8 @@ class Engine:
         self.file = GGUFModelFile(path)
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata, source=str(self.file.path))
         self.device = config.resolve_device() if not config.gpus else _first_card(config.gpus)
+        if self.device.type == "cuda":
+            pin_from_threads()  # before the first pinned allocation: the expert store's, at load
         self.dtype = config.resolve_dtype(self.device)
         model_config = config_of(self.file)
         self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
