@@ -18,3 +18,4 @@ def test_bench_checkpoints_checks_the_restored_path(model_dir, capsys, arch, kv)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "restored == live bit for bit: yes" in out and "for 40 tokens" in out
+    assert "ms (its host memory allocated afresh)" in out
