@@ -23,14 +23,19 @@ def settings(cpu_count: int | None) -> str:
     return f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
 
 
+def apply(text: str) -> bool:
+    """Set torch's allocator settings `text` for this process; False where this torch cannot at run time."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
+        getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if setter is None:
+        return False
+    setter(text)
+    return True
+
+
 def pin_from_threads() -> bool:
     """Apply the settings for this process (before its first pinned allocation); False where the user's
     configuration already chooses, or where this torch has no way to set them at run time."""
     if any("pinned" in os.environ.get(name, "") for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
         return False
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
-        getattr(torch.cuda.memory, "_set_allocator_settings", None)
-    if setter is None:
-        return False
-    setter(settings(os.cpu_count()))
-    return True
+    return apply(settings(os.cpu_count()))

@@ -208,7 +208,7 @@ def main() -> None:
         with switches.override(**form_switches(form)):
             reset(streamer)
             engine.cached_tokens = []
-            engine.prefill(warm[: min(chunk, len(ids))])  # compiles for this form; other ids: the prompt's rows stay cold
+            engine.prefill(warm[: min(chunk, len(ids))])  # compiles; other ids: the prompt's n-gram rows stay cold
             print(f"\nSTRATA_PF_STREAM={form} (early {streamer.early}):")
             if args.before:
                 bench_like(engine, streamer, args.before)

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from strata.engine import pinned_memory  # noqa: E402
 from strata.engine.checkpoints import HostCopies  # noqa: E402
 
 N_TENSORS = 150
@@ -104,7 +105,8 @@ def table(label: str) -> None:
             again, out = timed(fn, sources, empty=False)
             ok = all(torch.equal(h.cuda(), s) for h, s in zip(out, sources))
             del out
-            cells.append(f"{name} {first * 1e3:7.1f} ms (again {again * 1e3:6.1f}, bytes {'equal' if ok else 'DIFFER'})")
+            same = "equal" if ok else "DIFFER"
+            cells.append(f"{name} {first * 1e3:7.1f} ms (again {again * 1e3:6.1f}, bytes {same})")
         print(f"  {total / 1e6:4.0f} MB in {len(sources)} tensors: " + "; ".join(cells))
 
 
@@ -113,14 +115,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     table("default pinned allocator")
     stall_check(190_000_000)
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     try:
-        if setter is not None:
-            setter("pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
-        else:
-            torch.cuda.memory._set_allocator_settings("pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
+        applied = pinned_memory.apply(pinned_memory.settings(8))
     except Exception as e:  # noqa: BLE001 - a probe: say why and stop
-        print(f"\npinned_use_cuda_host_register not settable here: {type(e).__name__}: {e}")
+        applied, why = False, f"{type(e).__name__}: {e}"
+    else:
+        why = "no run-time setter in this torch"
+    if not applied:
+        print(f"\npinned_use_cuda_host_register not settable here: {why}")
         return
     table("pinned_use_cuda_host_register, 8 threads")
 
