@@ -9,7 +9,6 @@ from typing import Callable, Iterator
 import torch
 
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
-from strata.engine.pinned_memory import pin_from_threads
 from strata.engine.context import ForwardContext
 from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_plan, prompt_chunks
@@ -21,6 +20,7 @@ from strata.engine.staging import upload
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.engine.offload import offloaded_experts
+from strata.engine.pinned_memory import pin_from_threads
 from strata.engine.placement import plan_placement
 from strata.models import config_of, load_model
 from strata.tokenizer import Tokenizer
