@@ -36,6 +36,12 @@ def apply(text: str) -> bool:
 def pin_from_threads() -> bool:
     """Apply the settings for this process (before its first pinned allocation); False where the user's
     configuration already chooses, or where this torch has no way to set them at run time."""
-    if any("pinned" in os.environ.get(name, "") for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
+    users = [os.environ.get(name, "") for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")]
+    if any("pinned" in conf for conf in users):
         return False
-    return apply(settings(os.cpu_count()))
+    # The user's other settings given again with ours, should this torch's parser start from its defaults; one it
+    # will not take at run time costs only the faster pinning, never the engine.
+    try:
+        return apply(",".join([conf for conf in users if conf] + [settings(os.cpu_count())]))
+    except (RuntimeError, ValueError, TypeError):
+        return False
