@@ -83,3 +83,14 @@ def test_make_model_layers_overrides_the_preset(tmp_path):
     made = strata("make-model", "--arch", "qwen3moe", "--preset", "tiny", "--layers", "3", "-o", tmp_path / "m.gguf")
     assert made.returncode == 0, made.stderr
     assert gguf.GGUFReader(tmp_path / "m.gguf").fields["qwen3moe.block_count"].contents() == 3
+
+
+def test_run_keeps_no_conversation_checkpoints_unless_asked():
+    from strata.cli import _checkpoints, build_parser
+    from strata.engine.engine import EngineConfig
+
+    parser = build_parser()
+    assert _checkpoints(parser.parse_args(["run", "m.gguf", "-p", "x"])) == 0  # one prompt: nothing to continue
+    assert _checkpoints(parser.parse_args(["run", "m.gguf", "-p", "x", "--checkpoints", "3"])) == 3
+    assert _checkpoints(parser.parse_args(["chat", "m.gguf"])) == EngineConfig.checkpoints > 0
+    assert _checkpoints(parser.parse_args(["serve", "m.gguf"])) == EngineConfig.checkpoints
