@@ -34,7 +34,8 @@ def test_bench_prompt_refuses_a_bad_context_list(tiny_moe, capsys):
 
 def test_bench_prompt_says_how_long_qwen4exps_forwards_waited_for_ngram_rows(tmp_path, capsys):
     """qwen4exp gathers a chunk's n-gram rows on a host thread: the bench prints the forwards' wait for them (on a
-    cold page cache under the table's shard the GPU waits for those rows), and each run's time in order."""
+    cold page cache under the table's shard the GPU waits for those rows), each run's time in order, and the
+    checkpoint its hybrid cache gets at each prompt's end (every timed prompt is new: each saves one)."""
     from strata.models.synthetic import make_model
 
     path = make_model(tmp_path / "tiny.gguf", arch="qwen4exp", preset="tiny", quant="F32")
@@ -43,3 +44,5 @@ def test_bench_prompt_says_how_long_qwen4exps_forwards_waited_for_ngram_rows(tmp
     out = capsys.readouterr().out
     assert re.search(r"ctx +40: .*\n  each run     [\d.]+, [\d.]+ s to the last logits, in order\n", out), out
     assert re.search(r"ctx +40: .*\n(.*\n)*  n-gram rows  the forwards waited [\d.]+ ms a prompt", out), out
+    saved = re.search(r"  checkpoint   [\d.]+ ms a prompt on the host, ([\d.]+) MB copied to host RAM", out)
+    assert saved and float(saved.group(1)) > 0, out
