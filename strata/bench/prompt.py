@@ -113,7 +113,7 @@ def bench_prompt(args, placement: dict) -> None:
         saved = (saves.save_s, saves.saved_bytes) if saves is not None else None
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
                   streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
-                  streamer.copy_calls) if streamer else None
+                  streamer.copy_calls, streamer.stats.lend_s, streamer.stats.refill_s) if streamer else None
         runs = time_prompt(engine, n_tokens, args.reps, seed=n_tokens)
         seconds = statistics.median(ready for ready, _ in runs)
         idle = statistics.median(done for _, done in runs)
@@ -149,6 +149,9 @@ def bench_prompt(args, placement: dict) -> None:
                      f"{queue.copied_by}" if queue.dma else "")
             early = ", next layer queued " + ("early" if streamer.early else "after the launch")
             print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
+            print(f"  lent slots   {(streamer.stats.lend_s - before[7]) * 1e3 / args.reps:.1f} ms a prompt on the host "
+                  f"lending them at its start, {(streamer.stats.refill_s - before[8]) * 1e3 / args.reps:.1f} ms "
+                  "queueing their refill at its end")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")
         if saves is not None:  # a hybrid model's cache is saved at each prompt's end (engine/checkpoints.py)

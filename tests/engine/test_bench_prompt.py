@@ -15,6 +15,8 @@ def test_bench_prompt_streamed_and_resident(tiny_moe, capsys):
     chunks = [int(n) for n in re.findall(r"GB streamed in (\d+) chunks", out)]
     assert chunks == [2, 3], out  # the equal chunks of up to 16 tokens
     assert len(re.findall(r"streaming host [\d.]+ ms a routed layer", out)) == 2, out
+    lent = re.findall(r"lent slots   ([\d.]+) ms a prompt on the host lending them at its start, ([\d.]+) ms", out)
+    assert len(lent) == 2 and all(float(a) > 0 and float(b) > 0 for a, b in lent), out
     # the default form, the copy engines (on the CPU torch runs their plan); a ring of one layer queues after
     assert len(re.findall(r"STRATA_PF_STREAM=dma: \d+ copy calls a routed layer by torch, next layer queued "
                           r"after the launch\n", out)) == 2, out
