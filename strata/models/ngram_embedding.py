@@ -28,7 +28,7 @@ from strata import switches
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.hyper_connections import grouped_rms_norm
-from strata.models.ngram_rows import decode_rows
+from strata.models.ngram_rows import decode_rows, warm
 from strata.models.weights import QuantWeight, linear
 
 TABLE_TENSOR = "per_layer_token_embd.weight"
@@ -111,6 +111,7 @@ class NgramTable:
         self.read_ahead = read_ahead  # gguf.access_advice.ReadAhead over the table's file, or None
         self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.hits = self.misses = 0
+        warm(weight.raw.numpy(), weight.ggml_type)
 
     @property
     def head_dim(self) -> int:
@@ -132,9 +133,9 @@ class NgramTable:
         if wanted:
             if self.read_ahead is not None:  # their reads at once, not one page fault after another (cold drive)
                 self.read_ahead.will_need(wanted)
-            # One gather of the missing rows (only their pages of the mapping are read), decoded by numpy: the
-            # same bits as dequantize; a decode step's gather of 16 new rows took 154 us through torch's
-            # indexing and dequantize, 67 us so (session 11, the development VM), and the step waits for it.
+            # One gather of the missing rows (only their pages of the mapping are read), decoded by ngram_rows:
+            # the same bits as dequantize; a decode step's gather of 16 new rows took 154 us through torch's
+            # indexing and dequantize, 67 us through numpy (session 11, the development VM), and the step waits.
             fresh = torch.empty(len(wanted), self.head_dim)
             self.gather_into(np.asarray(wanted, dtype=np.int64), fresh)
             for r, values in zip(wanted, fresh):

@@ -6,13 +6,16 @@ way; float formats convert exactly), without its intermediates: the previous gat
 a full-size temporary) and indexed the result again. Here the rows' bytes are taken from the (memory-mapped) table
 piece by piece and decoded into the output:
 
-- IQ4_NL (the full-size table's format): each 16-bit word of a block's 16 code bytes is looked up once in a
-  65,536-entry table (1 MiB: stays in cache) of its four levels, then those times the block's scale are written in
-  ggml's order (the low nibbles are values 0..15, the high ones 16..31); 4x faster than a byte table;
+- IQ4_NL (the full-size table's format): a compiled loop (numba, no GIL) reads each row in place from the table
+  and writes its blocks' values in ggml's order (the low nibbles are values 0..15, the high ones 16..31), the fp16
+  scale made float32 through a 65,536-entry table, the same bits as the previous numpy pair lookup without a copy
+  of the rows first (session 12, one thread of the development VM: a 4K chunk's 65,536 rows of the full-size
+  table's mapping, warm, 65 -> 30 ms by tools/ngram_cold.py; from a table in memory 61 -> 16.5 ms; a decode step's
+  16 new rows through NgramTable.gather 76 -> 54 us);
 - F32 / F16 / BF16: converted in numpy;
 - any other format: strata.quant's dequantize of the piece's rows, copied in.
 
-Pieces of PIECE_ROWS rows spread over a few threads (numpy's take and ufuncs run without the GIL).
+Pieces of PIECE_ROWS rows spread over a few threads (the compiled loop, numpy's take and ufuncs run without the GIL).
 
 A large gather first faults in its rows' pages from TOUCH_THREADS threads (`touch_rows`): on a cold table each fault
 is a read from the drive, and a few decoding threads keep only a few in flight (Strata reads this table 256 reads at
@@ -29,12 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from numba import njit
 
 from strata.quant import dequantize, get_format
 from strata.quant.tables import iq4_nl_levels
 
-# Table rows a piece (~14 MB of temporaries): an 8,192-token chunk's 131,072 rows make 8 pieces, 2 a thread, and
-# few Python steps (each takes the GIL from the thread launching the GPU's work). check_ngram.py sweeps both.
+# Table rows a piece (~14 MB of temporaries in the formats numpy decodes): an 8,192-token chunk's 131,072 rows make
+# 8 pieces, 2 a thread, and few Python steps (each takes the GIL from the thread launching the GPU's work).
+# check_ngram.py sweeps both.
 PIECE_ROWS = 16384
 PIECE_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))  # leave cores to the thread launching the GPU's work
 TOUCH_THREADS = 32  # page faults in flight on a cold table: threads that wait on the drive, not on a core
@@ -70,22 +75,24 @@ def touch_rows(table: np.ndarray, index: np.ndarray) -> None:
 
 
 @functools.cache
-def _iq4_nl_quads() -> np.ndarray:
-    """complex128 [65536] as four float32: the little-endian 16-bit word of bytes (j, j + 1) -> the levels of
-    (low nibble of j, low of j + 1, high of j, high of j + 1): values j, j + 1, 16 + j, 17 + j of the block."""
-    levels = iq4_nl_levels()
-    w = np.arange(1 << 16)
-    quads = np.stack([levels[w & 15], levels[(w >> 8) & 15], levels[(w >> 4) & 15], levels[w >> 12]], 1)
-    return quads.astype(np.float32).view(np.complex128).reshape(-1)
+def _iq4_nl_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(IQ4_NL's 16 levels as float32, the float32 value of every fp16 bit pattern): exact conversions."""
+    return iq4_nl_levels().astype(np.float32), np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def _decode_iq4_nl(raw_rows: np.ndarray, out: np.ndarray) -> None:
-    blocks = raw_rows.reshape(-1, IQ4_NL.type_size)  # [n, 18]: fp16 scale, 16 bytes of two 4-bit codes each
-    scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)  # [n, 1]
-    words = np.ascontiguousarray(blocks[:, 2:]).view(np.uint16)  # [n, 8]
-    quads = np.take(_iq4_nl_quads(), words).view(np.float32).reshape(-1, 8, 2, 2)  # [n, word, low/high, byte]
-    # out's block [low/high half, word, byte]: value (half * 16 + 2 * word + byte).
-    np.multiply(quads.transpose(0, 2, 1, 3), scale[:, :, None, None], out=out.reshape(-1, 2, 8, 2))
+@njit(nogil=True, cache=True)
+def _iq4_nl_rows(table, index, out, levels, half):
+    block_bytes = 18  # an fp16 scale, then 16 bytes of two 4-bit codes each
+    for i in range(index.shape[0]):
+        row = table[index[i]]
+        values = out[i]
+        for b in range(table.shape[1] // block_bytes):
+            at = b * block_bytes
+            d = half[np.uint16(row[at]) | (np.uint16(row[at + 1]) << 8)]
+            for j in range(16):
+                code = row[at + 2 + j]
+                values[b * 32 + j] = d * levels[code & 15]
+                values[b * 32 + 16 + j] = d * levels[code >> 4]
 
 
 def _decode_float(raw_rows: np.ndarray, ggml_type: int, out: np.ndarray) -> None:
@@ -97,13 +104,21 @@ def _decode_float(raw_rows: np.ndarray, ggml_type: int, out: np.ndarray) -> None
 
 
 def _decode_piece(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.ndarray) -> None:
-    raw_rows = np.take(table, index, axis=0)
     if ggml_type == IQ4_NL.ggml_type:
-        _decode_iq4_nl(raw_rows, out)
-    elif ggml_type in FLOATS:
+        _iq4_nl_rows(table, index, out, *_iq4_nl_tables())
+        return
+    raw_rows = np.take(table, index, axis=0)
+    if ggml_type in FLOATS:
         _decode_float(raw_rows, ggml_type, out)
     else:
         out[...] = dequantize(torch.from_numpy(raw_rows), ggml_type, out.shape).numpy()
+
+
+def warm(table: np.ndarray, ggml_type: int) -> None:
+    """Load the compiled IQ4_NL loop (from numba's cache, or compiling it: ~0.5 s) by decoding row 0, so that a
+    model's first prompt does not wait for it at its n-gram layer."""
+    if ggml_type == IQ4_NL.ggml_type and table.shape[0]:
+        decode_rows(table, ggml_type, np.zeros(1, dtype=np.int64), np.empty((1, table.shape[1] // 18 * 32), np.float32))
 
 
 def decode_rows(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.ndarray) -> None:

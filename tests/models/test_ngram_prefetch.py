@@ -151,3 +151,16 @@ def test_the_time_a_forward_waits_for_its_rows_is_counted():
     threading.Timer(0.2, release.set).start()
     assert prefetch.take(0, np.array([5, 6]), (-1, -1)).tolist() == [[1.0, 1.0], [1.0, 1.0]]
     assert 0.15 <= prefetch.waited_s < 5
+
+
+def test_a_tables_decoder_is_ready_before_its_first_prompt(monkeypatch):
+    """NgramTable loads (or compiles) the IQ4_NL loop when it is made, not at a prompt's n-gram layer."""
+    from strata.models.ngram_embedding import NgramTable
+    from strata.models.weights import QuantWeight
+
+    loop, calls = ngram_rows._iq4_nl_rows, []
+    monkeypatch.setattr(ngram_rows, "_iq4_nl_rows", lambda *args: (calls.append(args[1].tolist()), loop(*args)))
+    fmt = get_format("IQ4_NL")
+    raw = torch.from_numpy(random_blocks("IQ4_NL", 8 * 5, np.random.default_rng(3), scale=1.0).reshape(8, -1))
+    NgramTable(QuantWeight("ngram", fmt.ggml_type, (8, 160), raw))
+    assert calls == [[0]] and loop.signatures  # row 0 decoded through the compiled loop as the table was made
