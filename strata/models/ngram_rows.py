@@ -82,7 +82,7 @@ def _iq4_nl_tables() -> tuple[np.ndarray, np.ndarray]:
 
 @njit(nogil=True, cache=True)
 def _iq4_nl_rows(table, index, out, levels, half):
-    block_bytes = 18  # an fp16 scale, then 16 bytes of two 4-bit codes each
+    block_bytes = 18  # IQ4_NL.type_size: an fp16 scale, then 16 bytes of two 4-bit codes each
     for i in range(index.shape[0]):
         row = table[index[i]]
         values = out[i]
@@ -118,7 +118,8 @@ def warm(table: np.ndarray, ggml_type: int) -> None:
     """Load the compiled IQ4_NL loop (from numba's cache, or compiling it: ~0.5 s) by decoding row 0, so that a
     model's first prompt does not wait for it at its n-gram layer."""
     if ggml_type == IQ4_NL.ggml_type and table.shape[0]:
-        decode_rows(table, ggml_type, np.zeros(1, dtype=np.int64), np.empty((1, table.shape[1] // 18 * 32), np.float32))
+        values = table.shape[1] // IQ4_NL.type_size * IQ4_NL.block_size
+        decode_rows(table, ggml_type, np.zeros(1, dtype=np.int64), np.empty((1, values), np.float32))
 
 
 def decode_rows(table: np.ndarray, ggml_type: int, index: np.ndarray, out: np.ndarray) -> None:
