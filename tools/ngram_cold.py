@@ -54,11 +54,16 @@ def gather_ms(folder: Path, tokens: np.ndarray, advised: bool) -> tuple[float, f
         path.unlink()
 
 
-def real_bytes(path: Path, n_rows: int, touch_threads: int, seed: int) -> tuple[float, float]:
-    """(cold, warm) ms of decode_rows over n_rows random 90-byte rows of `path` (IQ4_NL blocks of 5 a row)."""
+def drop_pages(path: Path) -> None:
+    """The file's pages out of the page cache: the next reads come from the drive."""
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
+
+
+def real_bytes(path: Path, n_rows: int, touch_threads: int, seed: int) -> tuple[float, float]:
+    """(cold, warm) ms of decode_rows over n_rows random 90-byte rows of `path` (IQ4_NL blocks of 5 a row)."""
+    drop_pages(path)
     row_bytes = 90
     table = np.memmap(path, mode="r", shape=(path.stat().st_size // row_bytes, row_bytes))
     advise_random(table)
@@ -77,9 +82,7 @@ def decode_steps(path: Path, steps: int, ahead: bool, seed: int) -> tuple[float,
     """(median, mean) us of a decode step's gather of 16 random cold rows of `path` (IQ4_NL, 160 values a row)."""
     from strata.quant import get_format
 
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    drop_pages(path)
     view = np.memmap(path, mode="r", shape=(path.stat().st_size // 90, 90))
     advise_random(view)
     weight = QuantWeight("table", get_format("IQ4_NL").ggml_type, (view.shape[0], 160), torch.from_numpy(view))

@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import strata.models.ngram_rows as ngram_rows  # noqa: E402
 from strata.gguf.access_advice import advise_random  # noqa: E402
 
+from ngram_cold import drop_pages  # noqa: E402  (this folder)
+
 ROW_BYTES, PAGE = 90, 4096
 
 
@@ -40,12 +42,6 @@ def make_file(path: Path, gib: float) -> None:
         f.write(rng.integers(0, 256, size % (64 << 20), dtype=np.uint8).tobytes())
         f.flush()
         os.fsync(f.fileno())
-
-
-def drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
 
 
 def pages_of(index: np.ndarray) -> np.ndarray:
@@ -104,7 +100,7 @@ def main() -> None:
             n_pages = len(pages_of(index))
             cells = []
             for name, way in (("mmap", by_mmap), ("direct", by_direct)):
-                drop(path)
+                drop_pages(path)
                 seconds = way(path, index, threads)
                 cells.append(f"{name} {seconds * 1e3:8.1f} ms ({seconds * 1e6 / n_pages:5.1f} us a page)")
             print(f"  {threads:3d} threads, {n_pages} pages: " + "; ".join(cells))
