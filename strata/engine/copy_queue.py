@@ -87,13 +87,17 @@ class CopyQueue:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def gather(self, slots: torch.Tensor, stack, experts: np.ndarray, targets: np.ndarray, after=()):
+    def gather(self, slots: torch.Tensor, stack, experts: np.ndarray, targets: np.ndarray, after=(),
+               kernel: bool = False):
         """Copy each experts[i]'s bytes (gate, up, down back to back) into slot targets[i] of `slots`, once every
-        event in `after` has fired; returns the event that fires when all of them have landed."""
+        event in `after` has fired; returns the event that fires when all of them have landed. `kernel`: the gather
+        kernel whatever the form (a batch scattered over the host stacks, a prompt's lent slots refilled at its end,
+        would be thousands of copy-engine calls of ~10 us of host time each)."""
         self.launches += 1
         self.bytes += len(experts) * stack.expert_bytes
+        dma = self.dma and not kernel
         if not self.cuda:
-            if self.dma and not self.per_part:  # the plan the GPU's copy engines get, run by torch
+            if dma and not self.per_part:  # the plan the GPU's copy engines get, run by torch
                 self.copy_runs(slots, stack, experts, targets)
             else:
                 gather_experts_ref(slots, stack, torch.from_numpy(experts), torch.from_numpy(targets))
@@ -106,7 +110,7 @@ class CopyQueue:
                 self._timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 self._timings[-1][0].record(self.stream)
             if self._kernel_reads(stack):
-                if self.dma:
+                if dma:
                     self.copy_runs(slots, stack, experts, targets)
                 else:
                     self.launch(slots, stack, experts, targets)

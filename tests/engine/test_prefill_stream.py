@@ -151,6 +151,26 @@ def test_lent_slots_come_back_with_their_experts(tiny_moe):
         cache.borrow(11)
 
 
+def test_refill_is_one_gather_kernel_a_layer_even_where_prompts_stream_by_copy_engines(tiny_moe):
+    from strata.models import load_model
+
+    model = load_model(GGUFModelFile(tiny_moe), torch.device("cpu"), torch.float32)
+    with switches.override(STRATA_PF_STREAM="dma"):
+        cache = ExpertCache(model.expert_stacks, 12, torch.device("cpu"))
+        cache.fill(cache.even_ranking())
+        before = list(cache.owner)
+        lent = cache.borrow(6)
+        cache.slots[lent] = 0xCD
+        cache.refill()
+    queue = cache._queue
+    assert queue.form == "dma" and queue.copies == 0  # no copy-engine plan: its scattered runs cost the host
+    assert [cache.owner[s] for s in lent] == [before[s] for s in lent]
+    assert queue.launches == len({before[s][0] for s in lent}) > 1
+    for s in lent:
+        assert torch.equal(cache.slots[s, : cache.stacks[cache.owner[s][0]].expert_bytes],
+                           _host_bytes(cache.stacks, cache.owner[s]))
+
+
 def test_engine_returns_lent_slots_before_decoding(tiny_moe):
     llm = _streamed(tiny_moe, 12, prefill_chunk="auto:16")
     cache = llm.engine.model.experts.cache
