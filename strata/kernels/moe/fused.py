@@ -108,7 +108,7 @@ def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=No
         _gate_up_q2_0_kernel[grid](
             a, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, gate.raw, up.raw, hq, hs, hsum,
             n_ff, gate.expert_stride, gate.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, num_warps=t.warps,
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), H16=h16, HALF=t.half, num_warps=t.warps,
             num_stages=t.stages)
     elif grid[0]:
         _gate_up_kernel[grid](
@@ -158,7 +158,7 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
         _down_q2_0_kernel[grid](
             codes, scales, grouping.row_token, grouping.tile_expert, grouping.n_tiles, down.raw, out, down.rows,
             down.expert_stride, down.row_bytes, K=k, TS=spec.type_size, BM=grouping.tile_rows, BN=t.bn,
-            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), num_warps=t.warps,
+            ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16, WIDE=_wide(t, k), HALF=t.half, num_warps=t.warps,
             num_stages=t.stages)
     return out
 

@@ -14,7 +14,8 @@ A 64-value step is two exact int32 dots scaled once: `acc = fma(d, fma(dx1, dot1
 fused multiply-adds so that no launch shape changes the arithmetic (the bytes are the same for every tile).
 The down projection (`_down_q2_0_kernel`) is the same loop over BN weight rows of one matrix, stored as float32.
 Variants (`Tiles` letters): MAGIC ("m") makes the int32 dots floats without conversions (the same bytes); FP16
-("h") runs the loop of `fused_q2_0_fp16` instead (fp16 MMAs, no per-step scaling; H then stored as fp16 values).
+("h") runs the loop of `fused_q2_0_fp16` instead (fp16 MMAs, no per-step scaling; H then stored as fp16 values);
+HALF ("r"): a program whose tile holds no row past its half (an expert's last tile) runs the loop on BM / 2 rows.
 """
 
 from __future__ import annotations
@@ -83,11 +84,18 @@ def q2_0_wide_loop(a, a_scale, a_row, am, at, nm, K: tl.constexpr, TS: tl.conste
 
 
 @triton.jit
-def _tile_rows(row_token, tile_expert, tile, BM: tl.constexpr):
+def _tile_rows(row_token, tile_expert, tile, BM: tl.constexpr, RUN: tl.constexpr):
+    """The tile's expert, its first RUN rows (of BM) and their tokens (-1: padding)."""
     expert = tl.load(tile_expert + tile).to(tl.int64)
-    rows = tile * BM + tl.arange(0, BM)
+    rows = tile * BM + tl.arange(0, RUN)
     token = tl.load(row_token + rows)
     return expert, rows, token
+
+
+@triton.jit
+def _is_half_empty(row_token, tile, BM: tl.constexpr):
+    """Whether the tile's rows past its first half are padding (an expert's rows come first in its last tile)."""
+    return tl.load(row_token + tile * BM + BM // 2) < 0
 
 
 @triton.jit
@@ -95,60 +103,96 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
                          n_ff, expert_bytes, row_bytes,
                          K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                          ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr,
-                         H16: tl.constexpr):
+                         H16: tl.constexpr, HALF: tl.constexpr):
     """FP16: `a` holds the tokens' rounded activations as fp16 (`fused_q2_0_fp16`), a_scale unused. H16: H is
-    stored as fp16 values (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten."""
+    stored as fp16 values (code x scale) in hq, for the fp16 down kernel; hs and hsum unwritten. HALF: a tile
+    whose second half is padding computes BM / 2 rows."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_ff, BN)
     tile = pid // n_blocks
     if tile >= tl.load(n_tiles):
         return
-    expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM)
+    if HALF:
+        if _is_half_empty(row_token, tile, BM):
+            _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
+                          expert_bytes, row_bytes, K, TS, BM, BM // 2, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
+        else:
+            _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
+                          expert_bytes, row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
+    else:
+        _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
+                      expert_bytes, row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
+
+
+@triton.jit
+def _gate_up_tile(a, a_scale, row_token, tile_expert, tile, block, wg, wu, hq, hs, hsum, n_ff, expert_bytes,
+                  row_bytes, K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, RUN: tl.constexpr,
+                  BN: tl.constexpr, ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr,
+                  WIDE: tl.constexpr, H16: tl.constexpr):
+    """One program's work: RUN rows of the tile by BN features (gate and up side by side), H rounded and stored."""
+    expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM, RUN)
     am = token >= 0
     a_row = tl.where(am, token, 0).to(tl.int64)
     c = tl.arange(0, 2 * BN)
-    f = (pid % n_blocks) * BN + c // 2  # column 2i: gate row f0 + i; column 2i + 1: up row f0 + i
+    f = block * BN + c // 2  # column 2i: gate row f0 + i; column 2i + 1: up row f0 + i
     fm = f < n_ff
     offset = expert * expert_bytes + f * row_bytes
     at = tl.where(c % 2 == 0, wg + offset, wu + offset)
     if FP16:
-        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, BM, WIDE)
+        acc = q2_0_fp16_loop(a, a_row, am, at, fm, K, TS, 2 * BN, RUN, WIDE)
     else:
-        acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, BM, ONE_DOT, MAGIC)
-    g, u = tl.split(tl.reshape(acc, (BM, BN, 2)))
+        acc = q2_0_wide_loop(a, a_scale, a_row, am, at, fm, K, TS, 2 * BN, RUN, ONE_DOT, MAGIC)
+    g, u = tl.split(tl.reshape(acc, (RUN, BN, 2)))
     h = g / (1.0 + tl.exp(-g)) * u
-    codes, scales, sums = round_groups(h, BM, BN)
-    fo = (pid % n_blocks) * BN + tl.arange(0, BN)
+    codes, scales, sums = round_groups(h, RUN, BN)
+    fo = block * BN + tl.arange(0, BN)
     r64 = rows.to(tl.int64)[:, None]
     if H16:
-        values = tl.reshape(tl.reshape(codes.to(tl.float32), (BM, BN // 32, 32)) * scales[:, :, None], (BM, BN))
+        values = tl.reshape(tl.reshape(codes.to(tl.float32), (RUN, BN // 32, 32)) * scales[:, :, None], (RUN, BN))
         tl.store(hq + r64 * n_ff + fo[None, :], values.to(tl.float16), mask=am[:, None] & (fo < n_ff)[None, :])
-        return
-    tl.store(hq + r64 * n_ff + fo[None, :], codes, mask=am[:, None] & (fo < n_ff)[None, :])
-    gi = (pid % n_blocks) * (BN // 32) + tl.arange(0, BN // 32)
-    gm = am[:, None] & (gi[None, :] < n_ff // 32)
-    tl.store(hs + r64 * (n_ff // 32) + gi[None, :], scales, mask=gm)
-    tl.store(hsum + r64 * (n_ff // 32) + gi[None, :], sums, mask=gm)
+    else:
+        tl.store(hq + r64 * n_ff + fo[None, :], codes, mask=am[:, None] & (fo < n_ff)[None, :])
+        gi = block * (BN // 32) + tl.arange(0, BN // 32)
+        gm = am[:, None] & (gi[None, :] < n_ff // 32)
+        tl.store(hs + r64 * (n_ff // 32) + gi[None, :], scales, mask=gm)
+        tl.store(hsum + r64 * (n_ff // 32) + gi[None, :], sums, mask=gm)
 
 
 @triton.jit
 def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out, expert_bytes, row_bytes,
                       K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ONE_DOT: tl.constexpr,
-                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
-    """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused."""
+                      MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr, HALF: tl.constexpr):
+    """FP16: `h` holds H as fp16 values (the gate/up kernel's H16), h_scale unused. HALF: as the gate/up kernel's."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_out, BN)
     tile = pid // n_blocks
     if tile >= tl.load(n_tiles):
         return
-    expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM)
+    if HALF:
+        if _is_half_empty(row_token, tile, BM):
+            _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes,
+                       row_bytes, K, TS, BM, BM // 2, BN, ONE_DOT, MAGIC, FP16, WIDE)
+        else:
+            _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes,
+                       row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE)
+    else:
+        _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes, row_bytes,
+                   K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE)
+
+
+@triton.jit
+def _down_tile(h, h_scale, row_token, tile_expert, tile, block, w, out, n_out, expert_bytes, row_bytes,
+               K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, RUN: tl.constexpr, BN: tl.constexpr,
+               ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
+    """One program's work: RUN rows of the tile by BN outputs, stored as float32."""
+    expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM, RUN)
     am = token >= 0
     r64 = rows.to(tl.int64)
-    n = (pid % n_blocks) * BN + tl.arange(0, BN)
+    n = block * BN + tl.arange(0, BN)
     nm = n < n_out
     at = w + expert * expert_bytes + n * row_bytes
     if FP16:
-        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, BM, WIDE)
+        acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, RUN, WIDE)
     else:
-        acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, BM, ONE_DOT, MAGIC)
+        acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, RUN, ONE_DOT, MAGIC)
     tl.store(out + r64[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])

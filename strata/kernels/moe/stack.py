@@ -74,7 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhw"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhwr"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ class Tiles:
     step instead of one of 64; `magic` ("m"), the int32 dots turned into floats by their MMA starting from a float's
     bits instead of a conversion per value (the same bytes); `fp16` ("h"), fp16 MMAs of the rounded activations
     against exactly decoded weights (no scaling per step; within the float64 bounds, not the same bytes); `wide`
-    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128."""
+    ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128; `half` ("r"),
+    a tile whose rows past BM / 2 are padding (an expert's last) computes BM / 2 rows: at 16,384 tokens of the
+    parity tool's skewed layer, 128-row tiles hold 17 % padding rows, 10.5 % with it (the same bytes a row)."""
 
     bn: int
     warps: int
@@ -97,6 +99,7 @@ class Tiles:
     magic: bool = False
     fp16: bool = False
     wide: bool = False
+    half: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -130,11 +133,11 @@ class Tiles:
         if "w" in letters and "h" not in letters:
             raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters)
+                   wide="w" in letters, half="r" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide
+        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "r" * self.half
 
     @property
     def same_bytes(self) -> bool:

@@ -1,5 +1,5 @@
-"""The fused Q2_0 kernels' variants (`Tiles` letters "m": MMA from a float's bits, "h": fp16 MMAs) against the
-default kernels and float64, at small shapes."""
+"""The fused Q2_0 kernels' variants (`Tiles` letters "m": MMA from a float's bits, "h": fp16 MMAs, "r": half-empty
+tiles computed as half tiles) against the default kernels and float64, at small shapes."""
 
 import pytest
 import torch
@@ -55,6 +55,18 @@ def test_magic_conversion_gives_the_default_bytes(device, shape):
     layer, _ = _layer(device)
     base = _run(layer, Tiles.parse(shape.replace("m", "")))
     assert torch.equal(_run(layer, Tiles.parse(shape)), base)
+
+
+@pytest.mark.parametrize("shape", ["128x32x4x2h/64x4x2h", "32x4x2s/64x4x2"])
+def test_half_tiles_give_the_bytes_of_whole_ones(device, shape):
+    tiles = Tiles.parse(shape)
+    layer, group = _layer(device, tiles.rows)
+    counts = group.counts.cpu()
+    tail = counts % tiles.rows
+    assert ((tail > 0) & (tail <= tiles.rows // 2)).any() and (tail > tiles.rows // 2).any()  # both kinds of tile
+    half = Tiles.parse(shape.replace("/", "r/") + "r")
+    assert half.half and half.down.half and str(half) == shape.replace("/", "r/") + "r"
+    assert torch.equal(_run(layer, half), _run(layer, tiles))
 
 
 def test_rounded_fp16_is_code_times_scale_rounded_once(device):
