@@ -10,8 +10,9 @@ STRATA_PF_STREAM_COPIES=1 for before/after runs, take the previous form: three c
 STRATA_PF_STREAM=dma: the batch goes through the copy engines instead (engine/copy_runs.py groups it into runs of
 experts consecutive in the host stacks and in the slots, three strided copies a run, engine/dma_copy.py queues them
 with cudaMemcpy2DAsync): no SM taken from the layer computing beside it. A batch scattered in the host stacks (a
-prompt's lent slots refilled at its end) takes the kernel whatever the form (`gather(kernel=True)`). `dma1d`: one copy an expert part (the same
-bytes; for comparison). `gather-hi`: the gather kernel on a copy stream of the highest priority torch allows.
+prompt's lent slots refilled at its end) takes the kernel whatever the form (`gather(kernel=True)`). `dma1d`: one
+copy an expert part (the same bytes; for comparison). `gather-hi`: the gather kernel on a copy stream of the highest
+priority torch allows.
 """
 
 from __future__ import annotations
