@@ -110,7 +110,7 @@ def bench_prompt(args, placement: dict) -> None:
     saves = engine.checkpoints.stats if engine.checkpoints is not None else None
     for n_tokens in contexts:
         waited = ngram.waited_s if ngram is not None else 0.0
-        saved = (saves.save_s, saves.saved_bytes) if saves is not None else None
+        saved = (saves.save_s, saves.saved_bytes, saves.reserved_s, saves.reserved_bytes) if saves is not None else None
         before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
                   streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
                   streamer.copy_calls, streamer.stats.lend_s, streamer.stats.refill_s) if streamer else None
@@ -156,7 +156,9 @@ def bench_prompt(args, placement: dict) -> None:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")
         if saves is not None:  # a hybrid model's cache is saved at each prompt's end (engine/checkpoints.py)
             print(f"  checkpoint   {(saves.save_s - saved[0]) * 1e3 / args.reps:.1f} ms a prompt on the host, "
-                  f"{(saves.saved_bytes - saved[1]) / args.reps / 1e6:.1f} MB copied to host RAM")
+                  f"{(saves.saved_bytes - saved[1]) / args.reps / 1e6:.1f} MB copied to host RAM; before it "
+                  f"{(saves.reserved_s - saved[2]) * 1e3 / args.reps:.1f} ms pinning "
+                  f"{(saves.reserved_bytes - saved[3]) / args.reps / 1e6:.1f} MB of slabs in the routing waits")
         if ngram is not None:  # a cold page cache under the table's shard shows here (gguf/access_advice.py)
             print(f"  n-gram rows  the forwards waited {(ngram.waited_s - waited) * 1e3 / args.reps:.1f} ms a "
                   "prompt for the host thread's table lookups")

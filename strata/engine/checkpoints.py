@@ -47,6 +47,8 @@ class CheckpointStats:
     evicted: int = 0
     save_s: float = 0.0  # host time of the saves (allocating host memory, queueing the copies)
     saved_bytes: int = 0
+    reserved_s: float = 0.0  # host time pinning slabs ahead of the saves (reserve_pieces; in the prompt's waits)
+    reserved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,23 +85,30 @@ class HostCopies:
     instead of an allocation each. A qwen4exp snapshot is ~150 tensors; each fresh pinned allocation maps and locks
     its pages (rounded up to a power of two) while the prompt's end waits on the host. Slabs double from 4 MiB to
     64 MiB (a larger tensor gets its own), so the unused tail stays under the last slab; a slab goes back to torch's
-    pinned cache (reused by the next snapshot) when the last checkpoint view of it is dropped."""
+    pinned cache (reused by the next snapshot) when the last checkpoint view of it is dropped. `reserve`: slabs
+    allocated ahead (CheckpointStore.reserve_pieces), taken first where a tensor fits one; the list is consumed."""
 
     FIRST, LARGEST, ALIGN = 4 << 20, 64 << 20, 256
 
-    def __init__(self):
+    def __init__(self, reserve: list[torch.Tensor] | None = None):
         self.slab: torch.Tensor | None = None
         self.used = 0
         self.next_size = self.FIRST
+        self.reserve = reserve if reserve is not None else []
 
     def _take(self, n_bytes: int, pinned: bool) -> torch.Tensor:
-        if n_bytes > self.next_size:  # a slab of its own; the current one keeps taking the smaller tensors
-            return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pinned)
-        if self.slab is None or self.used + n_bytes > self.slab.numel() or self.slab.is_pinned() != pinned:
+        room = self.slab is not None and self.used + n_bytes <= self.slab.numel() and self.slab.is_pinned() == pinned
+        if not room and self.reserve and self.reserve[-1].is_pinned() == pinned:
+            if n_bytes > self.reserve[-1].numel():  # larger than a reserved slab: its own (as `slabs_for` counts)
+                return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pinned)
+            self.slab, self.used, room = self.reserve.pop(), 0, True
+        if not room:
+            if n_bytes > self.next_size:  # a slab of its own; the current one keeps taking the smaller tensors
+                return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pinned)
             self.slab = torch.empty(self.next_size, dtype=torch.uint8, pin_memory=pinned)
             self.used, self.next_size = 0, min(2 * self.next_size, self.LARGEST)
         part = self.slab[self.used : self.used + n_bytes]
-        self.used += -(-n_bytes // self.ALIGN) * self.ALIGN  # the next view starts aligned for any dtype
+        self.used += aligned(n_bytes)  # the next view starts aligned for any dtype
         return part
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
@@ -108,6 +117,23 @@ class HostCopies:
         # made the host wait for the whole prompt at the first tensor, then allocate and copy the rest one by one.)
         host.copy_(t, non_blocking=t.device.type == "cuda")
         return host
+
+
+def aligned(n_bytes: int) -> int:
+    return -(-n_bytes // HostCopies.ALIGN) * HostCopies.ALIGN
+
+
+def slabs_for(sizes: list[int], slab_bytes: int) -> int:
+    """How many slabs of slab_bytes HostCopies fills with tensors of these sizes, in this order (one larger than a
+    slab gets its own allocation, outside them)."""
+    count, used = 0, slab_bytes
+    for n in sizes:
+        if n > slab_bytes:
+            continue
+        if used + n > slab_bytes:
+            count, used = count + 1, 0
+        used += aligned(n)
+    return count
 
 
 def _nbytes(tensors) -> int:
@@ -126,6 +152,11 @@ def _snapshot_dense(cache: KVCache, n: int, host: HostCopies):
     keys = [host.copy(k[:n]) for k in cache.keys]
     values = [host.copy(v[:n]) for v in cache.values]
     return (n, keys, values), _nbytes(keys) + _nbytes(values)
+
+
+def _sizes_dense(cache: KVCache, n: int) -> list[int]:
+    """(The buffers grow: n rows of each, whatever they hold now.)"""
+    return [n * (t.numel() // t.shape[0]) * t.element_size() for t in (*cache.keys, *cache.values)]
 
 
 def _restore_dense(cache: KVCache, state) -> None:
@@ -150,6 +181,12 @@ def _snapshot_paged(cache: PagedInt8KV, n: int, host: HostCopies):
     return (n, pools), sum(_nbytes(parts) for parts in pools)
 
 
+def _sizes_paged(cache: PagedInt8KV, n: int) -> list[int]:
+    rows = math.ceil(n / PAGE) * cache.n_kv_heads * PAGE
+    return [rows * (t.numel() // t.shape[0]) * t.element_size()
+            for p in cache.pools for t in (p.k, p.v, p.k_scale, p.v_scale)]
+
+
 def _restore_paged(cache: PagedInt8KV, state) -> None:
     n, pools = state
     cache.truncate(0)
@@ -166,6 +203,10 @@ def _snapshot_hybrid(cache: HybridCache, n: int, host: HostCopies):
     conv = {i: host.copy(t) for i, t in cache.conv.items()}
     state = {i: host.copy(t) for i, t in cache.state.items()}
     return (n, kv, conv, state), kv_bytes + _nbytes(conv.values()) + _nbytes(state.values())
+
+
+def _sizes_hybrid(cache: HybridCache, n: int) -> list[int]:
+    return snapshot_sizes(cache.kv, n) + [_nbytes([t]) for t in (*cache.conv.values(), *cache.state.values())]
 
 
 def _restore_hybrid(cache: HybridCache, saved) -> None:
@@ -185,6 +226,11 @@ def _snapshot_qwen4exp(cache: Qwen4ExpCache, n: int, host: HostCopies):
     return (hybrid, extra, mtp), n_bytes + _nbytes(extra.values()) + mtp_bytes
 
 
+def _sizes_qwen4exp(cache: Qwen4ExpCache, n: int) -> list[int]:
+    mtp = snapshot_sizes(cache.mtp_kv, n) if cache.mtp_kv is not None else []
+    return _sizes_hybrid(cache, n) + cache.saved_state_sizes(n) + mtp
+
+
 def _restore_qwen4exp(cache: Qwen4ExpCache, saved) -> None:
     hybrid, extra, mtp = saved
     _restore_hybrid(cache, hybrid)
@@ -199,17 +245,21 @@ def _snapshot_split(cache: SplitKV, n: int, host: HostCopies):
     return [state for state, _ in parts], sum(n_bytes for _, n_bytes in parts)
 
 
+def _sizes_split(cache: SplitKV, n: int) -> list[int]:
+    return [size for backend in cache.backends for size in snapshot_sizes(backend, n)]
+
+
 def _restore_split(cache: SplitKV, states) -> None:
     for backend, state in zip(cache.backends, states):
         restore(backend, state)
 
 
-_KINDS: dict[type, tuple[Callable, Callable]] = {
-    KVCache: (_snapshot_dense, _restore_dense),
-    PagedInt8KV: (_snapshot_paged, _restore_paged),
-    HybridCache: (_snapshot_hybrid, _restore_hybrid),
-    Qwen4ExpCache: (_snapshot_qwen4exp, _restore_qwen4exp),
-    SplitKV: (_snapshot_split, _restore_split),
+_KINDS: dict[type, tuple[Callable, Callable, Callable]] = {  # snapshot, restore, the snapshot's tensor sizes
+    KVCache: (_snapshot_dense, _restore_dense, _sizes_dense),
+    PagedInt8KV: (_snapshot_paged, _restore_paged, _sizes_paged),
+    HybridCache: (_snapshot_hybrid, _restore_hybrid, _sizes_hybrid),
+    Qwen4ExpCache: (_snapshot_qwen4exp, _restore_qwen4exp, _sizes_qwen4exp),
+    SplitKV: (_snapshot_split, _restore_split, _sizes_split),
 }
 
 
@@ -231,7 +281,24 @@ def restore(cache, state) -> None:
     _KINDS[type(cache)][1](cache, state)
 
 
+def _device_of(cache) -> torch.device:
+    """The device a cache's tensors live on (a split's first card: every card's copies go to pinned memory alike)."""
+    if isinstance(cache, SplitKV):
+        return _device_of(cache.backends[0])
+    if isinstance(cache, HybridCache):
+        return _device_of(cache.kv)
+    return torch.device(cache.device)
+
+
+def snapshot_sizes(cache, n: int) -> list[int]:
+    """The bytes of each tensor a snapshot of the first n tokens copies, in the order `snapshot` copies them."""
+    return _KINDS[type(cache)][2](cache, n)
+
+
 # ---- the store ----
+
+
+RESERVE_SLAB_MIN, RESERVE_SLAB_MAX = 8 << 20, 64 << 20  # slabs pinned ahead: large enough for most tensors
 
 
 class CheckpointStore:
@@ -240,6 +307,29 @@ class CheckpointStore:
         self.items: OrderedDict[tuple[int, ...], Checkpoint] = OrderedDict()  # least recently used first
         self.n_bytes = 0  # kept as a number: the server's metrics read it while the engine thread changes items
         self.stats = CheckpointStats()
+        self.reserve: list[torch.Tensor] = []  # slabs allocated ahead for the next save, taken by its HostCopies
+
+    def reserve_pieces(self, cache, n_tokens: int) -> list[Callable[[], None]]:
+        """The allocations that a save of `cache` holding n_tokens would make, as pieces of one slab each, to be run
+        before it (engine/idle_work.py): as many slabs as its tensors fill beyond those already reserved. A slab's
+        size is the power of two that holds the snapshot's largest tensor (8 to 64 MiB); a larger one is allocated
+        by the save itself."""
+        if not supports(cache) or not self.max_count:
+            return []
+        sizes = snapshot_sizes(cache, n_tokens)
+        if not sizes or sum(sizes) > self.max_bytes:  # a save the store would not keep
+            return []
+        slab = min(max(1 << (max(sizes) - 1).bit_length(), RESERVE_SLAB_MIN), RESERVE_SLAB_MAX)
+        have = sum(s.numel() for s in self.reserve)
+        missing = -(-max(slabs_for(sizes, slab) * slab - have, 0) // slab)
+        pinned = _device_of(cache).type == "cuda"
+        return [lambda: self._reserve_one(slab, pinned) for _ in range(missing)]
+
+    def _reserve_one(self, n_bytes: int, pinned: bool) -> None:
+        started = time.perf_counter()
+        self.reserve.append(torch.empty(n_bytes, dtype=torch.uint8, pin_memory=pinned))
+        self.stats.reserved_s += time.perf_counter() - started
+        self.stats.reserved_bytes += n_bytes
 
     def __len__(self) -> int:
         return len(self.items)
@@ -264,7 +354,7 @@ class CheckpointStore:
             self.items.move_to_end(known.tokens)
             return
         started = time.perf_counter()
-        state, n_bytes = snapshot(cache, len(key))
+        state, n_bytes = snapshot(cache, len(key), HostCopies(self.reserve))
         self.stats.save_s += time.perf_counter() - started
         if n_bytes > self.max_bytes:
             return

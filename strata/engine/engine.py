@@ -8,11 +8,13 @@ from typing import Callable, Iterator
 
 import torch
 
+from strata import switches
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
 from strata.engine.decode import make_decoder
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_plan, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
+from strata.engine.idle_work import IdleWork
 from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
@@ -129,6 +131,7 @@ class Engine:
             raise StrataError("checkpoints and checkpoint_gib must be >= 0")
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
             if config.checkpoints else None
+        self.idle_work = IdleWork()  # host work for a streamed prompt's routing waits (engine/idle_work.py)
         host_pages = config.kv_resident is not None  # fetched by the host as the step selects: not capturable
         if host_pages and config.decode_graphs == "on":
             raise StrataError("decode graphs do not run --kv-resident (its pages are fetched by the host as each "
@@ -283,10 +286,25 @@ class Engine:
             self.cached_tokens = list(start.checkpoint.tokens)
             self._kv_backend().reread_bounds(len(self.cached_tokens))
         self.kv.truncate(start.tokens)  # a recurrent state cannot be rewound: 0 (start over) or all it holds
-        logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
-        if checkpoint and self.checkpoints is not None and not self.kv.can_truncate:
+        saves = checkpoint and self.checkpoints is not None and not self.kv.can_truncate
+        if saves:
+            self._pin_checkpoint_ahead(len(ids))
+        try:
+            logits = self._forward(ids[start.tokens:], start.tokens, all_logits=False)
+        finally:
+            self.idle_work.clear()
+        if saves:
             self.checkpoints.save(ids, self.kv)
         return logits
+
+    def _pin_checkpoint_ahead(self, n_tokens: int) -> None:
+        """Have a streamed prompt pin the host memory of the checkpoint saved at its end while the host waits for
+        each layer's routing (engine/idle_work.py), not after its last layer (STRATA_CHECKPOINT_AHEAD)."""
+        streamer = self._prompt_streamer()
+        if streamer is None or not switches.get("STRATA_CHECKPOINT_AHEAD"):
+            return
+        streamer.idle = self.idle_work
+        self.idle_work.add(self.checkpoints.reserve_pieces(self.kv, n_tokens))
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""

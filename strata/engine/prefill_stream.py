@@ -52,6 +52,7 @@ import torch
 from strata import switches
 from strata.engine.copy_queue import CopyQueue, copy_stream_priority
 from strata.engine.experts import ExpertStack, accumulate, kernel_path, routed_tokens
+from strata.engine.idle_work import IdleWork
 from strata.engine.slot_ring import SlotRing
 from strata.engine.staging import upload
 from strata.errors import StrataError
@@ -116,6 +117,8 @@ class PromptStreamer:
         self.stats = StreamStats()
         self._over_slots = {}
         self.last_routed: dict[int, np.ndarray] = {}  # layer -> experts the last chunk routed to there (sorted)
+        self.idle: IdleWork | None = None  # the engine's host work for the routing waits (engine/idle_work.py)
+        self._counts_host: torch.Tensor | None = None  # pinned: the routing's counts, read after an event
 
     def takes(self, x: torch.Tensor) -> bool:
         return self.takes_tokens(x.shape[0])
@@ -191,15 +194,23 @@ class PromptStreamer:
         _, copied = self.ring.hold_many(layer, stack, ranked)
         self.stats.bytes_streamed += copied * stack.expert_bytes
 
-    @staticmethod
-    def _routed(ids: torch.Tensor, n_experts: int) -> np.ndarray:
+    def _routed(self, ids: torch.Tensor, n_experts: int) -> np.ndarray:
         """The experts the chunk routes to, sorted (like routed_tokens): one device read, the layer's one sync.
         Counted into a zeroed row, not by `bincount`, whose output size needs the ids' maximum read first (on the
-        H200's timeline: a second device read each layer, on the path from the router to the next copy)."""
+        H200's timeline: a second device read each layer, on the path from the router to the next copy). With host
+        work waiting (`idle`), the counts come through a pinned row behind an event, the work done meanwhile."""
         flat = ids.reshape(-1).long()
         counts = torch.zeros(n_experts, dtype=torch.int32, device=ids.device)
         counts.index_add_(0, flat, torch.ones(flat.shape, dtype=torch.int32, device=ids.device))
-        return np.flatnonzero(counts.cpu().numpy())
+        if self.idle is None or not self.idle.pieces or not counts.is_cuda:
+            return np.flatnonzero(counts.cpu().numpy())
+        if self._counts_host is None or self._counts_host.numel() != n_experts:
+            self._counts_host = torch.empty(n_experts, dtype=torch.int32, pin_memory=True)
+        self._counts_host.copy_(counts, non_blocking=True)
+        landed = torch.cuda.Event()
+        landed.record(torch.cuda.current_stream(self.device))
+        self.idle.wait(landed)
+        return np.flatnonzero(self._counts_host.numpy())
 
     def _prefetch_next(self, layer: int, n_tokens: int, top_k: int) -> None:
         """Copy ahead the layer after `layer`: in this chunk, or the next chunk's first one after its last."""

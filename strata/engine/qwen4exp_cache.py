@@ -156,6 +156,13 @@ class Qwen4ExpCache(HybridCache):
             out[f"dead.{layer}"] = keys.dead
         return out
 
+    def saved_state_sizes(self, n: int) -> list[int]:
+        """The bytes of saved_state(n)'s tensors in its order, for an n the growing buffers may not hold yet."""
+        sizes = [self.ple_history.numel() * self.ple_history.element_size(), 8 * len(self.previous_tokens)]
+        for keys in self.indexer.values():
+            sizes += [4 * n * keys.key_dim, 4 * (n // BLOCK) * keys.key_dim, 4 * keys.key_dim]  # float32 rows
+        return sizes
+
     def load_state(self, saved: dict[str, torch.Tensor]) -> None:
         self.ple_history.copy_(saved["ple_history"])
         self.previous_tokens = tuple(int(t) for t in saved["previous_tokens"])

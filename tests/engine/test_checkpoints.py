@@ -160,7 +160,7 @@ def fake_kinds(monkeypatch):
     from strata.engine import checkpoints
 
     monkeypatch.setattr(checkpoints, "supports", lambda cache: True)
-    monkeypatch.setattr(checkpoints, "snapshot", lambda cache, n: (n, 10 * n))
+    monkeypatch.setattr(checkpoints, "snapshot", lambda cache, n, host=None: (n, 10 * n))
     monkeypatch.setattr(checkpoints, "restore", lambda cache, state: None)
     return checkpoints
 
