@@ -57,9 +57,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
     Switch("STRATA_PF_EARLY", True, "prompt streaming: the next layer's experts queued for copy before this layer's "
            "routing is read (where the ring holds two layers), not after its experts are launched; its late misses "
            "on a second copy stream (0: after the launch, as before session 10)"),
-    Switch("STRATA_CHECKPOINT_AHEAD", True, "streamed prompts of a hybrid model: the host memory of the checkpoint "
-           "saved at the prompt's end pinned in the host's routing waits during the prompt (engine/idle_work.py); 0: "
-           "allocated by the save, after the last layer"),
+    Switch("STRATA_CHECKPOINT_AHEAD", False, "streamed prompts of a hybrid model: the host memory of the checkpoint "
+           "saved at the prompt's end pinned in the host's routing waits during the prompt (engine/idle_work.py) "
+           "instead of by the save after the last layer (on the H200 the pinning took 3x longer there and overran "
+           "the waits: no faster at 4K, slower at 32K)"),
     Switch("STRATA_PF_GATHER", "", "prompt streaming: the gather kernel's launch as p66b2048w4, the default "
            "(persistent programs, 8-byte words a program copies per step, warps; parts left out keep the default's)"),
     Switch("STRATA_CPU_POOL_INT8", False, "CPU expert pool: int8 activation codes in the SIMD kernels (faster, ~258x looser)"),

@@ -8,6 +8,11 @@ pages). The host waits ~6 ms a layer for the routing there; a piece pins one sla
 under way when the event fires delays what follows the wait by its rest; the ring holds the next layer's copies
 queued ahead, so the link stays busy meanwhile. Allocating on another thread instead slowed the main thread's
 kernel launches 3.6x (session 12).
+
+Opt-in (STRATA_CHECKPOINT_AHEAD=1): on the H200 (full qwen4exp at 12 GiB, session 13) the slabs took ~3x longer to
+pin during the prompt than after it (148.6 ms for 294 MB at 4K, 506 ms for 1,342 MB at 32K; 16 MiB slabs, ~8.5 ms
+each against ~4-5 ms waits): the save's host time fell to 4-5 ms, the prompt was no faster at 4K (0.902 s) and
+slower at 32K (5.14 s against 4.69-4.87 in earlier first processes).
 """
 
 from __future__ import annotations
