@@ -41,6 +41,17 @@ def _streamer(engine: Engine):
     return SimpleNamespace(stats=_SummedStats([s.stats for s in streamers]))
 
 
+class Growth:
+    """How much some running counters of `source` have grown since this was made: `growth.NAME`."""
+
+    def __init__(self, source, *names: str):
+        self._source = source
+        self._start = {name: getattr(source, name) for name in names}
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name) - self._start[name]
+
+
 class _SummedStats:
     def __init__(self, parts):
         self.parts = parts
@@ -109,11 +120,11 @@ def bench_prompt(args, placement: dict) -> None:
     ngram = getattr(engine.model, "ngram_prefetch", None)  # qwen4exp: the n-gram rows gathered on a host thread
     saves = engine.checkpoints.stats if engine.checkpoints is not None else None
     for n_tokens in contexts:
-        waited = ngram.waited_s if ngram is not None else 0.0
-        saved = (saves.save_s, saves.saved_bytes, saves.reserved_s, saves.reserved_bytes) if saves is not None else None
-        before = (streamer.stats.bytes_streamed, streamer.stats.bytes_late, streamer.stats.chunks,
-                  streamer.stats.layers, streamer.stats.host_s, streamer.stats.sync_s,
-                  streamer.copy_calls, streamer.stats.lend_s, streamer.stats.refill_s) if streamer else None
+        waited = Growth(ngram, "waited_s") if ngram is not None else None
+        saved = Growth(saves, "save_s", "saved_bytes", "reserved_s", "reserved_bytes") if saves is not None else None
+        stream = Growth(streamer.stats, "bytes_streamed", "bytes_late", "chunks", "layers", "host_s", "sync_s",
+                        "lend_s", "refill_s") if streamer else None
+        calls_made = Growth(streamer, "copy_calls") if streamer else None
         runs = time_prompt(engine, n_tokens, args.reps, seed=n_tokens)
         seconds = statistics.median(ready for ready, _ in runs)
         idle = statistics.median(done for _, done in runs)
@@ -132,33 +143,31 @@ def bench_prompt(args, placement: dict) -> None:
             print(f"  read floor   {read_floor:.3f} s ({read / 1e9:.1f} GB of experts read); all resident: "
                   f"{seconds / floor:.1f}x the larger floor")
         elif streamer is not None:
-            streamed = (streamer.stats.bytes_streamed - before[0]) / args.reps
-            late = (streamer.stats.bytes_late - before[1]) / args.reps
-            chunks = (streamer.stats.chunks - before[2]) / args.reps
+            streamed, late, chunks = (stream.bytes_streamed / args.reps, stream.bytes_late / args.reps,
+                                      stream.chunks / args.reps)
             pcie_floor = streamed / pcie_rate if streamed else float("nan")  # all hits: no PCIe floor
             print(f"  PCIe floor   {pcie_floor:.3f} s: {streamed / 1e9:.2f} GB streamed in {chunks:.0f} chunks "
                   f"({streamed / max(chunks, 1) / 1e9:.2f} GB per chunk, {late / max(streamed, 1):.0%} after the "
                   f"router); {seconds / pcie_floor:.2f}x the PCIe floor, "
                   f"{seconds / max(pcie_floor, matrix_floor):.2f}x the larger floor")
-            layers = max(streamer.stats.layers - before[3], 1)
-            print(f"  streaming host {(streamer.stats.host_s - before[4]) * 1e3 / layers:.3f} ms a routed layer "
-                  f"(bookkeeping and copy launches), waiting for its routing "
-                  f"{(streamer.stats.sync_s - before[5]) * 1e3 / layers:.3f} ms")
+            layers = max(stream.layers, 1)
+            print(f"  streaming host {stream.host_s * 1e3 / layers:.3f} ms a routed layer "
+                  f"(bookkeeping and copy launches), waiting for its routing {stream.sync_s * 1e3 / layers:.3f} ms")
             queue = streamer.queue
-            calls = (f": {(streamer.copy_calls - before[6]) / layers:.0f} copy calls a routed layer by "
-                     f"{queue.copied_by}" if queue.dma else "")
+            calls = (f": {calls_made.copy_calls / layers:.0f} copy calls a routed layer by {queue.copied_by}"
+                     if queue.dma else "")
             early = ", next layer queued " + ("early" if streamer.early else "after the launch")
             print(f"  streamed by  STRATA_PF_STREAM={queue.form}{calls}{early}")
-            print(f"  lent slots   {(streamer.stats.lend_s - before[7]) * 1e3 / args.reps:.1f} ms a prompt on the host "
-                  f"lending them at its start, {(streamer.stats.refill_s - before[8]) * 1e3 / args.reps:.1f} ms "
-                  "queueing their refill at its end")
+            print(f"  lent slots   {stream.lend_s * 1e3 / args.reps:.1f} ms a prompt on the host lending them at its "
+                  f"start, {stream.refill_s * 1e3 / args.reps:.1f} ms queueing their refill at its end")
         else:
             print("  experts offloaded without streaming (--prefill-stream off, or a cache too small to lend a ring)")
         if saves is not None:  # a hybrid model's cache is saved at each prompt's end (engine/checkpoints.py)
-            print(f"  checkpoint   {(saves.save_s - saved[0]) * 1e3 / args.reps:.1f} ms a prompt on the host, "
-                  f"{(saves.saved_bytes - saved[1]) / args.reps / 1e6:.1f} MB copied to host RAM; before it "
-                  f"{(saves.reserved_s - saved[2]) * 1e3 / args.reps:.1f} ms pinning "
-                  f"{(saves.reserved_bytes - saved[3]) / args.reps / 1e6:.1f} MB of slabs in the routing waits")
+            ahead = (f"; before it {saved.reserved_s * 1e3 / args.reps:.1f} ms pinning "
+                     f"{saved.reserved_bytes / args.reps / 1e6:.1f} MB of slabs in the routing waits"
+                     if saved.reserved_bytes else "")  # STRATA_CHECKPOINT_AHEAD
+            print(f"  checkpoint   {saved.save_s * 1e3 / args.reps:.1f} ms a prompt on the host, "
+                  f"{saved.saved_bytes / args.reps / 1e6:.1f} MB copied to host RAM{ahead}")
         if ngram is not None:  # a cold page cache under the table's shard shows here (gguf/access_advice.py)
-            print(f"  n-gram rows  the forwards waited {(ngram.waited_s - waited) * 1e3 / args.reps:.1f} ms a "
+            print(f"  n-gram rows  the forwards waited {waited.waited_s * 1e3 / args.reps:.1f} ms a "
                   "prompt for the host thread's table lookups")
