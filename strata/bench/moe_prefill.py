@@ -283,7 +283,8 @@ def parse_args(argv):
                    help="time launch shapes [BMx]BNxWARPSxSTAGES[/BNxWARPSxSTAGES for the fused down] instead of "
                         "checking bounds; fused Q2_0 letters after a shape: s (two 32-value dots), m (int32 dots to "
                         "float by MMA from a float's bits), h (fp16 MMAs, checked against the bounds), w (with h: "
-                        "two blocks a step), r (a tile half padding computed as a half tile) "
+                        "two blocks a step), r (a tile half padding computed as a half tile), o (on the down "
+                        "shape: its rows stored as fp16 for the combine) "
                         f"(default lists: {','.join(SWEEP)}; fused: {','.join(FUSED_SWEEP)})")
     args = p.parse_args(argv)
     if args.sweep and args.sweep != "default":

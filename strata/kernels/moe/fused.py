@@ -84,6 +84,13 @@ def fp16_h(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> bool:
     return down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16
 
 
+def down_rows_dtype(down: ExpertMatrix, tiles: Tiles | None, on_gpu: bool) -> torch.dtype:
+    """What the down projection's rows are stored as for the combine: fp16 for Q2_0 experts under a down shape with
+    "o" (`Tiles.fp16_out`), else float32."""
+    fp16 = down.spec.scale_per_64 and _down_tiles(down.spec, down.rows, on_gpu, tiles).fp16_out
+    return torch.float16 if fp16 else torch.float32
+
+
 def gate_up_swiglu_int8_triton(codes, scales, sums, grouping, gate, up, tiles=None, out=None, scratch=None,
                                h16=False):
     if (gate.qtype, gate.rows, gate.cols, gate.expert_stride) != (up.qtype, up.rows, up.cols, up.expert_stride):
@@ -147,7 +154,8 @@ def down_int8_triton(codes, scales, sums, grouping, down, tiles=None, out=None):
     k = codes.shape[1]
     down.check_dot_length(k)
     if out is None:
-        out = torch.empty(grouping.max_rows, down.rows, dtype=torch.float32, device=codes.device)
+        out = torch.empty(grouping.max_rows, down.rows, dtype=down_rows_dtype(down, tiles, codes.is_cuda),
+                          device=codes.device)
     t = _down_tiles(spec, down.rows, codes.is_cuda, tiles)
     if t.fp16 and codes.dtype != torch.float16:  # int8 H (e.g. from the reference gate/up): its fp16 values
         codes = rounded_fp16(codes, scales)

@@ -184,7 +184,7 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
 def _down_tile(h, h_scale, row_token, tile_expert, tile, block, w, out, n_out, expert_bytes, row_bytes,
                K: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, RUN: tl.constexpr, BN: tl.constexpr,
                ONE_DOT: tl.constexpr, MAGIC: tl.constexpr, FP16: tl.constexpr, WIDE: tl.constexpr):
-    """One program's work: RUN rows of the tile by BN outputs, stored as float32."""
+    """One program's work: RUN rows of the tile by BN outputs, stored as `out`'s type (float32, or fp16)."""
     expert, rows, token = _tile_rows(row_token, tile_expert, tile, BM, RUN)
     am = token >= 0
     r64 = rows.to(tl.int64)
@@ -195,4 +195,4 @@ def _down_tile(h, h_scale, row_token, tile_expert, tile, block, w, out, n_out, e
         acc = q2_0_fp16_loop(h, r64, am, at, nm, K, TS, BN, RUN, WIDE)
     else:
         acc = q2_0_wide_loop(h, h_scale, r64, am, at, nm, K, TS, BN, RUN, ONE_DOT, MAGIC)
-    tl.store(out + r64[:, None] * n_out + n[None, :], acc, mask=am[:, None] & nm[None, :])
+    tl.store(out + r64[:, None] * n_out + n[None, :], acc.to(out.dtype.element_ty), mask=am[:, None] & nm[None, :])

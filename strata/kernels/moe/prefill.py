@@ -121,8 +121,8 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
     def zeros():  # gate/up outputs feed SwiGLU row by row: padding rows must hold numbers
         return scratch.zeros((group.max_rows, n_ff), torch.float32)
 
-    def rows_of(width):  # rows read back only at the routed pairs (combine): padding rows may hold anything
-        return scratch.empty((group.max_rows, width), torch.float32)
+    def rows_of(width, dtype=torch.float32):  # read back only at the routed pairs (combine): padding holds anything
+        return scratch.empty((group.max_rows, width), dtype)
 
     def rounded(n_rows, k):
         return rounded_rows_buffers(scratch, n_rows, k)
@@ -141,7 +141,8 @@ def _run(x, topk_ids, topk_weights, stack, path, triton: bool, slot_of: torch.Te
         xq = op["quantize"](x, rounded(*x.shape))
         h16 = triton and fused.fp16_h(experts.down, tiles, x.is_cuda)  # H as fp16 values for an fp16 down kernel
         h = op["gate_up"](*xq, group, experts.gate, experts.up, tiles, rounded(group.max_rows, n_ff), scratch, h16)
-        rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd))
+        rows = fused.down_rows_dtype(experts.down, tiles, x.is_cuda) if triton else torch.float32
+        rows_out = op["down"](*h, group, experts.down, tiles, rows_of(n_embd, rows))
     return op["combine"](rows_out, group.pair_row, topk_weights, x.dtype)
 
 

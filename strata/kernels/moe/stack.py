@@ -74,7 +74,7 @@ def gemv_length_fits(spec: DecodeSpec, k: int) -> bool:
     return k % 32 == 0 and k % spec.block_size == 0
 
 
-VARIANTS = "smhwr"  # the letters a shape may end with (Tiles)
+VARIANTS = "smhwro"  # the letters a shape may end with (Tiles)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,10 @@ class Tiles:
     ("w", with "h"), two weight blocks (128 values) a step where the dot length is a multiple of 128; `half` ("r"),
     a tile whose rows past BM / 2 are padding (an expert's last) computes BM / 2 rows: at 16,384 tokens of the
     parity tool's skewed layer, 128-row tiles hold 17 % padding rows, 10.5 % with it (the same bytes a row); on
-    the H200 its two kernels took 0.3-3.6 % less time, inside the path's run-to-run spread, so no default has it."""
+    the H200 its two kernels took 0.3-3.6 % less time, inside the path's run-to-run spread, so no default has it;
+    `fp16_out` ("o", on the down shape), the down kernel's rows stored as fp16 instead of float32 for the combine
+    (at 16,384 tokens 0.84 GB written and read back instead of 1.68; one more rounding, 2^-11, before the weighted
+    sum: within the float64 bounds, not the same bytes; bf16's 2^-8 broke the tool's 2e-3 bound at 3.4e-3)."""
 
     bn: int
     warps: int
@@ -101,6 +104,7 @@ class Tiles:
     fp16: bool = False
     wide: bool = False
     half: bool = False
+    fp16_out: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -134,16 +138,18 @@ class Tiles:
         if "w" in letters and "h" not in letters:
             raise StrataError(f"tile config {text!r}: two blocks a step (w) is a form of the fp16 variant (h)")
         return cls(bn, warps, stages, rows, split="s" in letters, magic="m" in letters, fp16="h" in letters,
-                   wide="w" in letters, half="r" in letters)
+                   wide="w" in letters, half="r" in letters, fp16_out="o" in letters)
 
     @property
     def letters(self) -> str:
-        return "s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "r" * self.half
+        return ("s" * self.split + "m" * self.magic + "h" * self.fp16 + "w" * self.wide + "r" * self.half
+                + "o" * self.fp16_out)
 
     @property
     def same_bytes(self) -> bool:
-        """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs round differently."""
-        return not (self.fp16 or (self.down is not None and self.down.fp16))
+        """Whether the fused kernels give the default's bytes under this shape: fp16 MMAs and fp16 rows round
+        differently."""
+        return not any(t.fp16 or t.fp16_out for t in (self, self.down) if t is not None)
 
     def __str__(self) -> str:
         own = f"{self.bn}x{self.warps}x{self.stages}" if self.rows == 64 else \

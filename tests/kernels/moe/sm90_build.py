@@ -80,8 +80,8 @@ def fused_q2_0_kernels(spec, n_embd: int, n_ff: int, tiles=None):
                                                                ONE_DOT=not t.split, MAGIC=t.magic, FP16=t.fp16,
                                                                WIDE=t.wide, H16=td.fp16, HALF=t.half),
                 num_warps=t.warps, num_stages=t.stages)
-    down = {"h": "*fp16" if td.fp16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8", "out": "*fp32",
-            "n_out": "i32", **sizes}
+    down = {"h": "*fp16" if td.fp16 else "*i8", "h_scale": "*fp32", **rows, "w": "*u8",
+            "out": "*fp16" if td.fp16_out else "*fp32", "n_out": "i32", **sizes}
     yield build(fused_q2_0._down_q2_0_kernel, down, dict(K=n_ff, TS=spec.type_size, BM=td.rows, BN=td.bn,
                                                          ONE_DOT=not td.split, MAGIC=td.magic, FP16=td.fp16,
                                                          WIDE=td.wide, HALF=td.half),

@@ -77,8 +77,10 @@ def test_rounded_fp16_is_code_times_scale_rounded_once(device):
     assert torch.equal(rounded_fp16(codes.cpu(), scales.cpu()), ref)  # the torch form
 
 
-# fp16 both; int8 gate/up writing fp16 H; 128 rows, two blocks a step, fp16 gate/up writing int8 H
-@pytest.mark.parametrize("shape", ["32x4x2h/64x4x2h", "32x4x2s/64x4x2h", "128x32x4x2hw/128x64x4x2s"])
+# fp16 both; int8 gate/up writing fp16 H; 128 rows, two blocks a step, fp16 gate/up writing int8 H; fp16 both with
+# the down rows stored as fp16
+@pytest.mark.parametrize("shape", ["32x4x2h/64x4x2h", "32x4x2s/64x4x2h", "128x32x4x2hw/128x64x4x2s",
+                                   "32x4x2h/64x4x2ho"])
 def test_fp16_shapes_stay_within_the_bounds_of_the_int8_ones(device, shape):
     tiles = Tiles.parse(shape)
     layer, _ = _layer(device, tiles.rows)
@@ -115,6 +117,9 @@ def test_shape_letters():
     with pytest.raises(StrataError, match="form of the fp16"):
         Tiles.parse("32x4x2sw")
     assert Tiles.parse("32x4x2hw").wide and str(Tiles.parse("32x4x2hw")) == "32x4x2hw"
+    rows16 = Tiles.parse("32x4x2h/64x4x2ho")
+    assert rows16.down.fp16_out and not rows16.fp16_out and not rows16.same_bytes and str(rows16) == "32x4x2h/64x4x2ho"
+    assert not Tiles.parse("32x4x2s/64x4x2o").same_bytes
 
 
 def _cpu_experts(e):
