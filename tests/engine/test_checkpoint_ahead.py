@@ -37,7 +37,7 @@ def models(model_dir, tiny_moe):
                                             ("qwen3next", "int8"), ("qwen4exp", "float32")])
 def test_the_sizes_known_before_a_prompt_are_the_bytes_its_snapshot_copies(models, arch, kv_dtype):
     llm = strata.LLM(models[arch], device="cpu", kv_dtype=kv_dtype, checkpoints=0)
-    engine = engine_of(llm)
+    engine = llm.engine
     ids = torch.randint(3, 500, (70,), generator=torch.Generator().manual_seed(1)).tolist()
     engine.kv.truncate(0)
     predicted = snapshot_sizes(engine.kv, len(ids))  # the buffers still empty: they grow while the prompt is read
@@ -58,7 +58,7 @@ def test_slabs_for_counts_what_the_copies_fill():
 
 def test_a_save_takes_the_slabs_reserved_ahead_and_keeps_every_value(models):
     llm = strata.LLM(models["qwen4exp"], device="cpu", checkpoints=0)
-    engine = engine_of(llm)
+    engine = llm.engine
     ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     engine.prefill(ids)
     store = CheckpointStore(4, 1 << 30)
@@ -73,8 +73,8 @@ def test_a_save_takes_the_slabs_reserved_ahead_and_keeps_every_value(models):
     assert not store.reserve  # every slab taken
     saved = store.items[tuple(ids)]
     fresh = strata.LLM(models["qwen4exp"], device="cpu", checkpoints=0)
-    checkpoints.restore(engine_of(fresh).kv, saved.state)
-    again = checkpoints.snapshot(engine_of(fresh).kv, len(ids))[0]
+    checkpoints.restore(fresh.engine.kv, saved.state)
+    again = checkpoints.snapshot(fresh.engine.kv, len(ids))[0]
     mine = checkpoints.snapshot(engine.kv, len(ids))[0]
     assert _flat(again) == _flat(mine)  # the restored cache holds what the live one holds, bit for bit
     within = [t for t in _tensors(saved.state)
@@ -106,10 +106,6 @@ def test_idle_work_runs_pieces_until_the_event_fires_then_waits():
     idle.clear()
     idle.wait(Event(fires_after=10))
     assert "late" not in ran
-
-
-def engine_of(llm):
-    return llm.engine
 
 
 def _tensors(state):
