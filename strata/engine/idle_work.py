@@ -4,10 +4,10 @@ the host awaits (a streamed prompt's routing read at every layer, engine/prefill
 The piece it exists for: pinning the host memory of the checkpoint that a hybrid model's cache gets at a prompt's
 end (CheckpointStore.reserve_pieces) during the prompt instead of after it, where the first token waited for it
 (on the H200, 39-104 ms of a 4K prompt and 160-361 ms of a 32K one: torch's pinned allocations map and lock fresh
-pages). The host waits ~6 ms a layer for the routing there; a piece pins one slab of 8-16 MiB (~1.5-3 ms). A piece
-under way when the event fires delays what follows the wait by its rest; the ring holds the next layer's copies
-queued ahead, so the link stays busy meanwhile. Allocating on another thread instead slowed the main thread's
-kernel launches 3.6x (session 12).
+pages). The host waits ~6 ms a layer for the routing there; a piece pins one slab of 8-16 MiB (~1.5-3 ms when
+nothing else runs). A piece under way when the event fires delays what follows the wait by its rest; the ring holds
+the next layer's copies queued ahead, so the link stays busy meanwhile. Allocating on another thread instead slowed
+the main thread's kernel launches 3.6x (session 12).
 
 Opt-in (STRATA_CHECKPOINT_AHEAD=1): on the H200 (full qwen4exp at 12 GiB, session 13) the slabs took ~3x longer to
 pin during the prompt than after it (148.6 ms for 294 MB at 4K, 506 ms for 1,342 MB at 32K; 16 MiB slabs, ~8.5 ms
