@@ -116,12 +116,9 @@ def _gate_up_q2_0_kernel(a, a_scale, row_token, tile_expert, n_tiles, wg, wu, hq
         if _is_half_empty(row_token, tile, BM):
             _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
                           expert_bytes, row_bytes, K, TS, BM, BM // 2, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
-        else:
-            _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
-                          expert_bytes, row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
-    else:
-        _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
-                      expert_bytes, row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
+            return
+    _gate_up_tile(a, a_scale, row_token, tile_expert, tile, pid % n_blocks, wg, wu, hq, hs, hsum, n_ff,
+                  expert_bytes, row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE, H16)
 
 
 @triton.jit
@@ -172,12 +169,9 @@ def _down_q2_0_kernel(h, h_scale, row_token, tile_expert, n_tiles, w, out, n_out
         if _is_half_empty(row_token, tile, BM):
             _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes,
                        row_bytes, K, TS, BM, BM // 2, BN, ONE_DOT, MAGIC, FP16, WIDE)
-        else:
-            _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes,
-                       row_bytes, K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE)
-    else:
-        _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes, row_bytes,
-                   K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE)
+            return
+    _down_tile(h, h_scale, row_token, tile_expert, tile, pid % n_blocks, w, out, n_out, expert_bytes, row_bytes,
+               K, TS, BM, BM, BN, ONE_DOT, MAGIC, FP16, WIDE)
 
 
 @triton.jit
