@@ -281,15 +281,6 @@ def restore(cache, state) -> None:
     _KINDS[type(cache)][1](cache, state)
 
 
-def _device_of(cache) -> torch.device:
-    """The device a cache's tensors live on (a split's first card: every card's copies go to pinned memory alike)."""
-    if isinstance(cache, SplitKV):
-        return _device_of(cache.backends[0])
-    if isinstance(cache, HybridCache):
-        return _device_of(cache.kv)
-    return torch.device(cache.device)
-
-
 def snapshot_sizes(cache, n: int) -> list[int]:
     """The bytes of each tensor a snapshot of the first n tokens copies, in the order `snapshot` copies them."""
     return _KINDS[type(cache)][2](cache, n)
@@ -309,11 +300,11 @@ class CheckpointStore:
         self.stats = CheckpointStats()
         self.reserve: list[torch.Tensor] = []  # slabs allocated ahead for the next save, taken by its HostCopies
 
-    def reserve_pieces(self, cache, n_tokens: int) -> list[Callable[[], None]]:
+    def reserve_pieces(self, cache, n_tokens: int, pinned: bool) -> list[Callable[[], None]]:
         """The allocations that a save of `cache` holding n_tokens would make, as pieces of one slab each, to be run
         before it (engine/idle_work.py): as many slabs as its tensors fill beyond those already reserved. A slab's
         size is the power of two that holds the snapshot's largest tensor (8 to 64 MiB); a larger one is allocated
-        by the save itself."""
+        by the save itself. `pinned`: the cache is on a GPU (its copies go to pinned memory)."""
         if not supports(cache) or not self.max_count:
             return []
         sizes = snapshot_sizes(cache, n_tokens)
@@ -322,7 +313,6 @@ class CheckpointStore:
         slab = min(max(1 << (max(sizes) - 1).bit_length(), RESERVE_SLAB_MIN), RESERVE_SLAB_MAX)
         have = sum(s.numel() for s in self.reserve)
         missing = -(-max(slabs_for(sizes, slab) * slab - have, 0) // slab)
-        pinned = _device_of(cache).type == "cuda"
         return [lambda: self._reserve_one(slab, pinned) for _ in range(missing)]
 
     def _reserve_one(self, n_bytes: int, pinned: bool) -> None:

@@ -304,7 +304,7 @@ class Engine:
         if streamer is None or not switches.get("STRATA_CHECKPOINT_AHEAD"):
             return
         streamer.idle = self.idle_work
-        self.idle_work.add(self.checkpoints.reserve_pieces(self.kv, n_tokens))
+        self.idle_work.add(self.checkpoints.reserve_pieces(self.kv, n_tokens, self.device.type == "cuda"))
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """The prompt path's logits for every position: float32 [n_tokens, vocab], on the CPU."""

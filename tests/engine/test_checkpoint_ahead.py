@@ -62,13 +62,13 @@ def test_a_save_takes_the_slabs_reserved_ahead_and_keeps_every_value(models):
     ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     engine.prefill(ids)
     store = CheckpointStore(4, 1 << 30)
-    pieces = store.reserve_pieces(engine.kv, len(ids))
+    pieces = store.reserve_pieces(engine.kv, len(ids), pinned=False)
     assert pieces and not store.reserve
     for piece in pieces:
         piece()
     reserved = {slab.data_ptr(): slab.numel() for slab in store.reserve}
     assert len(reserved) == len(pieces) and store.stats.reserved_bytes == sum(reserved.values())
-    assert store.reserve_pieces(engine.kv, len(ids)) == []  # nothing more to pin for the same save
+    assert store.reserve_pieces(engine.kv, len(ids), pinned=False) == []  # nothing more to pin for the same save
     store.save(ids, engine.kv)
     assert not store.reserve  # every slab taken
     saved = store.items[tuple(ids)]
