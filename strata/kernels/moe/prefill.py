@@ -189,12 +189,14 @@ def prompt_work_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, 
 
 def fused_q2_0_buffers(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int):
     """The fused path's buffers, in `_run`'s order, under the Q2_0 kernels' default GPU shapes (MEASURED_Q2_0):
-    x's codes, H's codes, x as fp16 (an fp16 gate/up shape), H as fp16 (an fp16 down shape), the down rows."""
+    x's codes, H's codes, x as fp16 (an fp16 gate/up shape), H as fp16 (an fp16 down shape), the down rows (fp16
+    under an "o" down shape)."""
     gate_up, down = MEASURED_Q2_0["gate_up"], MEASURED_Q2_0["down"]
     rows = grouping.max_tiles_for(n_tokens * top_k, n_experts, gate_up.rows) * gate_up.rows
     x16 = [((n_tokens, n_embd), torch.float16)] if gate_up.fp16 else []
     h16 = [((rows, n_ff), torch.float16)] if down.fp16 else []
-    return [*_rounded(n_tokens, n_embd), *_rounded(rows, n_ff), *x16, *h16, ((rows, n_embd), torch.float32)]
+    down_rows = torch.float16 if down.fp16_out else torch.float32
+    return [*_rounded(n_tokens, n_embd), *_rounded(rows, n_ff), *x16, *h16, ((rows, n_embd), down_rows)]
 
 
 def prompt_work_bytes(n_tokens: int, top_k: int, n_experts: int, n_embd: int, n_ff: int,
