@@ -29,7 +29,9 @@ def run_paths(layer, paths):
         (m_rms, m_worst), (f_rms, f_worst) = errors(outs["mmq"], refs[None]), errors(outs["fused"], refs[None])
         assert f_rms <= FUSED_RMS_VS_MMQ * m_rms and f_worst <= FUSED_WORST_VS_MMQ * m_worst
         rms, worst = errors(outs["fused"], outs["mmq"])
-        assert rms <= 1e-3 and worst <= 2e-2
+        # Each within ROUNDED_RMS of the same rounded reference; a GPU's fused shapes are fp16 ones ("h"), whose x
+        # and H in fp16 put them ~1e-3 from mmq at this small N (int8 shapes: ~1e-6).
+        assert rms <= ROUNDED_RMS and worst <= 2e-2
     return outs, refs
 
 
@@ -113,12 +115,16 @@ def test_launch_shapes_give_the_same_bytes(device):
     layer = make_layer("Q2_0 / Q2_0", 24, n_experts=10, n_embd=128, n_ff=64, top_k=3, seed=5, device=device)
     args = (layer.x, layer.topk_ids, layer.topk_weights, layer.experts)
     for path in ("mmq", "fused"):
+        base = moe_prefill_triton(*args, path, tiles=Tiles(32, 4, 2))
+        assert torch.equal(base, moe_prefill_triton(*args, path, tiles=Tiles(64, 8, 2, rows=128))), path
         default = moe_prefill_triton(*args, path)
-        assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(32, 4, 2))), path
-        assert torch.equal(default, moe_prefill_triton(*args, path, tiles=Tiles(64, 8, 2, rows=128))), path
+        if path == "mmq" or device == "cpu":
+            assert torch.equal(default, base), path
+        else:  # a GPU's fused default is an fp16 shape ("h"): other roundings, within the rounded bound of int8's
+            assert errors(default.cpu(), base.cpu())[0] <= ROUNDED_RMS
     # The fused Q2_0 kernels: two 32-value dots a step instead of one block-diagonal 64, gate/up and down shapes apart.
     split = Tiles(32, 4, 2, down=Tiles(64, 4, 2, split=True), split=True)
-    assert torch.equal(moe_prefill_triton(*args, "fused"), moe_prefill_triton(*args, "fused", tiles=split))
+    assert torch.equal(base, moe_prefill_triton(*args, "fused", tiles=split))
 
 
 def test_fused_q2_0_chunks_of_few_rows_an_expert_take_the_small_tiles():
