@@ -168,12 +168,13 @@ class Tiles:
 # takes the gate/up shape's rows (prefill._group_rows) and prompt_work_bytes covers its buffers.
 # Session 6's sweep: fp16 MMAs ("h") at 128 rows a tile, "128x32x4x3h/64x4x3h": 13.03 -> 6.66 ms at 16K tokens
 # (2.31x mmq's 15.38; 3.46 -> 3.08 ms at 2K), within the float64 bounds (not the same bytes; the path is opt-in).
-# Session 14's first call: half tiles ("r") and the down rows stored as fp16 for the combine ("o"),
-# "128x32x4x3hr/64x4x3hro": 6.58-6.69 -> 5.93-6.09 ms at 16K tokens, 4.03-4.10 -> 3.50-3.54 ms at 8K (each twice in one
-# process), within the bounds.
+# Session 14: half tiles ("r") and the down rows stored as fp16 for the combine ("o"), "128x32x4x3hr/64x4x3hro":
+# 6.58-6.69 -> 5.93-6.09 ms at 16K tokens (each twice in one process); then 8 warps over 64 features (gate/up) and
+# 128 outputs (down), "128x64x8x3hr/128x8x3hro": 5.93-6.23 -> 5.69-5.72 ms at 16K, 3.56-3.72 -> 3.45-3.49 ms at 8K;
+# within the bounds.
 MEASURED_Q2_0 = {"mm": Tiles(64, 4, 2), "dense": Tiles(128, 8, 3),
-                 "gate_up": Tiles(32, 4, 3, rows=128, fp16=True, half=True),
-                 "down": Tiles(64, 4, 3, rows=128, fp16=True, half=True, fp16_out=True)}
+                 "gate_up": Tiles(64, 8, 3, rows=128, fp16=True, half=True),
+                 "down": Tiles(128, 8, 3, rows=128, fp16=True, half=True, fp16_out=True)}
 
 
 def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Tiles | None = None) -> Tiles:
@@ -181,7 +182,7 @@ def tile_config(kind: str, spec: DecodeSpec, n_out: int, on_gpu: bool, tiles: Ti
     tests). "gate_up" and "down" are the fused path's (its down is "mm" for the formats other than Q2_0).
 
     On a GPU, Q2_0 (decoded from code words, weights of the next step loaded ahead): the shapes the H200 sweep
-    measured fastest (MEASURED_Q2_0; the fused gate/up kernel's two accumulators spill at 128 outputs).
+    measured fastest (MEASURED_Q2_0; at 4 warps the fused gate/up kernel's two accumulators spill at 128 outputs).
     The other formats keep their first shape: 64 columns (32 for the fused gate/up kernel, whose two accumulators
     would otherwise spill), 8 warps, Triton's default 3 stages (checked by tests/kernels/moe/test_sm90_build.py).
     Under the interpreter: wide programs, since its cost is per operation.
