@@ -1,0 +1,197 @@
+"""Issue 4's open question on the GPU: can ONE persistent kernel a decode step, its stages separated by grid-wide
+barriers, read an all-resident A3B token's weights near the HBM rate, where a kernel a stage cannot?
+
+The probe reads the bytes of A3B's decode stages (Q4_0 at 18 bytes a 32 weights; a layer: q/k/v 5.90 MB,
+attention's int8 KV over 256 positions 0.26 MB, o 4.72 MB, router 0.52 MB, the 8 experts' gate/up 14.16 MB and
+down 7.08 MB; 48 layers, each stage's bytes its own buffer so nothing is served from L2) and sums them, in four
+forms, timed over CUDA-graph replays:
+  launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph;
+  stream      one persistent kernel (one or two programs an SM) reading stage after stage without waiting: what
+              the read code itself reaches;
+  barrier     the same with a grid-wide barrier after each stage (an atomic arrival, then a spin on the counter);
+  ahead       as barrier, with each program's first block of the next stage loaded before it spins.
+And the barrier alone (stages of no bytes): microseconds a barrier.
+
+Prints each form's time a layer, GB/s, % of the read rate a device copy measures (reads alone run at the copy's
+whole rate, BENCHMARKS' convention), and what the form implies for a token (48 layers + the 0.37 GB of head and
+embeddings at the copy rate) against issue 4's 60 % of the HBM bound. No engine code: a feasibility figure for
+the planners (a real kernel also computes, and its stages' programs need the previous stage's outputs).
+
+    python3 tools/device/megakernel_probe.py [--reps 20] [--blocks 2048,4096] [--warps 4,8] [--per-sm 1,2]
+"""
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+Q4_0 = 18 / 32  # bytes a weight
+HIDDEN, Q_ROWS, KV_ROWS, FF, TOP_K, EXPERTS = 2048, 4096, 512, 768, 8, 128
+LAYER_BYTES = {  # one A3B decode layer's reads, in stage order
+    "qkv": (Q_ROWS + 2 * KV_ROWS) * HIDDEN * Q4_0,
+    "attention": 4 * 128 * 256 * 2,  # int8 K and V of 4 KV heads over 256 positions
+    "o": HIDDEN * Q_ROWS * Q4_0,
+    "router": EXPERTS * HIDDEN * 2,
+    "gate_up": TOP_K * 2 * FF * HIDDEN * Q4_0,
+    "down": TOP_K * HIDDEN * FF * Q4_0,
+}
+LAYERS = 48
+HEAD_BYTES = 0.37e9  # the output head and the embedding row (A3B Q4_0's ~1.94 GB a token less its 48 layers)
+
+
+@triton.jit
+def _read(buf, lo, hi, acc, skip, BLOCK: tl.constexpr):
+    """acc + the int32 words [lo + skip * BLOCK, hi) of buf, two BLOCKs a step (both loads in flight at once;
+    skip: the first block was loaded already)."""
+    for i in range(lo + skip * BLOCK, hi, 2 * BLOCK):
+        idx = i + tl.arange(0, BLOCK)
+        first = tl.load(buf + idx, mask=idx < hi, other=0)
+        second = tl.load(buf + idx + BLOCK, mask=idx + BLOCK < hi, other=0)
+        acc += first + second
+    return acc
+
+
+@triton.jit
+def _stages_kernel(buf, starts, sizes, counter, out, n_stages, G: tl.constexpr, BLOCK: tl.constexpr,
+                   BARRIER: tl.constexpr, AHEAD: tl.constexpr):
+    """G programs read stage after stage, each its contiguous share; BARRIER: all G arrive before any goes on;
+    AHEAD: a program's first block of the next stage is loaded before it waits at the barrier."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.int32)
+    lo = tl.load(starts) + pid * tl.cdiv(tl.load(sizes), G)
+    hi = tl.minimum(lo + tl.cdiv(tl.load(sizes), G), tl.load(starts) + tl.load(sizes))
+    ahead = tl.zeros([BLOCK], tl.int32)
+    for s in range(n_stages):
+        acc = _read(buf, lo, hi, acc + ahead, (s > 0).to(tl.int32) * AHEAD, BLOCK)
+        if s + 1 < n_stages:
+            n = tl.load(sizes + s + 1)
+            lo = tl.load(starts + s + 1) + pid * tl.cdiv(n, G)
+            hi = tl.minimum(lo + tl.cdiv(n, G), tl.load(starts + s + 1) + n)
+            if AHEAD:
+                idx = lo + tl.arange(0, BLOCK)
+                ahead = tl.load(buf + idx, mask=idx < hi, other=0)
+            if BARRIER:
+                tl.atomic_add(counter, 1)
+                target = (s + 1) * G
+                while tl.load(counter, volatile=True) < target:
+                    pass
+    tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+@triton.jit
+def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr):
+    """A kernel a stage: program p reads block p."""
+    pid = tl.program_id(0)
+    idx = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + pid, tl.sum(tl.load(buf + idx, mask=idx < n, other=0)))  # a sum, so the loads are kept
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of a CUDA-graph replay of fn (captured after a warm-up run)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_read_rate() -> float:
+    """Bytes a second a device copy reads (its reads and writes share one budget: the copy's whole rate)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = timed(lambda: b.copy_(a), 10)
+    return 2 * a.numel() / t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--blocks", default="2048,4096")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--per-sm", default="1,2")
+    args = ap.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rate = copy_read_rate()
+    words = [int(LAYER_BYTES[k] // 4) for k in LAYER_BYTES] * LAYERS
+    sizes = torch.tensor(words, dtype=torch.int64, device="cuda")
+    starts = torch.cumsum(sizes, 0) - sizes
+    buf = torch.randint(-1000, 1000, (int(sizes.sum()),), dtype=torch.int32, device="cuda")
+    layer_bytes = sum(words[:len(LAYER_BYTES)]) * 4
+    total = layer_bytes * LAYERS
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.zeros(2 * sms * 16384, dtype=torch.int32, device="cuda")
+    bound_token = (total + HEAD_BYTES) / rate
+    print(f"{torch.cuda.get_device_name()}; {sms} SMs; device copy reads {rate / 1e9:.0f} GB/s; A3B layer "
+          f"{layer_bytes / 1e6:.2f} MB in {len(LAYER_BYTES)} stages ({layer_bytes / rate * 1e6:.2f} us at that "
+          f"rate), {LAYERS} layers + head: HBM bound {bound_token * 1e3:.3f} ms a token, 60 % of it "
+          f"{bound_token / 0.6 * 1e3:.3f} ms")
+
+    def report(name: str, seconds: float, n_barriers: int = 0) -> None:
+        per_layer = seconds / LAYERS
+        token = seconds + HEAD_BYTES / rate
+        print(f"  {name:<34} {per_layer * 1e6:7.2f} us a layer  {total / seconds / 1e9:6.0f} GB/s "
+              f"{100 * total / seconds / rate:5.1f} % of the copy's rate; a token {token * 1e3:.3f} ms = "
+              f"{100 * bound_token / token:5.1f} % of the HBM bound"
+              + (f"; {seconds / n_barriers * 1e6:.2f} us a stage" if n_barriers else ""))
+
+    n_stages = len(words)
+
+    def co_resident(g: int, block: int, warps: int, ahead: bool) -> bool:
+        """Whether g programs of this build fit on the GPU at once (registers; no shared memory is used)."""
+        k = _stages_kernel.warmup(buf, starts, sizes, counter, out, n_stages, G=g, BLOCK=block, BARRIER=True,
+                                  AHEAD=ahead, num_warps=warps, grid=(1,))
+        per_sm = 65536 // max(1, k.n_regs * 32 * warps)
+        return k.n_spills == 0 and g <= sms * min(per_sm, 2048 // (32 * warps))
+    for block in [int(b) for b in args.blocks.split(",")]:
+        for warps in [int(w) for w in args.warps.split(",")]:
+            print(f"BLOCK {block} int32 words ({block * 4 // 1024} KiB) a step, {warps} warps")
+
+            views = [buf[a:a + n] for a, n in zip(starts.tolist(), words)]
+
+            def launches():
+                for view in views:
+                    _one_stage_kernel[(triton.cdiv(view.numel(), block),)](view, view.numel(), out, BLOCK=block,
+                                                                            num_warps=warps)
+            report("launches (a kernel a stage)", timed(launches, args.reps))
+            for per_sm in [int(p) for p in args.per_sm.split(",")]:
+                g = sms * per_sm
+                for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
+                                             ("ahead", True, True)):
+                    if barrier and not co_resident(g, block, warps, ahead):
+                        print(f"  {form}, {per_sm} program(s) an SM: skipped (its programs would not all fit at "
+                              "once: the barrier would never open)")
+                        continue
+
+                    def persistent():
+                        counter.zero_()
+                        _stages_kernel[(g,)](buf, starts, sizes, counter, out, n_stages, G=g, BLOCK=block,
+                                             BARRIER=barrier, AHEAD=ahead, num_warps=warps)
+                    report(f"{form}, {per_sm} program(s) an SM", timed(persistent, args.reps),
+                           n_stages if barrier else 0)
+    # The barrier alone: stages of no bytes.
+    empty = torch.zeros(n_stages, dtype=torch.int64, device="cuda")
+    for per_sm in [int(p) for p in args.per_sm.split(",")]:
+        g = sms * per_sm
+        if not co_resident(g, 1024, 4, False):
+            continue
+
+        def barriers():
+            counter.zero_()
+            _stages_kernel[(g,)](buf, empty, empty, counter, out, n_stages, G=g, BLOCK=1024, BARRIER=True,
+                                 AHEAD=False, num_warps=4)
+        t = timed(barriers, args.reps)
+        print(f"  barrier alone, {g} programs: {t / n_stages * 1e6:.2f} us a barrier ({n_stages} in {t * 1e6:.0f} us)")
+
+
+if __name__ == "__main__":
+    main()
