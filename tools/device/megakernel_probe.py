@@ -22,9 +22,15 @@ the planners (a real kernel also computes, and its stages' programs need the pre
 
 import argparse
 
+import sys
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from strata.bench.ceilings import read_bandwidth  # noqa: E402
 
 Q4_0 = 18 / 32  # bytes a weight
 HIDDEN, Q_ROWS, KV_ROWS, FF, TOP_K, EXPERTS = 2048, 4096, 512, 768, 8, 128
@@ -53,29 +59,32 @@ def _read(buf, lo, hi, acc, skip, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _share(starts, sizes, s, pid, G: tl.constexpr):
+    """Program pid's contiguous share [lo, hi) of stage s's words."""
+    n = tl.load(sizes + s)
+    lo = tl.load(starts + s) + pid * tl.cdiv(n, G)
+    return lo, tl.minimum(lo + tl.cdiv(n, G), tl.load(starts + s) + n)
+
+
+@triton.jit
 def _stages_kernel(buf, starts, sizes, counter, out, n_stages, G: tl.constexpr, BLOCK: tl.constexpr,
                    BARRIER: tl.constexpr, AHEAD: tl.constexpr):
     """G programs read stage after stage, each its contiguous share; BARRIER: all G arrive before any goes on;
     AHEAD: a program's first block of the next stage is loaded before it waits at the barrier."""
     pid = tl.program_id(0)
-    acc = tl.zeros([BLOCK], tl.int32)
-    lo = tl.load(starts) + pid * tl.cdiv(tl.load(sizes), G)
-    hi = tl.minimum(lo + tl.cdiv(tl.load(sizes), G), tl.load(starts) + tl.load(sizes))
-    ahead = tl.zeros([BLOCK], tl.int32)
-    for s in range(n_stages):
-        acc = _read(buf, lo, hi, acc + ahead, (s > 0).to(tl.int32) * AHEAD, BLOCK)
-        if s + 1 < n_stages:
-            n = tl.load(sizes + s + 1)
-            lo = tl.load(starts + s + 1) + pid * tl.cdiv(n, G)
-            hi = tl.minimum(lo + tl.cdiv(n, G), tl.load(starts + s + 1) + n)
-            if AHEAD:
-                idx = lo + tl.arange(0, BLOCK)
-                ahead = tl.load(buf + idx, mask=idx < hi, other=0)
-            if BARRIER:
-                tl.atomic_add(counter, 1)
-                target = (s + 1) * G
-                while tl.load(counter, volatile=True) < target:
-                    pass
+    lo, hi = _share(starts, sizes, 0, pid, G)
+    acc = _read(buf, lo, hi, tl.zeros([BLOCK], tl.int32), 0, BLOCK)
+    for s in range(1, n_stages):
+        lo, hi = _share(starts, sizes, s, pid, G)
+        ahead = tl.zeros([BLOCK], tl.int32)
+        if AHEAD:
+            idx = lo + tl.arange(0, BLOCK)
+            ahead = tl.load(buf + idx, mask=idx < hi, other=0)
+        if BARRIER:
+            tl.atomic_add(counter, 1)
+            while tl.load(counter, volatile=True) < s * G:
+                pass
+        acc = _read(buf, lo, hi, acc + ahead, 1 if AHEAD else 0, BLOCK)
     tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
 
@@ -105,24 +114,21 @@ def timed(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_read_rate() -> float:
-    """Bytes a second a device copy reads (its reads and writes share one budget: the copy's whole rate)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = timed(lambda: b.copy_(a), 10)
-    return 2 * a.numel() / t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--blocks", default="2048,4096")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--per-sm", default="1,2")
+    ap.add_argument("--forms", default="launches,stream,barrier,ahead,alone")
+    ap.add_argument("--check", action="store_true", help="small stages: each form's sum against torch's, then exit")
     args = ap.parse_args()
+    forms = args.forms.split(",")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rate = copy_read_rate()
+    rate = read_bandwidth(torch.device("cuda"))
     words = [int(LAYER_BYTES[k] // 4) for k in LAYER_BYTES] * LAYERS
+    if args.check:
+        return check(sms, forms)
     sizes = torch.tensor(words, dtype=torch.int64, device="cuda")
     starts = torch.cumsum(sizes, 0) - sizes
     buf = torch.randint(-1000, 1000, (int(sizes.sum()),), dtype=torch.int32, device="cuda")
@@ -131,7 +137,7 @@ def main() -> None:
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     out = torch.zeros(2 * sms * 16384, dtype=torch.int32, device="cuda")
     bound_token = (total + HEAD_BYTES) / rate
-    print(f"{torch.cuda.get_device_name()}; {sms} SMs; device copy reads {rate / 1e9:.0f} GB/s; A3B layer "
+    print(f"{torch.cuda.get_device_name()}; {sms} SMs; device reads {rate / 1e9:.0f} GB/s; A3B layer "
           f"{layer_bytes / 1e6:.2f} MB in {len(LAYER_BYTES)} stages ({layer_bytes / rate * 1e6:.2f} us at that "
           f"rate), {LAYERS} layers + head: HBM bound {bound_token * 1e3:.3f} ms a token, 60 % of it "
           f"{bound_token / 0.6 * 1e3:.3f} ms")
@@ -162,11 +168,14 @@ def main() -> None:
                 for view in views:
                     _one_stage_kernel[(triton.cdiv(view.numel(), block),)](view, view.numel(), out, BLOCK=block,
                                                                             num_warps=warps)
-            report("launches (a kernel a stage)", timed(launches, args.reps))
+            if "launches" in forms:
+                report("launches (a kernel a stage)", timed(launches, args.reps))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
                                              ("ahead", True, True)):
+                    if form not in forms:
+                        continue
                     if barrier and not co_resident(g, block, warps, ahead):
                         print(f"  {form}, {per_sm} program(s) an SM: skipped (its programs would not all fit at "
                               "once: the barrier would never open)")
@@ -180,7 +189,7 @@ def main() -> None:
                            n_stages if barrier else 0)
     # The barrier alone: stages of no bytes.
     empty = torch.zeros(n_stages, dtype=torch.int64, device="cuda")
-    for per_sm in [int(p) for p in args.per_sm.split(",")]:
+    for per_sm in [int(p) for p in args.per_sm.split(",")] if "alone" in forms else []:
         g = sms * per_sm
         if not co_resident(g, 1024, 4, False):
             continue
@@ -191,6 +200,27 @@ def main() -> None:
                                  AHEAD=False, num_warps=4)
         t = timed(barriers, args.reps)
         print(f"  barrier alone, {g} programs: {t / n_stages * 1e6:.2f} us a barrier ({n_stages} in {t * 1e6:.0f} us)")
+
+
+def check(sms: int, forms: list[str]) -> None:
+    """Each persistent form's sum over small stages against torch's (a wrong share or a barrier that never opens
+    shows here, in seconds, before the timed runs)."""
+    words = [1000, 37, 5000, 300, 70000, 123457] * 3
+    sizes = torch.tensor(words, dtype=torch.int64, device="cuda")
+    starts = torch.cumsum(sizes, 0) - sizes
+    buf = torch.randint(-1000, 1000, (int(sizes.sum()),), dtype=torch.int32, device="cuda")
+    for form, barrier, ahead in (("stream", False, False), ("barrier", True, False), ("ahead", True, True)):
+        if form not in forms:
+            continue
+        for g in (sms, 2 * sms):
+            out = torch.zeros(g * 2048, dtype=torch.int32, device="cuda")
+            counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+            _stages_kernel[(g,)](buf, starts, sizes, counter, out, len(words), G=g, BLOCK=2048, BARRIER=barrier,
+                                 AHEAD=ahead, num_warps=4)
+            torch.cuda.synchronize()
+            got, want = int(out.long().sum()), int(buf.long().sum())
+            print(f"check {form}, {g} programs: sum {got} against {want}: {'OK' if got == want else 'WRONG'}"
+                  + (f"; counter {int(counter)} (expected {(len(words) - 1) * g})" if barrier else ""), flush=True)
 
 
 if __name__ == "__main__":
