@@ -156,6 +156,7 @@ def main() -> None:
         """Whether g programs of this build fit on the GPU at once (registers; no shared memory is used)."""
         k = _stages_kernel.warmup(buf, starts, sizes, counter, out, n_stages, G=g, BLOCK=block, BARRIER=True,
                                   AHEAD=ahead, num_warps=warps, grid=(1,))
+        k._init_handles()  # loads the module: n_regs and n_spills are read from it
         per_sm = 65536 // max(1, k.n_regs * 32 * warps)
         return k.n_spills == 0 and g <= sms * min(per_sm, 2048 // (32 * warps))
     for block in [int(b) for b in args.blocks.split(",")]:
