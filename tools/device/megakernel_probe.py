@@ -5,7 +5,8 @@ The probe reads the bytes of A3B's decode stages (Q4_0 at 18 bytes a 32 weights;
 attention's int8 KV over 256 positions 0.26 MB, o 4.72 MB, router 0.52 MB, the 8 experts' gate/up 14.16 MB and
 down 7.08 MB; 48 layers, each stage's bytes its own buffer so nothing is served from L2) and sums them, in four
 forms, timed over CUDA-graph replays:
-  launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph;
+  launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph; also with
+              programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1);
   stream      one persistent kernel (one or two programs an SM) reading stage after stage without waiting: what
               the read code itself reaches;
   barrier     the same with a grid-wide barrier after each stage (an atomic arrival, then a spin on the counter);
@@ -31,6 +32,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from strata.bench.ceilings import read_bandwidth  # noqa: E402
+from strata.kernels.pdl import pdl_start, pdl_wait  # noqa: E402
 
 Q4_0 = 18 / 32  # bytes a weight
 HIDDEN, Q_ROWS, KV_ROWS, FF, TOP_K, EXPERTS = 2048, 4096, 512, 768, 8, 128
@@ -89,11 +91,16 @@ def _stages_kernel(buf, starts, sizes, counter, out, n_stages, G: tl.constexpr, 
 
 
 @triton.jit
-def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr):
-    """A kernel a stage: program p reads block p."""
+def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    """A kernel a stage: program p reads block p. PDL (launched with programmatic dependent launch, as the decode
+    step's kernels under STRATA_PDL=1): the next stage's kernel may launch at once; the loads (weights) go before
+    the wait for the previous kernel, the store after it."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out + pid, tl.sum(tl.load(buf + idx, mask=idx < n, other=0)))  # a sum, so the loads are kept
+    total = tl.sum(tl.load(buf + idx, mask=idx < n, other=0))  # a sum, so the loads are kept
+    pdl_wait(PDL)
+    tl.store(out + pid, total)
 
 
 def timed(fn, reps: int) -> float:
@@ -120,7 +127,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="2048,4096")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--per-sm", default="1,2")
-    ap.add_argument("--forms", default="launches,stream,barrier,ahead,alone")
+    ap.add_argument("--forms", default="launches,pdl,stream,barrier,ahead,alone")
     ap.add_argument("--check", action="store_true", help="small stages: each form's sum against torch's, then exit")
     args = ap.parse_args()
     forms = args.forms.split(",")
@@ -171,6 +178,13 @@ def main() -> None:
                                                                             num_warps=warps)
             if "launches" in forms:
                 report("launches (a kernel a stage)", timed(launches, args.reps))
+
+            def launches_pdl():
+                for view in views:
+                    _one_stage_kernel[(triton.cdiv(view.numel(), block),)](view, view.numel(), out, BLOCK=block,
+                                                                            PDL=1, launch_pdl=True, num_warps=warps)
+            if "pdl" in forms:
+                report("launches with PDL (mode 1)", timed(launches_pdl, args.reps))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),

@@ -9,7 +9,7 @@ BUDGET=${BUDGET:-230}
 source tools/device/parts.sh || exit 1
 P="python3 tools/device/megakernel_probe.py --reps 20"
 part check 40 $P --check
-for form in ${FORMS:-launches stream barrier ahead alone}; do
+for form in ${FORMS:-launches pdl stream barrier ahead alone}; do
   part $form 35 $P --forms $form --blocks ${BLOCKS:-2048,4096} --warps ${WARPS:-4,8} --per-sm 1,2
 done
 finish 40
