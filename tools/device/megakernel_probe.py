@@ -6,7 +6,8 @@ attention's int8 KV over 256 positions 0.26 MB, o 4.72 MB, router 0.52 MB, the 8
 down 7.08 MB; 48 layers, each stage's bytes its own buffer so nothing is served from L2) and sums them, in four
 forms, timed over CUDA-graph replays:
   launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph; also with
-              programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1);
+              programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1),
+              and so but for the experts' gate/up, whose loads wait (the routing names its weights);
   stream      one persistent kernel (one or two programs an SM) reading stage after stage without waiting: what
               the read code itself reaches;
   barrier     the same with a grid-wide barrier after each stage (an atomic arrival, then a spin on the counter);
@@ -91,15 +92,19 @@ def _stages_kernel(buf, starts, sizes, counter, out, n_stages, G: tl.constexpr, 
 
 
 @triton.jit
-def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr, PDL: tl.constexpr = 0, LATE: tl.constexpr = False):
     """A kernel a stage: program p reads block p. PDL (launched with programmatic dependent launch, as the decode
     step's kernels under STRATA_PDL=1): the next stage's kernel may launch at once; the loads (weights) go before
-    the wait for the previous kernel, the store after it."""
+    the wait for the previous kernel, the store after it; LATE: the loads after the wait (the experts' gate/up,
+    whose weights the routing names)."""
     pdl_start(PDL)
+    if LATE:
+        pdl_wait(PDL)
     pid = tl.program_id(0)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     total = tl.sum(tl.load(buf + idx, mask=idx < n, other=0))  # a sum, so the loads are kept
-    pdl_wait(PDL)
+    if not LATE:
+        pdl_wait(PDL)
     tl.store(out + pid, total)
 
 
@@ -179,12 +184,16 @@ def main() -> None:
             if "launches" in forms:
                 report("launches (a kernel a stage)", timed(launches, args.reps))
 
-            def launches_pdl():
-                for view in views:
-                    _one_stage_kernel[(triton.cdiv(view.numel(), block),)](view, view.numel(), out, BLOCK=block,
-                                                                            PDL=1, launch_pdl=True, num_warps=warps)
+            late = [name == "gate_up" for name in LAYER_BYTES] * LAYERS
+
+            def launches_pdl(routed: bool):
+                for view, after in zip(views, late):
+                    _one_stage_kernel[(triton.cdiv(view.numel(), block),)](
+                        view, view.numel(), out, BLOCK=block, PDL=1, LATE=routed and after, launch_pdl=True,
+                        num_warps=warps)
             if "pdl" in forms:
-                report("launches with PDL (mode 1)", timed(launches_pdl, args.reps))
+                report("launches with PDL (mode 1)", timed(lambda: launches_pdl(False), args.reps))
+                report("the same, gate/up loads after its wait", timed(lambda: launches_pdl(True), args.reps))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
