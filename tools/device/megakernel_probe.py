@@ -7,7 +7,8 @@ down 7.08 MB; 48 layers, each stage's bytes its own buffer so nothing is served 
 forms, timed over CUDA-graph replays:
   launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph; also with
               programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1),
-              and so but for the experts' gate/up, whose loads wait (the routing names its weights);
+              and so but for the experts' gate/up, whose loads wait (the routing names its weights); and that
+              last chain reading the bytes as GGUF's Q4_0 blocks lie (18 bytes: 2-byte loads);
   stream      one persistent kernel (one or two programs an SM) reading stage after stage without waiting: what
               the read code itself reaches;
   barrier     the same with a grid-wide barrier after each stage (an atomic arrival, then a spin on the counter);
@@ -23,6 +24,7 @@ the planners (a real kernel also computes, and its stages' programs need the pre
 """
 
 import argparse
+import math
 
 import sys
 from pathlib import Path
@@ -108,6 +110,23 @@ def _one_stage_kernel(buf, n, out, BLOCK: tl.constexpr, PDL: tl.constexpr = 0, L
     tl.store(out + pid, total)
 
 
+@triton.jit
+def _one_stage_blocks_kernel(buf16, n_blocks, out, BB: tl.constexpr, LATE: tl.constexpr):
+    """The same under PDL, read as a Q4_0 tensor lies in a GGUF file: 18-byte blocks (an fp16 scale, 16 bytes of
+    codes at a 2-byte alignment), BB blocks a program, as 2-byte loads (what an 18-byte stride allows)."""
+    pdl_start(1)
+    if LATE:
+        pdl_wait(1)
+    b = tl.program_id(0) * BB + tl.arange(0, BB)
+    bm = b < n_blocks
+    codes = tl.load(buf16 + b[:, None] * 9 + 1 + tl.arange(0, 8)[None, :], mask=bm[:, None], other=0)
+    scale = tl.load(buf16 + b * 9, mask=bm, other=0)
+    total = tl.sum(tl.sum(codes.to(tl.int32), axis=1) + scale.to(tl.int32))
+    if not LATE:
+        pdl_wait(1)
+    tl.store(out + tl.program_id(0), total)
+
+
 def timed(fn, reps: int) -> float:
     """Median seconds of a CUDA-graph replay of fn (captured after a warm-up run)."""
     fn()
@@ -132,7 +151,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="2048,4096")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--per-sm", default="1,2")
-    ap.add_argument("--forms", default="launches,pdl,stream,barrier,ahead,alone")
+    ap.add_argument("--forms", default="launches,pdl,q4,stream,barrier,ahead,alone")
     ap.add_argument("--check", action="store_true", help="small stages: each form's sum against torch's, then exit")
     args = ap.parse_args()
     forms = args.forms.split(",")
@@ -194,6 +213,16 @@ def main() -> None:
             if "pdl" in forms:
                 report("launches with PDL (mode 1)", timed(lambda: launches_pdl(False), args.reps))
                 report("the same, gate/up loads after its wait", timed(lambda: launches_pdl(True), args.reps))
+            bb = 1 << round(math.log2(block * 4 / 18))  # Q4_0 blocks in about BLOCK words, a power of two
+            halves = [v.view(torch.int16) for v in views]
+
+            def launches_q4_0():
+                for view, after in zip(halves, late):
+                    n = view.numel() // 9
+                    _one_stage_blocks_kernel[(triton.cdiv(n, bb),)](view, n, out, BB=bb, LATE=after, launch_pdl=True,
+                                                                    num_warps=warps)
+            if "q4" in forms:
+                report(f"as Q4_0 blocks, 2-byte loads, {bb} a program", timed(launches_q4_0, args.reps))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
