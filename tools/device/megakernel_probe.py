@@ -8,7 +8,8 @@ forms, timed over CUDA-graph replays:
   launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph; also with
               programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1),
               and so but for the experts' gate/up, whose loads wait (the routing names its weights); and that
-              last chain reading the bytes as GGUF's Q4_0 blocks lie (18 bytes: 2-byte loads);
+              last chain reading the bytes as GGUF's Q4_0 blocks lie (18 bytes: 2-byte loads), with and without
+              the Q4_0 matvec's arithmetic (every stage's bytes as rows of 2,048 weights; checked by --check);
   stream      one persistent kernel (one or two programs an SM) reading stage after stage without waiting: what
               the read code itself reaches;
   barrier     the same with a grid-wide barrier after each stage (an atomic arrival, then a spin on the counter);
@@ -127,6 +128,42 @@ def _one_stage_blocks_kernel(buf16, n_blocks, out, BB: tl.constexpr, LATE: tl.co
     tl.store(out + tl.program_id(0), total)
 
 
+@triton.jit
+def _one_stage_q4_0_matvec_kernel(w16, x, n_blocks, y, BB: tl.constexpr, K_BLOCKS: tl.constexpr,
+                                  LATE: tl.constexpr):
+    """The Q4_0 chain's arithmetic too: y = W x for rows of K_BLOCKS 32-weight blocks as GGUF lays them (per block
+    an fp16 d, then 16 code bytes: weight j = (byte j & 15) - 8, weight j + 16 = (byte j >> 4) - 8; read as eight
+    2-byte words), BB blocks (BB / K_BLOCKS rows) a program; x (fp32, what the previous kernel wrote) after the
+    wait, from L2."""
+    pdl_start(1)
+    if LATE:
+        pdl_wait(1)
+    b = tl.program_id(0) * BB + tl.arange(0, BB)
+    bm = b < n_blocks
+    words = tl.load(w16 + b[:, None] * 9 + 1 + tl.arange(0, 8)[None, :], mask=bm[:, None], other=0).to(tl.int32)
+    d = tl.load(w16 + b * 9, mask=bm, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    if not LATE:
+        pdl_wait(1)
+    k = (b % K_BLOCKS)[:, None] * 32 + 2 * tl.arange(0, 8)[None, :]  # word i: weights 2i, 2i + 1, 2i + 16, 2i + 17
+    part = ((words & 15) - 8).to(tl.float32) * tl.load(x + k)
+    part += (((words >> 8) & 15) - 8).to(tl.float32) * tl.load(x + k + 1)
+    part += (((words >> 4) & 15) - 8).to(tl.float32) * tl.load(x + k + 16)
+    part += (((words >> 12) & 15) - 8).to(tl.float32) * tl.load(x + k + 17)
+    per_block = tl.sum(part, axis=1) * d
+    rows = tl.sum(tl.reshape(per_block, (BB // K_BLOCKS, K_BLOCKS)), axis=1)
+    r = tl.program_id(0) * (BB // K_BLOCKS) + tl.arange(0, BB // K_BLOCKS)
+    tl.store(y + r, rows, mask=r < n_blocks // K_BLOCKS)
+
+
+def q4_0_matvec_reference(w: torch.Tensor, x: torch.Tensor, k_blocks: int) -> torch.Tensor:
+    """float64 y = W x of the GGUF Q4_0 bytes w (uint8, rows of k_blocks blocks) and x."""
+    blocks = w.view(-1, 18)
+    d = blocks[:, :2].contiguous().view(torch.float16).double()
+    q = blocks[:, 2:].long()
+    weights = torch.cat([(q & 15) - 8, (q >> 4) - 8], dim=1).double() * d
+    return (weights.view(-1, k_blocks * 32) @ x.double().view(-1))
+
+
 def timed(fn, reps: int) -> float:
     """Median seconds of a CUDA-graph replay of fn (captured after a warm-up run)."""
     fn()
@@ -151,7 +188,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="2048,4096")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--per-sm", default="1,2")
-    ap.add_argument("--forms", default="launches,pdl,q4,stream,barrier,ahead,alone")
+    ap.add_argument("--forms", default="launches,pdl,q4,q4dot,stream,barrier,ahead,alone")
     ap.add_argument("--check", action="store_true", help="small stages: each form's sum against torch's, then exit")
     args = ap.parse_args()
     forms = args.forms.split(",")
@@ -167,6 +204,8 @@ def main() -> None:
     total = layer_bytes * LAYERS
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     out = torch.zeros(2 * sms * 16384, dtype=torch.int32, device="cuda")
+    x = torch.randn(2048, device="cuda")
+    y = torch.empty(max(words) * 4 // 18 // 64 + 1, device="cuda")
     bound_token = (total + HEAD_BYTES) / rate
     print(f"{torch.cuda.get_device_name()}; {sms} SMs; device reads {rate / 1e9:.0f} GB/s; A3B layer "
           f"{layer_bytes / 1e6:.2f} MB in {len(LAYER_BYTES)} stages ({layer_bytes / rate * 1e6:.2f} us at that "
@@ -223,6 +262,14 @@ def main() -> None:
                                                                     num_warps=warps)
             if "q4" in forms:
                 report(f"as Q4_0 blocks, 2-byte loads, {bb} a program", timed(launches_q4_0, args.reps))
+
+            def launches_matvec():
+                for view, after in zip(halves, late):
+                    n = view.numel() // 9 // 64 * 64  # whole rows of 64 blocks (2,048 weights)
+                    _one_stage_q4_0_matvec_kernel[(triton.cdiv(n, bb),)](view, x, n, y, BB=bb, K_BLOCKS=64,
+                                                                         LATE=after, launch_pdl=True, num_warps=warps)
+            if "q4dot" in forms and bb >= 64:
+                report(f"Q4_0 matvecs (rows of 2,048), {bb} blocks a program", timed(launches_matvec, args.reps))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
@@ -255,9 +302,25 @@ def main() -> None:
         print(f"  barrier alone, {g} programs: {t / n_stages * 1e6:.2f} us a barrier ({n_stages} in {t * 1e6:.0f} us)")
 
 
+def check_matvec(device: str) -> float:
+    """The Q4_0 matvec kernel against float64 on random blocks (finite scales): its largest error relative to the
+    largest output."""
+    rows, k_blocks = 96, 64
+    w = torch.randint(0, 256, (rows * k_blocks, 18), dtype=torch.uint8)
+    w[:, :2] = torch.rand(rows * k_blocks, dtype=torch.float16).view(torch.uint8).view(-1, 2)
+    x = torch.randn(k_blocks * 32)
+    want = q4_0_matvec_reference(w.view(-1), x, k_blocks)
+    got = torch.empty(rows, device=device)
+    _one_stage_q4_0_matvec_kernel[(triton.cdiv(rows * k_blocks, 2048),)](
+        w.view(-1).view(torch.int16).to(device), x.to(device), rows * k_blocks, got, BB=2048, K_BLOCKS=64, LATE=False)
+    return float((got.cpu().double() - want).abs().max() / want.abs().max())
+
+
 def check(sms: int, forms: list[str]) -> None:
     """Each persistent form's sum over small stages against torch's (a wrong share or a barrier that never opens
-    shows here, in seconds, before the timed runs)."""
+    shows here, in seconds, before the timed runs), and the Q4_0 matvec against float64."""
+    err = check_matvec("cuda")
+    print(f"check Q4_0 matvec: largest error {err:.2e} of the largest output: {'OK' if err < 1e-5 else 'WRONG'}")
     words = [1000, 37, 5000, 300, 70000, 123457] * 3
     sizes = torch.tensor(words, dtype=torch.int64, device="cuda")
     starts = torch.cumsum(sizes, 0) - sizes
