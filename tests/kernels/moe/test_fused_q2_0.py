@@ -41,8 +41,8 @@ def _layer_and_grouping(device, tile_rows=64):
 def test_gate_up_rounds_h_as_the_float64_reference_does(device, tiles):
     layer, group, xq = _layer_and_grouping(device)
     e = layer.experts
-    t = tiles or tile_config("gate_up", e.gate.spec, 64, device == "cuda")  # None: the device's default
-    group = grouping.group_pairs_triton(layer.topk_ids, 12, t.rows)
+    shape = tiles or tile_config("gate_up", e.gate.spec, 64, device == "cuda")  # None: the device's default
+    group = grouping.group_pairs_triton(layer.topk_ids, 12, shape.rows)
     hq, hs, _ = fused.gate_up_swiglu_int8_triton(*xq, group, e.gate, e.up, tiles)
     rq, rs, _ = fused.gate_up_swiglu_int8_ref(*(t.cpu() for t in xq), _cpu(group), _cpu_m(e.gate), _cpu_m(e.up))
     used = (group.row_token >= 0).cpu()
@@ -50,11 +50,11 @@ def test_gate_up_rounds_h_as_the_float64_reference_does(device, tiles):
     # float32 sums against float64 ones: a code may round the other way at a half step, never further; fp16 x
     # ("h": x's rounded values to 2^-11) also moves a group's scale, by which each of its up to 127 steps moves.
     scale_moved = (hs.cpu()[used].double() - rs[used].double()).abs() / rs[used].double().clamp(min=1e-30)
-    assert scale_moved.max() <= (1e-3 if t.fp16 else 1e-6)
+    assert scale_moved.max() <= (1e-3 if shape.fp16 else 1e-6)
     step = rs[used].double().repeat_interleave(32, dim=1)
     moved = 127 * (hs.cpu()[used].double() - rs[used].double()).abs().repeat_interleave(32, dim=1)
     assert ((h - ref).abs() <= 1.01 * step + moved + 1e-12).all()
-    assert (hq.cpu()[used] == rq[used]).float().mean() > (0.98 if t.fp16 else 0.99)
+    assert (hq.cpu()[used] == rq[used]).float().mean() > (0.98 if shape.fp16 else 0.99)
 
 
 @pytest.mark.parametrize("tiles", [None, Tiles.parse("128x64x4x3hro")])
