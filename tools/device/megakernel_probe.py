@@ -1,10 +1,11 @@
-"""Issue 4's open question on the GPU: can ONE persistent kernel a decode step, its stages separated by grid-wide
-barriers, read an all-resident A3B token's weights near the HBM rate, where a kernel a stage cannot?
+"""Issue 4's open question on the GPU: what share of the HBM bound can an all-resident A3B decode step reach as a
+chain of kernels (a kernel a stage, in a CUDA graph, with or without PDL), and as ONE persistent kernel whose
+stages are separated by grid-wide barriers?
 
 The probe reads the bytes of A3B's decode stages (Q4_0 at 18 bytes a 32 weights; a layer: q/k/v 5.90 MB,
 attention's int8 KV over 256 positions 0.26 MB, o 4.72 MB, router 0.52 MB, the 8 experts' gate/up 14.16 MB and
 down 7.08 MB; 48 layers, each stage's bytes its own buffer so nothing is served from L2) and sums them, in four
-forms, timed over CUDA-graph replays:
+forms (`--forms`; session 14's figures in docs/BENCHMARKS.md), timed over CUDA-graph replays:
   launches    one kernel a stage (grid = the stage's blocks), the 288 launches captured in a graph; also with
               programmatic dependent launch (its loads before the wait for the previous kernel, as STRATA_PDL=1),
               and so but for the experts' gate/up, whose loads wait (the routing names its weights); and that
@@ -22,11 +23,11 @@ embeddings at the copy rate) against issue 4's 60 % of the HBM bound. No engine 
 the planners (a real kernel also computes, and its stages' programs need the previous stage's outputs).
 
     python3 tools/device/megakernel_probe.py [--reps 20] [--blocks 2048,4096] [--warps 4,8] [--per-sm 1,2]
+        [--forms launches,pdl,q4,q4dot,stream,barrier,ahead,alone] [--check]
 """
 
 import argparse
 import math
-
 import sys
 from pathlib import Path
 
