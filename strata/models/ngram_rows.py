@@ -46,6 +46,7 @@ TOUCH_THREADS = 32  # page faults in flight on a cold table: threads that wait o
 TOUCH_MIN_ROWS = 4096  # below this the threads' dispatch costs more than the overlap can give
 
 IQ4_NL = get_format("IQ4_NL")
+IQ4_NL_BLOCK_BYTES = IQ4_NL.type_size  # a plain int: numba freezes a module global into the compiled loop
 FLOATS = {get_format("F32").ggml_type: np.float32, get_format("F16").ggml_type: np.float16,
           get_format("BF16").ggml_type: None}
 
@@ -82,7 +83,7 @@ def _iq4_nl_tables() -> tuple[np.ndarray, np.ndarray]:
 
 @njit(nogil=True, cache=True)
 def _iq4_nl_rows(table, index, out, levels, half):
-    block_bytes = 18  # IQ4_NL.type_size: an fp16 scale, then 16 bytes of two 4-bit codes each
+    block_bytes = IQ4_NL_BLOCK_BYTES  # an fp16 scale, then 16 bytes of two 4-bit codes each
     for i in range(index.shape[0]):
         row = table[index[i]]
         values = out[i]
