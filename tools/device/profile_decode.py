@@ -2,7 +2,12 @@
 `Engine.decode` (the captured CUDA-graph step when graphs are on: CUPTI still reports each kernel inside a replay),
 kernels per token and the most launched ones, kernels sorted by device time, then the same steps' host time.
 
+With --increments: each kernel's share of the step's critical path, from the trace's kernel ends in launch order
+(under PDL a kernel starts early and waits, so its duration says little; end minus the latest end before it is what
+it added to the step), summed by kernel name per token.
+
 Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N] [--vram-budget GIB]
+       [--increments]
 """
 
 import argparse
@@ -16,6 +21,28 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
+from tools.device.prompt_timeline import trace_of  # noqa: E402
+
+
+def increments(prof, steps: int) -> None:
+    """Per kernel name: us a token it added to the critical path (its end past every earlier kernel's end, in start
+    order), its launches a token, and the median of its own durations."""
+    kernels = sorted((e for e in trace_of(prof)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"),
+                     key=lambda e: e["ts"])
+    added, durations = {}, {}
+    latest = None
+    for e in kernels:
+        end = e["ts"] + e["dur"]
+        gain = end - e["ts"] if latest is None else max(0.0, end - max(latest, e["ts"])) + max(0.0, e["ts"] - latest)
+        latest = end if latest is None else max(latest, end)
+        added[e["name"]] = added.get(e["name"], 0.0) + gain
+        durations.setdefault(e["name"], []).append(e["dur"])
+    total = sum(added.values())
+    print(f"critical path {total / steps / 1000:.3f} ms a token (first kernel start to last end, gaps included)")
+    print(f"{'us a token':>10} {'share':>6} {'launches':>8} {'median dur':>10}  kernel")
+    for name, us in sorted(added.items(), key=lambda kv: -kv[1])[:20]:
+        d = sorted(durations[name])
+        print(f"{us / steps:10.1f} {us / total:6.1%} {len(d) / steps:8.1f} {d[len(d) // 2]:10.2f}  {name[:90]}")
 
 
 def main() -> None:
@@ -27,6 +54,7 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--top", type=int, default=40, help="kernels listed by launches per token")
     parser.add_argument("--vram-budget", type=float, default=None, help="GiB, as `bench decode` takes it")
+    parser.add_argument("--increments", action="store_true", help="each kernel's share of the critical path")
     args = parser.parse_args()
     engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx,
                                              decode_graphs=args.graphs, vram_budget=args.vram_budget))
@@ -54,6 +82,9 @@ def main() -> None:
         for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
+    if args.increments:
+        increments(prof, args.steps)
+        return
     table = prof.key_averages()
     kernels = [e for e in table if e.device_type == torch.autograd.DeviceType.CUDA]
     device_us = sum(e.self_device_time_total for e in kernels)

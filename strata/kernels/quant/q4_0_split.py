@@ -1,0 +1,98 @@
+"""Q4_0 rows re-laid for 16-byte loads, and the decode matvec that reads them (issue 4).
+
+GGUF lays a Q4_0 row as 18-byte blocks (an fp16 scale, then 16 code bytes), so a block's codes sit at a 2-byte
+alignment and a kernel reading them as they lie issues 2-byte loads: session 15's probe
+(tools/device/megakernel_probe.py, "q4") read an A3B token's bytes that way at 50-58 % of the HBM bound where the
+same bytes read 16 bytes a load reach 94-100 % under the same launch chain. "Split" rows keep every row's bytes
+and size (so row strides, slices and copies are unchanged) but put the row's code bytes first, block after block,
+then its fp16 scales: for rows of a multiple of 256 weights (18 x 8 = 144 bytes, a multiple of 16) each block's
+16 code bytes are then one aligned 16-byte load.
+
+`split_matvec` is a one-shot program of BN rows (`oneshot_gemv`'s form): every code word and scale of its rows is
+loaded in one burst before the PDL wait (weights no kernel of the step writes), x after it. A code word holds
+weights 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its high ones (i its place in the block); a block's dot
+is sum(q * x) - 8 * sum(x) over the block's 32 x values (the Q4_0 offset taken once a block), times its scale.
+float32 throughout: within `matvec.ERROR_BOUND` (1e-5 of max |y|) of float64, stated by
+tests/kernels/quant/test_q4_0_split.py; the row's sum runs in another order than the GGUF kernels', so the two
+layouts' outputs differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
+
+BLOCK_WEIGHTS = 32
+BLOCK_BYTES = 18
+CODE_BYTES = 16
+ALIGN_WEIGHTS = 256  # rows of a multiple of this many weights keep every row start 16-byte aligned
+
+
+def splits(n_in: int) -> bool:
+    """Whether rows of n_in weights can take the split layout (each row's codes 16-byte aligned)."""
+    return n_in > 0 and n_in % ALIGN_WEIGHTS == 0
+
+
+def split_rows(raw: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, row_bytes] of GGUF Q4_0 blocks -> the same rows split: all code bytes, then all scales."""
+    n, row_bytes = raw.shape
+    blocks = raw.reshape(n, row_bytes // BLOCK_BYTES, BLOCK_BYTES)
+    return torch.cat([blocks[:, :, 2:].reshape(n, -1), blocks[:, :, :2].reshape(n, -1)], dim=1)
+
+
+def join_rows(split: torch.Tensor) -> torch.Tensor:
+    """The inverse of `split_rows`: GGUF Q4_0 rows again."""
+    n, row_bytes = split.shape
+    n_blocks = row_bytes // BLOCK_BYTES
+    codes = split[:, :n_blocks * CODE_BYTES].reshape(n, n_blocks, CODE_BYTES)
+    scales = split[:, n_blocks * CODE_BYTES:].reshape(n, n_blocks, 2)
+    return torch.cat([scales, codes], dim=2).reshape(n, row_bytes)
+
+
+@triton.jit
+def _split_matvec_kernel(x, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
+                         ROWS: tl.constexpr, PDL: tl.constexpr = 0):
+    """y[r, rows] = W[rows] . x[r] for the ROWS rows of x, BN weight rows a program, K weights a row (NBP: its
+    blocks' count rounded up to a power of two)."""
+    pdl_start(PDL)
+    NB: tl.constexpr = K // 32
+    ROW_BYTES: tl.constexpr = NB * 18
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    b = tl.arange(0, NBP)
+    live = (rows < n_out)[:, None] & (b < NB)[None, :]
+    at = w + rows.to(tl.int64) * ROW_BYTES  # [BN]: each row's first byte, 16-byte aligned
+    word_at = at[:, None, None].to(tl.pointer_type(tl.uint32)) + (b * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
+    words = tl.load(word_at, mask=live[:, :, None], other=0)  # [BN, NBP, 4]: a block's 16 code bytes a 16-byte load
+    d = tl.load((at + NB * 16)[:, None].to(tl.pointer_type(tl.uint16)) + b[None, :], mask=live, other=0)
+    d = d.to(tl.float16, bitcast=True).to(tl.float32)
+    pdl_wait(PDL)  # the weights above: no kernel of the step writes them (kernels/pdl.py); x and y after
+    k = (b * 32)[:, None, None] + (tl.arange(0, 4) * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
+    xm = (b < NB)[:, None, None]
+    shift = (tl.arange(0, 4) * 8)[None, None, None, :]
+    q = words[:, :, :, None]
+    lo = ((q >> shift) & 15).to(tl.float32)  # [BN, NBP, 4, 4]: weights 4i + j of each block
+    hi = ((q >> (shift + 4)) & 15).to(tl.float32)  # weights 16 + 4i + j
+    for r in tl.static_range(ROWS):  # each row of x the same code on the same registers: its sums do not depend on ROWS
+        xl = tl.load(x + r * K + k, mask=xm, other=0.0).to(tl.float32)
+        xh = tl.load(x + r * K + k + 16, mask=xm, other=0.0).to(tl.float32)
+        x_sum = tl.sum(tl.sum(xl + xh, axis=2), axis=1)  # [NBP]
+        dots = tl.sum(tl.sum(lo * xl[None] + hi * xh[None], axis=3), axis=2)  # [BN, NBP]
+        out = tl.sum(d * (dots - 8.0 * x_sum[None, :]), axis=1)
+        tl.store(y + r * n_out + rows, out.to(y.dtype.element_ty), mask=rows < n_out)
+
+
+def split_matvec(x: torch.Tensor, split: torch.Tensor, n_out: int, bn: int = 16, warps: int = 4,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] (T <= 4; any float dtype) times the [n_out, K] Q4_0 weight in split rows (uint8 [n_out, K / 32 *
+    18]): [T, n_out] in x's dtype (or into `out`). One launch, nothing allocated but the output."""
+    n_rows, n_in = x.shape
+    if not splits(n_in) or split.shape != (n_out, n_in // BLOCK_WEIGHTS * BLOCK_BYTES):
+        raise ValueError(f"split Q4_0 rows {tuple(split.shape)} do not hold a [{n_out}, {n_in}] weight")
+    y = out if out is not None else torch.empty(n_rows, n_out, dtype=x.dtype, device=x.device)
+    _split_matvec_kernel[(triton.cdiv(n_out, bn),)](
+        x.contiguous(), split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,
+        ROWS=n_rows, num_warps=warps, **launch_options(x))
+    return y

@@ -1,0 +1,61 @@
+"""Split Q4_0 rows (codes first, 16-byte aligned) and their decode matvec, against float64 of the GGUF blocks.
+
+Bound: max |kernel - float64| <= matvec.ERROR_BOUND (1e-5) * max |float64|, the GGUF matvec's."""
+
+import numpy as np
+import pytest
+import torch
+
+from strata.kernels.quant.matvec import ERROR_BOUND
+from strata.kernels.quant.q4_0_split import join_rows, split_matvec, split_rows, splits
+from strata.quant import dequantize, get_format
+from strata.quant.random_blocks import random_blocks
+from tests.kernels import DEVICE
+
+Q4_0 = get_format("Q4_0").ggml_type
+
+
+def _rows(n_out: int, n_in: int, seed: int) -> torch.Tensor:
+    blocks = random_blocks("Q4_0", n_out * n_in // 32, np.random.default_rng(seed))
+    return torch.from_numpy(blocks).reshape(n_out, -1)
+
+
+def test_split_is_a_permutation_of_each_row():
+    raw = _rows(5, 512, seed=1)
+    split = split_rows(raw)
+    assert split.shape == raw.shape
+    assert torch.equal(join_rows(split), raw)
+    assert torch.equal(split[:, :16], raw[:, 2:18])  # the first block's codes lead the row
+    assert torch.equal(split[:, 256:258], raw[:, :2])  # its scale follows the row's 16 x 16 code bytes
+    assert all(torch.equal(split[r].sort().values, raw[r].sort().values) for r in range(5))
+
+
+def test_only_rows_of_256_weights_split():
+    assert splits(256) and splits(2048) and splits(768)
+    assert not splits(128) and not splits(0) and not splits(800)
+
+
+@pytest.mark.parametrize("n_out,n_in,rows,bn", [(24, 512, 1, 8), (20, 768, 3, 16), (7, 256, 2, 4)])
+def test_matvec_matches_float64(n_out, n_in, rows, bn):
+    raw = _rows(n_out, n_in, seed=n_in)
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(rows))
+    want = x.double() @ dequantize(raw, Q4_0, (n_out, n_in)).double().T
+    got = split_matvec(x.to(DEVICE), split_rows(raw).to(DEVICE), n_out, bn=bn).cpu()
+    assert got.shape == (rows, n_out)
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    assert err <= ERROR_BOUND, f"{err:.2e}"
+
+
+def test_a_row_computes_alike_whatever_the_rows_beside_it():
+    raw = split_rows(_rows(16, 512, seed=3)).to(DEVICE)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    together = split_matvec(x, raw, 16)
+    for r in range(3):
+        assert torch.equal(split_matvec(x[r:r + 1], raw, 16)[0], together[r])
+
+
+def test_a_weight_of_other_rows_is_refused():
+    with pytest.raises(ValueError, match="split Q4_0 rows"):
+        split_matvec(torch.zeros(1, 512), torch.zeros(4, 200, dtype=torch.uint8), 4)
+    with pytest.raises(ValueError, match="split Q4_0 rows"):
+        split_matvec(torch.zeros(1, 160), torch.zeros(4, 90, dtype=torch.uint8), 4)
