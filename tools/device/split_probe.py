@@ -64,7 +64,7 @@ def main() -> None:
 
     def report(label: str, us_per_call: float) -> None:
         us = us_per_call * len(SHAPES)
-        print(f"  {label:34s} {us:7.2f} us a layer  {layer_bytes / us / 1e6:6.0f} GB/s  "
+        print(f"  {label:34s} {us:7.2f} us a layer  {layer_bytes / us / 1e3:6.0f} GB/s  "
               f"{layer_bytes / rate * 1e6 / us:6.1%} of the copy rate", flush=True)
 
     def gguf(i: int) -> None:
