@@ -8,13 +8,20 @@ and size (so row strides, slices and copies are unchanged) but put the row's cod
 then its fp16 scales: for rows of a multiple of 256 weights (18 x 8 = 144 bytes, a multiple of 16) each block's
 16 code bytes are then one aligned 16-byte load.
 
-`split_matvec` is a one-shot program of BN rows (`oneshot_gemv`'s form): every code word and scale of its rows is
+`split_matvec` (float) is a one-shot program of BN rows (`oneshot_gemv`'s form): every code word and scale of its rows is
 loaded in one burst before the PDL wait (weights no kernel of the step writes), x after it. A code word holds
 weights 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its high ones (i its place in the block); a block's dot
 is sum(q * x) - 8 * sum(x) over the block's 32 x values (the Q4_0 offset taken once a block), times its scale.
 float32 throughout: within `matvec.ERROR_BOUND` (1e-5 of max |y|) of float64, stated by
 tests/kernels/quant/test_q4_0_split.py; the row's sum runs in another order than the GGUF kernels', so the two
 layouts' outputs differ in the last bits.
+
+`split_dp4a_matvec` takes x rounded to int8 codes per 32 values (`dp4a_gemv.quantize_x`: codes, scales, code sums)
+and does a block's dot in integers, `dp4a_gemv`'s way: a code word's low nibbles masked to bytes against the
+activation's code word i (codes 4i..4i+3), its high nibbles masked in place (16 q) against word 4 + i, the second
+sum divided by 16 once (exact), -8 x the block's code sum as the first's start. A block's 16 activation code bytes
+then lie as its 16 weight code bytes do (a 16-byte load of each, in the same register layout). Bound: dp4a_gemv's
+`row_error_bound` (x's rounding, ~0.5 % of max |y| at A3B's rows), asserted by the same tests.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.moe.dp4a_gemv import dp4a
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 BLOCK_WEIGHTS = 32
@@ -90,13 +98,64 @@ def _code_minus_8(nibbles, j: tl.constexpr):
     return (((nibbles >> (8 * j)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
 
 
+@triton.jit
+def _split_dp4a_kernel(xq, xs, xsum, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
+                       ROWS: tl.constexpr, PDL: tl.constexpr = 0):
+    """`_split_matvec_kernel`'s program with x as `quantize_x` codes (int8 [ROWS, K]), scales and code sums
+    ([ROWS, K / 32]): every block's dot an exact integer, one float multiply-add a block."""
+    pdl_start(PDL)
+    NB: tl.constexpr = K // 32
+    ROW_BYTES: tl.constexpr = NB * 18
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    b = tl.arange(0, NBP)
+    live = (rows < n_out)[:, None] & (b < NB)[None, :]
+    at = w + rows.to(tl.int64) * ROW_BYTES
+    i = tl.arange(0, 4)
+    words = tl.load(at[:, None, None].to(tl.pointer_type(tl.int32)) + (b * 4)[None, :, None] + i[None, None, :],
+                    mask=live[:, :, None], other=0)
+    d = tl.load((at + NB * 16)[:, None].to(tl.pointer_type(tl.uint16)) + b[None, :], mask=live, other=0)
+    d = d.to(tl.float16, bitcast=True).to(tl.float32)
+    pdl_wait(PDL)  # the weights above: no kernel of the step writes them (kernels/pdl.py); x and y after
+    low_codes = words & 0x0F0F0F0F
+    high_codes = words & -252645136  # 0xF0F0F0F0: the high nibbles in place, 16 q a byte
+    xm = (b < NB)[:, None]
+    for r in tl.static_range(ROWS):
+        x_at = xq.to(tl.pointer_type(tl.int32)) + r * (K // 4) + (b * 8)[:, None] + i[None, :]
+        x_low = tl.load(x_at, mask=xm, other=0)[None]  # codes 4i..4i+3 of each block
+        x_high = tl.load(x_at + 4, mask=xm, other=0)[None]  # codes 16 + 4i..
+        scale = tl.load(xs + r * NB + b, mask=b < NB, other=0.0)
+        start = tl.load(xsum + r * NB + b, mask=b < NB, other=0) * -8
+        low = tl.sum(dp4a(low_codes, x_low, tl.zeros_like(words)), axis=2) + start[None, :]
+        high = tl.sum(dp4a(high_codes, x_high, tl.zeros_like(words)), axis=2)
+        blocks = (low + (high >> 4)).to(tl.float32) * (d * scale[None, :])  # |int| < 2^17: exact in float32
+        tl.store(y + r * n_out + rows, tl.sum(blocks, axis=1).to(y.dtype.element_ty), mask=rows < n_out)
+
+
+def _check(n_in: int, split: torch.Tensor, n_out: int) -> None:
+    if not splits(n_in) or split.shape != (n_out, n_in // BLOCK_WEIGHTS * BLOCK_BYTES):
+        raise ValueError(f"split Q4_0 rows {tuple(split.shape)} do not hold a [{n_out}, {n_in}] weight")
+
+
+def split_dp4a_matvec(xq, split: torch.Tensor, n_out: int, bn: int = 16, warps: int = 4,
+                      out: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x as `dp4a_gemv.quantize_x`'s (codes [T, K], scales, sums; T <= 4) times the [n_out, K] Q4_0 weight in split
+    rows: [T, n_out] of `dtype` (or into `out`)."""
+    codes, scales, sums = xq
+    n_rows, n_in = codes.shape
+    _check(n_in, split, n_out)
+    y = out if out is not None else torch.empty(n_rows, n_out, dtype=dtype, device=codes.device)
+    _split_dp4a_kernel[(triton.cdiv(n_out, bn),)](
+        codes, scales, sums, split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,
+        ROWS=n_rows, num_warps=warps, **launch_options(codes))
+    return y
+
+
 def split_matvec(x: torch.Tensor, split: torch.Tensor, n_out: int, bn: int = 16, warps: int = 4,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] (T <= 4; any float dtype) times the [n_out, K] Q4_0 weight in split rows (uint8 [n_out, K / 32 *
     18]): [T, n_out] in x's dtype (or into `out`). One launch, nothing allocated but the output."""
     n_rows, n_in = x.shape
-    if not splits(n_in) or split.shape != (n_out, n_in // BLOCK_WEIGHTS * BLOCK_BYTES):
-        raise ValueError(f"split Q4_0 rows {tuple(split.shape)} do not hold a [{n_out}, {n_in}] weight")
+    _check(n_in, split, n_out)
     y = out if out is not None else torch.empty(n_rows, n_out, dtype=x.dtype, device=x.device)
     _split_matvec_kernel[(triton.cdiv(n_out, bn),)](
         x.contiguous(), split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from strata.kernels.quant.matvec import ERROR_BOUND
-from strata.kernels.quant.q4_0_split import join_rows, split_matvec, split_rows, splits
+from strata.kernels.moe.dp4a_gemv import quantize_x, row_error_bound
+from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_matvec, split_rows, splits
 from strata.quant import dequantize, get_format
 from strata.quant.random_blocks import random_blocks
 from tests.kernels import DEVICE
@@ -59,3 +60,16 @@ def test_a_weight_of_other_rows_is_refused():
         split_matvec(torch.zeros(1, 512), torch.zeros(4, 200, dtype=torch.uint8), 4)
     with pytest.raises(ValueError, match="split Q4_0 rows"):
         split_matvec(torch.zeros(1, 160), torch.zeros(4, 90, dtype=torch.uint8), 4)
+
+
+@pytest.mark.parametrize("n_out,n_in,rows,bn", [(24, 512, 1, 8), (20, 768, 2, 16)])
+def test_dp4a_matvec_within_its_rounding_bound(n_out, n_in, rows, bn):
+    raw = _rows(n_out, n_in, seed=n_in + 1)
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(rows))
+    w64 = dequantize(raw, Q4_0, (n_out, n_in)).double()
+    want = x.double() @ w64.T
+    xq = quantize_x(x.to(DEVICE))
+    got = split_dp4a_matvec(xq, split_rows(raw).to(DEVICE), n_out, bn=bn).cpu().double()
+    bound = row_error_bound(w64, x, xq, terms=n_in // 32)
+    assert ((got - want).abs() <= bound).all(), f"{float(((got - want).abs() / bound).max()):.2f} of the bound"
+    assert float((got - want).abs().max() / want.abs().max()) > ERROR_BOUND  # x's rounding shows: not the float path
