@@ -9,6 +9,8 @@ fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the ke
   experts `routed_experts` (resident, gate/up/down all Q4_0): gate/up + SwiGLU from the codes `add_norm_route`
           wrote, its epilogue rounding H to codes itself (a row tile of whole 32-row groups; no float H), then the
           down sum.
+With STRATA_DP4A_SPLIT too, q/k/v and o (rows of a multiple of 256 weights) read a copy of their rows re-laid for
+16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows.
 A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
@@ -88,8 +90,34 @@ def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
 
     n_out = weight.shape[0]
     y = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)  # the kernel's store rounds to it
-    dp4a_gemv.dp4a_matvec(rows_of(x), weight.raw, n_out, y=y, pdl=True)
+    split = split_rows_of(weight)
+    if split is not None:
+        from strata.kernels.quant import q4_0_split
+
+        q4_0_split.split_dp4a_matvec(rows_of(x), split, n_out, bn=SPLIT_TILE[0], warps=SPLIT_TILE[1], out=y)
+    else:
+        dp4a_gemv.dp4a_matvec(rows_of(x), weight.raw, n_out, y=y, pdl=True)
     return y if bias is None else y + bias
+
+
+SPLIT_TILE = (8, 4)  # rows, warps: session 15's chain of A3B's matvecs (tools/device/split_probe.py) found it fastest
+_SPLIT_ATTR = "_strata_split_rows"
+
+
+def split_rows_of(weight) -> torch.Tensor | None:
+    """STRATA_DP4A_SPLIT: the weight's rows re-laid for 16-byte code loads (a copy kept on the weight, made at its
+    first use outside a CUDA-graph capture: a decode span's first step runs eagerly), or None: the switch unset,
+    rows the layout does not take, or no copy yet while a graph records (the GGUF rows then serve)."""
+    if not switches.get("STRATA_DP4A_SPLIT"):
+        return None
+    from strata.kernels.quant import q4_0_split
+
+    kept = getattr(weight, _SPLIT_ATTR, None)
+    n_out, n_in = weight.shape[-2:]
+    if kept is None and q4_0_split.splits(n_in) and not (weight.raw.is_cuda and torch.cuda.is_current_stream_capturing()):
+        kept = q4_0_split.split_rows(weight.raw.reshape(n_out, -1))
+        setattr(weight, _SPLIT_ATTR, kept)
+    return kept
 
 
 def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:

@@ -108,3 +108,41 @@ def test_a_windows_rows_are_its_one_row_steps(tiny_q4_0, monkeypatch):
             assert all(torch.equal(w[r:r + 1], o) for w, o in zip(window, one))
     with switches.override(STRATA_DP4A=False):
         assert dp4a_step.matvec(x, model.attention[1].qkv) is None and dp4a_step.resident_stack(model, 1) is None
+
+
+def test_split_rows_serve_the_dense_matvec_under_their_switch(monkeypatch):
+    """STRATA_DP4A_SPLIT: the q/k/v-style matvec reads a split copy of the rows (made once, kept on the weight),
+    within the dp4a bound of float64, each row of a window as its one-row step; unset, the GGUF rows as before."""
+    import numpy as np
+
+    from strata.kernels.quant import q4_0_split
+    from strata.models import dp4a_step
+    from strata.models.weights import QuantWeight
+    from strata.quant import dequantize
+    from strata.quant.random_blocks import random_blocks
+
+    monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
+    n_out, n_in = 12, 512
+    raw = torch.from_numpy(random_blocks("Q4_0", n_out * n_in // 32, np.random.default_rng(2))).reshape(n_out, -1)
+    weight = QuantWeight("blk.0.attn_qkv.weight", dp4a_step.Q4_0, (n_out, n_in), raw)
+    x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    w64 = dequantize(raw, dp4a_step.Q4_0, (n_out, n_in)).double()
+    used = []
+    real = q4_0_split.split_dp4a_matvec
+    monkeypatch.setattr(q4_0_split, "split_dp4a_matvec", lambda *a, **k: used.append(1) or real(*a, **k))
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=False):
+        gguf = dp4a_step.matvec(x, weight)
+    assert not used and dp4a_step.split_rows_of(weight) is None
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
+        window = dp4a_step.matvec(x, weight)
+        rows = [dp4a_step.matvec(x[r:r + 1], weight) for r in range(3)]
+        kept = dp4a_step.split_rows_of(weight)
+    assert len(used) == 4 and torch.equal(kept, q4_0_split.split_rows(raw))
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
+        assert dp4a_step.split_rows_of(weight) is kept  # made once, kept on the weight
+    assert all(torch.equal(window[r:r + 1], rows[r]) for r in range(3))
+    bound = dp4a_gemv.row_error_bound(w64, x.float(), dp4a_gemv.quantize_x(x), terms=n_in // 32)
+    want = x.double() @ w64.T
+    step = 2.0**-8 * want.abs()  # (the bf16 output's rounding)
+    for got in (window, gguf):
+        assert ((got.double() - want).abs() <= bound + step).all()
