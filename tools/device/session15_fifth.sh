@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 15's fifth call (one H200, ~5 minutes; carry .whl and .devcache). Issue 4: what a nearly empty kernel
 # costs in a chain (launch_floor.py); STRATA_DP4A_SPLIT (the dense q/k/v and o matvecs on rows split for 16-byte
-# code loads, o's input rounded inside its launch, models/dp4a_step.py) in the A3B all-resident step: bench decode unset, STRATA_DP4A, both switches; greedy tokens and logits against unset (dp4awire_check.py
-# --split); the critical path's kernels under both switches (profile_decode.py --increments).
+# code loads, o's input rounded inside its launch, models/dp4a_step.py) in the A3B all-resident step: bench
+# decode unset, STRATA_DP4A, both switches; greedy tokens and logits against unset (dp4awire_check.py --split);
+# the critical path's kernels under both switches (profile_decode.py --increments).
 set -uo pipefail
 BUDGET=${BUDGET:-300}
 source tools/device/parts.sh || exit 1
