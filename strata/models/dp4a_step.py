@@ -10,8 +10,7 @@ fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the ke
           wrote, its epilogue rounding H to codes itself (a row tile of whole 32-row groups; no float H), then the
           down sum.
 With STRATA_DP4A_SPLIT too, q/k/v and o (rows of a multiple of 256 weights) read a copy of their rows re-laid for
-16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows, and o's launch rounds
-its input itself (no `quantize_x` launch).
+16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows.
 A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
@@ -95,9 +94,7 @@ def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     if split is not None:
         from strata.kernels.quant import q4_0_split
 
-        rounded = getattr(x, _ATTR, None)  # else the launch rounds x itself: no quantize_x launch
-        q4_0_split.split_dp4a_matvec(x if rounded is None else rounded, split, n_out, bn=SPLIT_TILE[0],
-                                     warps=SPLIT_TILE[1], out=y)
+        q4_0_split.split_dp4a_matvec(rows_of(x), split, n_out, bn=SPLIT_TILE[0], warps=SPLIT_TILE[1], out=y)
     else:
         dp4a_gemv.dp4a_matvec(rows_of(x), weight.raw, n_out, y=y, pdl=True)
     return y if bias is None else y + bias

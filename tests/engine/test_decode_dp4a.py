@@ -127,20 +127,17 @@ def test_split_rows_serve_the_dense_matvec_under_their_switch(monkeypatch):
     weight = QuantWeight("blk.0.attn_qkv.weight", dp4a_step.Q4_0, (n_out, n_in), raw)
     x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     w64 = dequantize(raw, dp4a_step.Q4_0, (n_out, n_in)).double()
-    used, rounded = [], []
-    real, real_round = q4_0_split.split_dp4a_matvec, dp4a_gemv.quantize_x
+    used = []
+    real = q4_0_split.split_dp4a_matvec
     monkeypatch.setattr(q4_0_split, "split_dp4a_matvec", lambda *a, **k: used.append(1) or real(*a, **k))
-    monkeypatch.setattr(dp4a_gemv, "quantize_x", lambda *a, **k: rounded.append(1) or real_round(*a, **k))
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=False):
         gguf = dp4a_step.matvec(x, weight)
-    assert not used and len(rounded) == 1 and dp4a_step.split_rows_of(weight) is None
+    assert not used and dp4a_step.split_rows_of(weight) is None
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
         window = dp4a_step.matvec(x, weight)
         rows = [dp4a_step.matvec(x[r:r + 1], weight) for r in range(3)]
         kept = dp4a_step.split_rows_of(weight)
-        with_codes = dp4a_step.matvec(dp4a_step.attach(x.clone(), real_round(x)), weight)  # a norm's codes beside x
-    assert len(used) == 5 and len(rounded) == 1  # x without codes: rounded inside the launch, no quantize_x
-    assert torch.equal(kept, q4_0_split.split_rows(raw)) and torch.equal(with_codes, window)
+    assert len(used) == 4 and torch.equal(kept, q4_0_split.split_rows(raw))
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
         assert dp4a_step.split_rows_of(weight) is kept  # made once, kept on the weight
     assert all(torch.equal(window[r:r + 1], rows[r]) for r in range(3))

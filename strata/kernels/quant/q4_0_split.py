@@ -20,10 +20,8 @@ layouts' outputs differ in the last bits.
 and does a block's dot in integers, `dp4a_gemv`'s way: a code word's low nibbles masked to bytes against the
 activation's code word i (codes 4i..4i+3), its high nibbles masked in place (16 q) against word 4 + i, the second
 sum divided by 16 once (exact), -8 x the block's code sum as the first's start. A block's 16 activation code bytes
-then lie as its 16 weight code bytes do (a 16-byte load of each, in the same register layout). Given x itself
-instead, each program rounds the whole row the same way (quantize32's rule) after its wait: a few hundred
-instructions a program in place of a `quantize_x` launch (~1.9 us a layer in the A3B step's chain). Bound:
-dp4a_gemv's `row_error_bound` (x's rounding, ~0.5 % of max |y| at A3B's rows), asserted by the same tests.
+then lie as its 16 weight code bytes do (a 16-byte load of each, in the same register layout). Bound: dp4a_gemv's
+`row_error_bound` (x's rounding, ~0.5 % of max |y| at A3B's rows), asserted by the same tests.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe.dp4a_gemv import dp4a
-from strata.kernels.moe.quantize32 import round_groups
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 BLOCK_WEIGHTS = 32
@@ -103,10 +100,9 @@ def _code_minus_8(nibbles, j: tl.constexpr):
 
 @triton.jit
 def _split_dp4a_kernel(xq, xs, xsum, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
-                       ROWS: tl.constexpr, PDL: tl.constexpr = 0, ROUND: tl.constexpr = False):
+                       ROWS: tl.constexpr, PDL: tl.constexpr = 0):
     """`_split_matvec_kernel`'s program with x as `quantize_x` codes (int8 [ROWS, K]), scales and code sums
-    ([ROWS, K / 32]): every block's dot an exact integer, one float multiply-add a block. ROUND: xq is x itself
-    (float [ROWS, K]) and each program rounds it as `quantize_x` does (`_rounded_words`; xs, xsum unused)."""
+    ([ROWS, K / 32]): every block's dot an exact integer, one float multiply-add a block."""
     pdl_start(PDL)
     NB: tl.constexpr = K // 32
     ROW_BYTES: tl.constexpr = NB * 18
@@ -124,33 +120,15 @@ def _split_dp4a_kernel(xq, xs, xsum, w, y, n_out, K: tl.constexpr, NBP: tl.const
     high_codes = words & -252645136  # 0xF0F0F0F0: the high nibbles in place, 16 q a byte
     xm = (b < NB)[:, None]
     for r in tl.static_range(ROWS):
-        if ROUND:
-            x_low, x_high, scale, start = _rounded_words(xq + r * K, b, K, NBP)
-        else:
-            x_at = xq.to(tl.pointer_type(tl.int32)) + r * (K // 4) + (b * 8)[:, None] + i[None, :]
-            x_low = tl.load(x_at, mask=xm, other=0)  # codes 4i..4i+3 of each block
-            x_high = tl.load(x_at + 4, mask=xm, other=0)  # codes 16 + 4i..
-            scale = tl.load(xs + r * NB + b, mask=b < NB, other=0.0)
-            start = tl.load(xsum + r * NB + b, mask=b < NB, other=0) * -8
-        x_low = x_low[None]
-        x_high = x_high[None]
+        x_at = xq.to(tl.pointer_type(tl.int32)) + r * (K // 4) + (b * 8)[:, None] + i[None, :]
+        x_low = tl.load(x_at, mask=xm, other=0)[None]  # codes 4i..4i+3 of each block
+        x_high = tl.load(x_at + 4, mask=xm, other=0)[None]  # codes 16 + 4i..
+        scale = tl.load(xs + r * NB + b, mask=b < NB, other=0.0)
+        start = tl.load(xsum + r * NB + b, mask=b < NB, other=0) * -8
         low = tl.sum(dp4a(low_codes, x_low, tl.zeros_like(words)), axis=2) + start[None, :]
         high = tl.sum(dp4a(high_codes, x_high, tl.zeros_like(words)), axis=2)
         blocks = (low + (high >> 4)).to(tl.float32) * (d * scale[None, :])  # |int| < 2^17: exact in float32
         tl.store(y + r * n_out + rows, tl.sum(blocks, axis=1).to(y.dtype.element_ty), mask=rows < n_out)
-
-
-@triton.jit
-def _rounded_words(x_row, b, K: tl.constexpr, NBP: tl.constexpr):
-    """x's row at x_row (float, K values) rounded as `quantize_x` rounds it (`quantize32.round_groups`: exact in a
-    launch without FMA contraction), as the dp4a loop reads codes: words [NBP, 4] of codes 4i..4i+3 and of
-    16 + 4i.. of each block, its scales [NBP] and -8 x its code sums [NBP]."""
-    values = tl.load(x_row + (b * 32)[:, None] + tl.arange(0, 32)[None, :], mask=(b < K // 32)[:, None], other=0.0)
-    codes, scales, sums = round_groups(tl.reshape(values.to(tl.float32), (1, NBP * 32)), 1, NBP * 32)
-    nibbles = tl.reshape(codes.to(tl.int32) & 255, (NBP, 2, 4, 4))  # (block, half, word, byte)
-    words = tl.sum(nibbles << (tl.arange(0, 4) * 8)[None, None, None, :], axis=3)  # disjoint bytes: a sum is an or
-    low, high = tl.split(tl.permute(words, (0, 2, 1)))
-    return low, high, tl.reshape(scales, (NBP,)), tl.reshape(sums, (NBP,)) * -8
 
 
 def _check(n_in: int, split: torch.Tensor, n_out: int) -> None:
@@ -160,18 +138,15 @@ def _check(n_in: int, split: torch.Tensor, n_out: int) -> None:
 
 def split_dp4a_matvec(xq, split: torch.Tensor, n_out: int, bn: int = 16, warps: int = 4,
                       out: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x as `dp4a_gemv.quantize_x`'s (codes [T, K], scales, sums; T <= 4), or x itself (a float [T, K] tensor,
-    rounded the same way inside the launch: no `quantize_x` launch before it), times the [n_out, K] Q4_0 weight in
-    split rows: [T, n_out] of `dtype` (or into `out`)."""
-    rounding = isinstance(xq, torch.Tensor)
-    codes, scales, sums = (xq, xq, xq) if rounding else xq
+    """x as `dp4a_gemv.quantize_x`'s (codes [T, K], scales, sums; T <= 4) times the [n_out, K] Q4_0 weight in split
+    rows: [T, n_out] of `dtype` (or into `out`)."""
+    codes, scales, sums = xq
     n_rows, n_in = codes.shape
     _check(n_in, split, n_out)
     y = out if out is not None else torch.empty(n_rows, n_out, dtype=dtype, device=codes.device)
     _split_dp4a_kernel[(triton.cdiv(n_out, bn),)](
-        codes.contiguous(), scales, sums, split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS),
-        BN=bn, ROWS=n_rows, num_warps=warps, **launch_options(codes),
-        **({"ROUND": True, "enable_fp_fusion": False} if rounding else {}))
+        codes, scales, sums, split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,
+        ROWS=n_rows, num_warps=warps, **launch_options(codes))
     return y
 
 
