@@ -4,7 +4,7 @@ kernels per token and the most launched ones, kernels sorted by device time, the
 
 With --increments: each kernel's share of the step's critical path, from the trace's kernel ends in launch order
 (under PDL a kernel starts early and waits, so its duration says little; end minus the latest end before it is what
-it added to the step), summed by kernel name per token.
+it added to the step), summed by kernel name per token, and apart from it the idle time before each kernel's starts.
 
 Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N] [--vram-budget GIB]
        [--increments]
@@ -26,23 +26,27 @@ from tools.device.prompt_timeline import trace_of  # noqa: E402
 
 def increments(prof, steps: int) -> None:
     """Per kernel name: us a token it added to the critical path (its end past every earlier kernel's end, in start
-    order), its launches a token, and the median of its own durations."""
+    order), the idle time before its starts (nothing running: the host's gap between steps lands on a step's first
+    kernel), its launches a token, and the median of its own durations."""
     kernels = sorted((e for e in trace_of(prof)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"),
                      key=lambda e: e["ts"])
-    added, durations = {}, {}
+    added, idle, durations = {}, {}, {}
     latest = None
     for e in kernels:
-        end = e["ts"] + e["dur"]
-        gain = end - e["ts"] if latest is None else max(0.0, end - max(latest, e["ts"])) + max(0.0, e["ts"] - latest)
+        start, end = e["ts"], e["ts"] + e["dur"]
+        before = 0.0 if latest is None else max(0.0, start - latest)
+        gain = end - max(start, latest if latest is not None else start)
         latest = end if latest is None else max(latest, end)
-        added[e["name"]] = added.get(e["name"], 0.0) + gain
+        added[e["name"]] = added.get(e["name"], 0.0) + max(0.0, gain)
+        idle[e["name"]] = idle.get(e["name"], 0.0) + before
         durations.setdefault(e["name"], []).append(e["dur"])
-    total = sum(added.values())
-    print(f"critical path {total / steps / 1000:.3f} ms a token (first kernel start to last end, gaps included)")
-    print(f"{'us a token':>10} {'share':>6} {'launches':>8} {'median dur':>10}  kernel")
+    busy, gaps = sum(added.values()), sum(idle.values())
+    print(f"critical path {busy / steps / 1000:.3f} ms a token busy, {gaps / steps / 1000:.3f} ms idle between kernels")
+    print(f"{'us a token':>10} {'share':>6} {'idle':>7} {'launches':>8} {'median dur':>10}  kernel")
     for name, us in sorted(added.items(), key=lambda kv: -kv[1])[:20]:
         d = sorted(durations[name])
-        print(f"{us / steps:10.1f} {us / total:6.1%} {len(d) / steps:8.1f} {d[len(d) // 2]:10.2f}  {name[:90]}")
+        print(f"{us / steps:10.1f} {us / busy:6.1%} {idle[name] / steps:7.1f} {len(d) / steps:8.1f} "
+              f"{d[len(d) // 2]:10.2f}  {name[:90]}")
 
 
 def main() -> None:
