@@ -114,7 +114,8 @@ def split_rows_of(weight) -> torch.Tensor | None:
 
     kept = getattr(weight, _SPLIT_ATTR, None)
     n_out, n_in = weight.shape[-2:]
-    if kept is None and q4_0_split.splits(n_in) and not (weight.raw.is_cuda and torch.cuda.is_current_stream_capturing()):
+    recording = weight.raw.is_cuda and torch.cuda.is_current_stream_capturing()
+    if kept is None and q4_0_split.splits(n_in) and not recording:
         kept = q4_0_split.split_rows(weight.raw.reshape(n_out, -1))
         setattr(weight, _SPLIT_ATTR, kept)
     return kept

@@ -6,8 +6,8 @@ With --increments: each kernel's share of the step's critical path, from the tra
 (under PDL a kernel starts early and waits, so its duration says little; end minus the latest end before it is what
 it added to the step), summed by kernel name per token, and apart from it the idle time before each kernel's starts.
 
-Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N] [--vram-budget GIB]
-       [--increments]
+Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
+       [--vram-budget GIB] [--increments]
 """
 
 import argparse

@@ -6,5 +6,5 @@ set -uo pipefail
 BUDGET=${BUDGET:-200}
 source tools/device/parts.sh || exit 1
 part tests 60 python3 -m pytest -q -x tests/kernels/quant/test_q4_0_split.py
-part probe 150 python3 tools/device/split_probe.py --tiles ${TILES:-16x8} --dp4a-tiles ${DP4A_TILES:-8x4,16x4,32x4,32x8,16x8}
+part probe 150 python3 tools/device/split_probe.py --dp4a-tiles ${DP4A_TILES:-8x4,16x4,32x4,32x8,16x8}
 finish 40

@@ -1,4 +1,4 @@
-"""Q4_0 rows re-laid for 16-byte loads, and the decode matvec that reads them (issue 4).
+"""Q4_0 rows re-laid for 16-byte loads, and the dp4a decode matvec that reads them (issue 4, STRATA_DP4A_SPLIT).
 
 GGUF lays a Q4_0 row as 18-byte blocks (an fp16 scale, then 16 code bytes), so a block's codes sit at a 2-byte
 alignment and a kernel reading them as they lie issues 2-byte loads: session 15's probe
@@ -8,20 +8,17 @@ and size (so row strides, slices and copies are unchanged) but put the row's cod
 then its fp16 scales: for rows of a multiple of 256 weights (18 x 8 = 144 bytes, a multiple of 16) each block's
 16 code bytes are then one aligned 16-byte load.
 
-`split_matvec` (float) is a one-shot program of BN rows (`oneshot_gemv`'s form): every code word and scale of its rows is
-loaded in one burst before the PDL wait (weights no kernel of the step writes), x after it. A code word holds
-weights 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its high ones (i its place in the block); a block's dot
-is sum(q * x) - 8 * sum(x) over the block's 32 x values (the Q4_0 offset taken once a block), times its scale.
-float32 throughout: within `matvec.ERROR_BOUND` (1e-5 of max |y|) of float64, stated by
-tests/kernels/quant/test_q4_0_split.py; the row's sum runs in another order than the GGUF kernels', so the two
-layouts' outputs differ in the last bits.
-
-`split_dp4a_matvec` takes x rounded to int8 codes per 32 values (`dp4a_gemv.quantize_x`: codes, scales, code sums)
-and does a block's dot in integers, `dp4a_gemv`'s way: a code word's low nibbles masked to bytes against the
-activation's code word i (codes 4i..4i+3), its high nibbles masked in place (16 q) against word 4 + i, the second
-sum divided by 16 once (exact), -8 x the block's code sum as the first's start. A block's 16 activation code bytes
-then lie as its 16 weight code bytes do (a 16-byte load of each, in the same register layout). Bound: dp4a_gemv's
-`row_error_bound` (x's rounding, ~0.5 % of max |y| at A3B's rows), asserted by the same tests.
+`split_dp4a_matvec` is a one-shot program of BN rows (`oneshot_gemv`'s form): every code word and scale of its rows
+is loaded in one burst before the PDL wait (weights no kernel of the step writes), x after it. x comes rounded to
+int8 codes per 32 values (`dp4a_gemv.quantize_x`: codes, scales, code sums) and a block's dot is integer work,
+`dp4a_gemv`'s way: a code word i holds weights 4i..4i+3 in its low nibbles and 16+4i.. in its high ones; the low
+nibbles masked to bytes go through a `dp4a` against the activation's code word i (codes 4i..4i+3), the high ones
+masked in place (16 q) against word 4 + i, that second sum divided by 16 once (exact), -8 x the block's code sum
+the first's start; then one float multiply by the two scales a block. A block's 16 activation code bytes lie as
+its 16 weight code bytes do (a 16-byte load of each, in the same register layout): 1.3-2.1 instructions a weight
+in sm_90 builds. Bound: dp4a_gemv's `row_error_bound` (x's rounding, ~0.5 % of max |y| at A3B's rows), asserted by
+tests/kernels/quant/test_q4_0_split.py. (A float form on split rows, x unrounded, measured slower than the
+engine's float matvec on GGUF rows: docs/BENCHMARKS.md, session 15.)
 """
 
 from __future__ import annotations
@@ -61,10 +58,11 @@ def join_rows(split: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _split_matvec_kernel(x, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
-                         ROWS: tl.constexpr, PDL: tl.constexpr = 0):
-    """y[r, rows] = W[rows] . x[r] for the ROWS rows of x, BN weight rows a program, K weights a row (NBP: its
-    blocks' count rounded up to a power of two)."""
+def _split_dp4a_kernel(xq, xs, xsum, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
+                       ROWS: tl.constexpr, PDL: tl.constexpr = 0):
+    """y[r, rows] = W[rows] . x[r] for the ROWS rows of x (`quantize_x` codes int8 [ROWS, K], scales and code sums
+    [ROWS, K / 32]), BN weight rows a program, K weights a row (NBP: its blocks' count rounded up to a power of two).
+    Each row of x runs the same code on the same registers: its sums do not depend on ROWS."""
     pdl_start(PDL)
     NB: tl.constexpr = K // 32
     ROW_BYTES: tl.constexpr = NB * 18
@@ -72,47 +70,9 @@ def _split_matvec_kernel(x, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN:
     b = tl.arange(0, NBP)
     live = (rows < n_out)[:, None] & (b < NB)[None, :]
     at = w + rows.to(tl.int64) * ROW_BYTES  # [BN]: each row's first byte, 16-byte aligned
-    word_at = at[:, None, None].to(tl.pointer_type(tl.uint32)) + (b * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
-    words = tl.load(word_at, mask=live[:, :, None], other=0)  # [BN, NBP, 4]: a block's 16 code bytes a 16-byte load
-    d = tl.load((at + NB * 16)[:, None].to(tl.pointer_type(tl.uint16)) + b[None, :], mask=live, other=0)
-    d = d.to(tl.float16, bitcast=True).to(tl.float32)
-    pdl_wait(PDL)  # the weights above: no kernel of the step writes them (kernels/pdl.py); x and y after
-    k = (b * 32)[:, None] + (tl.arange(0, 4) * 4)[None, :]  # [NBP, 4]: word i's first low weight
-    xm = (b < NB)[:, None]
-    lo = words & 0x0F0F0F0F  # byte j: weight 4i + j's code
-    hi = (words >> 4) & 0x0F0F0F0F  # byte j: weight 16 + 4i + j's
-    for r in tl.static_range(ROWS):  # each row of x the same code on the same registers: its sums do not depend on ROWS
-        acc = tl.zeros((BN, NBP, 4), tl.float32)
-        for j in tl.static_range(4):
-            xl = tl.load(x + r * K + k + j, mask=xm, other=0.0).to(tl.float32)[None]
-            xh = tl.load(x + r * K + k + 16 + j, mask=xm, other=0.0).to(tl.float32)[None]
-            acc += _code_minus_8(lo, j) * xl + _code_minus_8(hi, j) * xh
-        out = tl.sum(tl.sum(acc, axis=2) * d, axis=1)
-        tl.store(y + r * n_out + rows, out.to(y.dtype.element_ty), mask=rows < n_out)
-
-
-@triton.jit
-def _code_minus_8(nibbles, j: tl.constexpr):
-    """Byte j of each word (a 4-bit code) minus 8 as float32, exactly, without an int-to-float conversion (a
-    quarter-rate instruction): the byte under the exponent of 2^23 is the float 2^23 + code."""
-    return (((nibbles >> (8 * j)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-
-
-@triton.jit
-def _split_dp4a_kernel(xq, xs, xsum, w, y, n_out, K: tl.constexpr, NBP: tl.constexpr, BN: tl.constexpr,
-                       ROWS: tl.constexpr, PDL: tl.constexpr = 0):
-    """`_split_matvec_kernel`'s program with x as `quantize_x` codes (int8 [ROWS, K]), scales and code sums
-    ([ROWS, K / 32]): every block's dot an exact integer, one float multiply-add a block."""
-    pdl_start(PDL)
-    NB: tl.constexpr = K // 32
-    ROW_BYTES: tl.constexpr = NB * 18
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    b = tl.arange(0, NBP)
-    live = (rows < n_out)[:, None] & (b < NB)[None, :]
-    at = w + rows.to(tl.int64) * ROW_BYTES
     i = tl.arange(0, 4)
     words = tl.load(at[:, None, None].to(tl.pointer_type(tl.int32)) + (b * 4)[None, :, None] + i[None, None, :],
-                    mask=live[:, :, None], other=0)
+                    mask=live[:, :, None], other=0)  # [BN, NBP, 4]: a block's 16 code bytes, one 16-byte load
     d = tl.load((at + NB * 16)[:, None].to(tl.pointer_type(tl.uint16)) + b[None, :], mask=live, other=0)
     d = d.to(tl.float16, bitcast=True).to(tl.float32)
     pdl_wait(PDL)  # the weights above: no kernel of the step writes them (kernels/pdl.py); x and y after
@@ -147,17 +107,4 @@ def split_dp4a_matvec(xq, split: torch.Tensor, n_out: int, bn: int = 16, warps: 
     _split_dp4a_kernel[(triton.cdiv(n_out, bn),)](
         codes, scales, sums, split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,
         ROWS=n_rows, num_warps=warps, **launch_options(codes))
-    return y
-
-
-def split_matvec(x: torch.Tensor, split: torch.Tensor, n_out: int, bn: int = 16, warps: int = 4,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] (T <= 4; any float dtype) times the [n_out, K] Q4_0 weight in split rows (uint8 [n_out, K / 32 *
-    18]): [T, n_out] in x's dtype (or into `out`). One launch, nothing allocated but the output."""
-    n_rows, n_in = x.shape
-    _check(n_in, split, n_out)
-    y = out if out is not None else torch.empty(n_rows, n_out, dtype=x.dtype, device=x.device)
-    _split_matvec_kernel[(triton.cdiv(n_out, bn),)](
-        x.contiguous(), split, y, n_out, K=n_in, NBP=triton.next_power_of_2(n_in // BLOCK_WEIGHTS), BN=bn,
-        ROWS=n_rows, num_warps=warps, **launch_options(x))
     return y

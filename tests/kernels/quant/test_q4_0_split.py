@@ -1,14 +1,15 @@
-"""Split Q4_0 rows (codes first, 16-byte aligned) and their decode matvec, against float64 of the GGUF blocks.
+"""Split Q4_0 rows (codes first, 16-byte aligned) and their dp4a decode matvec, against float64 of the GGUF blocks.
 
-Bound: max |kernel - float64| <= matvec.ERROR_BOUND (1e-5) * max |float64|, the GGUF matvec's."""
+Bound: `dp4a_gemv.row_error_bound` (x rounded to int8 codes a 32 values, then exact integer dots and float32 sums of
+one part a block), as the dp4a matvec on GGUF rows."""
 
 import numpy as np
 import pytest
 import torch
 
+from strata.kernels.moe.dp4a_gemv import dp4a_matvec, quantize_x, row_error_bound
 from strata.kernels.quant.matvec import ERROR_BOUND
-from strata.kernels.moe.dp4a_gemv import quantize_x, row_error_bound
-from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_matvec, split_rows, splits
+from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_rows, splits
 from strata.quant import dequantize, get_format
 from strata.quant.random_blocks import random_blocks
 from tests.kernels import DEVICE
@@ -36,33 +37,7 @@ def test_only_rows_of_256_weights_split():
     assert not splits(128) and not splits(0) and not splits(800)
 
 
-@pytest.mark.parametrize("n_out,n_in,rows,bn", [(24, 512, 1, 8), (20, 768, 3, 16), (7, 256, 2, 4)])
-def test_matvec_matches_float64(n_out, n_in, rows, bn):
-    raw = _rows(n_out, n_in, seed=n_in)
-    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(rows))
-    want = x.double() @ dequantize(raw, Q4_0, (n_out, n_in)).double().T
-    got = split_matvec(x.to(DEVICE), split_rows(raw).to(DEVICE), n_out, bn=bn).cpu()
-    assert got.shape == (rows, n_out)
-    err = float((got.double() - want).abs().max() / want.abs().max())
-    assert err <= ERROR_BOUND, f"{err:.2e}"
-
-
-def test_a_row_computes_alike_whatever_the_rows_beside_it():
-    raw = split_rows(_rows(16, 512, seed=3)).to(DEVICE)
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    together = split_matvec(x, raw, 16)
-    for r in range(3):
-        assert torch.equal(split_matvec(x[r:r + 1], raw, 16)[0], together[r])
-
-
-def test_a_weight_of_other_rows_is_refused():
-    with pytest.raises(ValueError, match="split Q4_0 rows"):
-        split_matvec(torch.zeros(1, 512), torch.zeros(4, 200, dtype=torch.uint8), 4)
-    with pytest.raises(ValueError, match="split Q4_0 rows"):
-        split_matvec(torch.zeros(1, 160), torch.zeros(4, 90, dtype=torch.uint8), 4)
-
-
-@pytest.mark.parametrize("n_out,n_in,rows,bn", [(24, 512, 1, 8), (20, 768, 2, 16)])
+@pytest.mark.parametrize("n_out,n_in,rows,bn", [(24, 512, 1, 8), (20, 768, 2, 16), (7, 256, 3, 4)])
 def test_dp4a_matvec_within_its_rounding_bound(n_out, n_in, rows, bn):
     raw = _rows(n_out, n_in, seed=n_in + 1)
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(rows))
@@ -70,6 +45,24 @@ def test_dp4a_matvec_within_its_rounding_bound(n_out, n_in, rows, bn):
     want = x.double() @ w64.T
     xq = quantize_x(x.to(DEVICE))
     got = split_dp4a_matvec(xq, split_rows(raw).to(DEVICE), n_out, bn=bn).cpu().double()
+    assert got.shape == (rows, n_out)
     bound = row_error_bound(w64, x, xq, terms=n_in // 32)
     assert ((got - want).abs() <= bound).all(), f"{float(((got - want).abs() / bound).max()):.2f} of the bound"
-    assert float((got - want).abs().max() / want.abs().max()) > ERROR_BOUND  # x's rounding shows: not the float path
+    assert float((got - want).abs().max() / want.abs().max()) > ERROR_BOUND  # x's rounding shows: not a float path
+    gguf = dp4a_matvec(xq, raw.to(DEVICE), n_out).cpu().double()  # the GGUF rows' kernel: the same integer dots
+    assert float((got - gguf).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_a_row_computes_alike_whatever_the_rows_beside_it():
+    raw = split_rows(_rows(16, 512, seed=3)).to(DEVICE)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    together = split_dp4a_matvec(quantize_x(x), raw, 16)
+    for r in range(3):
+        assert torch.equal(split_dp4a_matvec(quantize_x(x[r:r + 1]), raw, 16)[0], together[r])
+
+
+def test_a_weight_of_other_rows_is_refused():
+    for n_in, row_bytes in ((512, 200), (160, 90)):
+        xq = quantize_x(torch.zeros(1, n_in, device=DEVICE))
+        with pytest.raises(ValueError, match="split Q4_0 rows"):
+            split_dp4a_matvec(xq, torch.zeros(4, row_bytes, dtype=torch.uint8, device=DEVICE), 4)
