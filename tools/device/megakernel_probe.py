@@ -22,7 +22,7 @@ whole rate, BENCHMARKS' convention), and what the form implies for a token (48 l
 embeddings at the copy rate) against issue 4's 60 % of the HBM bound. No engine code: a feasibility figure for
 the planners (a real kernel also computes, and its stages' programs need the previous stage's outputs).
 
-    python3 tools/device/megakernel_probe.py [--reps 20] [--blocks 2048,4096] [--warps 4,8] [--per-sm 1,2]
+    python3 tools/device/megakernel_probe.py [--blocks 2048,4096] [--warps 4,8] [--per-sm 1,2]
         [--forms launches,pdl,q4,q4dot,stream,barrier,ahead,alone] [--check]
 """
 
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from strata.bench.ceilings import read_bandwidth  # noqa: E402
+from strata.bench.ceilings import graph_us, read_bandwidth  # noqa: E402
 from strata.kernels.pdl import pdl_start, pdl_wait  # noqa: E402
 
 Q4_0 = 18 / 32  # bytes a weight
@@ -165,27 +165,15 @@ def q4_0_matvec_reference(w: torch.Tensor, x: torch.Tensor, k_blocks: int) -> to
     return (weights.view(-1, k_blocks * 32) @ x.double().view(-1))
 
 
-def timed(fn, reps: int) -> float:
-    """Median seconds of a CUDA-graph replay of fn (captured after a warm-up run)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
+def timed(fn) -> float:
+    """Seconds a replay of fn captured in a CUDA graph takes (`ceilings.graph_us`: the best of three means of five
+    replays; session 14's and 15's figures took the median of 20 single replays)."""
+    return graph_us(fn, [()], "cuda") * 1e-6
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20, help="ignored (the recorded batch scripts pass it); see timed()")
     ap.add_argument("--blocks", default="2048,4096")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--per-sm", default="1,2")
@@ -241,7 +229,7 @@ def main() -> None:
                     _one_stage_kernel[(triton.cdiv(view.numel(), block),)](view, view.numel(), out, BLOCK=block,
                                                                             num_warps=warps)
             if "launches" in forms:
-                report("launches (a kernel a stage)", timed(launches, args.reps))
+                report("launches (a kernel a stage)", timed(launches))
 
             late = [name == "gate_up" for name in LAYER_BYTES] * LAYERS
 
@@ -251,8 +239,8 @@ def main() -> None:
                         view, view.numel(), out, BLOCK=block, PDL=1, LATE=routed and after, launch_pdl=True,
                         num_warps=warps)
             if "pdl" in forms:
-                report("launches with PDL (mode 1)", timed(lambda: launches_pdl(False), args.reps))
-                report("the same, gate/up loads after its wait", timed(lambda: launches_pdl(True), args.reps))
+                report("launches with PDL (mode 1)", timed(lambda: launches_pdl(False)))
+                report("the same, gate/up loads after its wait", timed(lambda: launches_pdl(True)))
             bb = 1 << round(math.log2(block * 4 / 18))  # Q4_0 blocks in about BLOCK words, a power of two
             halves = [v.view(torch.int16) for v in views]
 
@@ -262,7 +250,7 @@ def main() -> None:
                     _one_stage_blocks_kernel[(triton.cdiv(n, bb),)](view, n, out, BB=bb, LATE=after, launch_pdl=True,
                                                                     num_warps=warps)
             if "q4" in forms:
-                report(f"as Q4_0 blocks, 2-byte loads, {bb} a program", timed(launches_q4_0, args.reps))
+                report(f"as Q4_0 blocks, 2-byte loads, {bb} a program", timed(launches_q4_0))
 
             def launches_matvec():
                 for view, after in zip(halves, late):
@@ -270,7 +258,7 @@ def main() -> None:
                     _one_stage_q4_0_matvec_kernel[(triton.cdiv(n, bb),)](view, x, n, y, BB=bb, K_BLOCKS=64,
                                                                          LATE=after, launch_pdl=True, num_warps=warps)
             if "q4dot" in forms and bb >= 64:
-                report(f"Q4_0 matvecs (rows of 2,048), {bb} blocks a program", timed(launches_matvec, args.reps))
+                report(f"Q4_0 matvecs (rows of 2,048), {bb} blocks a program", timed(launches_matvec))
             for per_sm in [int(p) for p in args.per_sm.split(",")]:
                 g = sms * per_sm
                 for form, barrier, ahead in (("stream", False, False), ("barrier", True, False),
@@ -286,7 +274,7 @@ def main() -> None:
                         counter.zero_()
                         _stages_kernel[(g,)](buf, starts, sizes, counter, out, n_stages, G=g, BLOCK=block,
                                              BARRIER=barrier, AHEAD=ahead, num_warps=warps)
-                    report(f"{form}, {per_sm} program(s) an SM", timed(persistent, args.reps),
+                    report(f"{form}, {per_sm} program(s) an SM", timed(persistent),
                            n_stages if barrier else 0)
     # The barrier alone: stages of no bytes.
     empty = torch.zeros(n_stages, dtype=torch.int64, device="cuda")
@@ -299,7 +287,7 @@ def main() -> None:
             counter.zero_()
             _stages_kernel[(g,)](buf, empty, empty, counter, out, n_stages, G=g, BLOCK=1024, BARRIER=True,
                                  AHEAD=False, num_warps=4)
-        t = timed(barriers, args.reps)
+        t = timed(barriers)
         print(f"  barrier alone, {g} programs: {t / n_stages * 1e6:.2f} us a barrier ({n_stages} in {t * 1e6:.0f} us)")
 
 
