@@ -4,7 +4,8 @@ kernels per token and the most launched ones, kernels sorted by device time, the
 
 With --increments: each kernel's share of the step's critical path, from the trace's kernel ends in launch order
 (under PDL a kernel starts early and waits, so its duration says little; end minus the latest end before it is what
-it added to the step), summed by kernel name per token, and apart from it the idle time before each kernel's starts.
+it added to the step), summed by kernel name per token, and apart from it the idle time before each kernel's starts;
+then the same by place in a layer's cycle of launches (telling apart q/k/v's matvec from o's, which share a kernel).
 
 Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
        [--vram-budget GIB] [--increments]
@@ -30,16 +31,17 @@ def increments(prof, steps: int) -> None:
     kernel), its launches a token, and the median of its own durations."""
     kernels = sorted((e for e in trace_of(prof)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"),
                      key=lambda e: e["ts"])
-    added, idle, durations = {}, {}, {}
+    added, idle, durations, order = {}, {}, {}, []
     latest = None
     for e in kernels:
         start, end = e["ts"], e["ts"] + e["dur"]
         before = 0.0 if latest is None else max(0.0, start - latest)
-        gain = end - max(start, latest if latest is not None else start)
+        gain = max(0.0, end - max(start, latest if latest is not None else start))
         latest = end if latest is None else max(latest, end)
-        added[e["name"]] = added.get(e["name"], 0.0) + max(0.0, gain)
+        added[e["name"]] = added.get(e["name"], 0.0) + gain
         idle[e["name"]] = idle.get(e["name"], 0.0) + before
         durations.setdefault(e["name"], []).append(e["dur"])
+        order.append((e["name"], gain, e["dur"]))
     busy, gaps = sum(added.values()), sum(idle.values())
     print(f"critical path {busy / steps / 1000:.3f} ms a token busy, {gaps / steps / 1000:.3f} ms idle between kernels")
     print(f"{'us a token':>10} {'share':>6} {'idle':>7} {'launches':>8} {'median dur':>10}  kernel")
@@ -47,6 +49,43 @@ def increments(prof, steps: int) -> None:
         d = sorted(durations[name])
         print(f"{us / steps:10.1f} {us / busy:6.1%} {idle[name] / steps:7.1f} {len(d) / steps:8.1f} "
               f"{d[len(d) // 2]:10.2f}  {name[:90]}")
+    layer_cycle(order, steps)
+
+
+def layer_cycle(order: list, steps: int) -> None:
+    """The same by a layer's kernels in launch order, telling apart launches of one kernel (q/k/v's matvec from o's
+    and the experts' down): each step's kernels (the same sequence every step) cut into its repeating layer cycle
+    (the shortest period most of the sequence repeats with), each place's added time averaged over the layers."""
+    if not steps or len(order) % steps:
+        print("layer cycle: steps of unequal kernel counts, not cut")
+        return
+    n = len(order) // steps
+    names = [name for name, _, _ in order[:n]]
+
+    def longest_run(p: int) -> tuple[int, int]:  # (length, start) of the longest stretch where names repeat at p
+        best, run = (0, 0), 0
+        for i in range(n - p):
+            run = run + 1 if names[i] == names[i + p] else 0
+            best = max(best, (run, i - run + 1))
+        return best
+
+    period = next((p for p in range(2, n // 3 + 1) if longest_run(p)[0] >= max(p, (n - p) // 2)), None)
+    if period is None:
+        print("layer cycle: no repeating layer found")
+        return
+    first = longest_run(period)[1]
+    layers = (n - first) // period
+    print(f"a layer's kernels in order (cycle of {period} from launch {first} of {n}, {layers} layers):")
+    print(f"{'us a layer':>10} {'median dur':>10}  kernel")
+    total = 0.0
+    for place in range(period):
+        picks = [order[s * n + first + layer * period + place] for s in range(steps) for layer in range(layers)]
+        us = sum(gain for _, gain, _ in picks) / (steps * layers)
+        total += us
+        durations = sorted(dur for _, _, dur in picks)
+        print(f"{us:10.2f} {durations[len(durations) // 2]:10.2f}  {picks[0][0][:90]}")
+    print(f"{total:10.2f} {'':>10}  a layer; outside the layers: "
+          f"{(sum(g for _, g, _ in order) / steps - total * layers):.1f} us a token")
 
 
 def main() -> None:
