@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gguf
 import torch
 
+from strata import switches
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFModelFile
 from strata.models.config import ModelConfig
@@ -14,6 +16,7 @@ from strata.models.config import ModelConfig
 GiB = 2**30
 RESERVE_BYTES = 700 * 2**20  # left free for the allocator, CUDA context and kernels' scratch, as Strata does
 HOST_TENSORS = ("per_layer_token_embd.weight",)  # read row by row from host memory, never placed on the device
+SPLIT_COPIED = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")  # STRATA_DP4A_SPLIT's
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,17 @@ def expert_tensor_bytes(model: GGUFModelFile) -> tuple[int, int, int]:
     return total, each, count
 
 
+def split_copy_bytes(model: GGUFModelFile) -> int:
+    """Bytes of the second, re-laid copies STRATA_DP4A_SPLIT keeps of the attention's Q4_0 q/k/v and o matrices
+    (models/dp4a_step.py: made at the first decode step), 0 unless both switches are on."""
+    if not (switches.get("STRATA_DP4A") and switches.get("STRATA_DP4A_SPLIT")):
+        return 0
+    from strata.kernels.quant.q4_0_split import splits
+
+    return sum(t.n_bytes for t in model.tensors.values() if t.name.endswith(SPLIT_COPIED)
+               and t.ggml_type == gguf.GGMLQuantizationType.Q4_0 and splits(t.shape[-1]))
+
+
 def cache_bytes(config: ModelConfig, n_ctx: int, kv_bytes_per_value: float) -> int:
     """KV of the attention layers for n_ctx tokens, plus the fixed float32 state of each GatedDeltaNet layer."""
     attention = config.recurrent_layers.count(False) if config.is_hybrid else config.n_layers
@@ -87,7 +101,7 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
     # qwen4exp's n-gram table stays memory-mapped on the host: rows are gathered from it, never moved whole.
     host_only = sum(t.n_bytes for name, t in model.tensors.items() if name in HOST_TENSORS)
-    dense = model.n_bytes - expert_bytes - host_only
+    dense = model.n_bytes - expert_bytes - host_only + split_copy_bytes(model)
     kv = cache_bytes(config, min(n_ctx, kv_resident or n_ctx), kv_bytes_per_value)  # what the device holds
     host_kv = cache_bytes(config, n_ctx, kv_bytes_per_value) - cache_bytes(config, 0, kv_bytes_per_value) \
         if kv_resident else 0

@@ -146,6 +146,28 @@ def test_placement_plan_and_its_errors(tiny_moe):
         plan_placement(model, config, torch.device("cpu"), 256, 2, vram_budget_gib=0.69, expert_cache=100000)
 
 
+def test_the_plan_counts_the_split_copies_under_their_switches(model_dir, monkeypatch):
+    """STRATA_DP4A + STRATA_DP4A_SPLIT keep a second copy of the attention's Q4_0 q/k/v and o rows (made at the first
+    decode step): the plan's dense bytes include them, so the expert cache is sized after them."""
+    from strata import switches
+    from strata.kernels.quant import q4_0_split
+    from strata.models.synthetic import make_model
+
+    model = GGUFModelFile(make_model(model_dir / "tiny-qwen3moe-q4_0-plan.gguf", arch="qwen3moe", preset="tiny",
+                                     quant="Q4_0"))
+    config = config_of(model)
+    attention = sum(t.n_bytes for name, t in model.tensors.items()
+                    if name.split(".")[-2] in ("attn_q", "attn_k", "attn_v", "attn_output"))
+    assert attention > 0
+    plain = plan_placement(model, config, torch.device("cpu"), 256, 2)
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
+        assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes  # 64 wide
+        monkeypatch.setattr(q4_0_split, "splits", lambda n_in: True)  # as if the tiny rows took the layout
+        assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes + attention
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=False):
+        assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes
+
+
 def test_profile_fills_the_cache_in_its_order(tiny_moe, tmp_path, tiny_llm):
     from strata.engine.profile import profile_routing
 
