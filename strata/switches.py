@@ -48,8 +48,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "(~0.5 % of a row each matvec)"),
     Switch("STRATA_DP4A_SPLIT", False, "with STRATA_DP4A: the dense Q4_0 matvecs (q/k/v, o) of rows of a multiple "
            "of 256 weights read a copy of their rows re-laid for 16-byte code loads (kernels/quant/q4_0_split.py), "
-           "made at the first decode step; costs those weights' bytes again in VRAM (A3B: 0.5 GB; counted by the placement "
-           "plan)"),
+           "made at the first decode step; costs those weights' bytes again in VRAM (A3B: 0.5 GB; counted by the "
+           "placement plan)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

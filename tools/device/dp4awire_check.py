@@ -69,7 +69,8 @@ def main() -> int:
     steps = first + 1
     diff = float(((logits[:steps] - want_logits[:steps]).abs().amax(-1)
                   / want_logits[:steps].abs().amax(-1)).max())
-    print(f"STRATA_DP4A=1{' STRATA_DP4A_SPLIT=1' if args.split else ''}: captured {captured}; dp4a calls {calls}; {line}")
+    switched = "STRATA_DP4A=1" + (" STRATA_DP4A_SPLIT=1" if args.split else "")
+    print(f"{switched}: captured {captured}; dp4a calls {calls}; {line}")
     matvecs = calls.get("split_dp4a_matvec" if args.split else "dp4a_matvec", 0)
     ok = (not unset_calls and matvecs > 0 and calls.get("dp4a_down", 0) > 0
           and (captured or not want_captured) and diff <= args.bound)
