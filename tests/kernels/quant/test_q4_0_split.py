@@ -3,16 +3,29 @@
 Bound: `dp4a_gemv.row_error_bound` (x rounded to int8 codes a 32 values, then exact integer dots and float32 sums of
 one part a block), as the dp4a matvec on GGUF rows."""
 
-import numpy as np
-import pytest
-import torch
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from strata.kernels.moe.dp4a_gemv import dp4a_matvec, quantize_x, row_error_bound
-from strata.kernels.quant.matvec import ERROR_BOUND
-from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_rows, splits
-from strata.quant import dequantize, get_format
-from strata.quant.random_blocks import random_blocks
-from tests.kernels import DEVICE
+if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton  # noqa: F401
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from strata.kernels.moe.dp4a_gemv import dp4a_matvec, quantize_x, row_error_bound  # noqa: E402
+from strata.kernels.quant.matvec import ERROR_BOUND  # noqa: E402
+from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_rows, splits  # noqa: E402
+from strata.quant import dequantize, get_format  # noqa: E402
+from strata.quant.random_blocks import random_blocks  # noqa: E402
+from tests.kernels import DEVICE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
 
 Q4_0 = get_format("Q4_0").ggml_type
 
@@ -66,3 +79,40 @@ def test_a_weight_of_other_rows_is_refused():
         xq = quantize_x(torch.zeros(1, n_in, device=DEVICE))
         with pytest.raises(ValueError, match="split Q4_0 rows"):
             split_dp4a_matvec(xq, torch.zeros(4, row_bytes, dtype=torch.uint8, device=DEVICE), 4)
+
+
+def build_sm90(k: int, rows: int = 1) -> dict:
+    """The split dp4a kernel at the decode step's tile (`dp4a_step.SPLIT_TILE`) built for sm_90 without a GPU:
+    registers, spill stack, SASS instructions a weight (a static count: no loops) and IDP.4A instructions."""
+    from strata.kernels.quant import q4_0_split
+    from strata.models.dp4a_step import SPLIT_TILE
+    from tests.kernels.moe.test_dp4a_gemv import _sass_counts
+
+    bn, warps = SPLIT_TILE
+    signature = {"xq": "*i8", "xs": "*fp32", "xsum": "*i32", "w": "*u8", "y": "*bf16", "n_out": "i32"}
+    constants = dict(K=k, NBP=triton.next_power_of_2(k // 32), BN=bn, ROWS=rows, PDL=1)
+    regs, stack, executed, dp4a = _sass_counts(q4_0_split._split_dp4a_kernel, signature, constants, warps)
+    return {"k": k, "rows": rows, "regs": regs, "stack": stack, "dp4a": dp4a,
+            "per_weight": round(executed * 32 * warps / (bn * k), 2)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device probe builds and times it")
+@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
+                    reason="this Triton build carries no ptxas")
+def test_the_kernel_builds_for_sm90_without_spills():
+    """A3B's q/k/v (K 2,048) and o (K 4,096) at the step's tile, one row and a verify window's four: no spills, the
+    dp4a instruction itself, ~2 instructions a weight a row (session 15's builds: 1.3-2.1; the float one-shot
+    kernels ~7)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(builds) == 3, builds
+    for b in builds:
+        assert b["stack"] == 0 and b["dp4a"] > 0 and b["per_weight"] < 3 * b["rows"], b
+
+
+if __name__ == "__main__":
+    for k, rows in ((2048, 1), (4096, 1), (2048, 4)):
+        print(json.dumps(build_sm90(k, rows)), flush=True)
