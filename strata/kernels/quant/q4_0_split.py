@@ -27,12 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.moe.dp4a_gemv import dp4a
+from strata.kernels.moe.dp4a_gemv import BLOCK_BYTES, dp4a
+from strata.kernels.moe.quantize32 import GROUP as BLOCK_WEIGHTS
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
-BLOCK_WEIGHTS = 32
-BLOCK_BYTES = 18
-CODE_BYTES = 16
+CODE_BYTES = BLOCK_BYTES - 2  # after each block's fp16 scale
 ALIGN_WEIGHTS = 256  # rows of a multiple of this many weights keep every row start 16-byte aligned
 
 

@@ -13,7 +13,6 @@ if __name__ == "__main__":  # building for the GPU: Triton imported before strat
     os.environ.pop("TRITON_INTERPRET", None)
     import triton  # noqa: F401
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -22,8 +21,8 @@ from strata.kernels.moe.dp4a_gemv import dp4a_matvec, quantize_x, row_error_boun
 from strata.kernels.quant.matvec import ERROR_BOUND  # noqa: E402
 from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_rows, splits  # noqa: E402
 from strata.quant import dequantize, get_format  # noqa: E402
-from strata.quant.random_blocks import random_blocks  # noqa: E402
 from tests.kernels import DEVICE  # noqa: E402
+from tests.kernels.quant.test_matvec import _blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,8 +30,7 @@ Q4_0 = get_format("Q4_0").ggml_type
 
 
 def _rows(n_out: int, n_in: int, seed: int) -> torch.Tensor:
-    blocks = random_blocks("Q4_0", n_out * n_in // 32, np.random.default_rng(seed))
-    return torch.from_numpy(blocks).reshape(n_out, -1)
+    return _blocks("Q4_0", n_out, n_in, seed)
 
 
 def test_split_is_a_permutation_of_each_row():
