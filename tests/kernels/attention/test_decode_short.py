@@ -217,3 +217,49 @@ def test_a_paged_window_across_the_reach_takes_each_rows_own_kernel(monkeypatch)
         one = static_kv.StaticPagedKV(cache, positions[r:r + 1], static_kv.span_for(254 + r, 512))
         assert torch.equal(window[r:r + 1], one._attend_stored(0, q[r:r + 1], (positions[r:r + 1] + 1).int(), True,
                                                                None))
+
+
+def _rounded_like(out):
+    n_q, k = out.shape[0], out.shape[1] * out.shape[2]
+    return (torch.empty(n_q, k, dtype=torch.int8, device=DEVICE), torch.empty(n_q, k // 32, device=DEVICE),
+            torch.empty(n_q, k // 32, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("span,short", [(16, SMALL), (128, SMALL), (128, None)])  # 1 and 4 programs; split-K
+def test_the_output_rounded_in_the_epilogue_is_quantize32s(span, short, monkeypatch):
+    """STRATA_DP4A's o input: the merging programs round the output as quantize32's own launch rounds it, byte for
+    byte (split-K rounds it by that launch); the output itself within the kernel's bound."""
+    from strata.kernels.attention import decode
+    from strata.kernels.moe.quantize32 import quantize_rows
+
+    launches = []
+    monkeypatch.setattr(decode, "round_output", lambda out, r: launches.append(r) or decode_short.round_output(out, r))
+
+    gen = torch.Generator().manual_seed(span)
+    keys, values = (torch.randn(span, 2, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEVICE)
+    width = torch.tensor([3, span], device=DEVICE)
+    split_k = decode_attn_dense_triton(q, keys, values, width, span, short=None, split=16)
+    plain = decode_attn_dense_triton(q, keys, values, width, span, out_dtype=torch.bfloat16, short=short)
+    rounded = _rounded_like(plain)
+    out = decode_attn_dense_triton(q, keys, values, width, span, out_dtype=torch.bfloat16, short=short,
+                                   rounded=rounded)
+    assert _within(out.float(), _dense_float64(q, keys, values, width), split_k.to(torch.bfloat16).float())
+    want = quantize_rows(out.reshape(2, -1))
+    assert all(torch.equal(g, w) for g, w in zip(rounded, want))
+    assert sum(r is not None for r in launches) == (short is None)  # the one-launch kernel rounded it itself
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_paged_output_rounded_in_the_epilogue_is_quantize32s(int8):
+    from strata.kernels.moe.quantize32 import quantize_rows
+
+    pool, table = random_pool(200, 2, 64, int8, seed=7)
+    ids, width = selections([30, 199], cap=128, seed=7)
+    q = queries(2, 8, 64, seed=7).bfloat16()
+    out_plain = decode_attn_triton(q, pool, table, ids, width, out_dtype=torch.bfloat16, short=SMALL)
+    rounded = _rounded_like(out_plain)
+    out = decode_attn_triton(q, pool, table, ids, width, out_dtype=torch.bfloat16, short=SMALL, rounded=rounded)
+    assert (out.float() - out_plain.float()).abs().max().item() <= 2.0**-7 * out_plain.float().abs().max().item()
+    want = quantize_rows(out.reshape(2, -1))
+    assert all(torch.equal(g, w) for g, w in zip(rounded, want))
