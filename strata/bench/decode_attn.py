@@ -223,16 +223,14 @@ def bench_route(rows: int, device, sweep: bool, n_embd=2048, n_experts=128, k=8)
     want = three()
     three_us = graph_us(three, [()] * CALLS, device)
     print(f"add + norm, router ({n_experts} x {n_embd}) and top-{k}, {rows} row(s): three launches {three_us:6.2f} us")
-    # the top-k's other form beside the default: the last program's tail is the difference
-    configs = [ROUTE_DEFAULT, dataclasses.replace(ROUTE_DEFAULT, ranked=not ROUTE_DEFAULT.ranked)]
-    configs += [RouteConfig(*c) for c in ROUTE_SWEEP] if sweep else []
+    configs = [ROUTE_DEFAULT] + ([RouteConfig(*c) for c in ROUTE_SWEEP] if sweep else [])
     for config in configs:
         got = add_norm_route_triton(h, delta, norm, router, 1e-6, k, True, config=config)
         us = graph_us(lambda c=config: add_norm_route_triton(h, delta, norm, router, 1e-6, k, True, config=c),
                       [()] * CALLS, device)
         same_ids = all(sorted(a) == sorted(b) for a, b in zip(got[3].tolist(), want[3].tolist()))
         print(f"  {'default ' if config == ROUTE_DEFAULT else ''}experts_per_program={config.experts_per_program:<3} "
-              f"warps={config.warps or 'norm'!s:<5} top-k {'ranked' if config.ranked else 'passes'} {us:6.2f} us  {three_us / us:5.2f}x three  residual "
+              f"warps={config.warps or 'norm'!s:<5} {us:6.2f} us  {three_us / us:5.2f}x three  residual "
               f"{'=' if torch.equal(got[0], want[0]) else '!='}  x {'=' if torch.equal(got[1], want[1]) else '!='}  "
               f"experts {'same' if same_ids else 'DIFFER'}  max weight diff "
               f"{(got[2] - want[2]).abs().max().item():.1e}")

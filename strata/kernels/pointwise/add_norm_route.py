@@ -34,7 +34,6 @@ class RouteConfig:
 
     experts_per_program: int = 4  # 128 experts: 32 programs, 16 KB of bf16 router rows each
     warps: int = 0  # 0: add_rms_norm_triton's (the norm's sums, and so its bytes, follow the warps)
-    ranked: bool = True  # the last program's top-k by ranks (route_topk.softmax_topk; False: k passes)
 
 
 DEFAULT = RouteConfig()
@@ -45,11 +44,11 @@ def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, l
                            ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
                            PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
                            KB: tl.constexpr, PDL: tl.constexpr = 0, codes_ptr=None, scales_ptr=None, sums_ptr=None,
-                           QUANT: tl.constexpr = 0, RANKED: tl.constexpr = True):
+                           QUANT: tl.constexpr = 0):
     pdl_start(PDL)
     add_norm_route_item(tl.program_id(0), tl.program_id(1).to(tl.int64), h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr,
                         out_ptr, logits_ptr, count_ptr, weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK, EB,
-                        PROGRAMS, K, NORMALIZE, EBLOCK, KB, PDL, codes_ptr, scales_ptr, sums_ptr, QUANT, RANKED)
+                        PROGRAMS, K, NORMALIZE, EBLOCK, KB, PDL, codes_ptr, scales_ptr, sums_ptr, QUANT)
 
 
 @triton.jit
@@ -57,7 +56,7 @@ def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_p
                         weights_ptr, ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
                         PROGRAMS: tl.constexpr, K: tl.constexpr, NORMALIZE: tl.constexpr, EBLOCK: tl.constexpr,
                         KB: tl.constexpr, PDL: tl.constexpr, codes_ptr=None, scales_ptr=None, sums_ptr=None,
-                        QUANT: tl.constexpr = 0, RANKED: tl.constexpr = True):
+                        QUANT: tl.constexpr = 0):
     """Program p of token `row` (`_add_norm_route_kernel`'s body; also an item of the chained MoE launch,
     kernels/moe/chain_moe.py): whether it was its token's last, the one that wrote the routing. QUANT
     (STRATA_DP4A): program 0 also writes the normed row's int8 codes, scales and sums (`store_rounded_row`)."""
@@ -91,7 +90,7 @@ def add_norm_route_item(p, row, h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_p
         every = tl.arange(0, EBLOCK)
         live = every < n_experts
         logits = tl.load(logits_ptr + row * n_experts + every, mask=live, other=float("-inf"), cache_modifier=".cg")
-        chosen_p, chosen_id, slots = softmax_topk(logits, every, live, K, NORMALIZE, EBLOCK, KB, RANKED)
+        chosen_p, chosen_id, slots = softmax_topk(logits, every, live, K, NORMALIZE, EBLOCK, KB)
         tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
         tl.store(ids_ptr + row * K + slots, chosen_id.to(ids_ptr.dtype.element_ty), mask=slots < K)
         tl.store(counter, 0)  # ready for the next launch

@@ -9,39 +9,23 @@ import triton
 import triton.language as tl
 
 
-RANKED_MAX = tl.constexpr(128)  # experts the one-pass ranking takes: [E, E] comparisons, E / 2 a thread at 8 warps
-
-
 @triton.jit
-def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
-                 RANKED: tl.constexpr = True):
+def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr):
     """Logits x [BLOCK] fp32 of experts e (`live` the real ones) -> (weights [KB], ids [KB] int64, slots): the
-    softmax's k largest, ties to the lower id, renormalised if asked; slots >= K are padding (the ranked form puts
-    the next experts there, the passes zeros). RANKED (where BLOCK is at most RANKED_MAX): every expert's rank in one
-    pass of comparisons, then the k slots picked by rank, a few reductions in all; else k passes of two reductions
-    each. Both pick the same experts and the same probabilities; renormalised, their sums may round apart (the
-    slots' sum runs over another register layout), within one rounding of each other."""
+    softmax's k largest, ties to the lower id, renormalised if asked; slots >= K are padding."""
     top = tl.max(x, axis=0)
     p = tl.exp(x - top)
     p = p / tl.sum(p, axis=0)
     p = tl.where(live, p, -1.0)
     slots = tl.arange(0, KB)
-    if RANKED and BLOCK <= RANKED_MAX:
-        # rank = the experts ahead: a larger probability, or an equal one at a lower id
-        ahead = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None]) & (e[None, :] < e[:, None]))
-        rank = tl.sum(ahead.to(tl.int32), axis=1)
-        at = rank[None, :] == slots[:, None]  # [KB, BLOCK]: one expert a slot (ranks are distinct)
-        chosen_p = tl.sum(tl.where(at, p[None, :], 0.0), axis=1)  # the one value plus zeros: its bits
-        chosen_id = tl.sum(tl.where(at, e[None, :], 0), axis=1).to(tl.int64)
-    else:
-        chosen_p = tl.zeros((KB,), tl.float32)
-        chosen_id = tl.zeros((KB,), tl.int64)
-        for j in tl.static_range(K):  # k passes of "largest left, lowest id among equals"
-            best = tl.max(p, axis=0)
-            pick = tl.min(tl.where(p == best, e, BLOCK), axis=0)
-            chosen_p = tl.where(slots == j, best, chosen_p)
-            chosen_id = tl.where(slots == j, pick.to(tl.int64), chosen_id)
-            p = tl.where(e == pick, -1.0, p)
+    chosen_p = tl.zeros((KB,), tl.float32)
+    chosen_id = tl.zeros((KB,), tl.int64)
+    for j in tl.static_range(K):  # k passes of "largest left, lowest id among equals"
+        best = tl.max(p, axis=0)
+        pick = tl.min(tl.where(p == best, e, BLOCK), axis=0)
+        chosen_p = tl.where(slots == j, best, chosen_p)
+        chosen_id = tl.where(slots == j, pick.to(tl.int64), chosen_id)
+        p = tl.where(e == pick, -1.0, p)
     if NORMALIZE:
         chosen_p = chosen_p / tl.sum(tl.where(slots < K, chosen_p, 0.0), axis=0)
     return chosen_p, chosen_id, slots
@@ -49,21 +33,20 @@ def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl
 
 @triton.jit
 def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, n_experts, K: tl.constexpr, NORMALIZE: tl.constexpr,
-                       BLOCK: tl.constexpr, KB: tl.constexpr, RANKED: tl.constexpr):
+                       BLOCK: tl.constexpr, KB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK)
     live = e < n_experts
     x = tl.load(logits_ptr + row * n_experts + e, mask=live, other=float("-inf")).to(tl.float32)
-    chosen_p, chosen_id, slots = softmax_topk(x, e, live, K, NORMALIZE, BLOCK, KB, RANKED)
+    chosen_p, chosen_id, slots = softmax_topk(x, e, live, K, NORMALIZE, BLOCK, KB)
     tl.store(weights_ptr + row * K + slots, chosen_p, mask=slots < K)
     tl.store(ids_ptr + row * K + slots, chosen_id.to(ids_ptr.dtype.element_ty), mask=slots < K)
 
 
-def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool, ids_dtype: torch.dtype = torch.int64,
-                      ranked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool,
+                      ids_dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] (any float dtype) -> (weights [T, k] float32, expert ids [T, k] of ids_dtype: int32
-    is what the expert kernels read, int64 what torch's top-k gives). `ranked`: softmax_topk's form where the width
-    allows it (the tests compare the two)."""
+    is what the expert kernels read, int64 what torch's top-k gives)."""
     n_tokens, n_experts = router_logits.shape
     if not 1 <= k <= n_experts:
         raise ValueError(f"top-{k} of {n_experts} experts")
@@ -73,5 +56,5 @@ def route_topk_triton(router_logits: torch.Tensor, k: int, normalize: bool, ids_
     if n_tokens:
         _route_topk_kernel[(n_tokens,)](logits, weights, ids, n_experts, K=k, NORMALIZE=normalize,
                                         BLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-                                        RANKED=ranked, num_warps=4)
+                                        num_warps=4)
     return weights, ids

@@ -90,22 +90,3 @@ def test_route_topk_picks_torch_experts_and_weights(normalize):
     assert (weights.cpu() - want_w).abs().max().item() <= 1e-6
     if normalize:
         assert torch.allclose(weights.sum(-1).cpu(), torch.ones(5))
-
-
-@pytest.mark.parametrize("n_experts,k", [(128, 8), (60, 4), (16, 16)])
-def test_route_topk_ranked_form_picks_what_the_passes_pick(n_experts, k):
-    from strata.kernels.pointwise.route_topk import route_topk_triton
-
-    gen = torch.Generator().manual_seed(n_experts + k)
-    logits = torch.randn(6, n_experts, generator=gen).to(torch.bfloat16)  # bf16: ties happen
-    logits[2, : n_experts // 2] = logits[2, n_experts // 2]  # a row of many equal logits: ids break the ties
-    logits[4] = -30.0  # every probability equal
-    for normalize in (False, True):
-        ranked_w, ranked_ids = route_topk_triton(logits.to(DEVICE), k, normalize, torch.int32)
-        passes_w, passes_ids = route_topk_triton(logits.to(DEVICE), k, normalize, torch.int32, ranked=False)
-        assert torch.equal(ranked_ids.cpu(), passes_ids.cpu())
-        if normalize:  # one rounding of the slots' sum apart at most
-            assert (ranked_w.cpu() - passes_w.cpu()).abs().max().item() <= 2**-23
-        else:
-            assert torch.equal(ranked_w.cpu(), passes_w.cpu())
-    assert ranked_ids[4].tolist() == list(range(k))
