@@ -53,7 +53,7 @@ def bench_decode(args, placement: dict) -> None:
     print(f"steps      median {run.median * 1e3:.2f} ms = {1 / run.median:.2f} tok/s; worst {run.worst * 1e3:.2f} ms "
           f"(step {run.worst_index}{', adapting' if run.adapted[run.worst_index] else ''})")
     expert_each = engine.plan.expert_bytes_each
-    dense_read = engine.plan.dense_bytes  # every dense weight once per token (a tied head is counted once)
+    dense_read = engine.plan.dense_read_bytes  # every dense weight once per token, in one of its copies
     device_rate = read_bandwidth(device)  # bytes/s a read-only stream gets: the copy's whole traffic, measured once
     gpu_bytes_floor = dense_read / device_rate
     if not offloaded:

@@ -32,6 +32,12 @@ class PlacementPlan:
     n_slots: int  # cache slots on the device; n_experts when all are resident
     host_expert_bytes: int  # experts kept in host RAM
     host_kv_bytes: int = 0  # KV pages in host RAM (--kv-resident: the device holds kv_bytes of them)
+    copy_bytes: int = 0  # of dense_bytes, second copies read in place of their originals (`split_copy_bytes`)
+
+    @property
+    def dense_read_bytes(self) -> int:
+        """The dense bytes a token reads: each weight once, in whichever of its copies (a tied head counted once)."""
+        return self.dense_bytes - self.copy_bytes
 
     @property
     def all_resident(self) -> bool:
@@ -101,7 +107,8 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
     expert_bytes, each, n_experts = expert_tensor_bytes(model)
     # qwen4exp's n-gram table stays memory-mapped on the host: rows are gathered from it, never moved whole.
     host_only = sum(t.n_bytes for name, t in model.tensors.items() if name in HOST_TENSORS)
-    dense = model.n_bytes - expert_bytes - host_only + split_copy_bytes(model)
+    copies = split_copy_bytes(model)
+    dense = model.n_bytes - expert_bytes - host_only + copies
     kv = cache_bytes(config, min(n_ctx, kv_resident or n_ctx), kv_bytes_per_value)  # what the device holds
     host_kv = cache_bytes(config, n_ctx, kv_bytes_per_value) - cache_bytes(config, 0, kv_bytes_per_value) \
         if kv_resident else 0
@@ -131,4 +138,5 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
                               f"{room / GiB:.2f} GiB of the VRAM budget is left (ask for at most {room // each})")
         slots = min(slots, n_experts)
     host = 0 if slots >= n_experts else expert_bytes
-    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host, host_kv)
+    return PlacementPlan(str(device), budget, dense, kv, work, expert_bytes, each, n_experts, slots, host, host_kv,
+                         copies)

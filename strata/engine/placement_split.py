@@ -122,6 +122,10 @@ class SplitPlan:
         return sum(c.dense_bytes for c in self.cards)
 
     @property
+    def dense_read_bytes(self) -> int:  # the cards keep no second copies (STRATA_DP4A_SPLIT's are one card's)
+        return self.dense_bytes
+
+    @property
     def expert_bytes(self) -> int:
         return sum(c.expert_bytes for c in self.cards)
 

@@ -148,7 +148,8 @@ def test_placement_plan_and_its_errors(tiny_moe):
 
 def test_the_plan_counts_the_split_copies_under_their_switches(model_dir, monkeypatch):
     """STRATA_DP4A + STRATA_DP4A_SPLIT keep a second copy of the attention's Q4_0 q/k/v and o rows (made at the first
-    decode step): the plan's dense bytes include them, so the expert cache is sized after them."""
+    decode step): the plan's dense bytes include them, so the expert cache is sized after them; the bytes a token
+    reads (the bench's floor) do not: a copy is read in place of its original."""
     from strata import switches
     from strata.kernels.quant import q4_0_split
     from strata.models.synthetic import make_model
@@ -163,7 +164,9 @@ def test_the_plan_counts_the_split_copies_under_their_switches(model_dir, monkey
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
         assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes  # 64 wide
         monkeypatch.setattr(q4_0_split, "splits", lambda n_in: True)  # as if the tiny rows took the layout
-        assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes + attention
+        split = plan_placement(model, config, torch.device("cpu"), 256, 2)
+        assert split.dense_bytes == plain.dense_bytes + attention
+        assert split.dense_read_bytes == plain.dense_read_bytes == plain.dense_bytes
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=False):
         assert plan_placement(model, config, torch.device("cpu"), 256, 2).dense_bytes == plain.dense_bytes
 
