@@ -33,7 +33,6 @@ from strata.kernels.pointwise.chain_qkv_store import chain_qkv_store
 from strata.kernels.pointwise.qk_norm_rope_store import (dense_target, paged_target, qk_norm_rope_store_dense,
                                                          qk_norm_rope_store_paged)
 from strata.kernels.pointwise.store_kv import store_kv_ref, store_kv_triton
-from strata.models import dp4a_step
 from strata.models.layers import _fused
 
 MIN_SPAN = 256  # spans are powers of two from here up to the context: a handful of graphs per sequence
@@ -138,18 +137,16 @@ class StaticDenseKV(StaticView):
         pos32, width = self.step_positions(layer)
         q = qk_norm_rope_store_dense(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
                                      c.keys[layer], c.values[layer], pos32)
-        return self._decode(layer, q, width, norm.out_rounded)
+        return self._decode(layer, q, width)
 
-    def _decode(self, layer, q, width, rounded=None):
+    def _decode(self, layer, q, width):
         """The decode kernel over each row's cells 0..pos (from the cache), a verify window's rows each what its
         one-token step computes, bit for bit: the one-launch kernel (its programs share a row's cells by the row's
-        width) where the rows' own steps took it, split-K with each row's own split (`_row_split`) past its reach.
-        `rounded` (QKNorm.out_rounded): the one-launch kernel rounds its output there too and attaches it."""
+        width) where the rows' own steps took it, split-K with each row's own split (`_row_split`) past its reach."""
         keys, values, n = self.cache.keys[layer], self.cache.values[layer], q.shape[0]
         if short_config(None, SHORT_DEFAULT, self.span) is not None:  # every row's own step took it too
-            out = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
-                                           short=SHORT_DEFAULT, rounded=rounded)
-            return dp4a_step.attach(out, rounded)
+            return decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
+                                            short=SHORT_DEFAULT)
         split_k = decode_attn_dense_triton(q, keys, values, width, self.span, out_dtype=q.dtype,
                                            row_split=self._row_split(n), short=None)
         if not self._across_reach(n):
@@ -247,7 +244,7 @@ class StaticPagedKV(StaticView):
         pos32, width = self.step_positions(layer)
         q = qk_norm_rope_store_paged(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
                                      self.cache.pools[layer], self.cache.page_table, pos32)
-        return self._attend_stored(layer, q, width, kernels, None, norm.out_rounded)
+        return self._attend_stored(layer, q, width, kernels, None)
 
     def attend(self, layer, q, k, v, start, selection=None):
         c = self.cache
@@ -257,8 +254,8 @@ class StaticPagedKV(StaticView):
                                                          pos32 if kernels else self.positions, k, v)
         return self._attend_stored(layer, q, width, kernels, selection)
 
-    def _attend_stored(self, layer, q, width, kernels, selection, rounded=None):
-        """The attention once this step's keys and values are in the pool; `rounded` as StaticDenseKV._decode's."""
+    def _attend_stored(self, layer, q, width, kernels, selection):
+        """The attention once this step's keys and values are in the pool."""
         c = self.cache
         pool, table = c.pools[layer], c.page_table
         ids = self.ids
@@ -267,15 +264,12 @@ class StaticPagedKV(StaticView):
         if selection is not None:
             ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
-            across = selection is None and self._across_reach(q.shape[0])
-            rounded = None if across else rounded
-            out = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=SHORT_DEFAULT,
-                                     rounded=rounded)
-            if across:  # as StaticDenseKV._decode
+            out = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=SHORT_DEFAULT)
+            if selection is None and self._across_reach(q.shape[0]):  # as StaticDenseKV._decode
                 reach = dataclasses.replace(SHORT_DEFAULT, max_span=self.span)
                 short = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=reach)
                 out = torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, out)
-            return dp4a_step.attach(out, rounded)
+            return out
         # The reference (the CPU form): a window's rows one at a time, each with its one-token step's arithmetic
         # (the reference's products over several queries may sum in another order than over one) and, over every
         # cell (no selection) with an exact span, its own step's cells.

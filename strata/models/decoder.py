@@ -191,11 +191,10 @@ class DecoderLM:
                                                                 (w.q_bias, w.k_bias, w.v_bias)))
         q, k, v = (t.view(-1, n, c.head_dim) for t, n in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if w.q_norm is not None:  # the norms and RoPE in the backend: a static step stores the keys in that launch
-            rounded = dp4a_step.output_rounding(q, w.o) if self.dp4a_wired else None  # STRATA_DP4A: o's codes
-            out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin, rounded))
+            out = ctx.attend_normed(i, q, k, v, QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin))
         else:
             out = ctx.attend(i, Rope.apply(q, cos, sin), Rope.apply(k, cos, sin), v)
-        return dp4a_step.carried(out, out.reshape(-1, c.n_heads * c.head_dim))
+        return out.reshape(-1, c.n_heads * c.head_dim)
 
     def is_moe(self, i: int) -> bool:
         return self.ffn[i].router is not None

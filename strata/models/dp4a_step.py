@@ -4,16 +4,14 @@ Where the switch is on and a decode step (1-4 rows, bf16/fp16, on a GPU; on the 
 fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the kernels read, `DecoderLM` takes:
   q/k/v   (the stacked matvec) `matvec`, its input's codes written by the norm before it (the residual add +
           norm's, layer 0's by the plain `rms_norm`);
-  o       `matvec`, the attention's output rounded by the decode attention's epilogue where the KV backend's
-          one-launch kernel runs (`output_rounding`, kernels/attention/decode_short.py), else by one `quantize_x`
-          launch;
+  o       `matvec`, the attention's output rounded by one `quantize_x` launch (still: the decode attention's
+          epilogue, kernels/attention/decode*.py, could write the codes instead);
   experts `routed_experts` (resident, gate/up/down all Q4_0): gate/up + SwiGLU from the codes `add_norm_route`
           wrote, its epilogue rounding H to codes itself (a row tile of whole 32-row groups; no float H), then the
           down sum.
 With STRATA_DP4A_SPLIT too, q/k/v and o (rows of a multiple of 256 weights) read a copy of their rows re-laid for
 16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows.
-A layer's launches under the switch are so those of the switch unset (plus one where the attention cannot round
-o's input).
+A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
 
@@ -39,25 +37,19 @@ _ATTR = "_strata_dp4a_rows"
 def on(x: torch.Tensor) -> bool:
     """Whether STRATA_DP4A takes a decode step over x [rows, K]: the switch, a GPU (or the interpreted CPU tests),
     a fused dtype, 1..MAX_ROWS rows of whole 32-value groups."""
-    return _on(x.shape, x.dtype, x.device)
-
-
-def _on(shape, dtype: torch.dtype, device: torch.device) -> bool:
-    return bool(switches.get("STRATA_DP4A")) and (device.type == "cuda" or layers.FUSED_ON_CPU) \
-        and len(shape) == 2 and dtype in (torch.bfloat16, torch.float16) and 1 <= shape[0] <= MAX_ROWS \
-        and shape[1] % 32 == 0
+    return bool(switches.get("STRATA_DP4A")) and (x.is_cuda or layers.FUSED_ON_CPU) and x.dim() == 2 \
+        and x.dtype in (torch.bfloat16, torch.float16) and 1 <= x.shape[0] <= MAX_ROWS and x.shape[1] % 32 == 0
 
 
 def rounded_buffers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Empty (codes, scales, sums) for a norm kernel to round its output rows x's shape into, or None where no dp4a
     matvec would read them (the norm launches as before)."""
-    return _buffers(*x.shape, x.device) if on(x) else None
-
-
-def _buffers(rows: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.empty(rows, k, dtype=torch.int8, device=device),
-            torch.empty(rows, k // 32, dtype=torch.float32, device=device),
-            torch.empty(rows, k // 32, dtype=torch.int32, device=device))
+    if not on(x):
+        return None
+    rows, k = x.shape
+    return (torch.empty(rows, k, dtype=torch.int8, device=x.device),
+            torch.empty(rows, k // 32, dtype=torch.float32, device=x.device),
+            torch.empty(rows, k // 32, dtype=torch.int32, device=x.device))
 
 
 def attach(x: torch.Tensor, rounded) -> torch.Tensor:
@@ -92,7 +84,7 @@ def _q4_0_fits(weight, k: int) -> bool:
 def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [rows, K] @ weight.T (+ bias) in x's dtype through `dp4a_matvec`, or None where STRATA_DP4A does not take
     it (the caller's `linear`)."""
-    if not _takes(x.shape, x.dtype, x.device, weight):
+    if not (on(x) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1]) and weight.device == x.device):
         return None
     from strata.kernels.moe import dp4a_gemv
 
@@ -106,26 +98,6 @@ def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     else:
         dp4a_gemv.dp4a_matvec(rows_of(x), weight.raw, n_out, y=y, pdl=True)
     return y if bias is None else y + bias
-
-
-def _takes(shape, dtype: torch.dtype, device: torch.device, weight) -> bool:
-    """Whether `matvec` takes an x of this shape, dtype and device with this weight."""
-    return _on(shape, dtype, device) and len(weight.shape) == 2 and _q4_0_fits(weight, shape[1]) \
-        and weight.device == device
-
-
-def output_rounding(q: torch.Tensor, o) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Empty (codes, scales, sums) for the attention's output rows [T, H * D] (q [T, H, D] its queries) where
-    `matvec` would read o from their codes, else None: the KV backend's decode kernel rounds its output into them in
-    its epilogue where it can (kernels/attention/decode_short.py) and `attach`es them, sparing `quantize_x`'s
-    launch; where it cannot, nothing is attached and o's matvec rounds its input itself as before."""
-    shape = (q.shape[0], q.shape[1] * q.shape[2])
-    return _buffers(*shape, q.device) if _takes(shape, q.dtype, q.device, o) else None
-
-
-def carried(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """target (a reshaped view of source) carrying source's attached rounding, if any."""
-    return attach(target, getattr(source, _ATTR, None))
 
 
 SPLIT_TILE = (8, 4)  # rows, warps: session 15's chain of A3B's matvecs (tools/device/split_probe.py) found it fastest

@@ -160,9 +160,6 @@ class QKNorm:
     eps: float
     cos: torch.Tensor
     sin: torch.Tensor
-    # STRATA_DP4A: where the attention's output rows' int8 rounding may go (models/dp4a_step.output_rounding); a
-    # backend whose decode kernel writes it attaches it to its output, others leave it
-    out_rounded: tuple | None = None
 
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return qk_norm_rope(q, k, self.q_weight, self.k_weight, self.eps, self.cos, self.sin)

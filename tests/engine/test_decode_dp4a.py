@@ -16,7 +16,6 @@ import torch
 from strata import switches
 from strata.engine.engine import Engine, EngineConfig
 from strata.kernels import pdl
-from strata.kernels.attention import decode as attention_decode
 from strata.kernels.moe import dp4a_gemv
 from strata.kernels.pointwise import add_norm_route, add_rms_norm, rms_norm
 from strata.models import layers
@@ -35,9 +34,7 @@ BOUND = 0.05  # of the largest logit (the module's docstring)
 def tiny_q4_0(model_dir):
     from strata.models.synthetic import make_model
 
-    # heads of 32 values: the decode attention's epilogue can round o's input (quantize32's groups inside a head)
-    return make_model(model_dir / "tiny-qwen3moe-q4_0-d32.gguf", arch="qwen3moe", preset="tiny", quant="Q4_0",
-                      head_dim=32)
+    return make_model(model_dir / "tiny-qwen3moe-q4_0.gguf", arch="qwen3moe", preset="tiny", quant="Q4_0")
 
 
 @pytest.fixture
@@ -47,13 +44,6 @@ def spied(monkeypatch):
     monkeypatch.setattr(layers, "FUSED_ON_CPU", True)
     monkeypatch.setattr(pdl, "FORCE_ON_CPU", True)
     calls = {"rounded norms": 0}
-    real_short = attention_decode.decode_short
-
-    def short(*a, **k):  # the one-launch decode attention, counted where it rounds its output in its epilogue
-        calls["rounded attention"] = calls.get("rounded attention", 0) + (k.get("rounded") is not None)
-        return real_short(*a, **k)
-
-    monkeypatch.setattr(attention_decode, "decode_short", short)
     for name in ("dp4a_matvec", "dp4a_gate_up", "dp4a_down", "quantize_x"):
         real = getattr(dp4a_gemv, name)
 
@@ -84,16 +74,14 @@ def _run(path, graphs: str):
 def test_dp4a_step_runs_its_kernels_within_the_bound(tiny_q4_0, spied, graphs):
     with switches.override(STRATA_DP4A=False, STRATA_PDL=1):
         tokens, logits = _run(tiny_q4_0, graphs)
-    # unset: no dp4a launch, no norm given code buffers, no attention rounding its output
-    assert spied == {"rounded norms": 0, **({"rounded attention": 0} if graphs == "eager" else {})}
+    assert spied == {"rounded norms": 0}  # unset: no dp4a launch, no norm given code buffers
     with switches.override(STRATA_DP4A=True, STRATA_PDL=1):
         dp4a_tokens, dp4a_logits = _run(tiny_q4_0, graphs)
     # Each step: q/k/v and o of each layer, its experts; the norms' codes serve every q/k/v (layer 0's: the plain
-    # rms_norm's) and every layer's experts, the gate/up epilogue H's. o's input: the static step's one-launch
-    # attention rounds it in its epilogue; the step-by-step engine's attention (torch) leaves it to quantize_x.
-    rounded_o = {"rounded attention": LAYERS * STEPS} if graphs == "eager" else {"quantize_x": LAYERS * STEPS}
+    # rms_norm's) and every layer's experts, the gate/up epilogue H's, so quantize_x rounds only each o input.
     assert spied == {"dp4a_matvec": 2 * LAYERS * STEPS, "dp4a_gate_up": LAYERS * STEPS,
-                     "dp4a_down": LAYERS * STEPS, "rounded norms": 2 * LAYERS * STEPS, **rounded_o}
+                     "dp4a_down": LAYERS * STEPS, "quantize_x": LAYERS * STEPS,
+                     "rounded norms": 2 * LAYERS * STEPS}
     assert (dp4a_logits - logits).abs().max() <= BOUND * logits.abs().max()
     assert not torch.equal(dp4a_logits, logits)  # the dp4a path really changed the sums
     assert dp4a_tokens[0] == tokens[0]  # the prompt's own path: the same first token

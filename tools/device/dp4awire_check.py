@@ -2,8 +2,7 @@
 experts through the dp4a GEMVs) against the same engine unset: greedy tokens free-running after one random prompt
 and the logits before each token (pdl_check.py's comparison: tokens equal out of N, the logits' largest difference
 in units of the largest logit up to the first token that differs), with how many times each dp4a entry point ran
-while the graphs were made (eager first step + capture: none means the switch took nothing), and the decode
-attention's launches that rounded o's input in their epilogue ("rounded attention").
+while the graphs were made (eager first step + capture: none means the switch took nothing).
 
     python3 tools/device/dp4awire_check.py MODEL.gguf [--tokens 32] [--prompt-tokens 32] [--bound 0.05] [--split]
 
@@ -26,7 +25,6 @@ from pdl_check import compare, greedy  # noqa: E402
 
 from strata import switches  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
-from strata.kernels.attention import decode as attention_decode  # noqa: E402
 from strata.kernels.moe import dp4a_gemv  # noqa: E402
 from strata.kernels.quant import q4_0_split  # noqa: E402
 
@@ -43,14 +41,6 @@ def count_calls() -> dict:
             return _real(*a, **k)
 
         setattr(module, name, spy)
-    real_short = attention_decode.decode_short
-
-    def short(*a, **k):  # the one-launch attention rounding o's input in its epilogue (no quantize_x launch)
-        if k.get("rounded") is not None:
-            calls["rounded attention"] = calls.get("rounded attention", 0) + 1
-        return real_short(*a, **k)
-
-    attention_decode.decode_short = short
     return calls
 
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from strata import switches
 from strata.kernels.attention.decode_short import DEFAULT as SHORT_DEFAULT
-from strata.kernels.attention.decode_short import ShortConfig, decode_short, round_output
+from strata.kernels.attention.decode_short import ShortConfig, decode_short
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, rows_block, softmax_step, span_rows
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
@@ -158,11 +158,10 @@ def short_config(split: int | None, short: ShortConfig | None, span: int) -> Sho
 def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                        width: torch.Tensor, sm_scale: float | None = None, split: int | None = None,
                        out_dtype: torch.dtype = torch.float32,
-                       short: ShortConfig | None = SHORT_DEFAULT, rounded=None) -> torch.Tensor:
+                       short: ShortConfig | None = SHORT_DEFAULT) -> torch.Tensor:
     """Attention of a few queries [n_q, H, D] (any float dtype) over their selected cells: [n_q, H, D] of
     out_dtype (fp32 accumulation either way). Short selections (`short.takes(cap)`) in one launch, others (or a
-    given `split`) split-K and merged. `rounded`: the output's quantize32 rounding written there too (decode_short's
-    argument; by its own launch after split-K)."""
+    given `split`) split-K and merged."""
     check_inputs(q, pool, ids, width)
     if split is not None and split % CHUNK:
         raise ValueError(f"split {split} is not a multiple of {CHUNK}")
@@ -174,13 +173,11 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
     config = short_config(split, short, ids.shape[1])
     if config is not None:
         out = decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False, pool.k.dtype, sm_scale,
-                           out_dtype, config, ids_stride=ids.stride(0), rounded=rounded)
+                           out_dtype, config, ids_stride=ids.stride(0))
         if out is not None:
             return out
-    out = _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split or SPLIT, sm_scale, pointers, pool.int8,
-                           dense=False, out_dtype=out_dtype, ids_stride=ids.stride(0))
-    round_output(out, rounded)
-    return out
+    return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split or SPLIT, sm_scale, pointers, pool.int8,
+                            dense=False, out_dtype=out_dtype, ids_stride=ids.stride(0))
 
 
 PROGRAMS = 128  # about one program per SM of a large GPU: short spans split finer so the launch fills it
@@ -207,14 +204,14 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
                              span: int, sm_scale: float | None = None, split: int | None = None,
                              out_dtype: torch.dtype = torch.float32,
                              row_split: tuple[torch.Tensor, int] | None = None,
-                             short: ShortConfig | None = SHORT_DEFAULT, rounded=None) -> torch.Tensor:
+                             short: ShortConfig | None = SHORT_DEFAULT) -> torch.Tensor:
     """Attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most `span`: the
     launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured decode
     step's attention: one launch (short spans; each row's cells shared among programs by its own width, so a
     verify window's row is its one-query launch bit for bit) or split-K and its merge, in place of torch's masked
     attention over the whole span. `split` (cells a program) forces split-K, and so does `row_split` (int32 table by
     width on q's device, the launch's split count): split-K's rows each take the split of their width (a verify window's
-    row the split its own one-query step takes), in place of one split for all. `rounded`: as `decode_attn_triton`'s."""
+    row the split its own one-query step takes), in place of one split for all."""
     n_q, n_heads, dim = q.shape
     n_kv_heads = keys.shape[1]
     if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
@@ -227,15 +224,12 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     pointers = (width, width, width, keys, values, keys, values)
     config = short_config(split, short, span) if row_split is None else None  # a row split is split-K's
     if config is not None:
-        out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config,
-                           rounded=rounded)
+        out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config)
         if out is not None:
             return out
     split = dense_split(span, n_kv_heads, n_q) if split is None else split
-    out = _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
-                           out_dtype=out_dtype, row_split=row_split)
-    round_output(out, rounded)
-    return out
+    return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
+                            out_dtype=out_dtype, row_split=row_split)
 
 
 def decode_attention(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,

@@ -31,7 +31,6 @@ import triton.language as tl
 
 from strata.kernels import capability
 from strata.kernels.attention.prompt_parts import LOG2E, rows_block, softmax_step, span_rows
-from strata.kernels.moe.quantize32 import quantize_rows, round_groups
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
 
@@ -88,25 +87,11 @@ def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.
 
 
 @triton.jit
-def _store_rounded_heads(y, head, live, codes_ptr, scales_ptr, sums_ptr, BM: tl.constexpr, D: tl.constexpr):
-    """The output rows y [BM, D] (heads `head`, `live` the real ones) rounded as `quantize32` rounds the output
-    [n_q, H * D] (its 32-value groups lie inside a head): the o projection's dp4a input (STRATA_DP4A), written
-    where its `quantize_x` launch would. Exact only in a launch without FMA contraction (as that launch)."""
-    codes, scales, sums = round_groups(y.to(tl.float32), BM, D)
-    d = tl.arange(0, D)
-    g = tl.arange(0, D // 32)
-    tl.store(codes_ptr + head[:, None] * D + d[None, :], codes, mask=live[:, None])
-    tl.store(scales_ptr + head[:, None] * (D // 32) + g[None, :], scales, mask=live[:, None])
-    tl.store(sums_ptr + head[:, None] * (D // 32) + g[None, :], sums, mask=live[:, None])
-
-
-@triton.jit
 def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, acc_ptr, ml_ptr,
                          count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
-                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
-                         codes_ptr=None, scales_ptr=None, sums_ptr=None, QUANT: tl.constexpr = 0):
+                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_start(PDL)
     pdl_wait(PDL)  # the query, the widths and this step's keys: all written by earlier kernels of the step
     sp = tl.program_id(0)
@@ -150,10 +135,8 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
     out_rows = out_ptr + head[:, None] * D + d[None, :]
     if SPLITS == 1:
-        y = tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty)
-        tl.store(out_rows, y, mask=live[:, None])
-        if QUANT:
-            _store_rounded_heads(y, head, live, codes_ptr, scales_ptr, sums_ptr, BM, D)
+        tl.store(out_rows, tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                 mask=live[:, None])
     else:
         part = head * SPLITS + sp  # (query, head, split)
         tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
@@ -179,18 +162,9 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                 w = tl.where(m_j == float("-inf"), 0.0, tl.exp2(m_j - top))
                 total += w * l_j
                 merged += w[:, None] * acc_j
-            y = tl.where(total[:, None] > 0, merged / total[:, None], 0.0).to(out_ptr.dtype.element_ty)
-            tl.store(out_rows, y, mask=live[:, None])
-            if QUANT:
-                _store_rounded_heads(y, head, live, codes_ptr, scales_ptr, sums_ptr, BM, D)
+            tl.store(out_rows, tl.where(total[:, None] > 0, merged / total[:, None], 0.0).to(out_ptr.dtype.element_ty),
+                     mask=live[:, None])
             tl.store(counter, 0)  # ready for the next launch (a graph's next replay)
-
-
-def round_output(out: torch.Tensor, rounded) -> None:
-    """`rounded` (as `decode_short` takes it) filled by a quantize32 launch from out [n_q, H, D], where the
-    attention ran another kernel than the one-launch one; nothing where rounded is None."""
-    if rounded is not None:
-        quantize_rows(out.reshape(out.shape[0], -1), rounded)
 
 
 COUNTERS = 4096  # (query, KV head) pairs one launch may count: verify windows of 64 rows x 64 KV heads
@@ -248,14 +222,11 @@ def _launch_once_guarded(key: tuple, launch) -> bool:
 
 def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
                  cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
-                 config: ShortConfig = DEFAULT, ids_stride: int | None = None, rounded=None) -> torch.Tensor | None:
+                 config: ShortConfig = DEFAULT, ids_stride: int | None = None) -> torch.Tensor | None:
     """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
     v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
     count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
-    config failed to compile: the caller runs split-K then. `rounded` (codes int8 [n_q, H * D], scales float32 and
-    sums int32 [n_q, H * D / 32]): the output's quantize32 rounding is written there too, by the merging programs
-    (the launch then built without FMA contraction, as quantize32's kernel is; heads of a multiple of 32 values,
-    else by quantize32's own launch after it)."""
+    config failed to compile: the caller runs split-K then."""
     n_q, n_heads, dim = q.shape
     splits = config.splits(span)
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
@@ -276,11 +247,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
                 QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
                 PER=config.per_program(span) if by_span else 0, CELLS=config.cells, MAX_SPLITS=config.max_splits,
                 num_warps=config.warps, num_stages=config.stages, **launch_options(q))
-    in_epilogue = rounded is not None and dim % 32 == 0  # else quantize32's groups would straddle two heads
-    if in_epilogue:
-        codes, scales, sums = rounded
-        meta.update(codes_ptr=codes, scales_ptr=scales, sums_ptr=sums, QUANT=1, enable_fp_fusion=False)
-    key = (q.device.type, q.dtype, cache_dtype, *(v for n, v in meta.items() if not n.endswith("_ptr")))
+    key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
     def launch():
         # cap: the span (dense: loads past it masked) or the ids' row stride (paged)
@@ -288,8 +255,4 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
         _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, cap,
                                                         n_kv_heads, scale * LOG2E, **meta)
 
-    if not _launch_once_guarded(key, launch):
-        return None
-    if not in_epilogue:
-        round_output(out, rounded)
-    return out
+    return out if _launch_once_guarded(key, launch) else None
