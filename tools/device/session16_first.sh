@@ -2,8 +2,9 @@
 # Session 16's first call (one H200, ~6 minutes: timeout_s 420; carry .whl and .devcache). Issue 4: the A3B
 # all-resident step with the routing's top-k by ranks (default path) and o's input rounded in the decode attention's
 # epilogue (STRATA_DP4A; both reverted after calls 1-2: commits ff88c57 and 44d40e6 hold them): their CUDA tests,
-# the top-k forms side by side (bench decode-attn), the dp4a wiring check, the step times under the default, STRATA_DP4A and STRATA_DP4A + STRATA_DP4A_SPLIT, and the per-place critical
-# path (profile_decode.py --increments) under the default and the split form.
+# the top-k forms side by side (bench decode-attn), the dp4a wiring check, the step times under the default,
+# STRATA_DP4A and STRATA_DP4A + STRATA_DP4A_SPLIT, and the per-place critical path (profile_decode.py --increments)
+# under the default and the split form.
 set -uo pipefail
 BUDGET=${BUDGET:-360}
 source tools/device/parts.sh || exit 1
