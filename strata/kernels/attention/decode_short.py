@@ -13,10 +13,14 @@ share are exact zeros) and resets the counter for the next launch. The counters 
 device that every launch leaves zero again (so a captured graph replays them).
 
 Dots: QK and PV each "ieee" (fp32 FMA), "tf32", "tf32x3" (3 tensor-core passes, ~fp32) or "native" (the other
-operand rounded to the fp16/bf16 cache's dtype: one half-precision pass; for the sweep). A fp16/bf16 query against
-a fp16/bf16 cache is exact in tf32 (at most 11 significant bits each), so QK takes tf32 there and tf32x3 otherwise
-(int8 codes times their scale, fp32 queries); PV takes tf32x3 (the probabilities have 24 bits). Bound against
-float64: the split-K kernel's (tests/kernels/attention/test_decode_short.py states it).
+operand rounded to the fp16/bf16 cache's dtype: one half-precision pass, fp32 sums). By default, over a fp16 cache
+(the engine's default) both dots are native in chunks of 64 cells: a bf16 or fp16 query is exact in fp16 (where
+the cache's keys fit), and the probabilities rounded to fp16 (2^-11 relative) move the output by at most 2^-11 of
+the values' largest, a quarter of the bf16 step the output is rounded to after (session 16: the A3B step 1.95 ->
+1.82 ms, greedy tokens equal to split-K's). Over a bf16 cache QK takes tf32 (exact for fp16/bf16 operands: at most
+11 significant bits each) and PV tf32x3 (bf16 probabilities would cost the output's own step); over int8 codes
+(times their fp32 scale) and fp32 caches both take tf32x3. Bound against float64: the split-K kernel's, plus that
+rounding of P over a fp16 cache (tests/kernels/attention/test_decode_short.py states it).
 """
 
 from __future__ import annotations
@@ -41,11 +45,11 @@ class ShortConfig:
     cells: int = 64  # cells a program aims at: SPLITS = span / cells, a power of two in 1..max_splits
     max_splits: int = 16  # programs per (KV head, query): each merge reads this many partials
     max_span: int = 2048  # longer spans run split-K (many more programs, and its merge)
-    chunk: int = 32  # cells a loop step
+    chunk: int = 0  # cells a loop step; 0: 64 where both dots are native (a fp16 MMA's K), else 32
     warps: int = 4
     stages: int = 2
-    qk: str = ""  # q.K: "ieee", "tf32", "tf32x3" or "native" (q rounded to the cache's dtype); "": tf32 where exact
-    pv: str = "tf32x3"  # P.V the same way ("native": P rounded to the cache's dtype)
+    qk: str = ""  # q.K: "ieee", "tf32", "tf32x3" or "native" (q rounded to the cache's dtype); "": the module's rule
+    pv: str = ""  # P.V the same way ("native": P rounded to the cache's dtype)
     by_span: bool = False  # dense, one query: a fixed share of the span, loads not waiting on the width (not row-exact)
 
     def splits(self, span: int) -> int:
@@ -53,17 +57,22 @@ class ShortConfig:
         want = max(1, triton.cdiv(span, self.cells))  # at least the programs any row of the span takes
         return min(self.max_splits, triton.next_power_of_2(want))
 
-    def per_program(self, span: int) -> int:
-        """Cells of the span each program reads when split by span (whole chunks)."""
-        return triton.cdiv(triton.cdiv(span, self.splits(span)), self.chunk) * self.chunk
+    def cells_a_step(self, native: bool) -> int:
+        """The loop's chunk, for dots that are both native or not."""
+        return self.chunk or (64 if native else 32)
+
+    def per_program(self, span: int, chunk: int) -> int:
+        """Cells of the span each program reads when split by span (whole chunks of `chunk`)."""
+        return triton.cdiv(triton.cdiv(span, self.splits(span)), chunk) * chunk
 
     def takes(self, span: int) -> bool:
         """Whether a span is short enough for this kernel."""
         return span <= self.max_span
 
     def label(self) -> str:
-        return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} chunk={self.chunk} "
-                f"warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} pv={self.pv} "
+        return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} "
+                f"chunk={self.chunk or 'auto'} warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} "
+                f"pv={self.pv or 'auto'} "
                 f"by_span={int(self.by_span)}")
 
 
@@ -185,13 +194,15 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor | None:
 
 
 def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -> tuple[str, str]:
-    """(QK, PV) dot precisions: the config's, QK's default tf32 where its inputs are exact in it; ieee (fp32 FMA)
-    before sm_80, which has no tf32."""
+    """(QK, PV) dot precisions: the config's, else the module's rule (native over a fp16 cache; QK tf32 where its
+    inputs are exact in it, else tf32x3); ieee (fp32 FMA) before sm_80, which has no tf32."""
     if capability(q) < (8, 0):
         return "ieee", "ieee"
     halves = (torch.float16, torch.bfloat16)
     exact = q.dtype in halves and cache_dtype in halves
-    qk, pv = config.qk or ("tf32" if exact else "tf32x3"), config.pv
+    fp16 = exact and cache_dtype == torch.float16
+    qk = config.qk or ("native" if fp16 else "tf32" if exact else "tf32x3")
+    pv = config.pv or ("native" if fp16 else "tf32x3")
     if cache_dtype not in halves:  # int8 codes are scaled in fp32; a float32 cache has no narrower dtype
         qk, pv = ("tf32x3" if p == "native" else p for p in (qk, pv))
     return qk, pv
@@ -243,9 +254,11 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     group = n_heads // n_kv_heads
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     by_span = dense and config.by_span
-    meta = dict(G=group, BM=rows_block(group), D=dim, CH=config.chunk, SPLITS=splits, INT8=int8, DENSE=dense,
-                QK=precisions(q, cache_dtype, config)[0], PV=precisions(q, cache_dtype, config)[1], BY_SPAN=by_span,
-                PER=config.per_program(span) if by_span else 0, CELLS=config.cells, MAX_SPLITS=config.max_splits,
+    qk, pv = precisions(q, cache_dtype, config)
+    chunk = config.cells_a_step(qk == pv == "native")
+    meta = dict(G=group, BM=rows_block(group), D=dim, CH=chunk, SPLITS=splits, INT8=int8, DENSE=dense, QK=qk, PV=pv,
+                BY_SPAN=by_span, PER=config.per_program(span, chunk) if by_span else 0, CELLS=config.cells,
+                MAX_SPLITS=config.max_splits,
                 num_warps=config.warps, num_stages=config.stages, **launch_options(q))
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
