@@ -86,6 +86,12 @@ make_full_bg() {  # the full-size 48-layer qwen4exp at $FULL made in the backgro
   (nice -n 10 python3 -m strata make-model --arch qwen4exp --preset full -o /tmp/q4x/full.gguf > $L/make_full.log 2>&1 \
     && touch $FULL_MADE) &
 }
+ab_rounds() {  # ROUNDS CAP "ARM ..." COMMAND...: COMMAND run in each .ab/ARM (a copy of the package there, which
+  # `python3 -m` then imports), the arms alternating round by round so that the machine's drift falls on each;
+  # logs ARM_ROUND
+  local rounds=$1 cap=$2 arms=$3; shift 3
+  for round in $(seq "$rounds"); do for arm in $arms; do part "${arm}_$round" "$cap" env -C ".ab/$arm" "$@"; done; done
+}
 wait_file() {  # path cap: until the file is there (a model made in the background), at most until cap s into the batch
   while [ ! -f "$1" ] && [ $SECONDS -lt $2 ]; do sleep 2; done
 }

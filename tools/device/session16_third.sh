@@ -14,9 +14,5 @@ part sweep50 50 python3 -m strata bench decode-attn --spans 256 --fill 0.5 --swe
 part sweep25 40 python3 -m strata bench decode-attn --spans 256 --fill 0.25 --sweep --sweep-spans 256
 wait_file $A 200
 B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
-for round in 1 2; do
-  for arm in head c128 c256 c128ch64; do
-    part ${arm}_$round 40 env -C .ab/$arm $B
-  done
-done
+ab_rounds 2 40 "head c128 c256 c128ch64" $B
 finish 6
