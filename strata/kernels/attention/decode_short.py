@@ -72,8 +72,7 @@ class ShortConfig:
     def label(self) -> str:
         return (f"cells={self.cells} max_splits={self.max_splits} max_span={self.max_span} "
                 f"chunk={self.chunk or 'auto'} warps={self.warps} stages={self.stages} qk={self.qk or 'auto'} "
-                f"pv={self.pv or 'auto'} "
-                f"by_span={int(self.by_span)}")
+                f"pv={self.pv or 'auto'} by_span={int(self.by_span)}")
 
 
 DEFAULT = ShortConfig()

@@ -88,6 +88,19 @@ def test_native_dots_within_the_half_precision_bound():
         assert (got.double().cpu() - want).abs().max().item() <= 2e-3 * want.abs().max().item()
 
 
+def test_the_default_dots_follow_the_cache():
+    """Native (one fp16 pass, chunks of 64) over a fp16 cache; over a bf16 cache QK in tf32 (exact) and PV in
+    tf32x3; over int8 codes (scaled in fp32) and float32 caches tf32x3 both; a config's own choice stands."""
+    from strata.kernels.attention.decode_short import DEFAULT, precisions
+
+    q = torch.zeros(1, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+    assert precisions(q, torch.float16, DEFAULT) == ("native", "native")
+    assert precisions(q, torch.bfloat16, DEFAULT) == ("tf32", "tf32x3")
+    assert precisions(q, torch.int8, DEFAULT) == precisions(q.float(), torch.float32, DEFAULT) == ("tf32x3", "tf32x3")
+    assert precisions(q, torch.float16, dataclasses.replace(DEFAULT, pv="tf32x3")) == ("native", "tf32x3")
+    assert DEFAULT.cells_a_step(True) == 64 and DEFAULT.cells_a_step(False) == 32
+
+
 @pytest.mark.parametrize("int8", [True, False])
 def test_paged_selection_against_float64(int8):
     pool, table = random_pool(300, 2, 128, int8, seed=5)
