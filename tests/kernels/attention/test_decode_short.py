@@ -76,7 +76,7 @@ def test_cells_past_the_width_change_nothing(by_span):
 
 
 def test_native_dots_within_the_half_precision_bound():
-    """"native" (the sweep's): q and P rounded to the fp16 cache's dtype, 2^-11 relative each: within 2e-3 of the
+    """"native" (the default over a fp16 cache): q and P rounded to its dtype, 2^-11 relative each: within 2e-3 of the
     output's largest value."""
     gen = torch.Generator().manual_seed(4)
     keys, values = (torch.randn(128, 2, 64, generator=gen).half().to(DEVICE) for _ in range(2))
