@@ -135,11 +135,13 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE)
             k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
             v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
-            if INT8:  # the codes times their scales, in fp32
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-                k *= tl.load(ks_ptr + rows[None, :] * (D // 64) + d[:, None] // 64, mask=valid[None, :], other=0.0)
-                v *= tl.load(vs_ptr + rows[:, None] * (D // 64) + d[None, :] // 64, mask=valid[:, None], other=0.0)
+            if INT8:  # the codes times their scales, in fp32: one scale a (cell, 64 values), loaded once each
+                NG: tl.constexpr = D // 64
+                g = tl.arange(0, NG)
+                ks = tl.load(ks_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
+                vs = tl.load(vs_ptr + rows[:, None] * NG + g[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+                k = tl.reshape(tl.reshape(k.to(tl.float32), (NG, 64, CH)) * tl.reshape(ks, (NG, 1, CH)), (D, CH))
+                v = tl.reshape(tl.reshape(v.to(tl.float32), (CH, NG, 64)) * tl.reshape(vs, (CH, NG, 1)), (CH, D))
             m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
     out_rows = out_ptr + head[:, None] * D + d[None, :]
     if SPLITS == 1:
