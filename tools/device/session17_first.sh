@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Ready for session 17's first call (one H200, ~5 minutes: timeout_s 400; carry .whl and .ab). Issue 4: the A3B
 # step over an int8 KV cache (2.35 ms against 1.83 for fp16 in session 16's sixth call), A against B in one run:
-# .ab/head (the package at this commit) against .ab/pervalue (the same with decode_short's int8 scales loaded once a
-# value, as before d70638f: `git archive d70638f~1 strata/kernels/attention/decode_short.py` over a copy of HEAD's
-# package), arms alternating; the fp16 step beside them; the int8 kernel alone (`bench decode-attn --kv int8`).
+# .ab/head (the package at this commit) against .ab/pervalue (the same with decode_short.py as before d70638f: its
+# int8 scales loaded once a value), arms alternating; the fp16 step beside them; the int8 kernel alone (`bench
+# decode-attn --kv int8`).
 # Make the arms first:
 #   rm -rf .ab && for a in head pervalue; do mkdir -p .ab/$a && git archive HEAD strata ':!strata/data' | tar -x -C .ab/$a; done
 #   git show d70638f~1:strata/kernels/attention/decode_short.py > .ab/pervalue/strata/kernels/attention/decode_short.py
