@@ -6,9 +6,6 @@ chunks of 64) builds without spills too. At qwen4exp's D 256 the int8 form still
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
     os.environ.pop("TRITON_INTERPRET", None)
@@ -16,9 +13,8 @@ if __name__ == "__main__":  # building for the GPU: Triton imported before strat
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import triton  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
 def build_sm90(int8: bool) -> dict:
@@ -40,14 +36,9 @@ def build_sm90(int8: bool) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device tools build and time it")
-@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="this Triton build carries no ptxas")
+@needs_ptxas
 def test_the_kernel_builds_for_sm90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    builds = builds_of(__file__)
     assert len(builds) == 2, builds
     for b in builds:
         assert b["stack"] == 0 and b["regs"] <= 255, b

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from strata.kernels.moe import dp4a_gemv  # noqa: E402
 from strata.kernels.moe.dp4a_gemv import (  # noqa: E402
     dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref, row_error_bound)
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
 def q4_0(n_mats: int, n_out: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,14 +278,9 @@ def build_oneshot_sm90(kind: str, n_out: int, k: int, top_k: int) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device probe builds and times them")
-@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="this Triton build carries no ptxas")
+@needs_ptxas
 def test_kernels_build_for_sm90_with_dp4a_and_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    builds = builds_of(__file__)
     oneshot = {b["kind"] + str(b["n_out"]): b for b in builds if b["kernel"] == "oneshot"}
     dp4a = [b for b in builds if b["kernel"] == "dp4a"]
     assert len(oneshot) == len(A3B) and len(dp4a) == len(dp4a_gemv.LAYOUTS) * len(A3B) + 2, builds

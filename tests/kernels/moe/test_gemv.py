@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from strata.kernels.moe.gemv import (  # noqa: E402
     ERROR_BOUND, DecodeExperts, gate_up_swiglu_triton, moe_gemv, moe_gemv_float64, moe_gemv_ref, moe_gemv_triton,
     relative_error)
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
 def check(x, ids, w, experts, out_dtype=torch.float32):
@@ -227,16 +226,11 @@ def _build_sm90() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile the kernels themselves")
-@pytest.mark.skipif(not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="this Triton build carries no ptxas")
+@needs_ptxas
 def test_kernels_build_for_sm90_without_spills():
     from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    builds = builds_of(__file__, timeout=600)
     streamed = sum(name in STREAM_FORMATS for name, *_ in BUILDS) * 2 + sum(name in STREAM_FORMATS
                                                                           for name, *_ in MATVEC_BUILDS)
     assert len(builds) == len(list(_jobs())) == 4 * len(BUILDS) + 2 * len(MATVEC_BUILDS) + streamed  # all have words

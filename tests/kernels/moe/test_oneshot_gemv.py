@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -30,8 +29,7 @@ from strata.kernels.moe.gemv import (  # noqa: E402
     launch_down, moe_gemv_float64, relative_error)
 
 from tests.kernels.moe.partly_cached import cpu_stack, partly_cached  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
 def _oneshot(bn: int, split: int = 1) -> GemvConfig:
@@ -189,14 +187,9 @@ BUILDS = [("matvec", "Q4_0", 5120, 2048, 1, 1), ("matvec", "Q4_0", 5120, 2048, 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above compile the kernels themselves")
-@pytest.mark.skipif(not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="this Triton build carries no ptxas")
+@needs_ptxas
 def test_oneshot_kernels_build_for_sm90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    builds = builds_of(__file__, timeout=600)
     assert len(builds) == len(BUILDS) and not [b for b in builds if b["stack"]], builds
 
 

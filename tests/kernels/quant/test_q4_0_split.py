@@ -5,9 +5,6 @@ one part a block), as the dp4a matvec on GGUF rows."""
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
     os.environ.pop("TRITON_INTERPRET", None)
@@ -23,8 +20,8 @@ from strata.kernels.quant.q4_0_split import join_rows, split_dp4a_matvec, split_
 from strata.quant import dequantize, get_format  # noqa: E402
 from tests.kernels import DEVICE  # noqa: E402
 from tests.kernels.quant.test_matvec import _blocks  # noqa: E402
+from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
 
 Q4_0 = get_format("Q4_0").ggml_type
 
@@ -95,17 +92,12 @@ def build_sm90(k: int, rows: int = 1) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device probe builds and times it")
-@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="this Triton build carries no ptxas")
+@needs_ptxas
 def test_the_kernel_builds_for_sm90_without_spills():
     """A3B's q/k/v (K 2,048) and o (K 4,096) at the step's tile, one row and a verify window's four: no spills, the
     dp4a instruction itself, ~2 instructions a weight a row (session 15's builds: 1.3-2.1; the float one-shot
     kernels ~7)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    run = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [json.loads(line) for line in run.stdout.splitlines()]
+    builds = builds_of(__file__)
     assert len(builds) == 3, builds
     for b in builds:
         assert b["stack"] == 0 and b["dp4a"] > 0 and b["per_weight"] < 3 * b["rows"], b
