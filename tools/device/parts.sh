@@ -6,6 +6,8 @@
 # A branch's script that sources this too, run by a batch with OUT=its own folder, finds everything set up: it
 # installs nothing (installing the wheels again would replace packages under the other queue) and logs to $OUT/logs.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
+A3B=$M/a3b.gguf  # the A3B-shaped Q4_0 qwen3moe of issue 4's calls (`make_a3b_bg` makes it)
+A3B_RESIDENT="python3 -m strata bench decode $A3B --device cuda --vram-budget 24 --ctx 4096 --tokens 64"  # all resident
 if [ -n "${STRATA_PARTS:-}" ]; then
   NESTED=1; L=$OUT/logs; mkdir -p $L
 else
@@ -73,11 +75,11 @@ make_q4x12() {  # the 12-layer full-size qwen4exp at $M/q4x12-00001-of-00002.ggu
     -o $M/q4x12.tmp/q4x12.gguf && mv $M/q4x12.tmp/q4x12-00002-of-00002.gguf $M/ \
     && mv $M/q4x12.tmp/q4x12-00001-of-00002.gguf $M/
 }
-make_a3b_bg() {  # the A3B Q4_0 file at $M/a3b.gguf made in the background (~90 s) unless there or under way, written
+make_a3b_bg() {  # the A3B Q4_0 file at $A3B made in the background (~90 s) unless there or under way, written
   # aside and moved into place; true when it started one (callers may extend their BUDGET)
-  [ -f $M/a3b.gguf ] || [ -f $M/a3b.tmp.gguf ] && return 1
+  [ -f $A3B ] || [ -f $M/a3b.tmp.gguf ] && return 1
   (python3 -m strata make-model --arch qwen3moe --preset qwen3-30b-a3b --quant Q4_0 -o $M/a3b.tmp.gguf \
-    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $M/a3b.gguf) &
+    > $L/make_a3b.log 2>&1 && mv $M/a3b.tmp.gguf $A3B) &
 }
 make_full_bg() {  # the full-size 48-layer qwen4exp at $FULL made in the background (~200 s, niced: parts run beside
   # it), unless there; `wait_file $FULL_MADE CAP` waits for it (the first shard appears before the file is whole)

@@ -6,11 +6,11 @@
 set -uo pipefail
 BUDGET=${BUDGET:-300}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part tests 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/quant/test_q4_0_split.py
 wait_file $A 200
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 part bench_unset 50 $B
 part bench_dp4a 50 env STRATA_DP4A=1 $B
 part bench_split 50 env STRATA_DP4A=1 STRATA_DP4A_SPLIT=1 $B

@@ -5,11 +5,11 @@
 set -uo pipefail
 BUDGET=${BUDGET:-200}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part tests 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/quant
 wait_file $A 150
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 for mode in 1 2 3; do
   part split_pdl$mode 40 env STRATA_DP4A=1 STRATA_DP4A_SPLIT=1 STRATA_PDL=$mode $B
 done

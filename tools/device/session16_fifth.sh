@@ -6,12 +6,12 @@
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part tests 110 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py
 part attn 60 python3 -m strata bench decode-attn --spans 256,2048 --sweep --sweep-spans 2048
 wait_file $A 240
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 part default_1 40 $B
 part dp4a 40 env STRATA_DP4A=1 $B
 part split 40 env STRATA_DP4A=1 STRATA_DP4A_SPLIT=1 $B

@@ -8,14 +8,14 @@
 set -uo pipefail
 BUDGET=${BUDGET:-360}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py \
   tests/kernels/pointwise/test_rms_norm_rope.py tests/kernels/pointwise/test_add_norm_route.py
 part route 40 python3 -m strata bench decode-attn --spans 256 --fill 0.5
 wait_file $A 200
 part wire 60 python3 tools/device/dp4awire_check.py $A --split
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 part bench_default 40 $B
 part bench_dp4a 40 env STRATA_DP4A=1 $B
 part bench_split 40 env STRATA_DP4A=1 STRATA_DP4A_SPLIT=1 $B

@@ -8,10 +8,10 @@
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 wait_file $A 200
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 ab_rounds 2 40 "head qkn nat32 nat64" $B
 part tokens_nat64 80 env -C .ab/nat64 python3 tools/device/attn_tokens_check.py $A --only attn --tokens 24
 finish 8

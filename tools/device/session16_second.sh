@@ -7,10 +7,10 @@
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 wait_file $A 200
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 part which 20 env -C .ab/base python3 -c "import strata; print('base arm imports', strata.__file__)"
 for round in 1 2; do
   part split_base$round 40 env -C .ab/base STRATA_DP4A=1 STRATA_DP4A_SPLIT=1 $B

@@ -7,10 +7,10 @@
 set -uo pipefail
 BUDGET=${BUDGET:-250}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 wait_file $A 200
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 ab_rounds 2 35 "head ms8" $B --prompt-tokens 1200
 part fp16 35 $B
 part int8 35 $B --kv-dtype int8

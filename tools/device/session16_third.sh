@@ -8,11 +8,11 @@
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part sweep50 50 python3 -m strata bench decode-attn --spans 256 --fill 0.5 --sweep --sweep-spans 256
 part sweep25 40 python3 -m strata bench decode-attn --spans 256 --fill 0.25 --sweep --sweep-spans 256
 wait_file $A 200
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 ab_rounds 2 40 "head c128 c256 c128ch64" $B
 finish 6

@@ -10,12 +10,12 @@
 set -uo pipefail
 BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
-A=$M/a3b.gguf
+A=$A3B
 make_a3b_bg && BUDGET=$((BUDGET + 60))
 part tests 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py
 part attn8 50 python3 -m strata bench decode-attn --spans 256,2048 --kv int8
 wait_file $A 240
-B="python3 -m strata bench decode $A --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
+B=$A3B_RESIDENT
 ab_rounds 2 35 "head pervalue" $B --kv-dtype int8
 part fp16 35 $B
 finish 10
