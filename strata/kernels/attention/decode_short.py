@@ -17,10 +17,13 @@ operand rounded to the fp16/bf16 cache's dtype: one half-precision pass, fp32 su
 (the engine's default) both dots are native in chunks of 64 cells: a bf16 or fp16 query is exact in fp16 (where
 the cache's keys fit), and the probabilities rounded to fp16 (2^-11 relative) move the output by at most 2^-11 of
 the values' largest, a quarter of the bf16 step the output is rounded to after (session 16: the A3B step 1.95 ->
-1.82 ms, greedy tokens equal to split-K's). Over a bf16 cache QK takes tf32 (exact for fp16/bf16 operands: at most
-11 significant bits each) and PV tf32x3 (bf16 probabilities would cost the output's own step); over int8 codes
-(times their fp32 scale) and fp32 caches both take tf32x3. Bound against float64: the split-K kernel's, plus that
-rounding of P over a fp16 cache (tests/kernels/attention/test_decode_short.py states it).
+1.82 ms, greedy tokens equal to split-K's). Over int8 codes both dots are native too (`_int8_native_step`): QK
+one fp16 dot per 64 values (the codes exact in fp16) scaled by their (cell, 64 values) scale after, PV over the
+codes times their scales rounded to fp16 (as a fp16 cache would hold the values): one more rounding of 2^-11 of
+the values' largest; "tf32x3" there dots the codes scaled in fp32. Over a bf16 cache QK takes tf32 (exact for
+fp16/bf16 operands: at most 11 significant bits each) and PV tf32x3 (bf16 probabilities would cost the output's own
+step); fp32 caches take tf32x3. Bound against float64: the split-K kernel's, plus those roundings
+(tests/kernels/attention/test_decode_short.py states it).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class ShortConfig:
         """The loop's chunk, for dots that are both native or not."""
         return self.chunk or (64 if native else 32)
 
+    def chunk_for(self, qk: str, pv: str, int8: bool, dim: int) -> int:
+        """The launch's chunk: `cells_a_step`, native over int8 codes at heads past 128 values taking 32 (64
+        spilled at D 256 in sm_90's build)."""
+        return self.cells_a_step(qk == pv == "native" and not (int8 and dim > 128))
+
     def per_program(self, span: int, chunk: int) -> int:
         """Cells of the span each program reads when split by span (whole chunks of `chunk`)."""
         return triton.cdiv(triton.cdiv(span, self.splits(span)), chunk) * chunk
@@ -92,6 +100,28 @@ def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.
     else:
         pv = tl.dot(e, v.to(tl.float32), input_precision=PV)
     return m, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, scale_log2, D: tl.constexpr,
+                      CH: tl.constexpr):
+    """`_chunk_step` over int8 codes with native dots: q3 [D/64, BM, 64] fp16; QK one fp16 dot per 64 values (the
+    codes exact in fp16), each scaled by its (cell, 64 values) scale in fp32 after; V's codes times their scales
+    rounded to fp16 (2^-11 relative, as a fp16 cache holds them) for one fp16 PV dot."""
+    NG: tl.constexpr = D // 64
+    g = tl.arange(0, NG)[:, None, None]
+    at = rows[None, None, :] * NG + g  # [NG, 1, CH]: the cells' scales
+    k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + tl.arange(0, 64)[None, :, None],
+                mask=valid[None, None, :], other=0)
+    ks = tl.load(ks_ptr + at, mask=valid[None, None, :], other=0.0).to(tl.float32)
+    s = tl.sum(tl.dot(q3, k.to(tl.float16)) * ks, axis=0)
+    e, alpha, m, l = softmax_step(s * scale_log2, valid, m, l)
+    d = tl.arange(0, D)
+    v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+    vs = tl.load(vs_ptr + rows[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid[:, None], other=0.0)
+    # fp16 x fp16 rounded once: the same bytes as the fp32 product rounded to fp16
+    v = tl.reshape(tl.reshape(v.to(tl.float16), (CH, NG, 64)) * tl.reshape(vs.to(tl.float16), (CH, NG, 1)), (CH, D))
+    return m, l, acc * alpha[:, None] + tl.dot(e.to(tl.float16), v)
 
 
 @triton.jit
@@ -131,18 +161,27 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
         per = ((width + share - 1) // share + CH - 1) // CH * CH
         begin = sp * per
         end = tl.minimum(width, begin + per)
+        if INT8 and QK == "native":  # the query by 64 values, fp16 (`_int8_native_step`)
+            g3 = tl.arange(0, D // 64)[:, None, None]
+            q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
+                         mask=live[None, :, None], other=0.0).to(tl.float16)
         for c0 in range(begin, end, CH):
             rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE)
-            k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
-            v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
-            if INT8:  # the codes times their scales, in fp32: one scale a (cell, 64 values), loaded once each
-                NG: tl.constexpr = D // 64
-                g = tl.arange(0, NG)
-                ks = tl.load(ks_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0).to(tl.float32)
-                vs = tl.load(vs_ptr + rows[:, None] * NG + g[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-                k = tl.reshape(tl.reshape(k.to(tl.float32), (NG, 64, CH)) * tl.reshape(ks, (NG, 1, CH)), (D, CH))
-                v = tl.reshape(tl.reshape(v.to(tl.float32), (CH, NG, 64)) * tl.reshape(vs, (CH, NG, 1)), (CH, D))
-            m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
+            if INT8 and QK == "native":
+                m, l, acc = _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, scale_log2,
+                                              D, CH)
+            else:
+                k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
+                v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+                if INT8:  # the codes times their scales, in fp32: one scale a (cell, 64 values), loaded once each
+                    NG: tl.constexpr = D // 64
+                    g = tl.arange(0, NG)
+                    ks = tl.load(ks_ptr + rows[None, :] * NG + g[:, None], mask=valid[None, :], other=0.0)
+                    vs = tl.load(vs_ptr + rows[:, None] * NG + g[None, :], mask=valid[:, None], other=0.0)
+                    ks, vs = tl.reshape(ks.to(tl.float32), (NG, 1, CH)), tl.reshape(vs.to(tl.float32), (CH, NG, 1))
+                    k = tl.reshape(tl.reshape(k.to(tl.float32), (NG, 64, CH)) * ks, (D, CH))
+                    v = tl.reshape(tl.reshape(v.to(tl.float32), (CH, NG, 64)) * vs, (CH, D))
+                m, l, acc = _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK, PV)
     out_rows = out_ptr + head[:, None] * D + d[None, :]
     if SPLITS == 1:
         tl.store(out_rows, tl.where(l[:, None] > 0, acc / l[:, None], 0.0).to(out_ptr.dtype.element_ty),
@@ -201,10 +240,11 @@ def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -
         return "ieee", "ieee"
     halves = (torch.float16, torch.bfloat16)
     exact = q.dtype in halves and cache_dtype in halves
-    fp16 = exact and cache_dtype == torch.float16
-    qk = config.qk or ("native" if fp16 else "tf32" if exact else "tf32x3")
-    pv = config.pv or ("native" if fp16 else "tf32x3")
-    if cache_dtype not in halves:  # int8 codes are scaled in fp32; a float32 cache has no narrower dtype
+    native = q.dtype in halves and cache_dtype in (torch.float16, torch.int8)
+    qk = config.qk or ("native" if native else "tf32" if exact else "tf32x3")
+    pv = config.pv or ("native" if native else "tf32x3")
+    # A float32 cache has no narrower dtype; over int8 codes the native form takes both dots or neither.
+    if cache_dtype == torch.float32 or (cache_dtype == torch.int8 and (qk == "native") != (pv == "native")):
         qk, pv = ("tf32x3" if p == "native" else p for p in (qk, pv))
     return qk, pv
 
@@ -256,7 +296,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     scale = 1 / math.sqrt(dim) if sm_scale is None else sm_scale
     by_span = dense and config.by_span
     qk, pv = precisions(q, cache_dtype, config)
-    chunk = config.cells_a_step(qk == pv == "native")
+    chunk = config.chunk_for(qk, pv, int8, dim)
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=chunk, SPLITS=splits, INT8=int8, DENSE=dense, QK=qk, PV=pv,
                 BY_SPAN=by_span, PER=config.per_program(span, chunk) if by_span else 0, CELLS=config.cells,
                 MAX_SPLITS=config.max_splits,

@@ -4,7 +4,8 @@ Bound, stated once: within max(4 x the fp32 split-K kernel's error, 1e-5 x the o
 float64 reference (the interpreter computes in fp32; compiled, QK in tf32 is exact for fp16/bf16 inputs and tf32x3
 holds ~fp32 accuracy, 2^-22 a product before the tensor cores' fp32 sums; the step rounds the output to bf16, 2^-9),
 plus, over a fp16 cache (both dots native by default: the probabilities rounded to fp16), 2^-11 x the values'
-largest magnitude (as its sum of probabilities is 1), doubled for the fp32 sums around it.
+largest magnitude (as its sum of probabilities is 1), doubled for the fp32 sums around it; over int8 codes (native
+by default: the values, codes times scales, rounded to fp16 as well) three times that.
 """
 
 import dataclasses
@@ -35,13 +36,22 @@ def _dense_float64(q, keys, values, width):
     return out
 
 
-def _within(got, want, split_k, values=None):
-    """`values`: the cache's values where the default's dots are native (a fp16 cache)."""
+def _within(got, want, split_k, values=None, pool=None):
+    """`values`: the cache's values where the default's dots are native (a fp16 cache); `pool`: an int8 pool, its
+    values (codes times scales) rounded to fp16 as well for the native PV dot."""
     scale = want.abs().max().item()
     bound = max(4 * (split_k.double().cpu() - want).abs().max().item(), 1e-5 * scale)
     if values is not None and values.dtype == torch.float16:
         bound += 2 * 2.0**-11 * values.float().abs().max().item()
+    if pool is not None and pool.int8:
+        bound += 3 * 2.0**-11 * _int8_values(pool).abs().max().item()
     return (got.double().cpu() - want).abs().max().item() <= bound
+
+
+def _int8_values(pool):
+    """An int8 pool's values: each code times its (cell, 64 values) scale."""
+    rows, dim = pool.v.shape
+    return (pool.v.float().view(rows, dim // 64, 64) * pool.v_scale.float()[:, :, None]).view(rows, dim).cpu()
 
 
 @pytest.mark.parametrize("span,dtype,by_span", [  # SMALL: 1, 2 and 4 programs per (KV head, query)
@@ -89,15 +99,19 @@ def test_native_dots_within_the_half_precision_bound():
 
 
 def test_the_default_dots_follow_the_cache():
-    """Native (one fp16 pass, chunks of 64) over a fp16 cache; over a bf16 cache QK in tf32 (exact) and PV in
-    tf32x3; over int8 codes (scaled in fp32) and float32 caches tf32x3 both; a config's own choice stands."""
+    """Native (one fp16 pass, chunks of 64) over fp16 and int8 caches (a half-precision query); over a bf16 cache QK
+    in tf32 (exact) and PV in tf32x3; over a float32 cache tf32x3 both; a config's own choice stands."""
     from strata.kernels.attention.decode_short import DEFAULT, precisions
 
     q = torch.zeros(1, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     assert precisions(q, torch.float16, DEFAULT) == ("native", "native")
     assert precisions(q, torch.bfloat16, DEFAULT) == ("tf32", "tf32x3")
-    assert precisions(q, torch.int8, DEFAULT) == precisions(q.float(), torch.float32, DEFAULT) == ("tf32x3", "tf32x3")
+    assert precisions(q, torch.int8, DEFAULT) == ("native", "native")
+    assert precisions(q.float(), torch.float32, DEFAULT) == precisions(q.float(), torch.int8, DEFAULT) == (
+        "tf32x3", "tf32x3")
     assert precisions(q, torch.float16, dataclasses.replace(DEFAULT, pv="tf32x3")) == ("native", "tf32x3")
+    # over int8 codes native takes both dots or neither
+    assert precisions(q, torch.int8, dataclasses.replace(DEFAULT, pv="tf32x3")) == ("tf32x3", "tf32x3")
     assert DEFAULT.cells_a_step(True) == 64 and DEFAULT.cells_a_step(False) == 32
 
 
@@ -109,7 +123,22 @@ def test_paged_selection_against_float64(int8):
     config = ShortConfig(cells=32, max_splits=4, chunk=32)
     got = decode_attn_triton(q, pool, table, ids, width, short=config)
     split_k = decode_attn_triton(q, pool, table, ids, width, split=32)
-    assert _within(got, prompt_attn_ref(q.float(), pool, table, ids, width).cpu(), split_k, pool.v)
+    assert _within(got, prompt_attn_ref(q.float(), pool, table, ids, width).cpu(), split_k, pool.v, pool)
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_int8_native_dots_against_float64(dim):
+    """Over int8 codes the native form (one fp16 QK dot per 64 values, scaled after; V's codes times scales rounded
+    to fp16) holds the bound, as does the tf32x3 form over codes scaled in fp32, for one to four groups of 64."""
+    pool, table = random_pool(200, 2, dim, True, seed=dim)
+    ids, width = selections([0, 63, 130, 199], cap=160, seed=dim)
+    q = queries(4, 8, dim, seed=dim).bfloat16()
+    want = prompt_attn_ref(q.float(), pool, table, ids, width).cpu()
+    split_k = decode_attn_triton(q, pool, table, ids, width, split=32)
+    for dots in ("native", "tf32x3"):
+        config = ShortConfig(cells=32, max_splits=4, qk=dots, pv=dots)
+        got = decode_attn_triton(q, pool, table, ids, width, short=config)
+        assert _within(got, want, split_k, pool=pool if dots == "native" else None), dots
 
 
 def test_counters_are_left_zero_for_the_next_launch():

@@ -1,8 +1,8 @@
-"""The one-launch decode attention (decode_short.py) built for sm_90 without a GPU (Triton's bundled ptxas): over an
-int8 cache, each (cell, 64 values)'s scale is loaded once and broadcast, so that A3B's heads (D 128, 8 queries a
-KV head) build without spills (session 16: one scale loaded per value spilled 16 bytes, 2,538 instructions against
-2,062; both forms give the same bytes, the products being exact in fp32). The fp16 cache's default (native dots,
-chunks of 64) builds without spills too. At qwen4exp's D 256 the int8 form still spills (360 bytes; 968 before)."""
+"""The one-launch decode attention (decode_short.py) built for sm_90 without a GPU (Triton's bundled ptxas), without
+spills: over an int8 cache the native form (the default: one fp16 QK dot per 64 values, V's codes times scales in
+fp16; 253 registers at A3B's D 128, chunks of 64; at qwen4exp's D 256 chunks of 32, as 64 spilled 48 bytes) and
+the tf32x3 form (each (cell, 64 values)'s scale loaded once and broadcast: session 16, 2,538 -> 2,062
+instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64)."""
 
 import json
 import os
@@ -17,8 +17,9 @@ import torch  # noqa: E402
 from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
-def build_sm90(int8: bool) -> dict:
-    """The kernel at A3B's shape (4 programs a KV head, the split form's merge), as the step launches it."""
+def build_sm90(int8: bool, dots: str = "native", dim: int = 128) -> dict:
+    """The kernel at A3B's shape (4 programs a KV head, the split form's merge), as the step launches it; over int8
+    codes `dots` "native" (the default) or "tf32x3"."""
     from strata.kernels.attention.decode_short import DEFAULT, _decode_short_kernel
     from tests.kernels.moe.test_dp4a_gemv import _sass_counts
 
@@ -27,23 +28,23 @@ def build_sm90(int8: bool) -> dict:
              "ml_ptr", "count_ptr", "out_ptr", "cap", "n_kv_heads", "scale_log2")
     types = ("*bf16", "*i32", "*i32", "*i32", cache, cache, "*fp16", "*fp16", "*fp32", "*fp32", "*i32", "*bf16",
              "i32", "i32", "fp32")
-    qk, pv = ("tf32x3", "tf32x3") if int8 else ("native", "native")
-    constants = dict(G=8, BM=16, D=128, CH=DEFAULT.cells_a_step(qk == pv == "native"), SPLITS=4, INT8=int8,
+    qk = pv = dots
+    constants = dict(G=8, BM=16, D=dim, CH=DEFAULT.chunk_for(qk, pv, int8, dim), SPLITS=4, INT8=int8,
                      DENSE=not int8, QK=qk, PV=pv, BY_SPAN=False, PER=0, CELLS=DEFAULT.cells,
                      MAX_SPLITS=DEFAULT.max_splits, PDL=1)
     regs, stack, executed, _ = _sass_counts(_decode_short_kernel, dict(zip(names, types)), constants, DEFAULT.warps)
-    return {"int8": int8, "regs": regs, "stack": stack, "instructions": executed}
+    return {"int8": int8, "dots": dots, "dim": dim, "regs": regs, "stack": stack, "instructions": executed}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device tools build and time it")
 @needs_ptxas
 def test_the_kernel_builds_for_sm90_without_spills():
     builds = builds_of(__file__)
-    assert len(builds) == 2, builds
+    assert len(builds) == 4, builds
     for b in builds:
         assert b["stack"] == 0 and b["regs"] <= 255, b
 
 
 if __name__ == "__main__":
-    for int8 in (True, False):
-        print(json.dumps(build_sm90(int8)), flush=True)
+    for form in ((True, "native", 128), (True, "tf32x3", 128), (False, "native", 128), (True, "native", 256)):
+        print(json.dumps(build_sm90(*form)), flush=True)
