@@ -8,7 +8,7 @@ it added to the step), summed by kernel name per token, and apart from it the id
 then the same by place in a layer's cycle of launches (telling apart q/k/v's matvec from o's, which share a kernel).
 
 Usage: python3 tools/device/profile_decode.py MODEL.gguf [--steps N] [--graphs on|off] [--prompt-tokens N]
-       [--vram-budget GIB] [--increments]
+       [--vram-budget GIB] [--increments] [--kv-dtype int8]
 """
 
 import argparse
@@ -98,8 +98,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="kernels listed by launches per token")
     parser.add_argument("--vram-budget", type=float, default=None, help="GiB, as `bench decode` takes it")
     parser.add_argument("--increments", action="store_true", help="each kernel's share of the critical path")
+    parser.add_argument("--kv-dtype", default="float16", help="as `bench decode` takes it (float16, int8, ...)")
     args = parser.parse_args()
-    engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx,
+    engine = Engine(args.model, EngineConfig(device="cuda", dtype="bfloat16", n_ctx=args.ctx, kv_dtype=args.kv_dtype,
                                              decode_graphs=args.graphs, vram_budget=args.vram_budget))
     vocab = engine.model.config.vocab_size
     ids = torch.randint(0, vocab, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()

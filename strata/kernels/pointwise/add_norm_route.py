@@ -4,8 +4,8 @@ three launches in every MoE layer of a decode step.
 
 Programs split the experts (EB router rows each); each computes the add and the norm of its token's row as
 add_rms_norm_triton does (program 0 stores them: the residual is that kernel's bytes, the normed row too unless the
-compiler orders the norm's sum otherwise, a step of the dtype at most), its
-experts' logits (fp32 sums of bf16 products, rounded to the activation dtype as F.linear's output is), and counts
+norm's sum runs in another order, by its warps or the compiler's choice: a step of the dtype at most), its experts'
+logits (fp32 sums of bf16 products, rounded to the activation dtype as F.linear's output is), and counts
 itself on a per-token counter; the last to arrive reads every logit back and runs route_topk's softmax top-k on them
 (a fixed sequence: the same bytes whichever program is last), then resets the counter for the next launch. The
 router rows are read in the activation dtype (the model's converted copy). The logits' sums run in another order
@@ -33,7 +33,9 @@ class RouteConfig:
     """Tunables (`strata bench decode-attn --sweep` times the alternatives)."""
 
     experts_per_program: int = 4  # 128 experts: 32 programs, 16 KB of bf16 router rows each
-    warps: int = 0  # 0: add_rms_norm_triton's (the norm's sums, and so its bytes, follow the warps)
+    # 0: one warp a 256 values, at most 4 (half add_rms_norm_triton's 8 at A3B's 2,048: its normed bytes may then
+    # differ from that kernel's by a step; session 17, the A3B step 1.82 -> 1.80 ms)
+    warps: int = 0
 
 
 DEFAULT = RouteConfig()
@@ -126,6 +128,6 @@ def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: tor
             rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, counters, weights,
             ids, n_cols, n_experts, eps, BLOCK=block, EB=eb, PROGRAMS=programs, K=k, NORMALIZE=normalize,
             EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-            num_warps=config.warps or min(8, max(1, block // 256)), **(launch_options(h) if router_kept else {}),
+            num_warps=config.warps or min(4, max(1, block // 256)), **(launch_options(h) if router_kept else {}),
             **rounded_options(rounded))
     return residual, out, weights, ids
