@@ -264,10 +264,13 @@ class StaticPagedKV(StaticView):
         if selection is not None:
             ids, width = (t.to(torch.int32).contiguous() for t in check_selection(selection, q.shape[0]))
         if kernels:
-            out = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=SHORT_DEFAULT)
+            in_order = selection is None  # self.ids: every cell in order
+            out = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=SHORT_DEFAULT,
+                                     in_order=in_order)
             if selection is None and self._across_reach(q.shape[0]):  # as StaticDenseKV._decode
                 reach = dataclasses.replace(SHORT_DEFAULT, max_span=self.span)
-                short = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=reach)
+                short = decode_attn_triton(q, pool, table, ids, width, out_dtype=q.dtype, short=reach,
+                                           in_order=in_order)
                 out = torch.where((width <= SHORT_DEFAULT.max_span)[:, None, None], short, out)
             return out
         # The reference (the CPU form): a window's rows one at a time, each with its one-token step's arithmetic

@@ -129,7 +129,8 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                          count_ptr, out_ptr, cap, n_kv_heads, scale_log2, G: tl.constexpr, BM: tl.constexpr,
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
-                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0):
+                         PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
+                         IN_ORDER: tl.constexpr = False):
     pdl_start(PDL)
     pdl_wait(PDL)  # the query, the widths and this step's keys: all written by earlier kernels of the step
     sp = tl.program_id(0)
@@ -166,7 +167,7 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
                          mask=live[None, :, None], other=0.0).to(tl.float16)
         for c0 in range(begin, end, CH):
-            rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE)
+            rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE, IN_ORDER)
             if INT8 and QK == "native":
                 m, l, acc = _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, scale_log2,
                                               D, CH)
@@ -274,11 +275,13 @@ def _launch_once_guarded(key: tuple, launch) -> bool:
 
 def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
                  cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
-                 config: ShortConfig = DEFAULT, ids_stride: int | None = None) -> torch.Tensor | None:
+                 config: ShortConfig = DEFAULT, ids_stride: int | None = None,
+                 in_order: bool = False) -> torch.Tensor | None:
     """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
     v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
     count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
-    config failed to compile: the caller runs split-K then."""
+    config failed to compile: the caller runs split-K then. `in_order`: a paged cache's ids are every cell in order
+    (the static view without a selection): the kernel takes cell j as j, not loading it."""
     n_q, n_heads, dim = q.shape
     splits = config.splits(span)
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
@@ -299,7 +302,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     chunk = config.chunk_for(qk, pv, int8, dim)
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=chunk, SPLITS=splits, INT8=int8, DENSE=dense, QK=qk, PV=pv,
                 BY_SPAN=by_span, PER=config.per_program(span, chunk) if by_span else 0, CELLS=config.cells,
-                MAX_SPLITS=config.max_splits,
+                MAX_SPLITS=config.max_splits, **({"IN_ORDER": True} if in_order and not dense else {}),
                 num_warps=config.warps, num_stages=config.stages, **launch_options(q))
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 

@@ -21,24 +21,29 @@ LOG2E = 1 / math.log(2)
 
 
 @triton.jit
-def chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.constexpr):
-    """Pool rows (int64) of selected cells `c0 .. c0 + CH` of one query, and which of them are valid."""
+def chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.constexpr, IN_ORDER: tl.constexpr = False):
+    """Pool rows (int64) of selected cells `c0 .. c0 + CH` of one query, and which of them are valid. IN_ORDER: the
+    ids are 0, 1, 2, ... (every cell, no selection): cell j is j, one dependent load fewer."""
     j = c0 + tl.arange(0, CH)
     valid = j < width
-    cell = tl.load(ids_ptr + j, mask=valid, other=0)
+    if IN_ORDER:
+        cell = tl.where(valid, j, 0)
+    else:
+        cell = tl.load(ids_ptr + j, mask=valid, other=0)
     page = tl.load(page_table_ptr + cell // 4, mask=valid, other=0).to(tl.int64)
     return (page * n_kv_heads + kvh) * 4 + cell % 4, valid
 
 
 @triton.jit
-def span_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.constexpr, DENSE: tl.constexpr):
+def span_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH: tl.constexpr, DENSE: tl.constexpr,
+              IN_ORDER: tl.constexpr = False):
     """`chunk_rows`, or over a dense cache (DENSE: no ids, cell j of KV head kvh is row j * n_kv_heads + kvh) the
     rows of cells `c0 .. c0 + CH` below `width`."""
     if DENSE:
         cells = c0 + tl.arange(0, CH)
         rows, valid = cells.to(tl.int64) * n_kv_heads + kvh, cells < width
     else:
-        rows, valid = chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH)
+        rows, valid = chunk_rows(ids_ptr, page_table_ptr, c0, width, kvh, n_kv_heads, CH, IN_ORDER)
     return rows, valid
 
 

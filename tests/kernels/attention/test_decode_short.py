@@ -141,6 +141,18 @@ def test_int8_native_dots_against_float64(dim):
         assert _within(got, want, split_k, pool=pool if dots == "native" else None), dots
 
 
+def test_cells_in_order_give_the_loaded_ids_bytes():
+    """`in_order` (the static view's ids 0, 1, 2, ...: the kernel takes cell j as j) reads the same rows in the same
+    order as loading those ids: the same bytes; a selection that is not in order is not what it computes."""
+    pool, table = random_pool(200, 2, 128, True, seed=8)
+    q, width = queries(3, 8, 128, seed=8).bfloat16(), torch.tensor([1, 70, 200], device=DEVICE)
+    ids = torch.arange(200, dtype=torch.int32, device=DEVICE)[None].expand(3, 200)
+    loaded = decode_attn_triton(q, pool, table, ids, width, short=SMALL)
+    assert torch.equal(decode_attn_triton(q, pool, table, ids, width, short=SMALL, in_order=True), loaded)
+    reversed_ids = ids.flip(-1).contiguous()
+    assert not torch.equal(decode_attn_triton(q, pool, table, reversed_ids, width, short=SMALL), loaded)
+
+
 def test_counters_are_left_zero_for_the_next_launch():
     keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
     q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)
