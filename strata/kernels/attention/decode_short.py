@@ -103,6 +103,13 @@ def _chunk_step(q, k, v, valid, m, l, acc, scale_log2, QK: tl.constexpr, PV: tl.
 
 
 @triton.jit
+def _codes_as_fp16(codes):
+    """int8 codes -> fp16, exactly, without the quarter-rate I2F conversions: the fp16 bits 0x6400 + (c + 128) are
+    1152 + c (1024 + n for n < 1024), and 1152 comes off exactly."""
+    return (codes.to(tl.int16) + (0x6400 + 128)).to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
 def _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, scale_log2, D: tl.constexpr,
                       CH: tl.constexpr):
     """`_chunk_step` over int8 codes with native dots: q3 [D/64, BM, 64] fp16; QK one fp16 dot per 64 values (the
@@ -114,13 +121,13 @@ def _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, 
     k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + tl.arange(0, 64)[None, :, None],
                 mask=valid[None, None, :], other=0)
     ks = tl.load(ks_ptr + at, mask=valid[None, None, :], other=0.0).to(tl.float32)
-    s = tl.sum(tl.dot(q3, k.to(tl.float16)) * ks, axis=0)
+    s = tl.sum(tl.dot(q3, _codes_as_fp16(k)) * ks, axis=0)
     e, alpha, m, l = softmax_step(s * scale_log2, valid, m, l)
     d = tl.arange(0, D)
     v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
     vs = tl.load(vs_ptr + rows[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid[:, None], other=0.0)
     # fp16 x fp16 rounded once: the same bytes as the fp32 product rounded to fp16
-    v = tl.reshape(tl.reshape(v.to(tl.float16), (CH, NG, 64)) * tl.reshape(vs.to(tl.float16), (CH, NG, 1)), (CH, D))
+    v = tl.reshape(tl.reshape(_codes_as_fp16(v), (CH, NG, 64)) * tl.reshape(vs.to(tl.float16), (CH, NG, 1)), (CH, D))
     return m, l, acc * alpha[:, None] + tl.dot(e.to(tl.float16), v)
 
 

@@ -153,6 +153,21 @@ def test_cells_in_order_give_the_loaded_ids_bytes():
     assert not torch.equal(decode_attn_triton(q, pool, table, reversed_ids, width, short=SMALL), loaded)
 
 
+def test_every_int8_code_becomes_its_fp16_value():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def convert(codes_ptr, out_ptr):
+        i = tl.arange(0, 256)
+        tl.store(out_ptr + i, decode_short._codes_as_fp16(tl.load(codes_ptr + i)))
+
+    codes = torch.arange(-128, 128, dtype=torch.int8, device=DEVICE)
+    out = torch.empty(256, dtype=torch.float16, device=DEVICE)
+    convert[(1,)](codes, out)
+    assert torch.equal(out, codes.half())
+
+
 def test_counters_are_left_zero_for_the_next_launch():
     keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
     q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)
