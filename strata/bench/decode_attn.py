@@ -231,7 +231,7 @@ def bench_route(rows: int, device, sweep: bool, n_embd=2048, n_experts=128, k=8)
                       [()] * CALLS, device)
         same_ids = all(sorted(a) == sorted(b) for a, b in zip(got[3].tolist(), want[3].tolist()))
         print(f"  {'default ' if config == ROUTE_DEFAULT else ''}experts_per_program={config.experts_per_program:<3} "
-              f"warps={config.warps or 'norm'!s:<5} {us:6.2f} us  {three_us / us:5.2f}x three  residual "
+              f"warps={config.warps or 'auto'!s:<5} {us:6.2f} us  {three_us / us:5.2f}x three  residual "
               f"{'=' if torch.equal(got[0], want[0]) else '!='}  x {'=' if torch.equal(got[1], want[1]) else '!='}  "
               f"experts {'same' if same_ids else 'DIFFER'}  max weight diff "
               f"{(got[2] - want[2]).abs().max().item():.1e}")
