@@ -201,7 +201,7 @@ def bench_shared_join(rows: int, device, n_embd=2048) -> None:
           f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
 
 
-ROUTE_SWEEP = [(2, 0), (8, 0), (16, 0), (1, 0), (4, 8), (8, 8), (2, 8), (2, 1), (1, 1), (1, 2), (4, 2)]  # (experts a program, warps; 0: the rule)
+ROUTE_SWEEP = [(2, 0), (4, 0), (8, 0), (16, 0), (4, 8), (8, 8), (2, 8), (4, 4), (1, 2), (4, 2)]  # (experts a program, warps; 0: the rule)
 
 
 def bench_route(rows: int, device, sweep: bool, n_embd=2048, n_experts=128, k=8) -> None:

@@ -65,6 +65,8 @@ TICKET, ROUTED, GATE_UP_DONE, FINISHED, GAVE_UP, DOWN_DONE, O_DONE, ARRIVALS = (
 MAX_ROWS = 64  # tokens a launch routes (verify windows)
 COUNTERS = ARRIVALS.value + MAX_ROWS
 GPU_WARPS = 8  # one launch, one warp count for every phase (see ChainConfig)
+CHAIN_ROUTE_EXPERTS = 4  # router rows a routing item by default: A3B's 128 in 32 items (add_norm_route's own
+# launch takes 1 a program at one warp; the chain's items run at the chain's warps)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class ChainConfig:
     gate_up_bn: int = 0
     down_bn: int = 0
     o_bn: int = 0  # rows an o projection item (and a q/k/v matvec item: kernels/pointwise/chain_qkv_store.py)
-    route_experts: int = 0  # router rows a routing item (0: add_norm_route's default, 4: A3B's 128 in 32 items)
+    route_experts: int = 0  # router rows a routing item (0: CHAIN_ROUTE_EXPERTS)
     nap_ns: int = 0  # a waiting program sleeps this long between polls of a done-count (0: polls back to back)
 
 
@@ -354,10 +356,9 @@ def launch_shape(n_tokens: int, n_cols: int, n_experts: int, k: int, normalize: 
     and down operand d (gemv.ExpertOperand, or anything with .spec, .rows, .cols), `tiles` from `chain_tiles`;
     `join`: the residual add + next norm as a last phase; `o`: the o projection's operand, a first phase."""
     from strata.kernels.moe.oneshot_gemv import _constants
-    from strata.kernels.pointwise.add_norm_route import DEFAULT as ROUTE
 
     block = triton.next_power_of_2(n_cols)
-    eb = min(triton.next_power_of_2(config.route_experts or ROUTE.experts_per_program),
+    eb = min(triton.next_power_of_2(config.route_experts or CHAIN_ROUTE_EXPERTS),
              triton.next_power_of_2(n_experts))
     programs = triton.cdiv(n_experts, eb)
     gate_c = _constants(g.spec, g.rows, g.cols, 1, slots, tiles[0].bn, 1)

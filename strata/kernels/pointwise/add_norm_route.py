@@ -32,9 +32,11 @@ from strata.kernels.pointwise.route_topk import softmax_topk
 class RouteConfig:
     """Tunables (`strata bench decode-attn --sweep` times the alternatives)."""
 
-    experts_per_program: int = 4  # 128 experts: 32 programs, 16 KB of bf16 router rows each
-    # 0: one warp a 256 values, at most 4 (half add_rms_norm_triton's 8 at A3B's 2,048: its normed bytes may then
-    # differ from that kernel's by a step; session 17, the A3B step 1.82 -> 1.80 ms)
+    experts_per_program: int = 1  # 128 experts: 128 programs, 4 KB of bf16 router rows each
+    # 0: one warp a 2,048 values (at 4,096 one warp spills): a program's sums and the top-k then reduce within one
+    # warp, without barriers (63 -> 2 in the sm_90 build). Session 17, the A3B step: 1.82 ms with add_rms_norm_triton's
+    # 8 warps (4 experts a program), 1.80 at 4, 1.77 at one (and 1 expert a program); its normed bytes may then differ
+    # from that kernel's by a step of the dtype.
     warps: int = 0
 
 
@@ -128,6 +130,6 @@ def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: tor
             rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, counters, weights,
             ids, n_cols, n_experts, eps, BLOCK=block, EB=eb, PROGRAMS=programs, K=k, NORMALIZE=normalize,
             EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-            num_warps=config.warps or min(4, max(1, block // 256)), **(launch_options(h) if router_kept else {}),
+            num_warps=config.warps or min(4, max(1, block // 2048)), **(launch_options(h) if router_kept else {}),
             **rounded_options(rounded))
     return residual, out, weights, ids

@@ -16,9 +16,9 @@ import torch
 import triton
 
 from strata.bench.moe_decode import synthetic_stack
-from strata.kernels.moe.chain_moe import (ARRIVALS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP, O_DONE, ROUTED,
-                                          TICKET, ChainConfig, chain_moe_triton, chain_tiles, counter_device,
-                                          site_counters)
+from strata.kernels.moe.chain_moe import (ARRIVALS, CHAIN_ROUTE_EXPERTS, DOWN_DONE, FINISHED, GATE_UP_DONE, GAVE_UP,
+                                          O_DONE, ROUTED, TICKET, ChainConfig, chain_moe_triton, chain_tiles,
+                                          counter_device, site_counters)
 from strata.kernels.moe.gemv import DecodeExperts, ExpertOperand, down_sum_triton, gate_up_swiglu_triton
 from strata.kernels.pointwise.add_norm_route import RouteConfig, add_norm_route_triton
 from strata.kernels.pointwise.add_rms_norm import _add_rms_norm_kernel
@@ -46,7 +46,7 @@ def _unchained(case, config, next_norm=None):
     (residual, x, y, H, ids[, the new residual, its norm by next_norm])."""
     tiles = chain_tiles(case["experts"], case["k"], case["h"].is_cuda, config)
     warps = max(t.warps for t in tiles)
-    route = RouteConfig(config.route_experts or RouteConfig().experts_per_program, warps)
+    route = RouteConfig(config.route_experts or CHAIN_ROUTE_EXPERTS, warps)
     residual, x, weights, ids = add_norm_route_triton(case["h"], case["delta"], case["norm_weight"], case["router"],
                                                       case["eps"], case["k"], case["normalize"], config=route)
     hid = gate_up_swiglu_triton(x, ids, case["experts"], tiles[0])
