@@ -43,6 +43,11 @@ class RouteConfig:
 DEFAULT = RouteConfig()
 
 
+def launch_warps(block: int, config: RouteConfig = DEFAULT) -> int:
+    """The launch's warps for rows of `block` (a power of two) values: the config's, else one a 2,048, at most 4."""
+    return config.warps or min(4, max(1, block // 2048))
+
+
 @triton.jit
 def _add_norm_route_kernel(h_ptr, d_ptr, nw_ptr, router_ptr, res_ptr, out_ptr, logits_ptr, count_ptr, weights_ptr,
                            ids_ptr, n_cols, n_experts, eps, BLOCK: tl.constexpr, EB: tl.constexpr,
@@ -130,6 +135,6 @@ def add_norm_route_triton(h: torch.Tensor, delta: torch.Tensor, norm_weight: tor
             rows, deltas, norm_weight.contiguous(), router.contiguous(), residual, out, logits, counters, weights,
             ids, n_cols, n_experts, eps, BLOCK=block, EB=eb, PROGRAMS=programs, K=k, NORMALIZE=normalize,
             EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
-            num_warps=config.warps or min(4, max(1, block // 2048)), **(launch_options(h) if router_kept else {}),
+            num_warps=launch_warps(block, config), **(launch_options(h) if router_kept else {}),
             **rounded_options(rounded))
     return residual, out, weights, ids
