@@ -3,8 +3,10 @@ block, the interpreter off) builds them and prints one JSON line a build; its te
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,3 +25,25 @@ def builds_of(test_file: str, timeout: int = 300) -> list[dict]:
                          timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def cubin_report(kernel, signature: dict, constants: dict, warps: int, unaligned: tuple = (),
+                 fusion: bool = True) -> tuple[int, int, str]:
+    """(registers, spill stack, SASS) of `kernel` built for sm_90 (call it with the interpreter off); the arguments
+    of `signature` but `unaligned` specialized as 16-divisible, as a launch at the layer's shapes would."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature if n not in unaligned}
+    source = ASTSource(kernel, {**signature, **{c: "constexpr" for c in constants}}, constants, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "enable_fp_fusion": fusion})
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+    return int(regs), int(stack), sass

@@ -10,9 +10,6 @@ with the block code sums zeroed (so without the -8 offset) must fall outside it.
 import json
 import os
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
     os.environ.pop("TRITON_INTERPRET", None)
@@ -29,7 +26,7 @@ from strata.kernels.moe import dp4a_gemv  # noqa: E402
 from strata.kernels.moe.dp4a_gemv import (  # noqa: E402
     dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref, row_error_bound)
 
-from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
+from tests.kernels.sm90 import builds_of, cubin_report, needs_ptxas  # noqa: E402
 
 
 def q4_0(n_mats: int, n_out: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,23 +197,11 @@ def _sass_counts(kernel, signature: dict, constants: dict, warps: int,
                  fusion: bool = True) -> tuple[int, int, int, int]:
     """(registers, spill stack, SASS instructions that run, IDP.4A among them) of a kernel built for sm_90 without a
     GPU (Triton's bundled ptxas); pointers and sizes specialized as 16-divisible, as a launch would."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature if not n.startswith("stride")}
-    source = ASTSource(kernel, {**signature, **{c: "constexpr" for c in constants}}, constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": fusion})
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
-                               text=True).stdout
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
-    regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+    unaligned = tuple(n for n in signature if n.startswith("stride"))
+    regs, stack, sass = cubin_report(kernel, signature, constants, warps, unaligned, fusion)
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z]", line)]
     executed = [line for line in lines if not re.search(r"\s(NOP|BRA)\b", line)]  # (the padding after EXIT)
-    return int(regs), int(stack), len(executed), sum("IDP.4A" in line for line in lines)
+    return regs, stack, len(executed), sum("IDP.4A" in line for line in lines)
 
 
 def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: int = 0, rows: int = 1,

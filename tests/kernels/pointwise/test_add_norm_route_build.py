@@ -5,6 +5,7 @@ its reductions need no barriers across warps (at two or more its 19 block-wide r
 
 import json
 import os
+import re
 
 if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
     os.environ.pop("TRITON_INTERPRET", None)
@@ -13,20 +14,12 @@ if __name__ == "__main__":  # building for the GPU: Triton imported before strat
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
+from tests.kernels.sm90 import builds_of, cubin_report, needs_ptxas  # noqa: E402
 
 SHAPES = [(2048, 128, 8), (2560, 512, 10)]  # (columns, experts, top-k)
 
 
 def build_sm90(n_cols: int, n_experts: int, k: int, quant: bool) -> dict:
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from strata.kernels.pointwise.add_norm_route import DEFAULT, _add_norm_route_kernel, launch_warps
 
     block = triton.next_power_of_2(n_cols)
@@ -39,21 +32,9 @@ def build_sm90(n_cols: int, n_experts: int, k: int, quant: bool) -> dict:
     constants = dict(BLOCK=block, EB=DEFAULT.experts_per_program, PROGRAMS=n_experts // DEFAULT.experts_per_program,
                      K=k, NORMALIZE=True, EBLOCK=triton.next_power_of_2(n_experts), KB=triton.next_power_of_2(k),
                      PDL=1, QUANT=int(quant))
-    kernel = _add_norm_route_kernel
-    aligned = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature if n != "eps"}
-    source = ASTSource(kernel, {**signature, **{c: "constexpr" for c in constants}}, constants, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
-                               text=True).stdout
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
-    regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-    barriers = len(re.findall(r"\sBAR\.", sass))
-    return {"cols": n_cols, "quant": quant, "warps": warps, "regs": int(regs), "stack": int(stack),
-            "barriers": barriers}
+    regs, stack, sass = cubin_report(_add_norm_route_kernel, signature, constants, warps, unaligned=("eps",))
+    return {"cols": n_cols, "quant": quant, "warps": warps, "regs": regs, "stack": stack,
+            "barriers": len(re.findall(r"\sBAR\.", sass))}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device tools build and time it")
