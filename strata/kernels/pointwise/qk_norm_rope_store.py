@@ -71,21 +71,27 @@ def qk_norm_rope_store_item(token, head, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, co
         tl.store(q_out + (token * n_heads + head) * DIM + cols, out.to(dtype), mask=cols < DIM)
     else:
         kvh = head - n_heads
-        cell = tl.load(pos_ptr + token).to(tl.int64)
         v_row = v_ptr + token * v_token_stride + kvh * DIM
+        # The value row loaded first: after the key's store the compiler may not move it up (the pointers might
+        # alias), and its latency would follow the key's.
+        if PAGED:
+            j = tl.arange(0, DIM // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
+            value = tl.load(v_row + j).to(tl.float32)
+        else:
+            value = tl.load(v_row + cols, mask=cols < DIM)
+        cell = tl.load(pos_ptr + token).to(tl.int64)
         if PAGED:
             page = tl.load(page_table_ptr + cell // 4).to(tl.int64)
             dst = (page * n_kv_heads + kvh) * 4 + cell % 4
-            j = tl.arange(0, DIM // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
             key = _turned(x_ptr, w_ptr, cos_ptr + cs, sin_ptr + cs, j, inv, DIM, HALF, dtype)
             _quantize_store(key, kc_ptr, ks_ptr, dst, 64, DIM // 64, INT8)
-            _quantize_store(tl.load(v_row + j).to(tl.float32), vc_ptr, vs_ptr, dst, 64, DIM // 64, INT8)
+            _quantize_store(value, vc_ptr, vs_ptr, dst, 64, DIM // 64, INT8)
         else:
             key = _turned(x_ptr, w_ptr, cos_ptr + cs, sin_ptr + cs, cols, inv, DIM, HALF, dtype)
             dst = (cell * n_kv_heads + kvh) * DIM + cols
             cache = kc_ptr.dtype.element_ty
             tl.store(kc_ptr + dst, key.to(dtype).to(cache), mask=cols < DIM)
-            tl.store(vc_ptr + dst, tl.load(v_row + cols, mask=cols < DIM).to(cache), mask=cols < DIM)
+            tl.store(vc_ptr + dst, value.to(cache), mask=cols < DIM)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
