@@ -25,6 +25,7 @@ from strata.engine.kv_paged import PagedInt8KV
 from strata.errors import StrataError
 from strata.kernels.attention.decode import (SHORT_DEFAULT, decode_attn_dense_triton, decode_attn_triton,
                                              dense_split_table, short_config)
+from strata.kernels.attention.decode_turn import Turn
 from strata.kernels.attention.kv_int8 import append_kv_ref, append_kv_triton, dequantize_int8
 from strata.kernels.attention.paged import PAGE, kv_rows
 from strata.kernels.attention.prompt import prompt_attention
@@ -135,6 +136,12 @@ class StaticDenseKV(StaticView):
         c = self.cache
         self._check_capacity()
         pos32, width = self.step_positions(layer)
+        if switches.get("STRATA_DECODE_TURN"):  # the norm + RoPE + store inside the attention's launch
+            turn = Turn(k, v, norm.q_weight, norm.k_weight, norm.cos, norm.sin, norm.eps)
+            out = decode_attn_dense_triton(q, c.keys[layer], c.values[layer], width, self.span, out_dtype=q.dtype,
+                                           short=SHORT_DEFAULT, turn=turn)
+            if out is not None:
+                return out
         q = qk_norm_rope_store_dense(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
                                      c.keys[layer], c.values[layer], pos32)
         return self._decode(layer, q, width)

@@ -21,6 +21,7 @@ import triton.language as tl
 from strata import switches
 from strata.kernels.attention.decode_short import DEFAULT as SHORT_DEFAULT
 from strata.kernels.attention.decode_short import ShortConfig, decode_short
+from strata.kernels.attention.decode_turn import Turn
 from strata.kernels.attention.paged import PagedKV
 from strata.kernels.attention.prompt_parts import CHUNK, LOG2E, check_inputs, rows_block, softmax_step, span_rows
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
@@ -205,14 +206,17 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
                              span: int, sm_scale: float | None = None, split: int | None = None,
                              out_dtype: torch.dtype = torch.float32,
                              row_split: tuple[torch.Tensor, int] | None = None,
-                             short: ShortConfig | None = SHORT_DEFAULT) -> torch.Tensor:
+                             short: ShortConfig | None = SHORT_DEFAULT,
+                             turn: Turn | None = None) -> torch.Tensor | None:
     """Attention of queries q [n_q, H, D] over cells 0..width[i]-1 (width read on the device, at most `span`: the
     launch's bound) of a dense cache keys/values [cells, Hkv, D]: [n_q, H, D] of out_dtype. A captured decode
     step's attention: one launch (short spans; each row's cells shared among programs by its own width, so a
     verify window's row is its one-query launch bit for bit) or split-K and its merge, in place of torch's masked
     attention over the whole span. `split` (cells a program) forces split-K, and so does `row_split` (int32 table by
     width on q's device, the launch's split count): split-K's rows each take the split of their width (a verify window's
-    row the split its own one-query step takes), in place of one split for all."""
+    row the split its own one-query step takes), in place of one split for all. `turn` (STRATA_DECODE_TURN,
+    decode_turn.py): q is the projection's raw queries, turned in the one launch with the step's key and value (which
+    it stores); None where that launch does not take them (the caller turns and stores them, then attends)."""
     n_q, n_heads, dim = q.shape
     n_kv_heads = keys.shape[1]
     if keys.shape != values.shape or keys.shape[2] != dim or n_heads % n_kv_heads or span > keys.shape[0]:
@@ -224,6 +228,9 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
     pointers = (width, width, width, keys, values, keys, values)
     config = short_config(split, short, span) if row_split is None else None  # a row split is split-K's
+    if turn is not None:
+        return None if config is None else decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype,
+                                                        sm_scale, out_dtype, config, turn=turn)
     if config is not None:
         out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config)
         if out is not None:

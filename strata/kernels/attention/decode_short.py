@@ -37,6 +37,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels import capability
+from strata.kernels.attention.decode_turn import (Turn, store_turned, supported, swap_in, turned_key_value,
+                                                  turned_queries)
 from strata.kernels.attention.prompt_parts import LOG2E, rows_block, softmax_step, span_rows
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
@@ -137,7 +139,8 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                          D: tl.constexpr, CH: tl.constexpr, SPLITS: tl.constexpr, INT8: tl.constexpr,
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
                          PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
-                         IN_ORDER: tl.constexpr = False):
+                         IN_ORDER: tl.constexpr = False, turn_k_ptr=None, turn_v_ptr=None, qw_ptr=None, kw_ptr=None,
+                         cos_ptr=None, sin_ptr=None, eps=0.0, TURN: tl.constexpr = False, HALF: tl.constexpr = 0):
     pdl_start(PDL)
     pdl_wait(PDL)  # the query, the widths and this step's keys: all written by earlier kernels of the step
     sp = tl.program_id(0)
@@ -147,8 +150,16 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     d = tl.arange(0, D)
     live = r < G
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
-    q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     width = tl.load(width_ptr + qi)
+    if TURN:  # STRATA_DECODE_TURN (decode_turn.py): the raw q, k, v turned here, the new cell from registers
+        dtype = q_ptr.dtype.element_ty
+        q = turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D, HALF, dtype)
+        key, value = turned_key_value(turn_k_ptr, turn_v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, D, HALF, dtype)
+        key, value = key.to(k_ptr.dtype.element_ty), value.to(v_ptr.dtype.element_ty)  # as stored (fewer registers)
+        if sp == 0:
+            store_turned(k_ptr, v_ptr, width - 1, kvh, n_kv_heads, key, value, D)
+    else:
+        q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     ids_row = ids_ptr + qi.to(tl.int64) * cap
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
@@ -181,6 +192,8 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             else:
                 k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
                 v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+                if TURN:
+                    k, v = swap_in(k, v, c0 + tl.arange(0, CH), width - 1, key, value)
                 if INT8:  # the codes times their scales, in fp32: one scale a (cell, 64 values), loaded once each
                     NG: tl.constexpr = D // 64
                     g = tl.arange(0, NG)
@@ -283,13 +296,17 @@ def _launch_once_guarded(key: tuple, launch) -> bool:
 def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, int8: bool, dense: bool,
                  cache_dtype: torch.dtype, sm_scale: float | None, out_dtype: torch.dtype,
                  config: ShortConfig = DEFAULT, ids_stride: int | None = None,
-                 in_order: bool = False) -> torch.Tensor | None:
+                 in_order: bool = False, turn: Turn | None = None) -> torch.Tensor | None:
     """The one-launch attention of q [n_q, H, D] over `span` cells (pointers: ids, width, page table, k, v, k scales,
     v scales, as decode.py's split kernel takes them): [n_q, H, D] of out_dtype, or None when the launch cannot
     count its programs (too many (query, KV head) pairs, or the counters not yet made while capturing) or its
     config failed to compile: the caller runs split-K then. `in_order`: a paged cache's ids are every cell in order
-    (the static view without a selection): the kernel takes cell j as j, not loading it."""
+    (the static view without a selection): the kernel takes cell j as j, not loading it. `turn` (decode_turn.py):
+    q is the projection's raw queries, turned here with the step's key and value (stored at the row's last cell);
+    None where the launch cannot take it (the caller then turns and stores them itself)."""
     n_q, n_heads, dim = q.shape
+    if turn is not None and not supported(q, turn, dense, int8, dense and config.by_span):
+        return None
     splits = config.splits(span)
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)
     if n_q == 0:
@@ -310,6 +327,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=chunk, SPLITS=splits, INT8=int8, DENSE=dense, QK=qk, PV=pv,
                 BY_SPAN=by_span, PER=config.per_program(span, chunk) if by_span else 0, CELLS=config.cells,
                 MAX_SPLITS=config.max_splits, **({"IN_ORDER": True} if in_order and not dense else {}),
+                **({} if turn is None else turn.constants()),
                 num_warps=config.warps, num_stages=config.stages, **launch_options(q))
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())
 
@@ -317,6 +335,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
         # cap: the span (dense: loads past it masked) or the ids' row stride (paged)
         cap = span if dense or ids_stride is None else ids_stride
         _decode_short_kernel[(splits, n_kv_heads, n_q)](q.contiguous(), *pointers, acc, ml, counters, out, cap,
-                                                        n_kv_heads, scale * LOG2E, **meta)
+                                                        n_kv_heads, scale * LOG2E, **meta,
+                                                        **({} if turn is None else turn.arguments()))
 
     return out if _launch_once_guarded(key, launch) else None

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from strata import switches
-from strata.kernels.attention import decode_short
+from strata.kernels.attention import decode_short, decode_turn
 from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split
 from strata.kernels.attention.decode_short import ShortConfig
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
@@ -166,6 +166,63 @@ def test_every_int8_code_becomes_its_fp16_value():
     out = torch.empty(256, dtype=torch.float16, device=DEVICE)
     convert[(1,)](codes, out)
     assert torch.equal(out, codes.half())
+
+
+@pytest.mark.parametrize("dtype,half", [(torch.bfloat16, 32), (torch.float16, 16)])  # RoPE over all / part of D
+def test_the_turned_launch_gives_the_two_launches_results(dtype, half):
+    """STRATA_DECODE_TURN (decode_turn.py): raw q, k, v turned inside the launch, four programs a KV head, the new cell
+    in the third: the output and the stored key and value as the store launch then the attention give them (the same
+    bytes under the interpreter; compiled, each row's norm is summed in another order: a step of the dtype)."""
+    from strata.kernels.attention.decode_turn import Turn
+    from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense
+    from strata.models.layers import Rope
+
+    gen = torch.Generator().manual_seed(half)
+    heads, kv_heads, dim, span, pos = 8, 2, 64, 64, 40
+    qkv = (torch.randn(1, (heads + 2 * kv_heads) * dim, generator=gen) * 3).to(dtype).to(DEVICE)
+    q, k, v = (qkv[:, a * dim:b * dim].view(1, b - a, dim) for a, b in
+               ((0, heads), (heads, heads + kv_heads), (heads + kv_heads, heads + 2 * kv_heads)))
+    qw, kw = ((1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype).to(DEVICE) for _ in range(2))
+    positions = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
+    cos, sin = Rope(2 * half, 1e6, torch.device(DEVICE)).cos_sin(positions, dtype)
+    keys = torch.randn(span, kv_heads, dim, generator=gen).half().to(DEVICE)
+    values = torch.randn(span, kv_heads, dim, generator=gen).half().to(DEVICE)
+    keys[pos:] = values[pos:] = float("nan")  # the new cell until stored, and cells past it (never read)
+    turned_keys, turned_values = keys.clone(), values.clone()
+    config = ShortConfig(cells=16, max_splits=4)
+    normed = qk_norm_rope_store_dense(q, k, v, qw, kw, 1e-6, cos, sin, keys, values, positions)
+    want = decode_attn_dense_triton(normed, keys, values, positions + 1, span, short=config)
+    got = decode_attn_dense_triton(q, turned_keys, turned_values, positions + 1, span, short=config,
+                                   turn=Turn(k, v, qw, kw, cos, sin, 1e-6))
+    step = 0 if DEVICE == "cpu" else 2.0**-8
+    assert torch.allclose(turned_keys[pos], keys[pos], rtol=step, atol=0)
+    assert torch.equal(turned_values[pos], values[pos])
+    assert (got - want).abs().max().item() <= (1e-6 if DEVICE == "cpu" else 2e-2) * want.abs().max().item()
+    assert decode_attn_dense_triton(torch.cat([q, q]), turned_keys, turned_values, positions.repeat(2) + 1, span,
+                                    short=config, turn=Turn(k, v, qw, kw, cos, sin, 1e-6)) is None  # two rows
+
+
+def test_swap_in_takes_the_new_cell_from_registers():
+    """The new cell replaces whatever the cache held there (NaN here: a program may read it before it is stored)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def swap(k_ptr, v_ptr, key_ptr, value_ptr, pos):
+        d, c = tl.arange(0, 16), tl.arange(0, 8)
+        k = tl.load(k_ptr + d[:, None] * 8 + c[None, :])
+        v = tl.load(v_ptr + c[:, None] * 16 + d[None, :])
+        key, value = tl.load(key_ptr + d)[:, None], tl.load(value_ptr + d)[None, :]
+        k, v = decode_turn.swap_in(k, v, c + 8, pos, key, value)  # the chunk's cells 8..15
+        tl.store(k_ptr + d[:, None] * 8 + c[None, :], k)
+        tl.store(v_ptr + c[:, None] * 16 + d[None, :], v)
+
+    k = torch.full((16, 8), float("nan"), dtype=torch.float16, device=DEVICE)
+    v = torch.full((8, 16), float("nan"), dtype=torch.float16, device=DEVICE)
+    key, value = torch.randn(16, device=DEVICE), torch.randn(16, device=DEVICE)
+    swap[(1,)](k, v, key, value, 13)
+    assert torch.equal(k[:, 5], key.half()) and torch.equal(v[5], value.half())
+    assert k[:, :5].isnan().all() and v[6:].isnan().all()  # the other cells as loaded
 
 
 def test_counters_are_left_zero_for_the_next_launch():

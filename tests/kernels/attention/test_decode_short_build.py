@@ -2,7 +2,8 @@
 spills: over an int8 cache the native form (the default: one fp16 QK dot per 64 values, V's codes times scales in
 fp16, converted without I2F; 238 registers at A3B's D 128, chunks of 64; at qwen4exp's D 256 chunks of 32, as 64 spilled 48 bytes) and
 the tf32x3 form (each (cell, 64 values)'s scale loaded once and broadcast: session 16, 2,538 -> 2,062
-instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64)."""
+instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64), and its STRATA_DECODE_TURN
+form."""
 
 import json
 import os
@@ -17,9 +18,9 @@ import torch  # noqa: E402
 from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 
 
-def build_sm90(int8: bool, dots: str = "native", dim: int = 128) -> dict:
+def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = False) -> dict:
     """The kernel at A3B's shape (4 programs a KV head, the split form's merge), as the step launches it; over int8
-    codes `dots` "native" (the default) or "tf32x3"."""
+    codes `dots` "native" (the default) or "tf32x3"; `turn`: STRATA_DECODE_TURN's form (raw q, k, v turned inside)."""
     from strata.kernels.attention.decode_short import DEFAULT, _decode_short_kernel
     from tests.kernels.moe.test_dp4a_gemv import _sass_counts
 
@@ -32,19 +33,26 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128) -> dict:
     constants = dict(G=8, BM=16, D=dim, CH=DEFAULT.chunk_for(qk, pv, int8, dim), SPLITS=4, INT8=int8,
                      DENSE=not int8, QK=qk, PV=pv, BY_SPAN=False, PER=0, CELLS=DEFAULT.cells,
                      MAX_SPLITS=DEFAULT.max_splits, PDL=1)
-    regs, stack, executed, _ = _sass_counts(_decode_short_kernel, dict(zip(names, types)), constants, DEFAULT.warps)
-    return {"int8": int8, "dots": dots, "dim": dim, "regs": regs, "stack": stack, "instructions": executed}
+    signature = dict(zip(names, types))
+    if turn:
+        signature.update(turn_k_ptr="*bf16", turn_v_ptr="*bf16", qw_ptr="*bf16", kw_ptr="*bf16", cos_ptr="*bf16",
+                         sin_ptr="*bf16", eps="fp32")
+        constants.update(TURN=True, HALF=dim // 2)
+    regs, stack, executed, _ = _sass_counts(_decode_short_kernel, signature, constants, DEFAULT.warps)
+    return {"int8": int8, "dots": dots, "dim": dim, "turn": turn, "regs": regs, "stack": stack,
+            "instructions": executed}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the device tools build and time it")
 @needs_ptxas
 def test_the_kernel_builds_for_sm90_without_spills():
     builds = builds_of(__file__)
-    assert len(builds) == 4, builds
+    assert len(builds) == 5, builds
     for b in builds:
         assert b["stack"] == 0 and b["regs"] <= 255, b
 
 
 if __name__ == "__main__":
-    for form in ((True, "native", 128), (True, "tf32x3", 128), (False, "native", 128), (True, "native", 256)):
+    for form in ((True, "native", 128), (True, "tf32x3", 128), (False, "native", 128), (True, "native", 256),
+                 (False, "native", 128, True)):
         print(json.dumps(build_sm90(*form)), flush=True)

@@ -1,0 +1,97 @@
+"""STRATA_DECODE_TURN: the decode step's q/k norm + RoPE and its key/value store inside the one-launch attention
+(decode_short.py), one launch a layer fewer than `qk_norm_rope_store_dense` followed by the attention.
+
+Each program turns its query rows from the projection's raw output, as `qk_norm_rope_store` does (the same roundings;
+each row's sum of squares reduced in another order, so a value may sit one step of the dtype away), and turns its
+KV head's new key. The cell at the step's position is taken from those registers, not from the cache (which the
+launch writes at the same time: its first program stores the new key and value there for the next steps). One
+query row a launch (a decode step): a verify window's rows read each other's new keys, so it keeps the two launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels.pointwise.qk_norm_rope_store import _turned
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The step's raw key and value rows [1, Hkv, D] and what turns them and the queries (the model's `QKNorm`)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    eps: float
+
+    def takes(self, q: torch.Tensor) -> bool:
+        """Whether the launch can turn q [1, H, D]: one row, half-precision rows of D contiguous values, RoPE over at
+        most the head."""
+        one = q.shape[0] == 1 and self.k.shape[0] == 1 and self.v.shape[0] == 1
+        halves = q.dtype in (torch.float16, torch.bfloat16) and self.k.dtype == self.v.dtype == q.dtype
+        rows = all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (q, self.k, self.v))
+        return one and halves and rows and self.cos.shape[-1] <= q.shape[-1]
+
+    def constants(self) -> dict:
+        """The kernel's constexprs for it."""
+        return dict(TURN=True, HALF=self.cos.shape[-1] // 2)
+
+    def arguments(self) -> dict:
+        """The kernel's keyword arguments past its usual ones."""
+        return dict(turn_k_ptr=self.k, turn_v_ptr=self.v, qw_ptr=self.q_weight.contiguous(),
+                    kw_ptr=self.k_weight.contiguous(), cos_ptr=self.cos.contiguous(), sin_ptr=self.sin.contiguous(),
+                    eps=self.eps)
+
+
+@triton.jit
+def turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, HALF: tl.constexpr, dtype):
+    """Rows `head` [BM] (those `live`) of the raw queries, normed and turned: [BM, D] float32 holding dtype values
+    (dead rows zero)."""
+    d = tl.arange(0, D)
+    rows = q_ptr + tl.where(live, head, 0)[:, None] * D  # dead rows read row 0 (in bounds) and are zeroed after
+    x = tl.load(rows + d[None, :]).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    q = _turned(rows, qw_ptr, cos_ptr, sin_ptr, d[None, :], inv[:, None], D, HALF, dtype)
+    return tl.where(live[:, None], q, 0.0)
+
+
+@triton.jit
+def turned_key_value(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, HALF: tl.constexpr, dtype):
+    """KV head kvh's new key, normed and turned, as a column [D, 1], and its raw value as a row [1, D] (float32
+    holding dtype values)."""
+    d = tl.arange(0, D)
+    row = k_ptr + kvh * D
+    x = tl.load(row + d).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d[:, None], inv, D, HALF, dtype)
+    return key, tl.load(v_ptr + kvh * D + d)[None, :].to(tl.float32)
+
+
+@triton.jit
+def swap_in(k, v, cells, pos, key, value):
+    """The chunk's keys [D, CH] and values [CH, D] with the cell at `pos` taken from the turned key and value (cast
+    to the cache's dtype, as the store casts them)."""
+    here = cells == pos
+    k = tl.where(here[None, :], key.to(k.dtype), k)
+    return k, tl.where(here[:, None], value.to(v.dtype), v)
+
+
+@triton.jit
+def store_turned(k_cache, v_cache, pos, kvh, n_kv_heads, key, value, D: tl.constexpr):
+    """The new key and value into the dense cache at cell `pos` of KV head kvh."""
+    d = tl.arange(0, D)
+    at = (pos.to(tl.int64) * n_kv_heads + kvh) * D
+    tl.store(k_cache + at + d[:, None], key.to(k_cache.dtype.element_ty))
+    tl.store(v_cache + at + d[None, :], value.to(v_cache.dtype.element_ty))
+
+
+def supported(q: torch.Tensor, turn: Turn | None, dense: bool, int8: bool, by_span: bool) -> bool:
+    """Whether a decode_short launch takes `turn` (a dense fp16/bf16 cache, one query row, not split by span)."""
+    return turn is not None and dense and not int8 and not by_span and turn.takes(q)
