@@ -1,7 +1,8 @@
 """The routing launch (add_norm_route.py) built for sm_90 without a GPU (Triton's bundled ptxas), at the warps its
-launch takes: one program an expert, one warp a 2,048 values. At A3B's row (2,048, 128 experts, top-8) and
-qwen4exp's (2,560: two warps, 512 experts, top-10), with and without STRATA_DP4A's codes: no spills, and at one warp
-its reductions need no barriers across warps (at two or more its 19 block-wide reductions took 63 barriers)."""
+launch takes: one program an expert, one warp a 2,048 values. At A3B's row (2,048, 128 experts, top-8),
+qwen3next's (2,048, 512, top-10) and qwen4exp's (2,560: two warps, 512, top-10), with and without STRATA_DP4A's
+codes: no spills, and at one warp its reductions need no barriers across warps (at two or more its 19 block-wide
+reductions took 63 barriers)."""
 
 import json
 import os
@@ -16,7 +17,7 @@ import torch  # noqa: E402
 
 from tests.kernels.sm90 import builds_of, cubin_report, needs_ptxas  # noqa: E402
 
-SHAPES = [(2048, 128, 8), (2560, 512, 10)]  # (columns, experts, top-k)
+SHAPES = [(2048, 128, 8), (2048, 512, 10), (2560, 512, 10)]  # (columns, experts, top-k): A3B, qwen3next, qwen4exp
 
 
 def build_sm90(n_cols: int, n_experts: int, k: int, quant: bool) -> dict:
