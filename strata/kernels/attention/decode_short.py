@@ -37,8 +37,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels import capability
-from strata.kernels.attention.decode_turn import (Turn, store_turned, supported, swap_in, turned_key_value,
-                                                  turned_queries)
+from strata.kernels.attention.decode_turn import Turn, supported, turn_and_store, turned_queries
 from strata.kernels.attention.prompt_parts import LOG2E, rows_block, softmax_step, span_rows
 from strata.kernels.pdl import launch_options, pdl_start, pdl_wait
 
@@ -151,13 +150,8 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     live = r < G
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
     width = tl.load(width_ptr + qi)
-    if TURN:  # STRATA_DECODE_TURN (decode_turn.py): the raw q, k, v turned here, the new cell from registers
-        dtype = q_ptr.dtype.element_ty
-        q = turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D, HALF, dtype)
-        key, value = turned_key_value(turn_k_ptr, turn_v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, D, HALF, dtype)
-        key, value = key.to(k_ptr.dtype.element_ty), value.to(v_ptr.dtype.element_ty)  # as stored (fewer registers)
-        if sp == 0:
-            store_turned(k_ptr, v_ptr, width - 1, kvh, n_kv_heads, key, value, D)
+    if TURN:  # STRATA_DECODE_TURN (decode_turn.py): the raw queries turned here (the new key below)
+        q = turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D, HALF, q_ptr.dtype.element_ty)
     else:
         q = tl.load(q_ptr + head[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     ids_row = ids_ptr + qi.to(tl.int64) * cap
@@ -180,6 +174,11 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
         per = ((width + share - 1) // share + CH - 1) // CH * CH
         begin = sp * per
         end = tl.minimum(width, begin + per)
+        if TURN:  # the program whose cells hold the step's position stores its key and value, then reads them
+            if (begin <= width - 1) & (width - 1 < end):
+                turn_and_store(turn_k_ptr, turn_v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_ptr, v_ptr, width - 1,
+                               n_kv_heads, D, HALF, q_ptr.dtype.element_ty)
+            tl.debug_barrier()  # its threads' stores before any of its loads (a CTA barrier orders global memory)
         if INT8 and QK == "native":  # the query by 64 values, fp16 (`_int8_native_step`)
             g3 = tl.arange(0, D // 64)[:, None, None]
             q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
@@ -192,8 +191,6 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
             else:
                 k = tl.load(k_ptr + rows[None, :] * D + d[:, None], mask=valid[None, :], other=0)
                 v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
-                if TURN:
-                    k, v = swap_in(k, v, c0 + tl.arange(0, CH), width - 1, key, value)
                 if INT8:  # the codes times their scales, in fp32: one scale a (cell, 64 values), loaded once each
                     NG: tl.constexpr = D // 64
                     g = tl.arange(0, NG)

@@ -2,10 +2,11 @@
 (decode_short.py), one launch a layer fewer than `qk_norm_rope_store_dense` followed by the attention.
 
 Each program turns its query rows from the projection's raw output, as `qk_norm_rope_store` does (the same roundings;
-each row's sum of squares reduced in another order, so a value may sit one step of the dtype away), and turns its
-KV head's new key. The cell at the step's position is taken from those registers, not from the cache (which the
-launch writes at the same time: its first program stores the new key and value there for the next steps). One
-query row a launch (a decode step): a verify window's rows read each other's new keys, so it keeps the two launches.
+each row's sum of squares reduced in another order, so a value may sit one step of the dtype away). The one program
+whose cells hold the step's position turns its KV head's new key, stores it and the value at that cell, and reads
+them back after a CTA barrier (no other program reads that cell). Holding the new cell in registers through the
+loop instead, to swap it into the chunk that holds it, took 254 registers in the sm_90 build against 96. One query
+row a launch (a decode step): a verify window's rows read each other's new keys, so it keeps the two launches.
 """
 
 from __future__ import annotations
@@ -63,33 +64,18 @@ def turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D: tl.const
 
 
 @triton.jit
-def turned_key_value(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, HALF: tl.constexpr, dtype):
-    """KV head kvh's new key, normed and turned, as a column [D, 1], and its raw value as a row [1, D] (float32
-    holding dtype values)."""
+def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_cache, pos, n_kv_heads,
+                   D: tl.constexpr, HALF: tl.constexpr, dtype):
+    """KV head kvh's new key, normed and turned, and its raw value into the dense cache at cell `pos`, cast to the
+    cache's dtype as `qk_norm_rope_store` casts them."""
     d = tl.arange(0, D)
     row = k_ptr + kvh * D
     x = tl.load(row + d).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d[:, None], inv, D, HALF, dtype)
-    return key, tl.load(v_ptr + kvh * D + d)[None, :].to(tl.float32)
-
-
-@triton.jit
-def swap_in(k, v, cells, pos, key, value):
-    """The chunk's keys [D, CH] and values [CH, D] with the cell at `pos` taken from the turned key and value (cast
-    to the cache's dtype, as the store casts them)."""
-    here = cells == pos
-    k = tl.where(here[None, :], key.to(k.dtype), k)
-    return k, tl.where(here[:, None], value.to(v.dtype), v)
-
-
-@triton.jit
-def store_turned(k_cache, v_cache, pos, kvh, n_kv_heads, key, value, D: tl.constexpr):
-    """The new key and value into the dense cache at cell `pos` of KV head kvh."""
-    d = tl.arange(0, D)
-    at = (pos.to(tl.int64) * n_kv_heads + kvh) * D
-    tl.store(k_cache + at + d[:, None], key.to(k_cache.dtype.element_ty))
-    tl.store(v_cache + at + d[None, :], value.to(v_cache.dtype.element_ty))
+    key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d, inv, D, HALF, dtype)
+    at = (pos.to(tl.int64) * n_kv_heads + kvh) * D + d
+    tl.store(k_cache + at, key.to(dtype).to(k_cache.dtype.element_ty))
+    tl.store(v_cache + at, tl.load(v_ptr + kvh * D + d).to(v_cache.dtype.element_ty))
 
 
 def supported(q: torch.Tensor, turn: Turn | None, dense: bool, int8: bool, by_span: bool) -> bool:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from strata import switches
-from strata.kernels.attention import decode_short, decode_turn
+from strata.kernels.attention import decode_short
 from strata.kernels.attention.decode import decode_attn_dense_triton, decode_attn_triton, dense_split
 from strata.kernels.attention.decode_short import ShortConfig
 from strata.kernels.attention.prompt_ref import prompt_attn_ref
@@ -171,8 +171,9 @@ def test_every_int8_code_becomes_its_fp16_value():
 @pytest.mark.parametrize("dtype,half", [(torch.bfloat16, 32), (torch.float16, 16)])  # RoPE over all / part of D
 def test_the_turned_launch_gives_the_two_launches_results(dtype, half):
     """STRATA_DECODE_TURN (decode_turn.py): raw q, k, v turned inside the launch, four programs a KV head, the new cell
-    in the third: the output and the stored key and value as the store launch then the attention give them (the same
-    bytes under the interpreter; compiled, each row's norm is summed in another order: a step of the dtype)."""
+    in the third (which stores it and reads it back): the output and the stored key and value as the store launch
+    then the attention give them (the same bytes under the interpreter; compiled, each row's norm is summed in
+    another order: a step of the dtype)."""
     from strata.kernels.attention.decode_turn import Turn
     from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense
     from strata.models.layers import Rope
@@ -200,29 +201,6 @@ def test_the_turned_launch_gives_the_two_launches_results(dtype, half):
     assert (got - want).abs().max().item() <= (1e-6 if DEVICE == "cpu" else 2e-2) * want.abs().max().item()
     assert decode_attn_dense_triton(torch.cat([q, q]), turned_keys, turned_values, positions.repeat(2) + 1, span,
                                     short=config, turn=Turn(k, v, qw, kw, cos, sin, 1e-6)) is None  # two rows
-
-
-def test_swap_in_takes_the_new_cell_from_registers():
-    """The new cell replaces whatever the cache held there (NaN here: a program may read it before it is stored)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def swap(k_ptr, v_ptr, key_ptr, value_ptr, pos):
-        d, c = tl.arange(0, 16), tl.arange(0, 8)
-        k = tl.load(k_ptr + d[:, None] * 8 + c[None, :])
-        v = tl.load(v_ptr + c[:, None] * 16 + d[None, :])
-        key, value = tl.load(key_ptr + d)[:, None], tl.load(value_ptr + d)[None, :]
-        k, v = decode_turn.swap_in(k, v, c + 8, pos, key, value)  # the chunk's cells 8..15
-        tl.store(k_ptr + d[:, None] * 8 + c[None, :], k)
-        tl.store(v_ptr + c[:, None] * 16 + d[None, :], v)
-
-    k = torch.full((16, 8), float("nan"), dtype=torch.float16, device=DEVICE)
-    v = torch.full((8, 16), float("nan"), dtype=torch.float16, device=DEVICE)
-    key, value = torch.randn(16, device=DEVICE), torch.randn(16, device=DEVICE)
-    swap[(1,)](k, v, key, value, 13)
-    assert torch.equal(k[:, 5], key.half()) and torch.equal(v[5], value.half())
-    assert k[:, :5].isnan().all() and v[6:].isnan().all()  # the other cells as loaded
 
 
 def test_counters_are_left_zero_for_the_next_launch():
