@@ -8,7 +8,7 @@
 #             now at one warp too)
 #   split_of  .ab/of under both switches, o's matvec left in float (no `quantize_x` launch a layer; by session
 #             15's increments quantize_x 1.93 + the split o ~2.7 us against the float o's 3.5)
-#   turn      .ab/head under STRATA_DECODE_TURN (7e75280: the q/k norm + RoPE + store inside the attention's launch,
+#   turn      .ab/head under STRATA_DECODE_TURN (9d69d24: the q/k norm + RoPE + store inside the attention's launch,
 #             one launch a layer fewer; its CUDA tests first)
 # then where the default step spends its time (profile_decode.py --increments) and the tiny qwen4exp's captured
 # decode (int8 KV, QSA; D 256: the native dots in chunks of 32) against step by step.
