@@ -69,13 +69,14 @@ def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_
     """KV head kvh's new key, normed and turned, and its raw value into the dense cache at cell `pos`, cast to the
     cache's dtype as `qk_norm_rope_store` casts them."""
     d = tl.arange(0, D)
+    value = tl.load(v_ptr + kvh * D + d)  # before the key's store, which the compiler would not move it above
     row = k_ptr + kvh * D
     x = tl.load(row + d).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d, inv, D, HALF, dtype)
     at = (pos.to(tl.int64) * n_kv_heads + kvh) * D + d
     tl.store(k_cache + at, key.to(dtype).to(k_cache.dtype.element_ty))
-    tl.store(v_cache + at, tl.load(v_ptr + kvh * D + d).to(v_cache.dtype.element_ty))
+    tl.store(v_cache + at, value.to(v_cache.dtype.element_ty))
 
 
 def supported(q: torch.Tensor, turn: Turn | None, dense: bool, int8: bool, by_span: bool) -> bool:
