@@ -179,6 +179,39 @@ def bench_norm_store(rows: int, device) -> None:
           f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
 
 
+def bench_turn(device, span: int = 256, fill: float = 0.6) -> None:
+    """STRATA_DECODE_TURN's one launch (the q/k norm + RoPE and the store inside the attention, decode_turn.py)
+    against the store launch then the attention, at A3B's heads over a dense fp16 cache."""
+    from strata.kernels.attention.decode_turn import Turn
+    from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_dense
+    from strata.models.layers import Rope
+
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim = 32, 4, 128
+    qkv = (torch.randn(1, (heads + 2 * kv_heads) * dim, generator=gen) * 3).bfloat16().to(device)
+    q, k, v = (qkv[:, a * dim:b * dim].view(1, b - a, dim) for a, b in
+               ((0, heads), (heads, heads + kv_heads), (heads + kv_heads, heads + 2 * kv_heads)))
+    qw, kw = ((1 + 0.1 * torch.randn(dim, generator=gen)).bfloat16().to(device) for _ in range(2))
+    pos = torch.tensor([int(span * fill)], dtype=torch.int32, device=device)
+    cos, sin = Rope(dim, 1e6, torch.device(device)).cos_sin(pos, torch.bfloat16)
+    keys, values = (torch.randn(span, kv_heads, dim, generator=gen).half().to(device) for _ in range(2))
+    turn = Turn(k, v, qw, kw, cos, sin, 1e-6)
+
+    def two():
+        normed = qk_norm_rope_store_dense(q, k, v, qw, kw, 1e-6, cos, sin, keys, values, pos)
+        return decode_attn_dense_triton(normed, keys, values, pos + 1, span, out_dtype=torch.bfloat16)
+
+    def one():
+        return decode_attn_dense_triton(q, keys, values, pos + 1, span, out_dtype=torch.bfloat16, turn=turn)
+
+    want, got = two(), one()
+    diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    two_us, one_us = (graph_us(fn, [()] * CALLS, device) for fn in (two, one))
+    print(f"q/k norm + RoPE + KV write + attention, span {span}, 1 row: two launches {two_us:6.2f} us, one "
+          f"(STRATA_DECODE_TURN) {one_us:6.2f} us ({two_us / one_us:4.2f}x), outputs within {diff:.1e} of the "
+          f"largest")
+
+
 def bench_shared_join(rows: int, device, n_embd=2048) -> None:
     """A gated-shared-expert MoE layer's end: the shared gate's join then the add + norm, against one launch."""
     from strata.kernels.pointwise.add_rms_norm import add_rms_norm_triton
@@ -251,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (interpreted: times mean nothing)"
     print(name + "; err = max|kernel - float64| / max|float64| of the fp32 output")
     bench_norm_store(args.rows, device)  # the quick ones first: a long sweep cut short still leaves them
+    if args.rows == 1:
+        bench_turn(device)
     bench_route(args.rows, device, bool(sweep))
     bench_shared_join(args.rows, device)
     bench_attention([int(s) for s in args.spans.split(",")], args.fill, args.rows, args.kv, device, sweep)

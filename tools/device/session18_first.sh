@@ -26,6 +26,7 @@ make_a3b_bg && BUDGET=$((BUDGET + 60))
 Q=$(mktemp -d /tmp/s18-q4.XXXX)
 part graphs_qwen4exp 60 python3 tools/device/qwen4exp_check.py $Q graphs
 part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py
+part attn 40 python3 -m strata bench decode-attn --spans 256  # the turned launch alone against the two
 wait_file $A3B 240
 SPLIT="env STRATA_DP4A=1 STRATA_DP4A_SPLIT=1"
 for round in 1 2; do
