@@ -34,10 +34,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "instead of torch's sort (the same merged cells)"),
     Switch("STRATA_DECODE_ATTN_SPLITK", False, "decode attention: the split-K kernel and its merge at every span "
            "(the default takes short spans in one launch, decode_short.py)"),
-    Switch("STRATA_DECODE_TURN", False, "decode steps over a dense fp16/bf16 cache (GPU, one row, spans the "
-           "one-launch attention takes): the q/k norm + RoPE and the key/value store inside the attention's launch "
-           "(kernels/attention/decode_turn.py), one launch a layer fewer; the same roundings, each row's norm "
-           "summed in another order (a step of the dtype at most)"),
+    Switch("STRATA_DECODE_TURN", False, "decode steps (GPU, one row, spans the one-launch attention takes; a dense "
+           "fp16/bf16 cache, or the int8 pool without a cell selection): the q/k norm + RoPE and the key/value store "
+           "inside the attention's launch (kernels/attention/decode_turn.py), one launch a layer fewer; the same "
+           "roundings, each row's norm summed in another order (a step of the dtype at most)"),
     Switch("STRATA_ROUTE_SEPARATE", False, "MoE layers: the residual add + norm, the router and the top-k as three "
            "launches (the default: one, kernels/pointwise/add_norm_route.py)"),
     Switch("STRATA_DECODE_CHAIN", "", "decode steps with every expert resident (GPU, one-shot formats): an MoE "

@@ -249,8 +249,15 @@ class StaticPagedKV(StaticView):
         if not (kernels and norm.fused(q, k, v) and k.shape[0]):
             return super().attend_normed(layer, q, k, v, start, norm)
         pos32, width = self.step_positions(layer)
+        c = self.cache
+        if switches.get("STRATA_DECODE_TURN") and c.selector is None:  # as StaticDenseKV's (no selection: in order)
+            turn = Turn(k, v, norm.q_weight, norm.k_weight, norm.cos, norm.sin, norm.eps)
+            out = decode_attn_triton(q, c.pools[layer], c.page_table, self.ids, width, out_dtype=q.dtype,
+                                     short=SHORT_DEFAULT, in_order=True, turn=turn)
+            if out is not None:
+                return out
         q = qk_norm_rope_store_paged(q, k, v, norm.q_weight, norm.k_weight, norm.eps, norm.cos, norm.sin,
-                                     self.cache.pools[layer], self.cache.page_table, pos32)
+                                     c.pools[layer], c.page_table, pos32)
         return self._attend_stored(layer, q, width, kernels, None)
 
     def attend(self, layer, q, k, v, start, selection=None):

@@ -101,17 +101,19 @@ def test_shared_gate_add_norm_in_one_launch_gives_the_same_bytes(tiny_next, opti
     assert torch.equal(_static_logits(tiny_next, "float16", **options), joined)
 
 
-def test_the_turned_attention_gives_the_bytes_of_the_two_launches(tiny_moe_hd64, monkeypatch):
+@pytest.mark.parametrize("kv_dtype,store", [("float16", "qk_norm_rope_store_dense"),
+                                             ("int8", "qk_norm_rope_store_paged")])
+def test_the_turned_attention_gives_the_bytes_of_the_two_launches(tiny_moe_hd64, kv_dtype, store, monkeypatch):
     """STRATA_DECODE_TURN: the q/k norm + RoPE and the store inside the attention's launch (decode_turn.py), every
     layer of each step, the same logits as the store launch then the attention (under the interpreter the norms'
     sums run in the same order)."""
     from strata import switches
 
-    separate = _static_logits(tiny_moe_hd64, "float16")
+    separate = _static_logits(tiny_moe_hd64, kv_dtype)
     stores = []
-    real = qk_norm_rope_store.qk_norm_rope_store_dense
-    monkeypatch.setattr("strata.engine.static_kv.qk_norm_rope_store_dense", lambda *a: stores.append(1) or real(*a))
+    real = getattr(qk_norm_rope_store, store)
+    monkeypatch.setattr(f"strata.engine.static_kv.{store}", lambda *a: stores.append(1) or real(*a))
     with switches.override(STRATA_DECODE_TURN=True):
-        turned = _static_logits(tiny_moe_hd64, "float16")
+        turned = _static_logits(tiny_moe_hd64, kv_dtype)
     assert not stores  # no layer of either step fell back to the store launch
     assert torch.equal(turned, separate)

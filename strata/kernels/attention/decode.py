@@ -159,11 +159,12 @@ def short_config(split: int | None, short: ShortConfig | None, span: int) -> Sho
 def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor, ids: torch.Tensor,
                        width: torch.Tensor, sm_scale: float | None = None, split: int | None = None,
                        out_dtype: torch.dtype = torch.float32,
-                       short: ShortConfig | None = SHORT_DEFAULT, in_order: bool = False) -> torch.Tensor:
+                       short: ShortConfig | None = SHORT_DEFAULT, in_order: bool = False,
+                       turn: Turn | None = None) -> torch.Tensor | None:
     """Attention of a few queries [n_q, H, D] (any float dtype) over their selected cells: [n_q, H, D] of
     out_dtype (fp32 accumulation either way). Short selections (`short.takes(cap)`) in one launch, others (or a
     given `split`) split-K and merged. `in_order`: every row's ids are 0, 1, 2, ... (the one launch then does not
-    load them)."""
+    load them). `turn` (STRATA_DECODE_TURN, with `in_order`): as `decode_attn_dense_triton`'s, into the pool."""
     check_inputs(q, pool, ids, width)
     if split is not None and split % CHUNK:
         raise ValueError(f"split {split} is not a multiple of {CHUNK}")
@@ -173,6 +174,10 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
     pointers = (ids, width.to(torch.int32).contiguous(), page_table.to(torch.int32).contiguous(), pool.k, pool.v,
                 *scales)
     config = short_config(split, short, ids.shape[1])
+    if turn is not None:
+        return None if config is None else decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False,
+                                                        pool.k.dtype, sm_scale, out_dtype, config,
+                                                        ids_stride=ids.stride(0), in_order=in_order, turn=turn)
     if config is not None:
         out = decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False, pool.k.dtype, sm_scale,
                            out_dtype, config, ids_stride=ids.stride(0), in_order=in_order)

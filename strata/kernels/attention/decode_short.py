@@ -176,13 +176,17 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
         end = tl.minimum(width, begin + per)
         if TURN:  # the program whose cells hold the step's position stores its key and value, then reads them
             if (begin <= width - 1) & (width - 1 < end):
-                turn_and_store(turn_k_ptr, turn_v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_ptr, v_ptr, width - 1,
-                               n_kv_heads, D, HALF, q_ptr.dtype.element_ty)
+                turn_and_store(turn_k_ptr, turn_v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_ptr, v_ptr, ks_ptr,
+                               vs_ptr, page_table_ptr, width - 1, n_kv_heads, D, HALF, q_ptr.dtype.element_ty,
+                               not DENSE, INT8)
             tl.debug_barrier()  # its threads' stores before any of its loads (a CTA barrier orders global memory)
         if INT8 and QK == "native":  # the query by 64 values, fp16 (`_int8_native_step`)
-            g3 = tl.arange(0, D // 64)[:, None, None]
-            q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
-                         mask=live[None, :, None], other=0.0).to(tl.float16)
+            if TURN:
+                q3 = tl.permute(tl.reshape(q, (BM, D // 64, 64)), (1, 0, 2)).to(tl.float16)
+            else:
+                g3 = tl.arange(0, D // 64)[:, None, None]
+                q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
+                             mask=live[None, :, None], other=0.0).to(tl.float16)
         for c0 in range(begin, end, CH):
             rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE, IN_ORDER)
             if INT8 and QK == "native":
@@ -302,7 +306,7 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     q is the projection's raw queries, turned here with the step's key and value (stored at the row's last cell);
     None where the launch cannot take it (the caller then turns and stores them itself)."""
     n_q, n_heads, dim = q.shape
-    if turn is not None and not supported(q, turn, dense, int8, dense and config.by_span):
+    if turn is not None and not supported(q, turn, dense, in_order, dense and config.by_span):
         return None
     splits = config.splits(span)
     out = torch.empty(n_q, n_heads, dim, dtype=out_dtype, device=q.device)

@@ -1,5 +1,6 @@
 """STRATA_DECODE_TURN: the decode step's q/k norm + RoPE and its key/value store inside the one-launch attention
-(decode_short.py), one launch a layer fewer than `qk_norm_rope_store_dense` followed by the attention.
+(decode_short.py), one launch a layer fewer than `qk_norm_rope_store_dense` (or `_paged`: the int8 pool, cells in
+order) followed by the attention.
 
 Each program turns its query rows from the projection's raw output, as `qk_norm_rope_store` does (the same roundings;
 each row's sum of squares reduced in another order, so a value may sit one step of the dtype away). The one program
@@ -17,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.attention.kv_int8 import _quantize_store
 from strata.kernels.pointwise.qk_norm_rope_store import _turned
 
 
@@ -64,21 +66,33 @@ def turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D: tl.const
 
 
 @triton.jit
-def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_cache, pos, n_kv_heads,
-                   D: tl.constexpr, HALF: tl.constexpr, dtype):
-    """KV head kvh's new key, normed and turned, and its raw value into the dense cache at cell `pos`, cast to the
-    cache's dtype as `qk_norm_rope_store` casts them."""
-    d = tl.arange(0, D)
-    value = tl.load(v_ptr + kvh * D + d)  # before the key's store, which the compiler would not move it above
+def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_cache, ks_cache, vs_cache,
+                   page_table_ptr, pos, n_kv_heads, D: tl.constexpr, HALF: tl.constexpr, dtype, PAGED: tl.constexpr,
+                   INT8: tl.constexpr):
+    """KV head kvh's new key, normed and turned, and its raw value into the cache at cell `pos`, as
+    `qk_norm_rope_store` stores them: cast to a dense cache's dtype, or into the paged pool (int8 codes and scales a
+    64 values, or fp16)."""
     row = k_ptr + kvh * D
+    d = tl.arange(0, D)
     x = tl.load(row + d).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d, inv, D, HALF, dtype)
-    at = (pos.to(tl.int64) * n_kv_heads + kvh) * D + d
-    tl.store(k_cache + at, key.to(dtype).to(k_cache.dtype.element_ty))
-    tl.store(v_cache + at, value.to(v_cache.dtype.element_ty))
+    if PAGED:
+        j = tl.arange(0, D // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
+        value = tl.load(v_ptr + kvh * D + j).to(tl.float32)  # before the key's store (the compiler keeps the order)
+        key = _turned(row, kw_ptr, cos_ptr, sin_ptr, j, inv, D, HALF, dtype)
+        page = tl.load(page_table_ptr + pos // 4).to(tl.int64)
+        at = (page * n_kv_heads + kvh) * 4 + pos % 4
+        _quantize_store(key, k_cache, ks_cache, at, 64, D // 64, INT8)
+        _quantize_store(value, v_cache, vs_cache, at, 64, D // 64, INT8)
+    else:
+        value = tl.load(v_ptr + kvh * D + d)  # before the key's store (the compiler keeps the order)
+        key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d, inv, D, HALF, dtype)
+        at = (pos.to(tl.int64) * n_kv_heads + kvh) * D + d
+        tl.store(k_cache + at, key.to(dtype).to(k_cache.dtype.element_ty))
+        tl.store(v_cache + at, value.to(v_cache.dtype.element_ty))
 
 
-def supported(q: torch.Tensor, turn: Turn | None, dense: bool, int8: bool, by_span: bool) -> bool:
-    """Whether a decode_short launch takes `turn` (a dense fp16/bf16 cache, one query row, not split by span)."""
-    return turn is not None and dense and not int8 and not by_span and turn.takes(q)
+def supported(q: torch.Tensor, turn: Turn | None, dense: bool, in_order: bool, by_span: bool) -> bool:
+    """Whether a decode_short launch takes `turn`: one query row over a dense cache (not split by span) or over a
+    paged pool's cells in order (no selection: the step's position is the row's last cell)."""
+    return turn is not None and (dense or in_order) and not by_span and turn.takes(q)

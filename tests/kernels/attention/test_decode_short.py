@@ -203,6 +203,41 @@ def test_the_turned_launch_gives_the_two_launches_results(dtype, half):
                                     short=config, turn=Turn(k, v, qw, kw, cos, sin, 1e-6)) is None  # two rows
 
 
+@pytest.mark.parametrize("int8", [True, False])
+def test_the_turned_launch_into_the_paged_pool(int8):
+    """STRATA_DECODE_TURN over the paged pool (cells in order; int8 codes and scales, or fp16): the owning program
+    quantizes and stores the new key and value as the store launch does; the output as that launch then the
+    attention give it."""
+    from strata.kernels.attention.decode_turn import Turn
+    from strata.kernels.pointwise.qk_norm_rope_store import qk_norm_rope_store_paged
+    from strata.models.layers import Rope
+
+    gen = torch.Generator().manual_seed(int(int8))
+    heads, kv_heads, dim, cells, pos = 8, 2, 128, 96, 70
+    pool, table = random_pool(cells, kv_heads, dim, int8, seed=9)
+    turned_pool = type(pool)(*(None if t is None else t.clone() for t in (pool.k, pool.v, pool.k_scale, pool.v_scale)),
+                             kv_heads)
+    qkv = (torch.randn(1, (heads + 2 * kv_heads) * dim, generator=gen) * 3).bfloat16().to(DEVICE)
+    q, k, v = (qkv[:, a * dim:b * dim].view(1, b - a, dim) for a, b in
+               ((0, heads), (heads, heads + kv_heads), (heads + kv_heads, heads + 2 * kv_heads)))
+    qw, kw = ((1 + 0.1 * torch.randn(dim, generator=gen)).bfloat16().to(DEVICE) for _ in range(2))
+    positions = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
+    cos, sin = Rope(dim, 1e6, torch.device(DEVICE)).cos_sin(positions, torch.bfloat16)
+    ids = torch.arange(cells, dtype=torch.int32, device=DEVICE)[None]
+    config = ShortConfig(cells=32, max_splits=4)
+    normed = qk_norm_rope_store_paged(q, k, v, qw, kw, 1e-6, cos, sin, pool, table, positions)
+    want = decode_attn_triton(normed, pool, table, ids, positions + 1, short=config, in_order=True)
+    got = decode_attn_triton(q, turned_pool, table, ids, positions + 1, short=config, in_order=True,
+                             turn=Turn(k, v, qw, kw, cos, sin, 1e-6))
+    if DEVICE == "cpu":  # compiled, a norm summed in another order may move a code or a scale by a step
+        for a, b in zip((pool.k, pool.v, pool.k_scale, pool.v_scale), (turned_pool.k, turned_pool.v,
+                                                                       turned_pool.k_scale, turned_pool.v_scale)):
+            assert a is None or torch.equal(a, b)
+    assert (got - want).abs().max().item() <= (1e-6 if DEVICE == "cpu" else 2e-2) * want.abs().max().item()
+    assert decode_attn_triton(q, turned_pool, table, ids, positions + 1, short=config,
+                              turn=Turn(k, v, qw, kw, cos, sin, 1e-6)) is None  # cells not known to be in order
+
+
 def test_counters_are_left_zero_for_the_next_launch():
     keys, values = (torch.randn(64, 2, 64).half().to(DEVICE) for _ in range(2))
     q, width = torch.randn(3, 4, 64).half().to(DEVICE), torch.tensor([5, 33, 64], device=DEVICE)

@@ -2,8 +2,8 @@
 spills: over an int8 cache the native form (the default: one fp16 QK dot per 64 values, V's codes times scales in
 fp16, converted without I2F; 238 registers at A3B's D 128, chunks of 64; at qwen4exp's D 256 chunks of 32, as 64 spilled 48 bytes) and
 the tf32x3 form (each (cell, 64 values)'s scale loaded once and broadcast: session 16, 2,538 -> 2,062
-instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64), and its STRATA_DECODE_TURN
-form."""
+instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64), and the STRATA_DECODE_TURN
+forms over both."""
 
 import json
 import os
@@ -37,7 +37,7 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = Fa
     if turn:
         signature.update(turn_k_ptr="*bf16", turn_v_ptr="*bf16", qw_ptr="*bf16", kw_ptr="*bf16", cos_ptr="*bf16",
                          sin_ptr="*bf16", eps="fp32")
-        constants.update(TURN=True, HALF=dim // 2)
+        constants.update(TURN=True, HALF=dim // 2, IN_ORDER=int8)
     regs, stack, executed, _ = _sass_counts(_decode_short_kernel, signature, constants, DEFAULT.warps)
     return {"int8": int8, "dots": dots, "dim": dim, "turn": turn, "regs": regs, "stack": stack,
             "instructions": executed}
@@ -47,12 +47,12 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = Fa
 @needs_ptxas
 def test_the_kernel_builds_for_sm90_without_spills():
     builds = builds_of(__file__)
-    assert len(builds) == 5, builds
+    assert len(builds) == 7, builds
     for b in builds:
         assert b["stack"] == 0 and b["regs"] <= 255, b
 
 
 if __name__ == "__main__":
     for form in ((True, "native", 128), (True, "tf32x3", 128), (False, "native", 128), (True, "native", 256),
-                 (False, "native", 128, True)):
+                 (False, "native", 128, True), (True, "native", 128, True), (True, "native", 256, True)):
         print(json.dumps(build_sm90(*form)), flush=True)
