@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Ready for session 18's second call (one H200, ~5 minutes: timeout_s 400; the same arms as session18_first.sh,
+# Ready for session 18's second call (one H200, ~6 minutes: timeout_s 450; the same arms as session18_first.sh,
 # carried again). Issue 4, the int8 KV cache (the product's): after a 64-token prompt, .ab/head against .ab/novh
-# (the value row loaded after the key's store) and .ab/tf (the int8 cache's dots tf32x3 over codes scaled in fp32,
-# as before 45e4a9a); after a 1,200-token prompt (span 2048, 16 programs a KV head) head against tf; the int8 step's
-# increments.
+# (the value row loaded after the key's store), .ab/tf (the int8 cache's dots tf32x3 over codes scaled in fp32, as
+# before 45e4a9a) and .ab/head under STRATA_DECODE_TURN (54ca441: the quantized store inside the attention's launch;
+# its CUDA tests first); after a 1,200-token prompt (span 2048, 16 programs a KV head) head against tf; the int8
+# step's increments.
 set -uo pipefail
-BUDGET=${BUDGET:-280}
+BUDGET=${BUDGET:-330}
 source tools/device/parts.sh || exit 1
 make_a3b_bg && BUDGET=$((BUDGET + 60))
+part tests 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/attention/test_decode_short.py -k "turn"
 wait_file $A3B 240
-ab_rounds 2 30 "head novh tf" $A3B_RESIDENT --kv-dtype int8
+for round in 1 2; do
+  for arm in head novh tf; do part ${arm}_$round 30 env -C .ab/$arm $A3B_RESIDENT --kv-dtype int8; done
+  part turn_$round 30 env -C .ab/head STRATA_DECODE_TURN=1 $A3B_RESIDENT --kv-dtype int8
+done
 for arm in head tf; do  # (ab_rounds would log these as head_1, tf_1 again)
   part ${arm}_span2048 35 env -C .ab/$arm $A3B_RESIDENT --kv-dtype int8 --prompt-tokens 1200
 done
