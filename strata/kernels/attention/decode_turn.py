@@ -18,8 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.attention.kv_int8 import _quantize_store
-from strata.kernels.pointwise.qk_norm_rope_store import _turned
+from strata.kernels.pointwise.qk_norm_rope_store import _turned, store_key_value
 
 
 @dataclass(frozen=True)
@@ -70,26 +69,12 @@ def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_
                    page_table_ptr, pos, n_kv_heads, D: tl.constexpr, HALF: tl.constexpr, dtype, PAGED: tl.constexpr,
                    INT8: tl.constexpr):
     """KV head kvh's new key, normed and turned, and its raw value into the cache at cell `pos`, as
-    `qk_norm_rope_store` stores them: cast to a dense cache's dtype, or into the paged pool (int8 codes and scales a
-    64 values, or fp16)."""
+    `qk_norm_rope_store` stores them (its `store_key_value`)."""
     row = k_ptr + kvh * D
-    d = tl.arange(0, D)
-    x = tl.load(row + d).to(tl.float32)
+    x = tl.load(row + tl.arange(0, D)).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    if PAGED:
-        j = tl.arange(0, D // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
-        value = tl.load(v_ptr + kvh * D + j).to(tl.float32)  # before the key's store (the compiler keeps the order)
-        key = _turned(row, kw_ptr, cos_ptr, sin_ptr, j, inv, D, HALF, dtype)
-        page = tl.load(page_table_ptr + pos // 4).to(tl.int64)
-        at = (page * n_kv_heads + kvh) * 4 + pos % 4
-        _quantize_store(key, k_cache, ks_cache, at, 64, D // 64, INT8)
-        _quantize_store(value, v_cache, vs_cache, at, 64, D // 64, INT8)
-    else:
-        value = tl.load(v_ptr + kvh * D + d)  # before the key's store (the compiler keeps the order)
-        key = _turned(row, kw_ptr, cos_ptr, sin_ptr, d, inv, D, HALF, dtype)
-        at = (pos.to(tl.int64) * n_kv_heads + kvh) * D + d
-        tl.store(k_cache + at, key.to(dtype).to(k_cache.dtype.element_ty))
-        tl.store(v_cache + at, value.to(v_cache.dtype.element_ty))
+    store_key_value(row, kw_ptr, cos_ptr, sin_ptr, inv, v_ptr + kvh * D, pos, kvh, n_kv_heads, page_table_ptr,
+                    k_cache, v_cache, ks_cache, vs_cache, D, HALF, D, PAGED, INT8, dtype)
 
 
 def supported(q: torch.Tensor, turn: Turn | None, dense: bool, in_order: bool, by_span: bool) -> bool:

@@ -71,28 +71,39 @@ def qk_norm_rope_store_item(token, head, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, co
         tl.store(q_out + (token * n_heads + head) * DIM + cols, out.to(dtype), mask=cols < DIM)
     else:
         kvh = head - n_heads
-        v_row = v_ptr + token * v_token_stride + kvh * DIM
-        # The value row loaded first: after the key's store the compiler may not move it up (the pointers might
-        # alias), and its latency would follow the key's.
-        if PAGED:
-            j = tl.arange(0, DIM // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
-            value = tl.load(v_row + j).to(tl.float32)
-        else:
-            value = tl.load(v_row + cols, mask=cols < DIM)
-        cell = tl.load(pos_ptr + token).to(tl.int64)
-        if PAGED:
-            page = tl.load(page_table_ptr + cell // 4).to(tl.int64)
-            dst = (page * n_kv_heads + kvh) * 4 + cell % 4
-            key = _turned(x_ptr, w_ptr, cos_ptr + cs, sin_ptr + cs, j, inv, DIM, HALF, dtype)
-            _quantize_store(key, kc_ptr, ks_ptr, dst, 64, DIM // 64, INT8)
-            _quantize_store(value, vc_ptr, vs_ptr, dst, 64, DIM // 64, INT8)
-        else:
-            key = _turned(x_ptr, w_ptr, cos_ptr + cs, sin_ptr + cs, cols, inv, DIM, HALF, dtype)
-            dst = (cell * n_kv_heads + kvh) * DIM + cols
-            cache = kc_ptr.dtype.element_ty
-            tl.store(kc_ptr + dst, key.to(dtype).to(cache), mask=cols < DIM)
-            tl.store(vc_ptr + dst, value.to(cache), mask=cols < DIM)
+        store_key_value(x_ptr, w_ptr, cos_ptr + cs, sin_ptr + cs, inv, v_ptr + token * v_token_stride + kvh * DIM,
+                        tl.load(pos_ptr + token), kvh, n_kv_heads, page_table_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
+                        DIM, HALF, BLOCK, PAGED, INT8, dtype)
 
+
+@triton.jit
+def store_key_value(x_ptr, w_ptr, cos_ptr, sin_ptr, inv, v_row, cell, kvh, n_kv_heads, page_table_ptr, kc_ptr,
+                    vc_ptr, ks_ptr, vs_ptr, DIM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                    PAGED: tl.constexpr, INT8: tl.constexpr, dtype):
+    """KV head kvh's new key (the row at x_ptr whose 1/rms is `inv`, normed and turned) and its value row at v_row
+    into the cache at `cell`: cast to a dense cache's dtype, or into the paged pool (int8 codes and scales a 64
+    values, or fp16). Also the store of STRATA_DECODE_TURN's attention launch (kernels/attention/decode_turn.py)."""
+    cols = tl.arange(0, BLOCK)
+    # The value row loaded first: after the key's store the compiler may not move it up (the pointers might alias),
+    # and its latency would follow the key's.
+    if PAGED:
+        j = tl.arange(0, DIM // 64)[:, None] * 64 + tl.arange(0, 64)[None, :]  # the quantizer's groups
+        value = tl.load(v_row + j).to(tl.float32)
+    else:
+        value = tl.load(v_row + cols, mask=cols < DIM)
+    cell = cell.to(tl.int64)
+    if PAGED:
+        page = tl.load(page_table_ptr + cell // 4).to(tl.int64)
+        dst = (page * n_kv_heads + kvh) * 4 + cell % 4
+        key = _turned(x_ptr, w_ptr, cos_ptr, sin_ptr, j, inv, DIM, HALF, dtype)
+        _quantize_store(key, kc_ptr, ks_ptr, dst, 64, DIM // 64, INT8)
+        _quantize_store(value, vc_ptr, vs_ptr, dst, 64, DIM // 64, INT8)
+    else:
+        key = _turned(x_ptr, w_ptr, cos_ptr, sin_ptr, cols, inv, DIM, HALF, dtype)
+        dst = (cell * n_kv_heads + kvh) * DIM + cols
+        cache = kc_ptr.dtype.element_ty
+        tl.store(kc_ptr + dst, key.to(dtype).to(cache), mask=cols < DIM)
+        tl.store(vc_ptr + dst, value.to(cache), mask=cols < DIM)
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D] readable with a token stride (heads D apart, values contiguous), else a contiguous copy."""
