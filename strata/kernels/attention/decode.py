@@ -174,15 +174,13 @@ def decode_attn_triton(q: torch.Tensor, pool: PagedKV, page_table: torch.Tensor,
     pointers = (ids, width.to(torch.int32).contiguous(), page_table.to(torch.int32).contiguous(), pool.k, pool.v,
                 *scales)
     config = short_config(split, short, ids.shape[1])
-    if turn is not None:
-        return None if config is None else decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False,
-                                                        pool.k.dtype, sm_scale, out_dtype, config,
-                                                        ids_stride=ids.stride(0), in_order=in_order, turn=turn)
     if config is not None:
         out = decode_short(q, pool.n_kv_heads, ids.shape[1], pointers, pool.int8, False, pool.k.dtype, sm_scale,
-                           out_dtype, config, ids_stride=ids.stride(0), in_order=in_order)
+                           out_dtype, config, ids_stride=ids.stride(0), in_order=in_order, turn=turn)
         if out is not None:
             return out
+    if turn is not None:  # split-K does not turn: the caller does, then attends
+        return None
     return _split_and_merge(q, pool.n_kv_heads, ids.shape[1], split or SPLIT, sm_scale, pointers, pool.int8,
                             dense=False, out_dtype=out_dtype, ids_stride=ids.stride(0))
 
@@ -233,13 +231,13 @@ def decode_attn_dense_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.
     # ids, page table and scales are unused in the dense form: any valid pointer stands in for them.
     pointers = (width, width, width, keys, values, keys, values)
     config = short_config(split, short, span) if row_split is None else None  # a row split is split-K's
-    if turn is not None:
-        return None if config is None else decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype,
-                                                        sm_scale, out_dtype, config, turn=turn)
     if config is not None:
-        out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config)
+        out = decode_short(q, n_kv_heads, span, pointers, False, True, keys.dtype, sm_scale, out_dtype, config,
+                           turn=turn)
         if out is not None:
             return out
+    if turn is not None:  # split-K does not turn: the caller does, then attends
+        return None
     split = dense_split(span, n_kv_heads, n_q) if split is None else split
     return _split_and_merge(q, n_kv_heads, span, split, sm_scale, pointers, int8=False, dense=True,
                             out_dtype=out_dtype, row_split=row_split)
