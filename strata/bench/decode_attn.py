@@ -234,7 +234,8 @@ def bench_shared_join(rows: int, device, n_embd=2048) -> None:
           f"({two_us / one_us:4.2f}x), {'the same bytes' if same else 'BYTES DIFFER'}")
 
 
-ROUTE_SWEEP = [(2, 0), (4, 0), (8, 0), (16, 0), (4, 8), (8, 8), (2, 8), (4, 4), (1, 2), (4, 2)]  # (experts a program, warps; 0: the rule)
+# (experts a program, warps; 0: the launch's rule)
+ROUTE_SWEEP = [(2, 0), (4, 0), (8, 0), (16, 0), (4, 8), (8, 8), (2, 8), (4, 4), (1, 2), (4, 2)]
 
 
 def bench_route(rows: int, device, sweep: bool, n_embd=2048, n_experts=128, k=8) -> None:

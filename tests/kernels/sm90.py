@@ -47,3 +47,14 @@ def cubin_report(kernel, signature: dict, constants: dict, warps: int, unaligned
         sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
     return int(regs), int(stack), sass
+
+
+def sass_counts(kernel, signature: dict, constants: dict, warps: int,
+                fusion: bool = True) -> tuple[int, int, int, int]:
+    """(registers, spill stack, SASS instructions that run, IDP.4A among them) of a kernel built for sm_90;
+    pointers and sizes specialized as 16-divisible, as a launch would (strides not)."""
+    unaligned = tuple(n for n in signature if n.startswith("stride"))
+    regs, stack, sass = cubin_report(kernel, signature, constants, warps, unaligned, fusion)
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z]", line)]
+    executed = [line for line in lines if not re.search(r"\s(NOP|BRA)\b", line)]  # (the padding after EXIT)
+    return regs, stack, len(executed), sum("IDP.4A" in line for line in lines)

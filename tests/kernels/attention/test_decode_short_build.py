@@ -1,9 +1,9 @@
 """The one-launch decode attention (decode_short.py) built for sm_90 without a GPU (Triton's bundled ptxas), without
 spills: over an int8 cache the native form (the default: one fp16 QK dot per 64 values, V's codes times scales in
-fp16, converted without I2F; 238 registers at A3B's D 128, chunks of 64; at qwen4exp's D 256 chunks of 32, as 64 spilled 48 bytes) and
-the tf32x3 form (each (cell, 64 values)'s scale loaded once and broadcast: session 16, 2,538 -> 2,062
-instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64), and the STRATA_DECODE_TURN
-forms over both."""
+fp16, converted without I2F; 238 registers at A3B's D 128, chunks of 64; at qwen4exp's D 256 chunks of 32, as 64
+spilled 48 bytes) and the tf32x3 form (each (cell, 64 values)'s scale loaded once and broadcast: session 16, 2,538
+-> 2,062 instructions, no spill at D 128); the fp16 cache's default (native dots, chunks of 64), and the
+STRATA_DECODE_TURN forms over both."""
 
 import json
 import os
@@ -22,7 +22,7 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = Fa
     """The kernel at A3B's shape (4 programs a KV head, the split form's merge), as the step launches it; over int8
     codes `dots` "native" (the default) or "tf32x3"; `turn`: STRATA_DECODE_TURN's form (raw q, k, v turned inside)."""
     from strata.kernels.attention.decode_short import DEFAULT, _decode_short_kernel
-    from tests.kernels.moe.test_dp4a_gemv import _sass_counts
+    from tests.kernels.sm90 import sass_counts
 
     cache = "*i8" if int8 else "*fp16"
     names = ("q_ptr", "ids_ptr", "width_ptr", "page_table_ptr", "k_ptr", "v_ptr", "ks_ptr", "vs_ptr", "acc_ptr",
@@ -38,7 +38,7 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = Fa
         signature.update(turn_k_ptr="*bf16", turn_v_ptr="*bf16", qw_ptr="*bf16", kw_ptr="*bf16", cos_ptr="*bf16",
                          sin_ptr="*bf16", eps="fp32")
         constants.update(TURN=True, HALF=dim // 2, IN_ORDER=int8)
-    regs, stack, executed, _ = _sass_counts(_decode_short_kernel, signature, constants, DEFAULT.warps)
+    regs, stack, executed, _ = sass_counts(_decode_short_kernel, signature, constants, DEFAULT.warps)
     return {"int8": int8, "dots": dots, "dim": dim, "turn": turn, "regs": regs, "stack": stack,
             "instructions": executed}
 

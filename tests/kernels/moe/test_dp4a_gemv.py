@@ -9,7 +9,6 @@ with the block code sums zeroed (so without the -8 offset) must fall outside it.
 
 import json
 import os
-import re
 
 if __name__ == "__main__":  # building for the GPU: Triton imported before strata.kernels can switch the interpreter on
     os.environ.pop("TRITON_INTERPRET", None)
@@ -26,7 +25,7 @@ from strata.kernels.moe import dp4a_gemv  # noqa: E402
 from strata.kernels.moe.dp4a_gemv import (  # noqa: E402
     dp4a_down, dp4a_gate_up, dp4a_matvec, quantize_x, quantize_x_ref, row_error_bound)
 
-from tests.kernels.sm90 import builds_of, cubin_report, needs_ptxas  # noqa: E402
+from tests.kernels.sm90 import builds_of, needs_ptxas, sass_counts  # noqa: E402
 
 
 def q4_0(n_mats: int, n_out: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,17 +192,6 @@ def test_tiles_fill_an_h200_within_their_registers():
 A3B = [("matvec", 5120, 2048, 1), ("matvec", 2048, 4096, 1), ("gate_up", 768, 2048, 8), ("down", 2048, 768, 8)]
 
 
-def _sass_counts(kernel, signature: dict, constants: dict, warps: int,
-                 fusion: bool = True) -> tuple[int, int, int, int]:
-    """(registers, spill stack, SASS instructions that run, IDP.4A among them) of a kernel built for sm_90 without a
-    GPU (Triton's bundled ptxas); pointers and sizes specialized as 16-divisible, as a launch would."""
-    unaligned = tuple(n for n in signature if n.startswith("stride"))
-    regs, stack, sass = cubin_report(kernel, signature, constants, warps, unaligned, fusion)
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z]", line)]
-    executed = [line for line in lines if not re.search(r"\s(NOP|BRA)\b", line)]  # (the padding after EXIT)
-    return regs, stack, len(executed), sum("IDP.4A" in line for line in lines)
-
-
 def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: int = 0, rows: int = 1,
                layout: str = "blocks", quant: bool = False) -> dict:
     """One A3B form of the dp4a kernels built for sm_90: registers, spills, SASS instructions a weight (a static
@@ -228,7 +216,7 @@ def build_sm90(kind: str, n_out: int, k: int, top_k: int, bn: int = 0, warps: in
         signature = {**x, "topk_w": "*fp32", "w": "*u8", "y": "*fp32", "stride": "i64"}
         constants = dict(N_OUT=n_out, K=k, TOP_K=top_k, NU=nu, BN=bn, ROWS=rows, SHARED=kind == "matvec",
                          LAYOUT=dp4a_gemv.LAYOUTS.index(layout))
-    regs, stack, executed, dp4a = _sass_counts(kernel, signature, constants, warps, fusion=not quant)
+    regs, stack, executed, dp4a = sass_counts(kernel, signature, constants, warps, fusion=not quant)
     threads = 32 * warps * -(-n_out // bn) * programs
     return {"kernel": "dp4a", "kind": kind, "n_out": n_out, "k": k, "bn": bn, "warps": warps, "rows": rows,
             "layout": layout, "quant": quant, "regs": regs, "stack": stack,
@@ -254,7 +242,7 @@ def build_oneshot_sm90(kind: str, n_out: int, k: int, top_k: int) -> dict:
                      "slot_of": "*i32", "wd": "*u8", "y": "*fp32", "stride_d": "i64"}
         constants = {**oneshot_gemv._constants(spec, n_out, k, top_k, False, cfg.bn, cfg.split), "ROWS": 1,
                      "SHARED": kind == "matvec"}
-    regs, stack, executed, _ = _sass_counts(kernel, signature, constants, cfg.warps)
+    regs, stack, executed, _ = sass_counts(kernel, signature, constants, cfg.warps)
     operands, programs = (2, top_k) if kind == "gate_up" else (1, 1)
     threads = 32 * cfg.warps * -(-n_out // cfg.bn) * programs * cfg.split
     return {"kernel": "oneshot", "kind": kind, "n_out": n_out, "k": k, "bn": cfg.bn, "warps": cfg.warps,

@@ -81,12 +81,12 @@ def build_sm90(k: int, rows: int = 1) -> dict:
     registers, spill stack, SASS instructions a weight (a static count: no loops) and IDP.4A instructions."""
     from strata.kernels.quant import q4_0_split
     from strata.models.dp4a_step import SPLIT_TILE
-    from tests.kernels.moe.test_dp4a_gemv import _sass_counts
+    from tests.kernels.sm90 import sass_counts
 
     bn, warps = SPLIT_TILE
     signature = {"xq": "*i8", "xs": "*fp32", "xsum": "*i32", "w": "*u8", "y": "*bf16", "n_out": "i32"}
     constants = dict(K=k, NBP=triton.next_power_of_2(k // 32), BN=bn, ROWS=rows, PDL=1)
-    regs, stack, executed, dp4a = _sass_counts(q4_0_split._split_dp4a_kernel, signature, constants, warps)
+    regs, stack, executed, dp4a = sass_counts(q4_0_split._split_dp4a_kernel, signature, constants, warps)
     return {"k": k, "rows": rows, "regs": regs, "stack": stack, "dp4a": dp4a,
             "per_weight": round(executed * 32 * warps / (bn * k), 2)}
 
