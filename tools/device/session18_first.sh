@@ -14,7 +14,8 @@
 # decode (int8 KV, QSA; D 256: the native dots in chunks of 32) against step by step.
 # Make the arms first:
 #   rm -rf .ab && for a in head novh of tf; do mkdir -p .ab/$a && git archive HEAD strata ':!strata/data' | tar -x -C .ab/$a; done
-#   git show 6356bcb~1:strata/kernels/pointwise/qk_norm_rope_store.py > .ab/novh/strata/kernels/pointwise/qk_norm_rope_store.py
+#   (novh: in .ab/novh's qk_norm_rope_store.py, store_key_value's value loads moved after the key's store, as before
+#   6356bcb; that commit's whole file no longer fits: decode_turn.py imports store_key_value from it)
 #   sed -i 's/out = dp4a_step.matvec(heads, self.attention\[i\].o) if self.dp4a_wired else None/out = None/' \
 #     .ab/of/strata/models/decoder.py
 #   sed -i 's/cache_dtype in (torch.float16, torch.int8)/cache_dtype in (torch.float16,)/' \
