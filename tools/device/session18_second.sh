@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ready for session 18's second call (one H200, ~7 minutes: timeout_s 500; the same arms as session18_first.sh,
+# Session 18's second call (one H200, ~9 minutes: BUDGET=460, timeout_s 580; the same arms as session18_first.sh,
 # carried again). Issue 4, the int8 KV cache (the product's): after a 64-token prompt, .ab/head against .ab/novh
 # (the value row loaded after the key's store), .ab/tf (the int8 cache's dots tf32x3 over codes scaled in fp32, as
 # before 45e4a9a) and .ab/head under STRATA_DECODE_TURN (54ca441: the quantized store inside the attention's launch;
@@ -26,4 +26,6 @@ for arm in head tf; do  # (ab_rounds would log these as head_1, tf_1 again)
   part ${arm}_span2048 35 env -C .ab/$arm $A3B_RESIDENT --kv-dtype int8 --prompt-tokens 1200
 done
 part inc_int8 40 python3 tools/device/profile_decode.py $A3B --steps 8 --vram-budget 24 --increments --kv-dtype int8
+Q=$(mktemp -d /tmp/s18-q4.XXXX)  # the first call's cap (60 s) cut it while compiling: again, its caches warmer
+part graphs_qwen4exp 100 python3 tools/device/qwen4exp_check.py $Q graphs
 finish 14
