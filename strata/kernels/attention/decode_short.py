@@ -117,12 +117,20 @@ def _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, 
     codes exact in fp16), each scaled by its (cell, 64 values) scale in fp32 after; V's codes times their scales
     rounded to fp16 (2^-11 relative, as a fp16 cache holds them) for one fp16 PV dot."""
     NG: tl.constexpr = D // 64
-    g = tl.arange(0, NG)[:, None, None]
-    at = rows[None, None, :] * NG + g  # [NG, 1, CH]: the cells' scales
-    k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + tl.arange(0, 64)[None, :, None],
-                mask=valid[None, None, :], other=0)
-    ks = tl.load(ks_ptr + at, mask=valid[None, None, :], other=0.0).to(tl.float32)
-    s = tl.sum(tl.dot(q3, _codes_as_fp16(k)) * ks, axis=0)
+    if NG == 2:  # two 2-D dots: a leaner build than the batched dot's layouts and its sum over the groups
+        q_lo, q_hi = tl.split(tl.permute(q3, (1, 2, 0)))
+        at = rows[None, :] * D + tl.arange(0, 64)[:, None]
+        k_lo = _codes_as_fp16(tl.load(k_ptr + at, mask=valid[None, :], other=0))
+        k_hi = _codes_as_fp16(tl.load(k_ptr + at + 64, mask=valid[None, :], other=0))
+        ks_lo = tl.load(ks_ptr + rows * 2, mask=valid, other=0.0).to(tl.float32)
+        ks_hi = tl.load(ks_ptr + rows * 2 + 1, mask=valid, other=0.0).to(tl.float32)
+        s = tl.dot(q_lo, k_lo) * ks_lo[None, :] + tl.dot(q_hi, k_hi) * ks_hi[None, :]
+    else:
+        g = tl.arange(0, NG)[:, None, None]
+        k = tl.load(k_ptr + rows[None, None, :] * D + g * 64 + tl.arange(0, 64)[None, :, None],
+                    mask=valid[None, None, :], other=0)
+        ks = tl.load(ks_ptr + rows[None, None, :] * NG + g, mask=valid[None, None, :], other=0.0).to(tl.float32)
+        s = tl.sum(tl.dot(q3, _codes_as_fp16(k)) * ks, axis=0)
     e, alpha, m, l = softmax_step(s * scale_log2, valid, m, l)
     d = tl.arange(0, D)
     v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=valid[:, None], other=0)
