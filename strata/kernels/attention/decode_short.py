@@ -18,7 +18,8 @@ operand rounded to the fp16/bf16 cache's dtype: one half-precision pass, fp32 su
 the cache's keys fit), and the probabilities rounded to fp16 (2^-11 relative) move the output by at most 2^-11 of
 the values' largest, a quarter of the bf16 step the output is rounded to after (session 16: the A3B step 1.95 ->
 1.82 ms, greedy tokens equal to split-K's). Over int8 codes both dots are native too (`_int8_native_step`): QK
-one fp16 dot per 64 values (the codes exact in fp16) scaled by their (cell, 64 values) scale after, PV over the
+one fp16 dot per 64 values (the codes exact in fp16) scaled by their (cell, 64 values) scale after (at D 128 two
+2-D dots: the A3B int8 step 1.99 -> 1.94 ms against one batched dot over the groups, session 18), PV over the
 codes times their scales rounded to fp16 (as a fp16 cache would hold the values): one more rounding of 2^-11 of
 the values' largest; "tf32x3" there dots the codes scaled in fp32. Over a bf16 cache QK takes tf32 (exact for
 fp16/bf16 operands: at most 11 significant bits each) and PV tf32x3 (bf16 probabilities would cost the output's own
