@@ -111,6 +111,7 @@ class GraphDecoder:
     shares one graph memory pool between the decoders of several row counts."""
 
     takes_tail = True  # a window's drafts may come as a device tensor (step's `tail`), read by the graphs alone
+    takes_head = True  # a step's token may come as a device tensor (step's `head`: engine/decode_ahead.py)
 
     def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
                  want_hidden: bool = False, keep_row_states: bool = False, pool=None, row_buffers=None):
@@ -156,10 +157,12 @@ class GraphDecoder:
 
     # ---- host side
 
-    def step(self, tokens: list[int], start: int, tail: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, tokens: list[int], start: int, tail: torch.Tensor | None = None,
+             head: torch.Tensor | None = None) -> torch.Tensor:
         """Logits float32 [rows, vocab] (the last row's [1, vocab] when rows == 1) after tokens at start..;
         a view of a static buffer, valid until the next step. `tail` (on the device): the tokens of rows 1.. (a
-        verify window's drafts not yet read by the host), which then stand in for tokens[1:]."""
+        verify window's drafts not yet read by the host), which then stand in for tokens[1:]; `head` (on the
+        device, one token): row 0's (the previous step's argmax, not yet read by the host), for tokens[0]."""
         if len(tokens) != self.rows:
             raise StrataError(f"this decoder runs steps of {self.rows} tokens, got {len(tokens)}")
         end = start + self.rows
@@ -168,6 +171,8 @@ class GraphDecoder:
         self.upload(tokens, start, self.tokens, self.positions)
         if tail is not None:
             self.tokens[1:].copy_(tail)  # queued behind the upload: no host wait
+        if head is not None:
+            self.tokens[:1].copy_(head)
         with rows_as_steps(self.rows > 1):  # a window's rows compute as one-token steps (what the graphs record)
             if not self.capture:
                 runner = StepGraphs(self._program(span), capture=False)

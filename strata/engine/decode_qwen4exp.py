@@ -53,6 +53,7 @@ class Qwen4ExpDecoder(GraphDecoder):
     note); the options are GraphDecoder's."""
 
     takes_tail = False  # the n-gram rows are hashed on the host: a window's tokens must be there
+    takes_head = False  # (the same: a step's token too)
 
     def __init__(self, model, kv, device: torch.device, capture: bool, rows: int = 1, exact_span: bool | None = None,
                  **options):

@@ -12,6 +12,7 @@ from strata import switches
 from strata.engine.checkpoints import CheckpointStore, Reuse, usable_prefix
 from strata.engine.context import ForwardContext
 from strata.engine.decode import make_decoder
+from strata.engine.decode_ahead import generate_ahead, runs_ahead
 from strata.engine.prefill import PrefillProgress, ProgressClock, chunk_plan, prompt_chunks
 from strata.engine.hybrid_cache import HybridCache
 from strata.engine.idle_work import IdleWork
@@ -324,6 +325,9 @@ class Engine:
         sampler = Sampler(params)
         logits = self.prefill(prompt_ids)
         history = list(prompt_ids)
+        if max_tokens > 0 and runs_ahead(self, params):
+            yield from generate_ahead(self, sampler(logits[-1], history), history, max_tokens, stop_ids)
+            return
         for _ in range(max_tokens):
             token = sampler(logits[-1], history)
             history.append(token)

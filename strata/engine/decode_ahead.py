@@ -1,0 +1,97 @@
+"""Greedy decode one step ahead: the next step queued before the host reads this step's token.
+
+In the plain loop (Engine.generate) the device idles while the host takes a token: the wait's wake-up, the argmax's
+launch and read, the loop's Python, the token's upload, the graph's launch and whatever the consumer does between
+tokens (A3B all resident: the step's device time 1.76 ms, a token every 1.88-1.90 ms). Here each step's argmax
+writes its token on the device, the next step reads it there (`GraphDecoder.step`'s `head`) and is queued at once,
+and the host reads the token (pinned memory, an event) while that next step runs: the device goes from step to
+step without waiting for the host. The tokens are the loop's: the same argmax of the same logits.
+
+The price: when a token turns out to be a stop id, the step after it was already queued. Its keys and values land
+past the positions the engine records (`cached_tokens`), where the next prompt overwrites them; a recurrent state
+cannot be rewound, so hybrid caches (`can_truncate` False) keep the plain loop. So do sampled tokens and repetition
+penalties (drawn on the host), speculative decoding, and experts behind a cache (the host is inside each step).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from strata import switches
+from strata.engine.decode import GraphDecoder
+from strata.engine.sampling import SamplingParams
+
+
+def runs_ahead(engine, params: SamplingParams) -> bool:
+    """Whether `engine.generate` takes this loop: STRATA_DECODE_AHEAD 1 (the default) for captured steps, 2 for the
+    uncaptured static step too (the CPU's: tests), 0 never; greedy without a penalty, every step on the device."""
+    mode = switches.get("STRATA_DECODE_AHEAD")
+    decoder = engine.decoder
+    return (bool(mode) and isinstance(decoder, GraphDecoder) and decoder.takes_head and decoder.cached is None
+            and decoder.rows == 1 and (decoder.capture or mode == 2) and engine.kv.can_truncate
+            and engine.spec is None and params.greedy and params.repetition_penalty == 1.0)
+
+
+class TokenReadback:
+    """One step's greedy token: its argmax written on the device, copied into pinned host memory behind it."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.on_device = torch.zeros(1, dtype=torch.long, device=device)
+        self.host = torch.zeros(1, dtype=torch.long, pin_memory=self.cuda)
+        self.copied = torch.cuda.Event() if self.cuda else None
+
+    def queue(self, logits: torch.Tensor) -> None:
+        """The argmax of logits' last row (the first maximum, as the sampler's) and its copy, queued on the stream."""
+        torch.argmax(logits[-1], dim=-1, keepdim=True, out=self.on_device)
+        self.host.copy_(self.on_device, non_blocking=self.cuda)
+        if self.cuda:
+            self.copied.record()
+
+    def read(self) -> int:
+        if self.cuda:
+            self.copied.synchronize()
+        return int(self.host[0])
+
+
+def generate_ahead(engine, first: int, history: list[int], max_tokens: int,
+                   stop_ids: frozenset[int]) -> Iterator[int]:
+    """Engine.generate's tokens after the prompt's (`first`, sampled from the prompt's logits; `history` the prompt),
+    each decode step queued before the host has read the token it takes."""
+    if max_tokens <= 0:
+        return
+    decoder = engine.decoder
+    # Two in turn: a step's copy to the host must not overwrite the token the host has not read yet.
+    readbacks = (TokenReadback(decoder.device), TokenReadback(decoder.device))
+    history.append(first)
+    yield first
+    if first in stop_ids or len(history) >= engine.n_ctx or max_tokens == 1:
+        return
+    pending = _queue(engine, readbacks[0], len(history) - 1, token=first)
+    produced, turn = 1, 1
+    while True:
+        # The token `pending` will give is yielded; its own step is queued now, before the host reads it, unless
+        # max_tokens or the context's end leaves no use for it.
+        wanted = produced + 1 < max_tokens and len(history) + 1 < engine.n_ctx
+        after = _queue(engine, readbacks[turn % 2], len(history), head=pending.on_device) if wanted else None
+        token = pending.read()
+        history.append(token)
+        produced += 1
+        if after is not None:
+            engine.cached_tokens.append(token)  # its step, queued above, wrote it at position len(history) - 1
+        yield token
+        if token in stop_ids or after is None:
+            return
+        pending, turn = after, turn + 1
+
+
+def _queue(engine, readback: TokenReadback, position: int, token: int = 0,
+           head: torch.Tensor | None = None) -> TokenReadback:
+    """One decode step at `position` (its token known on the host, or `head` on the device) and its argmax."""
+    readback.queue(engine.decoder.step([token], position, head=head))
+    del engine.cached_tokens[position:]  # in place, as Engine.decode
+    if head is None:
+        engine.cached_tokens.append(token)
+    return readback
