@@ -1,6 +1,6 @@
 """On the GPU: greedy decode one step ahead (STRATA_DECODE_AHEAD, engine/decode_ahead.py) against the plain loop,
-in one engine: the same tokens (a run of N after a prompt, then one stopped at its own third token and a follow-up
-prompt reusing the cache), and each mode's wall clock a token, alternating.
+in one engine: the same tokens (a run of N after a prompt, then one stopped at a token of its own from the third
+on and a follow-up prompt reusing the cache), and each mode's wall clock a token, alternating.
 
 Usage: python3 tools/device/ahead_check.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--kv-dtype KIND]
 (`--device cpu`: the uncaptured static step, STRATA_DECODE_AHEAD 2, for a dry run of this script)
@@ -58,8 +58,9 @@ def main() -> int:
     same = plain == ahead
     ok &= same
     print(f"{args.tokens} greedy tokens, plain loop against one step ahead: {'equal' if same else 'DIFFER'}")
-    stop = plain[2]
-    first = plain.index(stop) + 1
+    # the stop: the first token from the third on not met before it (a decode step's, not the prompt's)
+    first = next((i + 1 for i in range(2, len(plain)) if plain[i] not in plain[:i]), len(plain))
+    stop = plain[first - 1]
     stopped, _ = run(engine, ahead_mode, prompt, args.tokens, {stop})
     follow = prompt + stopped + [1, 2, 3]
     cont, _ = run(engine, ahead_mode, follow, 16)  # reuses the cache the stopped run left (its stop's step ran too)
