@@ -57,9 +57,13 @@ def main() -> int:
     ahead, _ = run(engine, ahead_mode, prompt, args.tokens)
     same = plain == ahead
     ok &= same
-    print(f"{args.tokens} greedy tokens, plain loop against one step ahead: {'equal' if same else 'DIFFER'}")
-    # the stop: the first token from the third on not met before it (a decode step's, not the prompt's)
-    first = next((i + 1 for i in range(2, len(plain)) if plain[i] not in plain[:i]), len(plain))
+    print(f"{args.tokens} greedy tokens ({len(set(plain))} distinct), plain loop against one step ahead: "
+          f"{'equal' if same else 'DIFFER'}")
+    # the stop: the first decode step's token not met before it (the run's first token is the prompt's)
+    first = next((i + 1 for i in range(1, len(plain)) if plain[i] not in plain[:i]), None)
+    if first is None:  # (a synthetic model may repeat one token: then the stop is that token, met at once)
+        print(f"the run repeats its first token ({len(set(plain))} distinct): the stop is met at the first token")
+        first = 1
     stop = plain[first - 1]
     stopped, _ = run(engine, ahead_mode, prompt, args.tokens, {stop})
     follow = prompt + stopped + [1, 2, 3]
