@@ -1,16 +1,18 @@
-"""Greedy decode one step ahead: the next step queued before the host reads this step's token.
+"""Decode one step ahead: the next step queued before the host reads this step's token.
 
-In the plain loop (Engine.generate) the device idles while the host takes a token: the wait's wake-up, the argmax's
-launch and read, the loop's Python, the token's upload, the graph's launch and whatever the consumer does between
-tokens (A3B all resident: the step's device time 1.76 ms, a token every 1.88-1.90 ms). Here each step's argmax
-writes its token on the device, the next step reads it there (`GraphDecoder.step`'s `head`) and is queued at once,
-and the host reads the token (pinned memory, an event) while that next step runs: the device goes from step to
-step without waiting for the host. The tokens are the loop's: the same argmax of the same logits.
+In the plain loop (Engine.generate) the device idles while the host takes a token: the wait's wake-up, the token's
+choice and read, the loop's Python, the token's upload, the graph's launch and whatever the consumer does between
+tokens (A3B all resident: the step's device time 1.76 ms, a token every 1.85-1.90 ms). Here each step's token is
+chosen on the device (`Sampler.pick`: the argmax, or the seeded draw whose uniform the host takes in the loop's
+order), the next step reads it there (`GraphDecoder.step`'s `head`) and is queued at once, and the host reads the
+token (pinned memory, an event) while that next step runs: the device goes from step to step without waiting for
+the host. The tokens are the loop's: the same choice over the same logits.
 
 The price: when a token turns out to be a stop id, the step after it was already queued. Its keys and values land
 past the positions the engine records (`cached_tokens`), where the next prompt overwrites them; a recurrent state
-cannot be rewound, so hybrid caches (`can_truncate` False) keep the plain loop. So do sampled tokens and repetition
-penalties (drawn on the host), speculative decoding, and experts behind a cache (the host is inside each step).
+cannot be rewound, so hybrid caches (`can_truncate` False) keep the plain loop. So do repetition penalties (they
+read the tokens so far on the host), speculative decoding, and experts behind a cache (the host is inside each
+step).
 """
 
 from __future__ import annotations
@@ -21,31 +23,31 @@ import torch
 
 from strata import switches
 from strata.engine.decode import GraphDecoder
-from strata.engine.sampling import SamplingParams
+from strata.engine.sampling import Sampler, SamplingParams
 
 
 def runs_ahead(engine, params: SamplingParams) -> bool:
     """Whether `engine.generate` takes this loop: STRATA_DECODE_AHEAD 1 (the default) for captured steps, 2 for the
-    uncaptured static step too (the CPU's: tests), 0 never; greedy without a penalty, every step on the device."""
+    uncaptured static step too (the CPU's: tests), 0 never; no repetition penalty, every step on the device."""
     mode = switches.get("STRATA_DECODE_AHEAD")
     decoder = engine.decoder
     return (bool(mode) and isinstance(decoder, GraphDecoder) and decoder.takes_head and decoder.cached is None
             and decoder.rows == 1 and (decoder.capture or mode == 2) and engine.kv.can_truncate
-            and engine.spec is None and params.greedy and params.repetition_penalty == 1.0)
+            and engine.spec is None and params.repetition_penalty == 1.0)
 
 
 class TokenReadback:
-    """One step's greedy token: its argmax written on the device, copied into pinned host memory behind it."""
+    """One step's token: chosen on the device, copied into pinned host memory behind it."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.on_device = torch.zeros(1, dtype=torch.long, device=device)
+        self.on_device: torch.Tensor | None = None
         self.host = torch.zeros(1, dtype=torch.long, pin_memory=self.cuda)
         self.copied = torch.cuda.Event() if self.cuda else None
 
-    def queue(self, logits: torch.Tensor) -> None:
-        """The argmax of logits' last row (the first maximum, as the sampler's) and its copy, queued on the stream."""
-        torch.argmax(logits[-1], dim=-1, keepdim=True, out=self.on_device)
+    def queue(self, logits: torch.Tensor, sampler: Sampler) -> None:
+        """The token the sampler picks from logits' last row and its copy, queued on the stream."""
+        self.on_device = sampler.pick(sampler.penalized(logits[-1], []))  # (no penalty: the history is not read)
         self.host.copy_(self.on_device, non_blocking=self.cuda)
         if self.cuda:
             self.copied.record()
@@ -56,10 +58,10 @@ class TokenReadback:
         return int(self.host[0])
 
 
-def generate_ahead(engine, first: int, history: list[int], max_tokens: int,
+def generate_ahead(engine, sampler: Sampler, first: int, history: list[int], max_tokens: int,
                    stop_ids: frozenset[int]) -> Iterator[int]:
-    """Engine.generate's tokens after the prompt's (`first`, sampled from the prompt's logits; `history` the prompt),
-    each decode step queued before the host has read the token it takes."""
+    """Engine.generate's tokens after the prompt's (`first`, the sampler's from the prompt's logits; `history` the
+    prompt), each decode step queued before the host has read the token it takes."""
     if max_tokens <= 0:
         return
     decoder = engine.decoder
@@ -69,13 +71,14 @@ def generate_ahead(engine, first: int, history: list[int], max_tokens: int,
     yield first
     if first in stop_ids or len(history) >= engine.n_ctx or max_tokens == 1:
         return
-    pending = _queue(engine, readbacks[0], len(history) - 1, token=first)
+    pending = _queue(engine, sampler, readbacks[0], len(history) - 1, token=first)
     produced, turn = 1, 1
     while True:
         # The token `pending` will give is yielded; its own step is queued now, before the host reads it, unless
         # max_tokens or the context's end leaves no use for it.
         wanted = produced + 1 < max_tokens and len(history) + 1 < engine.n_ctx
-        after = _queue(engine, readbacks[turn % 2], len(history), head=pending.on_device) if wanted else None
+        after = _queue(engine, sampler, readbacks[turn % 2], len(history), head=pending.on_device) if wanted \
+            else None
         token = pending.read()
         history.append(token)
         produced += 1
@@ -87,10 +90,10 @@ def generate_ahead(engine, first: int, history: list[int], max_tokens: int,
         pending, turn = after, turn + 1
 
 
-def _queue(engine, readback: TokenReadback, position: int, token: int = 0,
+def _queue(engine, sampler: Sampler, readback: TokenReadback, position: int, token: int = 0,
            head: torch.Tensor | None = None) -> TokenReadback:
-    """One decode step at `position` (its token known on the host, or `head` on the device) and its argmax."""
-    readback.queue(engine.decoder.step([token], position, head=head))
+    """One decode step at `position` (its token known on the host, or `head` on the device) and its pick."""
+    readback.queue(engine.decoder.step([token], position, head=head), sampler)
     del engine.cached_tokens[position:]  # in place, as Engine.decode
     if head is None:
         engine.cached_tokens.append(token)

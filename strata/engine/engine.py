@@ -326,7 +326,7 @@ class Engine:
         logits = self.prefill(prompt_ids)
         history = list(prompt_ids)
         if max_tokens > 0 and runs_ahead(self, params):
-            yield from generate_ahead(self, sampler(logits[-1], history), history, max_tokens, stop_ids)
+            yield from generate_ahead(self, sampler, sampler(logits[-1], history), history, max_tokens, stop_ids)
             return
         for _ in range(max_tokens):
             token = sampler(logits[-1], history)

@@ -1,5 +1,6 @@
-"""Greedy decode one step ahead (engine/decode_ahead.py, STRATA_DECODE_AHEAD): the plain loop's tokens, each step
-queued before the host reads the token it takes, the engine's record of the cache still true after a stop."""
+"""Decode one step ahead (engine/decode_ahead.py, STRATA_DECODE_AHEAD): the plain loop's tokens, greedy and sampled,
+each step queued before the host reads the token it takes, the engine's record of the cache still true after a
+stop."""
 
 import pytest
 
@@ -65,6 +66,20 @@ def test_a_stop_id_ends_it_and_the_cache_record_stays_true(tiny_moe, plain):
     assert _tokens(engine, 2, prompt=follow, max_tokens=4) == _tokens(fresh, 0, prompt=follow, max_tokens=4)
 
 
+@pytest.mark.parametrize("params", [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=0, top_p=0.9, seed=4),
+                                    dict(temperature=0.6, top_k=5, min_p=0.1, seed=5)], ids=["default", "top-p", "min-p"])
+def test_sampled_tokens_are_the_plain_loops(tiny_moe, params):
+    """A seeded draw runs ahead too: its uniforms are taken in the loop's order, the draw made on the device."""
+    sampled = SamplingParams(**params)
+    tokens = {}
+    for mode in (0, 2):
+        engine = _engine(tiny_moe)
+        with switches.override(STRATA_DECODE_AHEAD=mode):
+            tokens[mode] = list(engine.generate(list(PROMPT), sampled, 12))
+        assert engine.decoder.steps == 11 + (mode == 0)  # (the plain loop decodes once more, after its last token)
+    assert tokens[0] == tokens[2] and len(set(tokens[0])) > 3
+
+
 def test_the_context_end(tiny_moe, plain):
     n_ctx = len(PROMPT) + 3
     want = _tokens(_engine(tiny_moe, n_ctx=n_ctx), 0)
@@ -81,7 +96,7 @@ def test_where_it_runs(tiny_moe, model_dir):
         assert not runs_ahead(engine, GREEDY)
     with switches.override(STRATA_DECODE_AHEAD=2):
         assert runs_ahead(engine, GREEDY)
-        assert not runs_ahead(engine, SamplingParams(temperature=0.7, seed=1))
+        assert runs_ahead(engine, SamplingParams(temperature=0.7, seed=1))
         assert not runs_ahead(engine, SamplingParams(temperature=0, repetition_penalty=1.1))
         assert not runs_ahead(_engine(tiny_moe, decode_graphs="off"), GREEDY)
         assert not runs_ahead(_engine(tiny_moe, expert_cache=3), GREEDY)  # the host inside each step

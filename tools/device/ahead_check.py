@@ -1,6 +1,7 @@
 """On the GPU: greedy decode one step ahead (STRATA_DECODE_AHEAD, engine/decode_ahead.py) against the plain loop,
 in one engine: the same tokens (a run of N after a prompt, then one stopped at a token of its own from the third
-on and a follow-up prompt reusing the cache), and each mode's wall clock a token, alternating.
+on and a follow-up prompt reusing the cache), and each mode's wall clock a token, alternating; then a seeded sampled
+request (the default parameters), plain and ahead: the same tokens, and each one's wall clock.
 
 Usage: python3 tools/device/ahead_check.py MODEL.gguf [--tokens N] [--vram-budget GIB] [--kv-dtype KIND]
 (`--device cpu`: the uncaptured static step, STRATA_DECODE_AHEAD 2, for a dry run of this script)
@@ -83,10 +84,19 @@ def main() -> int:
         ms = sorted(times[mode])
         print(f"{name:15} {ms[1] * 1e3:.3f} ms a token (median of 3 runs: {', '.join(f'{t * 1e3:.3f}' for t in ms)})"
               f", {1 / ms[1]:.1f} tok/s")
-    # a sampled request (the default parameters: temperature 0.7, top-k 20, top-p 0.8) in the plain loop: its
-    # draw is the host's
-    sampled = sorted(run(engine, 0, prompt, args.tokens, params=SamplingParams(seed=0))[1] for _ in range(3))
-    print(f"{'sampled':15} {sampled[1] * 1e3:.3f} ms a token (median of 3 runs), the plain loop")
+    # a sampled request (the default parameters: temperature 0.7, top-k 20, top-p 0.8, seeded): the same tokens
+    # plain and ahead, and each one's wall clock a token
+    sampled = {0: [], ahead_mode: []}
+    for _ in range(3):
+        for mode in (0, ahead_mode):
+            sampled[mode].append(run(engine, mode, prompt, args.tokens, params=SamplingParams(seed=0)))
+    same = all(tokens == sampled[0][0][0] for runs in sampled.values() for tokens, _ in runs)
+    ok &= same
+    print(f"sampled (seed 0): {len(set(sampled[0][0][0]))} distinct tokens, every run "
+          f"{'equal' if same else 'DIFFERS'}")
+    for mode, name in ((0, "plain loop"), (ahead_mode, "one step ahead")):
+        ms = sorted(seconds for _, seconds in sampled[mode])
+        print(f"{'sampled, ' + name:25} {ms[1] * 1e3:.3f} ms a token (median of 3 runs), {1 / ms[1]:.1f} tok/s")
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
