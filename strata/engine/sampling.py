@@ -73,10 +73,10 @@ class Sampler:
             keep = torch.minimum(keep, ((cumulative - probs) < p.top_p).sum())
         if p.min_p > 0:
             keep = torch.minimum(keep, (probs >= p.min_p * probs[0]).sum())
-        last = keep.clamp(min=1) - 1
+        last = (keep.clamp(min=1) - 1).reshape(1)  # (a 0-d index would be read on the host: a wait)
         u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
-        at = torch.searchsorted(cumulative, (cumulative[last] * u).reshape(1), right=True)
-        return ids[torch.minimum(at, last)]
+        at = torch.searchsorted(cumulative, cumulative.index_select(0, last) * u, right=True)
+        return ids.index_select(0, torch.minimum(at, last))
 
     def penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """float32 [vocab] on the logits' device, the repetition penalty applied (a copy then: logits may be a
