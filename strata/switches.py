@@ -102,10 +102,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "launched while its predecessor finishes (weights loaded before the wait); 1 (default): the next kernel "
            "may launch at a kernel's start, 2: only once past its wait, 3: as 1 but the experts' down kernel also "
            "streams its weights before its wait (its routing complete at launch); 0: off (kernels/pdl.py)"),
-    Switch("STRATA_DECODE_AHEAD", 1, "decode without a repetition penalty (every step on the device, an "
-           "attention-only cache): each step queued before the host reads the previous step's token, chosen on the "
-           "device (engine/decode_ahead.py); the same tokens; 1 (default): captured steps, 2: the uncaptured static "
-           "step too, 0: off"),
+    Switch("STRATA_DECODE_AHEAD", 1, "decode without a repetition penalty (every step on the device): each step "
+           "queued before the host reads the previous step's token, chosen on the device (engine/decode_ahead.py); "
+           "the same tokens; 1 (default): captured steps, 2: the uncaptured static step too, 0: off"),
     Switch("STRATA_NO_GRAPHS", False, "decode: step by step instead of captured CUDA graphs (for comparison)"),
     Switch("STRATA_LOGPOS", "", "quality: append a record per position scored by the decode loop to this file (TSV)"),
     Switch("STRATA_LOGPOS_TOPK", 20, "quality: the `id:logprob` pairs per STRATA_LOGPOS record (0 to 256)"),

@@ -8,11 +8,13 @@ order), the next step reads it there (`GraphDecoder.step`'s `head`) and is queue
 token (pinned memory, an event) while that next step runs: the device goes from step to step without waiting for
 the host. The tokens are the loop's: the same choice over the same logits.
 
-The price: when a token turns out to be a stop id, the step after it was already queued. Its keys and values land
-past the positions the engine records (`cached_tokens`), where the next prompt overwrites them; a recurrent state
-cannot be rewound, so hybrid caches (`can_truncate` False) keep the plain loop. So do repetition penalties (they
-read the tokens so far on the host), speculative decoding, and experts behind a cache (the host is inside each
-step).
+The price: when a token turns out to be a stop id, the step after it has already run, and the cache holds the stop
+too. The engine's record says so (`cached_tokens` ends with the stop), so the next prompt starts after it where it
+continues the conversation (a chat's next turn does: the stop closes the reply) and rewinds where it does not: an
+attention cache by truncating, a recurrent state (which cannot be rewound) from a checkpoint or from the start, as
+for any prompt that leaves the live sequence. Repetition penalties keep the plain loop (they read the tokens so far
+on the host), as do speculative decoding, experts behind a cache (the host is inside each step) and qwen4exp (its
+n-gram rows are hashed from the tokens on the host).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def runs_ahead(engine, params: SamplingParams) -> bool:
     mode = switches.get("STRATA_DECODE_AHEAD")
     decoder = engine.decoder
     return (bool(mode) and isinstance(decoder, GraphDecoder) and decoder.takes_head and decoder.cached is None
-            and decoder.rows == 1 and (decoder.capture or mode == 2) and engine.kv.can_truncate
-            and engine.spec is None and params.repetition_penalty == 1.0)
+            and decoder.rows == 1 and (decoder.capture or mode == 2) and engine.spec is None
+            and params.repetition_penalty == 1.0)
 
 
 class TokenReadback:

@@ -88,9 +88,7 @@ def test_the_context_end(tiny_moe, plain):
     assert engine.decoder.steps == 2
 
 
-def test_where_it_runs(tiny_moe, model_dir):
-    from strata.models.synthetic import make_model
-
+def test_where_it_runs(tiny_moe):
     engine = _engine(tiny_moe)
     with switches.override(STRATA_DECODE_AHEAD=1):  # the default: captured steps only
         assert not runs_ahead(engine, GREEDY)
@@ -100,5 +98,26 @@ def test_where_it_runs(tiny_moe, model_dir):
         assert not runs_ahead(engine, SamplingParams(temperature=0, repetition_penalty=1.1))
         assert not runs_ahead(_engine(tiny_moe, decode_graphs="off"), GREEDY)
         assert not runs_ahead(_engine(tiny_moe, expert_cache=3), GREEDY)  # the host inside each step
-        hybrid = make_model(model_dir / "tiny-qwen3next-ahead.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
-        assert not runs_ahead(_engine(hybrid), GREEDY)  # a recurrent state cannot be rewound past a stop
+
+
+@pytest.fixture(scope="module")
+def tiny_next(model_dir):
+    from strata.models.synthetic import make_model
+
+    return make_model(model_dir / "tiny-qwen3next-ahead.gguf", arch="qwen3next", preset="tiny", quant="Q8_0")
+
+
+def test_a_recurrent_state_after_a_stop(tiny_next):
+    """qwen3next (DeltaNet layers: a state that cannot be rewound): the same tokens; after a stop the state holds the
+    stop too, as the record says, so the next turn continues from it and a prompt that leaves it starts over, both
+    giving what a fresh engine gives."""
+    want = _tokens(_engine(tiny_next), 0)
+    engine = _engine(tiny_next)
+    assert runs_ahead(engine, GREEDY) is False  # (mode 1 on the CPU: not captured)
+    assert _tokens(engine, 2) == want and engine.decoder.steps == len(want) - 1  # (ahead: no step after the last)
+    first_new = next(i for i in range(1, len(want)) if want[i] not in want[:i])
+    stopped = _tokens(engine, 2, stop_ids={want[first_new]})
+    assert stopped == want[:first_new + 1] and engine.cached_tokens == PROMPT + stopped
+    for follow in (PROMPT + stopped + [11, 42], PROMPT[:3] + [11, 42]):
+        assert _tokens(engine, 2, prompt=follow, max_tokens=4) == _tokens(_engine(tiny_next), 0, prompt=follow,
+                                                                          max_tokens=4)
