@@ -167,7 +167,7 @@ class DecoderLM:
     def _attention(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
                    x: torch.Tensor | None = None) -> torch.Tensor:
         heads = self._attention_heads(i, h, ctx, cos, sin, x)
-        out = dp4a_step.matvec(heads, self.attention[i].o) if self.dp4a_wired else None  # STRATA_DP4A
+        out = dp4a_step.matvec(heads, self.attention[i].o, "o") if self.dp4a_wired else None  # STRATA_DP4A
         return linear(heads, self.attention[i].o) if out is None else out
 
     def _attention_heads(self, i: int, h: torch.Tensor, ctx: ForwardContext, cos, sin,
@@ -182,7 +182,7 @@ class DecoderLM:
                                        QKNorm(w.q_norm, w.k_norm, c.rms_eps, cos, sin), chain[0])
             if out is not None:
                 return out.reshape(-1, c.n_heads * c.head_dim)
-        qkv = dp4a_step.matvec(x, w.qkv) if self.dp4a_wired and w.qkv is not None else None  # STRATA_DP4A
+        qkv = dp4a_step.matvec(x, w.qkv, "qkv") if self.dp4a_wired and w.qkv is not None else None  # STRATA_DP4A
         if qkv is None:
             q, k, v = project_inputs(x, w.qkv, 3, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         else:

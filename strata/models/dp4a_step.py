@@ -26,12 +26,31 @@ from __future__ import annotations
 import torch
 
 from strata import switches
+from strata.errors import StrataError
 from strata.models import layers
 
 Q4_0 = 2  # GGML type id
 MAX_ROWS = 4  # dp4a_matvec's rows (a decode step or a verify window)
 MAX_BLOCKS = 4096  # blocks a program holds at once (one-shot: all of a row's), far above the models' 64-200
 _ATTR = "_strata_dp4a_rows"
+
+
+PARTS = ("qkv", "o", "experts")
+
+
+def takes(part: str) -> bool:
+    """Whether STRATA_DP4A takes this part of the step (STRATA_DP4A_PARTS: a comma list, unset all of PARTS)."""
+    if not switches.get("STRATA_DP4A"):
+        return False
+    listed = switches.get("STRATA_DP4A_PARTS")
+    if not listed:
+        return True
+    named = [p.strip() for p in listed.split(",")]
+    unknown = [p for p in named if p not in PARTS]
+    if unknown:
+        raise StrataError(f"environment switch STRATA_DP4A_PARTS={listed}: {', '.join(unknown)} is not one of "
+                          f"{', '.join(PARTS)}")
+    return part in named
 
 
 def on(x: torch.Tensor) -> bool:
@@ -81,10 +100,10 @@ def _q4_0_fits(weight, k: int) -> bool:
             and _readable(weight.raw, n_out * k // 32 * 18))
 
 
-def matvec(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+def matvec(x: torch.Tensor, weight, part: str, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [rows, K] @ weight.T (+ bias) in x's dtype through `dp4a_matvec`, or None where STRATA_DP4A does not take
-    it (the caller's `linear`)."""
-    if not (on(x) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1]) and weight.device == x.device):
+    it (the caller's `linear`); `part` "qkv" or "o" (STRATA_DP4A_PARTS)."""
+    if not (on(x) and takes(part) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1]) and weight.device == x.device):
         return None
     from strata.kernels.moe import dp4a_gemv
 
@@ -151,7 +170,7 @@ def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Ten
 def reads_qkv(model, i: int) -> bool:
     """Whether layer i's q/k/v matvec would read dp4a codes (so the norm before it should write them): the switch,
     a model class wired for it (`DecoderLM.dp4a_wired`), a stacked Q4_0 q/k/v."""
-    if not switches.get("STRATA_DP4A") or not model.dp4a_wired or i >= model.n_main_layers:
+    if not takes("qkv") or not model.dp4a_wired or i >= model.n_main_layers:
         return False
     qkv = model.attention[i].qkv
     return qkv is not None and qkv.ggml_type == Q4_0
@@ -162,7 +181,7 @@ def resident_stack(model, i: int, w=None):
     the layer's own FFN weights: not an MTP block's, whose index is past the trunk's), else None."""
     from strata.engine.experts import ResidentExperts
 
-    if not switches.get("STRATA_DP4A") or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
+    if not takes("experts") or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
         return None
     if i >= len(model.ffn) or (w is not None and w is not model.ffn[i]):
         return None

@@ -87,6 +87,27 @@ def test_dp4a_step_runs_its_kernels_within_the_bound(tiny_q4_0, spied, graphs):
     assert dp4a_tokens[0] == tokens[0]  # the prompt's own path: the same first token
 
 
+@pytest.mark.parametrize("parts", ["qkv", "o,experts"])
+def test_its_parts_switch_takes_only_those_matvecs(tiny_q4_0, spied, parts):
+    """STRATA_DP4A_PARTS: the dp4a GEMVs of the parts named, the float kernels for the rest; the norms write codes
+    only for a dp4a reader (q/k/v: every layer's; experts: every MoE layer's), o's input rounded by quantize_x."""
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_PARTS=parts, STRATA_PDL=1):
+        _run(tiny_q4_0, "eager")
+    named = parts.split(",")
+    want = {"rounded norms": LAYERS * STEPS * (("qkv" in named) + ("experts" in named))}
+    matvecs = LAYERS * STEPS * (("qkv" in named) + ("o" in named))
+    want.update({"dp4a_matvec": matvecs} if matvecs else {})
+    want.update({"quantize_x": LAYERS * STEPS} if "o" in named else {})
+    want.update({"dp4a_gate_up": LAYERS * STEPS, "dp4a_down": LAYERS * STEPS} if "experts" in named else {})
+    assert spied == want
+    with switches.override(STRATA_DP4A=True, STRATA_DP4A_PARTS="qkv,attention"):
+        from strata.errors import StrataError
+        from strata.models import dp4a_step
+
+        with pytest.raises(StrataError, match="STRATA_DP4A_PARTS=qkv,attention: attention is not one of"):
+            dp4a_step.takes("o")
+
+
 def test_a_windows_rows_are_its_one_row_steps(tiny_q4_0, monkeypatch):
     """A verify window's rows (2-4) through the dp4a q/k/v matvec and experts give each row's one-row bytes (the
     tiles fixed at a one-row step's), so speculation's windows stay exact under the switch."""
@@ -101,13 +122,13 @@ def test_a_windows_rows_are_its_one_row_steps(tiny_q4_0, monkeypatch):
     with switches.override(STRATA_DP4A=True):
         stack = dp4a_step.resident_stack(model, 1)
         assert stack is not None and dp4a_step.reads_qkv(model, 1)
-        window = dp4a_step.matvec(x, model.attention[1].qkv), dp4a_step.routed_experts(stack, x, weights, ids)
+        window = dp4a_step.matvec(x, model.attention[1].qkv, "qkv"), dp4a_step.routed_experts(stack, x, weights, ids)
         for r in range(3):
-            one = (dp4a_step.matvec(x[r:r + 1], model.attention[1].qkv),
+            one = (dp4a_step.matvec(x[r:r + 1], model.attention[1].qkv, "qkv"),
                    dp4a_step.routed_experts(stack, x[r:r + 1], weights[r:r + 1], ids[r:r + 1]))
             assert all(torch.equal(w[r:r + 1], o) for w, o in zip(window, one))
     with switches.override(STRATA_DP4A=False):
-        assert dp4a_step.matvec(x, model.attention[1].qkv) is None and dp4a_step.resident_stack(model, 1) is None
+        assert dp4a_step.matvec(x, model.attention[1].qkv, "qkv") is None and dp4a_step.resident_stack(model, 1) is None
 
 
 def test_split_rows_serve_the_dense_matvec_under_their_switch(monkeypatch):
@@ -131,11 +152,11 @@ def test_split_rows_serve_the_dense_matvec_under_their_switch(monkeypatch):
     real = q4_0_split.split_dp4a_matvec
     monkeypatch.setattr(q4_0_split, "split_dp4a_matvec", lambda *a, **k: used.append(1) or real(*a, **k))
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=False):
-        gguf = dp4a_step.matvec(x, weight)
+        gguf = dp4a_step.matvec(x, weight, "qkv")
     assert not used and dp4a_step.split_rows_of(weight) is None
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
-        window = dp4a_step.matvec(x, weight)
-        rows = [dp4a_step.matvec(x[r:r + 1], weight) for r in range(3)]
+        window = dp4a_step.matvec(x, weight, "qkv")
+        rows = [dp4a_step.matvec(x[r:r + 1], weight, "qkv") for r in range(3)]
         kept = dp4a_step.split_rows_of(weight)
     assert len(used) == 4 and torch.equal(kept, q4_0_split.split_rows(raw))
     with switches.override(STRATA_DP4A=True, STRATA_DP4A_SPLIT=True):
