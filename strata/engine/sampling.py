@@ -47,6 +47,7 @@ class Sampler:
             self.generator.manual_seed(params.seed)
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        """The next token after `history`, read on the host."""
         return int(self.pick(self.penalized(logits, history)))
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the ke
 With STRATA_DP4A_SPLIT too, q/k/v and o (rows of a multiple of 256 weights) read a copy of their rows re-laid for
 16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows.
 A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
+STRATA_DP4A_PARTS narrows it to some of the three (`takes`): the others keep their float kernels, and a norm writes
+codes only for a dp4a reader.
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
 
@@ -103,7 +105,8 @@ def _q4_0_fits(weight, k: int) -> bool:
 def matvec(x: torch.Tensor, weight, part: str, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [rows, K] @ weight.T (+ bias) in x's dtype through `dp4a_matvec`, or None where STRATA_DP4A does not take
     it (the caller's `linear`); `part` "qkv" or "o" (STRATA_DP4A_PARTS)."""
-    if not (on(x) and takes(part) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1]) and weight.device == x.device):
+    if not (on(x) and takes(part) and len(weight.shape) == 2 and _q4_0_fits(weight, x.shape[1])
+            and weight.device == x.device):
         return None
     from strata.kernels.moe import dp4a_gemv
 
