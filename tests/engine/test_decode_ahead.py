@@ -67,7 +67,8 @@ def test_a_stop_id_ends_it_and_the_cache_record_stays_true(tiny_moe, plain):
 
 
 @pytest.mark.parametrize("params", [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=0, top_p=0.9, seed=4),
-                                    dict(temperature=0.6, top_k=5, min_p=0.1, seed=5)], ids=["default", "top-p", "min-p"])
+                                    dict(temperature=0.6, top_k=5, min_p=0.1, seed=5)],
+                         ids=["default", "top-p", "min-p"])
 def test_sampled_tokens_are_the_plain_loops(tiny_moe, params):
     """A seeded draw runs ahead too: its uniforms are taken in the loop's order, the draw made on the device."""
     sampled = SamplingParams(**params)
