@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.sample import draw
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,9 @@ class Sampler:
         logits' own device (copying and cloning 150K floats on the host cost a GPU decode step 4.5 ms, more than the
         step; argmax takes the first maximum on every device, so the token is the same). Else one token of the
         candidates top-k, top-p and min-p keep, by the inverse of their cumulative distribution at one uniform of
-        the seeded generator (drawn on the host as the call is made): a few launches on a GPU, where the
-        vocabulary's probabilities copied to the host and drawn by torch.multinomial took ~4.3 ms a token (session
-        18, A3B on the H200: 2.4x the step)."""
+        the seeded generator (drawn on the host as the call is made; `draw_reference`, one launch on a GPU: the
+        vocabulary's probabilities copied to the host and drawn by torch.multinomial had taken ~4.3 ms a token,
+        session 18, A3B on the H200: 2.4x the step)."""
         p = self.params
         if p.greedy:
             return torch.argmax(logits).reshape(1)
@@ -67,17 +68,10 @@ class Sampler:
             values, ids = torch.topk(scaled, p.top_k)  # sorted, the largest first
         else:
             values, ids = torch.sort(scaled, descending=True)
-        probs = torch.softmax(values.double(), dim=-1)
-        cumulative = torch.cumsum(probs, 0)
-        keep = torch.full((), probs.numel(), dtype=torch.long, device=probs.device)
-        if p.top_p < 1.0:  # the smallest prefix whose mass reaches top_p (the first always stays)
-            keep = torch.minimum(keep, ((cumulative - probs) < p.top_p).sum())
-        if p.min_p > 0:
-            keep = torch.minimum(keep, (probs >= p.min_p * probs[0]).sum())
-        last = (keep.clamp(min=1) - 1).reshape(1)  # (a 0-d index would be read on the host: a wait)
-        u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
-        at = torch.searchsorted(cumulative, cumulative.index_select(0, last) * u, right=True)
-        return ids.index_select(0, torch.minimum(at, last))
+        u = float(torch.rand((), generator=self.generator))  # float32: what the draw kernel takes
+        if values.is_cuda and values.numel() <= draw.MAX_K:  # draw_reference's ops as one launch
+            return draw.draw(values, ids, p.top_p, p.min_p, u)
+        return draw_reference(values, ids, p.top_p, p.min_p, u)
 
     def penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """float32 [vocab] on the logits' device, the repetition penalty applied (a copy then: logits may be a
@@ -110,3 +104,19 @@ class Sampler:
         if p.min_p > 0:
             probs[probs < p.min_p * probs.max()] = 0
         return probs.cpu()
+
+
+def draw_reference(values: torch.Tensor, ids: torch.Tensor, top_p: float, min_p: float, u: float) -> torch.Tensor:
+    """`Sampler.pick`'s draw (kernels/sample/draw.py's reference): over candidates `values` (logits over the
+    temperature, sorted, the largest first) and their `ids`, the top-p prefix and the min-p cut, then the first
+    kept candidate whose cumulative probability (float64) passes u times the kept mass; one-element, not read."""
+    probs = torch.softmax(values.double(), dim=-1)
+    cumulative = torch.cumsum(probs, 0)
+    keep = torch.full((), probs.numel(), dtype=torch.long, device=probs.device)
+    if top_p < 1.0:  # the smallest prefix whose mass reaches top_p (the first always stays)
+        keep = torch.minimum(keep, ((cumulative - probs) < top_p).sum())
+    if min_p > 0:
+        keep = torch.minimum(keep, (probs >= min_p * probs[0]).sum())
+    last = (keep.clamp(min=1) - 1).reshape(1)  # (a 0-d index would be read on the host: a wait)
+    at = torch.searchsorted(cumulative, cumulative.index_select(0, last) * u, right=True)
+    return ids.index_select(0, torch.minimum(at, last))
