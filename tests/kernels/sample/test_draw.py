@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 @pytest.mark.parametrize("k", [1, 2, 20, 100, 1000])
 @pytest.mark.parametrize("top_p, min_p", [(1.0, 0.0), (0.8, 0.0), (1.0, 0.1), (0.9, 0.05), (1e-9, 0.0)])
 def test_the_draw_is_the_references(k, top_p, min_p):
+    top_p, min_p = (float(torch.tensor(v, dtype=torch.float32)) for v in (top_p, min_p))  # as Sampler.pick passes
     gen = torch.Generator().manual_seed(k * 31 + int(top_p * 10) + int(min_p * 100))
     for trial in range(6):
         values = (torch.randn(k, generator=gen) * (0.5 + trial)).sort(descending=True).values
