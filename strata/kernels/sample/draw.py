@@ -8,7 +8,7 @@ the top-k (session 18 on the H200: a sampled A3B token 1.90 ms against greedy's 
 here it is one program over the k <= MAX_K candidates. Float64 throughout, as the reference; the sums' order
 differs from torch's, so a draw can differ from it only where u times the mass falls within float64 rounding of a
 cumulative sum (tests: the same tokens as the reference over many draws). Built for sm_90 without spills (25
-registers at 20 candidates, 78 at 1,024); not yet timed on a GPU (session 18's device time was spent).
+registers at 20 candidates, 71 at 1,024); not yet timed on a GPU (session 18's device time was spent).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _draw_kernel(values, ids, out, n, top_p, min_p, u, BLOCK: tl.constexpr, TOP_
     e = tl.where(live, tl.exp(scaled - tl.max(scaled, axis=0)), 0.0)
     probs = e / tl.sum(e, axis=0)
     cumulative = tl.cumsum(probs, axis=0)
-    keep = n
+    keep = tl.sum(live.to(tl.int32), axis=0)  # n, as a tensor (a launch with n == 1 specializes it to a constant)
     if TOP_P:  # the smallest prefix whose mass reaches top_p (the first always stays)
         keep = tl.minimum(keep, tl.sum((live & (cumulative - probs < top_p)).to(tl.int32), axis=0))
     if MIN_P:
