@@ -19,6 +19,7 @@ from strata.bench.ceilings import sync  # noqa: E402
 from strata.engine.decode_ahead import runs_ahead  # noqa: E402
 from strata.engine.engine import Engine, EngineConfig  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
+from strata.kernels.sample import draw  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -94,6 +95,11 @@ def main() -> int:
     ok &= same
     print(f"sampled (seed 0): {len(set(sampled[0][0][0]))} distinct tokens, every run "
           f"{'equal' if same else 'DIFFERS'}")
+    kernel_limit, draw.MAX_K = draw.MAX_K, 0  # the torch reference's draw instead of the one-launch kernel
+    reference = run(engine, 0, prompt, args.tokens, params=SamplingParams(seed=0))[0]
+    draw.MAX_K = kernel_limit
+    ok &= reference == sampled[0][0][0]
+    print(f"sampled through the draw's torch reference: {'equal' if reference == sampled[0][0][0] else 'DIFFERS'}")
     for mode, name in ((0, "plain loop"), (ahead_mode, "one step ahead")):
         ms = sorted(seconds for _, seconds in sampled[mode])
         print(f"{'sampled, ' + name:25} {ms[1] * 1e3:.3f} ms a token (median of 3 runs), {1 / ms[1]:.1f} tok/s")
