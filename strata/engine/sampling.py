@@ -56,8 +56,8 @@ class Sampler:
         there: engine/decode_ahead.py); logits float32 [vocab], any penalty applied. Greedy: the argmax, on the
         logits' own device (copying and cloning 150K floats on the host cost a GPU decode step 4.5 ms, more than the
         step; argmax takes the first maximum on every device, so the token is the same). Else one token of the
-        candidates top-k, top-p and min-p keep, by the inverse of their cumulative distribution at one uniform of
-        the seeded generator (drawn on the host as the call is made; `draw_reference`, one launch on a GPU: the
+        candidates top-k, top-p and min-p keep, by the inverse of their cumulative distribution (in vocabulary
+        order) at one uniform of the seeded generator (drawn on the host as the call is made; `draw_reference`, one launch on a GPU: the
         vocabulary's probabilities copied to the host and drawn by torch.multinomial had taken ~4.3 ms a token,
         session 18, A3B on the H200: 2.4x the step)."""
         p = self.params
@@ -110,15 +110,19 @@ class Sampler:
 
 def draw_reference(values: torch.Tensor, ids: torch.Tensor, top_p: float, min_p: float, u: float) -> torch.Tensor:
     """`Sampler.pick`'s draw (kernels/sample/draw.py's reference): over candidates `values` (logits over the
-    temperature, sorted, the largest first) and their `ids`, the top-p prefix and the min-p cut, then the first
-    kept candidate whose cumulative probability (float64) passes u times the kept mass; one-element, not read."""
+    temperature, sorted, the largest first) and their `ids`, the top-p prefix and the min-p cut (decided in that
+    order), then, in vocabulary order, the first kept candidate whose cumulative probability (float64) passes u times
+    the kept mass; one-element, not read. Vocabulary order, as torch.multinomial's: logits that differ in their last
+    bits (another chunking, another device) move the draw's boundaries by as little, where an order by probability
+    would let two near-equal candidates swap whole intervals."""
     probs = torch.softmax(values.double(), dim=-1)
-    cumulative = torch.cumsum(probs, 0)
     keep = torch.full((), probs.numel(), dtype=torch.long, device=probs.device)
     if top_p < 1.0:  # the smallest prefix whose mass reaches top_p (the first always stays)
-        keep = torch.minimum(keep, ((cumulative - probs) < top_p).sum())
+        keep = torch.minimum(keep, ((torch.cumsum(probs, 0) - probs) < top_p).sum())
     if min_p > 0:
         keep = torch.minimum(keep, (probs >= min_p * probs[0]).sum())
-    last = (keep.clamp(min=1) - 1).reshape(1)  # (a 0-d index would be read on the host: a wait)
-    at = torch.searchsorted(cumulative, cumulative.index_select(0, last) * u, right=True)
-    return ids.index_select(0, torch.minimum(at, last))
+    kept = torch.where(torch.arange(probs.numel(), device=probs.device) < keep.clamp(min=1), probs, 0.0)
+    order = torch.argsort(ids)
+    cumulative = torch.cumsum(kept[order], 0)  # unkept candidates add intervals of width 0: never drawn
+    at = torch.searchsorted(cumulative, cumulative[-1:] * u, right=True).clamp(max=probs.numel() - 1)
+    return ids[order].index_select(0, at)

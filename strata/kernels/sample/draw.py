@@ -1,14 +1,15 @@
 """One sampled token from the top-k candidates in one launch, the rest of `Sampler.pick`'s torch ops fused.
 
 `Sampler.pick` (engine/sampling.py) draws over the candidates `torch.topk` returns (the logits over the temperature,
-sorted, the largest first): softmax over them in float64, their cumulative sums, the top-p prefix (the
-smallest reaching top_p; the first always stays) and the min-p cut, then the first candidate whose cumulative sum
-passes u times the kept mass, u one uniform of the request's seeded generator. In torch that is ~14 launches after
-the top-k (session 18 on the H200: a sampled A3B token 1.90 ms against greedy's 1.79, decoding one step ahead);
-here it is one program over the k <= MAX_K candidates. Float64 throughout, as the reference; the sums' order
-differs from torch's, so a draw can differ from it only where u times the mass falls within float64 rounding of a
-cumulative sum (tests: the same tokens as the reference over many draws). Built for sm_90 without spills (25
-registers at 20 candidates, 71 at 1,024); not yet timed on a GPU (session 18's device time was spent).
+sorted, the largest first): softmax over them in float64, the top-p prefix (the smallest reaching top_p; the first
+always stays) and the min-p cut, then, in vocabulary order, the first kept candidate whose cumulative probability
+passes u times the kept mass, u one uniform of the request's seeded generator (`draw_reference`). In torch that is
+~16 launches after the top-k (session 18 on the H200: a sampled A3B token 1.90 ms against greedy's 1.79, decoding
+one step ahead); here one program over the k <= MAX_K candidates, each candidate's cumulative probability in
+vocabulary order summed over the candidates of smaller or equal id (k x k comparisons, no sort). Float64 as the
+reference; the sums' order differs from torch's, so a draw can differ from it only where u times the mass falls
+within float64 rounding of a cumulative sum (tests: the same tokens as the reference over many draws). Built for
+sm_90 without spills; not yet timed on a GPU (session 18's device time was spent).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_K = 1024  # candidates one program takes (the default top-k is 20); wider top-k stays with torch
+MAX_K = 64  # candidates one program takes (k x k float64 sums; the default top-k is 20); wider top-k: torch
 
 
 @triton.jit
@@ -28,24 +29,31 @@ def _draw_kernel(values, ids, out, n, top_p, min_p, u, BLOCK: tl.constexpr, TOP_
     scaled = tl.load(values + at, mask=live, other=float("-inf")).to(tl.float64)
     e = tl.where(live, tl.exp(scaled - tl.max(scaled, axis=0)), 0.0)
     probs = e / tl.sum(e, axis=0)
-    cumulative = tl.cumsum(probs, axis=0)
     keep = tl.sum(live.to(tl.int32), axis=0)  # n, as a tensor (a launch with n == 1 specializes it to a constant)
     if TOP_P:  # the smallest prefix whose mass reaches top_p (the first always stays)
-        keep = tl.minimum(keep, tl.sum((live & (cumulative - probs < top_p)).to(tl.int32), axis=0))
+        before = tl.cumsum(probs, axis=0) - probs
+        keep = tl.minimum(keep, tl.sum((live & (before < top_p)).to(tl.int32), axis=0))
     if MIN_P:
         cut = min_p * tl.max(probs, axis=0)
         keep = tl.minimum(keep, tl.sum((live & (probs >= cut)).to(tl.int32), axis=0))
-    last = tl.maximum(keep, 1) - 1
-    target = tl.sum(tl.where(at == last, cumulative, 0.0), axis=0) * u  # (u float32, promoted)
-    # searchsorted(right): how many kept sums lie at or below the target
-    pos = tl.minimum(tl.sum(((cumulative <= target) & (at <= last)).to(tl.int32), axis=0), last)
-    token = tl.sum(tl.where(at == pos, tl.load(ids + at, mask=live, other=0), 0), axis=0)
+    kept = at < tl.maximum(keep, 1)
+    p = tl.where(kept, probs, 0.0)
+    token_ids = tl.load(ids + at, mask=live, other=0)
+    # each candidate's cumulative probability in vocabulary order: the kept mass of ids up to its own
+    up_to = token_ids[None, :] <= token_ids[:, None]
+    cumulative = tl.sum(tl.where(up_to, p[None, :], 0.0), axis=1)
+    target = tl.sum(p, axis=0) * u  # (u float32, promoted)
+    # the kept candidate of smallest id whose cumulative sum passes the target (else, by rounding, the largest)
+    hit = kept & (cumulative > target)
+    first = tl.min(tl.where(hit, token_ids, 2**62), axis=0)
+    token = tl.where(first == 2**62, tl.max(tl.where(kept, token_ids, -1), axis=0), first)
     tl.store(out, token)
 
 
 def draw(values: torch.Tensor, ids: torch.Tensor, top_p: float, min_p: float, u: float) -> torch.Tensor:
     """The drawn candidate's id as a one-element long tensor on their device (not read): values [k] the candidates'
-    logits over the temperature, sorted (the largest first), ids [k] theirs, k <= MAX_K; u a float32 uniform."""
+    logits over the temperature, sorted (the largest first), ids [k] theirs (int64), k <= MAX_K; u a float32
+    uniform."""
     k = values.numel()
     if not 0 < k <= MAX_K:
         raise ValueError(f"draw takes 1..{MAX_K} candidates, got {k}")
@@ -56,5 +64,5 @@ def draw(values: torch.Tensor, ids: torch.Tensor, top_p: float, min_p: float, u:
 
 
 def warps_for(k: int) -> int:
-    """One warp up to 128 candidates (its reductions stay in the warp), four past."""
-    return 1 if k <= 128 else 4
+    """One warp up to 32 candidates (its reductions stay in the warp), four past."""
+    return 1 if k <= 32 else 4

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="CPU tensors take Triton only interpreted")
 
 
-@pytest.mark.parametrize("k", [1, 2, 20, 100, 1000])
+@pytest.mark.parametrize("k", [1, 2, 20, 33, 64])
 @pytest.mark.parametrize("top_p, min_p", [(1.0, 0.0), (0.8, 0.0), (1.0, 0.1), (0.9, 0.05), (1e-9, 0.0)])
 def test_the_draw_is_the_references(k, top_p, min_p):
     top_p, min_p = (float(torch.tensor(v, dtype=torch.float32)) for v in (top_p, min_p))  # as Sampler.pick passes
@@ -29,8 +29,8 @@ def test_the_draw_is_the_references(k, top_p, min_p):
 
 
 def test_ties_and_the_limit():
-    values = torch.zeros(8)  # eight equal candidates: u picks among them by position
+    values = torch.zeros(8)  # eight equal candidates: u picks among them in vocabulary order
     ids = torch.arange(100, 108)
-    assert [int(draw.draw(values, ids, 1.0, 0.0, u)) for u in (0.0, 0.13, 0.5, 0.99)] == [100, 101, 104, 107]
-    with pytest.raises(ValueError, match="1..1024 candidates"):
+    assert [int(draw.draw(values, ids.flip(0), 1.0, 0.0, u)) for u in (0.0, 0.13, 0.5, 0.99)] == [100, 101, 104, 107]
+    with pytest.raises(ValueError, match="1..64 candidates"):
         draw.draw(torch.zeros(draw.MAX_K + 1), torch.arange(draw.MAX_K + 1), 1.0, 0.0, 0.5)
