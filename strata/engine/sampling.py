@@ -57,9 +57,9 @@ class Sampler:
         logits' own device (copying and cloning 150K floats on the host cost a GPU decode step 4.5 ms, more than the
         step; argmax takes the first maximum on every device, so the token is the same). Else one token of the
         candidates top-k, top-p and min-p keep, by the inverse of their cumulative distribution (in vocabulary
-        order) at one uniform of the seeded generator (drawn on the host as the call is made; `draw_reference`, one launch on a GPU: the
-        vocabulary's probabilities copied to the host and drawn by torch.multinomial had taken ~4.3 ms a token,
-        session 18, A3B on the H200: 2.4x the step)."""
+        order) at one uniform of the seeded generator, drawn on the host as the call is made (`draw_reference`; one
+        launch on a GPU). The vocabulary's probabilities copied to the host and drawn by torch.multinomial had taken
+        ~4.3 ms a token (session 18, A3B on the H200: 2.4x the step)."""
         p = self.params
         if p.greedy:
             return torch.argmax(logits).reshape(1)
