@@ -1,4 +1,5 @@
-"""Triton kernels, each beside its torch reference: attention/ (int8 KV, prompt and decode attention), select/ (QSA).
+"""Triton kernels, each beside its torch reference, a folder a concern: attention/, gdn/, hc/, moe/, pointwise/,
+quant/, sample/ (a sampled token's draw), select/ (QSA); each folder's own note says what it holds.
 
 Without a GPU, Triton's interpreter is switched on before Triton is first imported, so that the CPU tests run the
 kernels' own code; dispatchers still take the torch references for CPU tensors.
