@@ -325,7 +325,7 @@ class Engine:
         sampler = Sampler(params)
         logits = self.prefill(prompt_ids)
         history = list(prompt_ids)
-        if max_tokens > 0 and runs_ahead(self, params):
+        if runs_ahead(self, params):
             yield from generate_ahead(self, sampler, sampler(logits[-1], history), history, max_tokens, stop_ids)
             return
         for _ in range(max_tokens):

@@ -46,6 +46,8 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
+        # float32, as the draw kernel takes its scalars: both draw forms then compare with the same numbers
+        self.top_p, self.min_p = (float(torch.tensor(v, dtype=torch.float32)) for v in (params.top_p, params.min_p))
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
         """The next token after `history`, read on the host."""
@@ -68,12 +70,10 @@ class Sampler:
             values, ids = torch.topk(scaled, p.top_k)  # sorted, the largest first
         else:
             values, ids = torch.sort(scaled, descending=True)
-        # float32, as the draw kernel takes its scalars: both forms then compare with the same numbers
-        u = float(torch.rand((), generator=self.generator))
-        top_p, min_p = (float(torch.tensor(v, dtype=torch.float32)) for v in (p.top_p, p.min_p))
+        u = float(torch.rand((), generator=self.generator))  # float32, as top_p and min_p
         if values.is_cuda and values.numel() <= draw.MAX_K:  # draw_reference's ops as one launch
-            return draw.draw(values, ids, top_p, min_p, u)
-        return draw_reference(values, ids, top_p, min_p, u)
+            return draw.draw(values, ids, self.top_p, self.min_p, u)
+        return draw_reference(values, ids, self.top_p, self.min_p, u)
 
     def penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """float32 [vocab] on the logits' device, the repetition penalty applied (a copy then: logits may be a

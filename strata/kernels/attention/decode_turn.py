@@ -77,7 +77,7 @@ def turn_and_store(k_ptr, v_ptr, kvh, kw_ptr, cos_ptr, sin_ptr, eps, k_cache, v_
                     k_cache, v_cache, ks_cache, vs_cache, D, HALF, D, PAGED, INT8, dtype)
 
 
-def supported(q: torch.Tensor, turn: Turn | None, dense: bool, in_order: bool, by_span: bool) -> bool:
+def supported(q: torch.Tensor, turn: Turn, dense: bool, in_order: bool, by_span: bool) -> bool:
     """Whether a decode_short launch takes `turn`: one query row over a dense cache (not split by span) or over a
     paged pool's cells in order (no selection: the step's position is the row's last cell)."""
-    return turn is not None and (dense or in_order) and not by_span and turn.takes(q)
+    return (dense or in_order) and not by_span and turn.takes(q)

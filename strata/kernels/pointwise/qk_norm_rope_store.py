@@ -105,6 +105,7 @@ def store_key_value(x_ptr, w_ptr, cos_ptr, sin_ptr, inv, v_row, cell, kvh, n_kv_
         tl.store(kc_ptr + dst, key.to(dtype).to(cache), mask=cols < DIM)
         tl.store(vc_ptr + dst, value.to(cache), mask=cols < DIM)
 
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D] readable with a token stride (heads D apart, values contiguous), else a contiguous copy."""
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
