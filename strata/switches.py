@@ -58,9 +58,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "and gate_up (unset: the first three; gate_up: the experts' gate/up alone, float H and the float down "
            "kernel); the others keep the float kernels (for arms of one package: session 18's increments found only "
            "q/k/v faster under it)"),
-    Switch("STRATA_L2_PREFETCH", False, "decode steps with every expert resident: the experts' gate/up programs, "
-           "waiting for the routing, bring the next layer's q/k/v and o weights to the L2 meanwhile "
-           "(kernels/l2_prefetch.py); no result changes"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

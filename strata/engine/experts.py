@@ -112,15 +112,14 @@ def kernel_path(stack: ExpertStack, x: torch.Tensor) -> str | None:
     return "decode" if formats[0] == formats[1] else None
 
 
-def run_kernels(path: str, stack: ExpertStack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                prefetch: tuple = ()) -> torch.Tensor:
+def run_kernels(path: str, stack: ExpertStack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if path == "prompt":
         from strata.kernels.moe import moe_prefill
 
         return moe_prefill(x, ids.to(torch.int32), weights.float(), stack)
     from strata.kernels.moe.gemv import DecodeExperts, moe_gemv
 
-    return moe_gemv(x, ids.to(torch.int32), weights.float(), DecodeExperts.of_stack(stack), prefetch=prefetch)
+    return moe_gemv(x, ids.to(torch.int32), weights.float(), DecodeExperts.of_stack(stack))
 
 
 class ResidentExperts(ExpertBackend):
@@ -129,17 +128,14 @@ class ResidentExperts(ExpertBackend):
 
     name = "resident"
 
-    def __init__(self, stacks: dict[int, ExpertStack], next_weights: Callable[[int], tuple] | None = None):
+    def __init__(self, stacks: dict[int, ExpertStack]):
         self.stacks = stacks
-        # STRATA_L2_PREFETCH: layer -> tensors a decode step's experts bring to the L2 while they wait for the routing
-        self.next_weights = next_weights
 
     def start(self, layer, x, weights, ids):
         stack = self.stacks[layer]
         path = kernel_path(stack, x)
         if path is not None:
-            ahead = self.next_weights(layer) if self.next_weights is not None and path == "decode" else ()
-            return PendingExperts(run_kernels(path, stack, x, weights, ids, prefetch=ahead))
+            return PendingExperts(run_kernels(path, stack, x, weights, ids))
         routes = routed_tokens(ids)
         out = torch.zeros_like(x)
         accumulate(out, routes, weights, x, stack.expert, routes)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from strata import switches
 from strata.engine.context import ForwardContext
 from strata.engine.kv import KVBackend, new_kv_cache
 from strata.engine.experts import ExpertBackend, ExpertStack, PendingExperts, ResidentExperts
@@ -147,20 +146,10 @@ class DecoderLM:
                     up=load.quant(p + "ffn_up.weight", c.n_ff, c.n_embd),
                     down=load.quant(p + "ffn_down.weight", c.n_embd, c.n_ff),
                 ))
-        self.experts = experts if experts is not None else ResidentExperts(stacks, self.next_dense_weights)
+        self.experts = experts if experts is not None else ResidentExperts(stacks)
         self.expert_stacks = stacks
         self.rope = Rope(c.head_dim, c.rope_theta, device)
         load.bar.close()
-
-    def next_dense_weights(self, i: int) -> tuple:
-        """STRATA_L2_PREFETCH: the weights layer i + 1's attention matvecs read (its stacked q/k/v, else q, and o),
-        for layer i's decode experts to bring to the L2 while they wait for the routing; else ()."""
-        if not switches.get("STRATA_L2_PREFETCH") or i + 1 >= self.n_main_layers:
-            return ()
-        w = self.attention[i + 1]
-        if not isinstance(w, AttentionWeights):  # (a hybrid model's other mixers)
-            return ()
-        return tuple(m.raw for m in (w.qkv if w.qkv is not None else w.q, w.o))
 
     def new_cache(self, max_tokens: int, kv_dtype: str | torch.dtype) -> KVBackend:
         """The KV backend named by kv_dtype (engine/kv.py): "float16", "bfloat16", "float32", "int8"."""

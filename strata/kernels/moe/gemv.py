@@ -377,11 +377,9 @@ def _check_routing(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExper
 
 
 def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: DecodeExperts,
-                          config: GemvConfig | None = None, pdl_late: bool = False, prefetch: tuple = ()
-                          ) -> torch.Tensor:
+                          config: GemvConfig | None = None, pdl_late: bool = False) -> torch.Tensor:
     """H = silu(x Wg^T) * (x Wu^T) of every (token, chosen expert) pair: float32 [T, k, ff]. `pdl_late`
-    (STRATA_PDL=3, kernels/pdl.py): the one-shot launch lets the next kernel launch only past its wait.
-    `prefetch` (STRATA_L2_PREFETCH): tensors the one-shot launch brings to the L2 while it waits (others ignore it)."""
+    (STRATA_PDL=3, kernels/pdl.py): the one-shot launch lets the next kernel launch only past its wait."""
     _check_routing(x, topk_ids, experts)
     n_tokens, top_k = topk_ids.shape
     g, u = experts.gate, experts.up
@@ -392,7 +390,7 @@ def gate_up_swiglu_triton(x: torch.Tensor, topk_ids: torch.Tensor, experts: Deco
         cfg = byte_config("gate_up", g.spec, g.rows, g.cols, top_k, x.is_cuda)
     if h.numel() and _takes_oneshot(cfg, g, u):
         launch_oneshot_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.warps, cfg.split,
-                               skip_absent=experts.sparse, late=pdl_late, prefetch=prefetch)
+                               skip_absent=experts.sparse, late=pdl_late)
     elif h.numel() and _takes_stream(cfg, g, u):
         launch_stream_gate_up(x, topk_ids, g, u, experts.slot_of, h, g.spec, cfg.bn, cfg.ns, cfg.warps, cfg.stream)
     elif h.numel() and _takes_words(cfg, g, u):
@@ -440,21 +438,18 @@ def launch_down(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     return y
 
 
-def moe_gemv_triton(x, topk_ids, topk_weights, experts: DecodeExperts, out_dtype=None, configs=(None, None),
-                    prefetch: tuple = ()):
+def moe_gemv_triton(x, topk_ids, topk_weights, experts: DecodeExperts, out_dtype=None, configs=(None, None)):
     ahead = pdl.routing_ahead(x)  # STRATA_PDL=3: the down kernel reads the routing and its weights before its wait
-    h = gate_up_swiglu_triton(x, topk_ids, experts, configs[0], pdl_late=ahead, prefetch=prefetch)
+    h = gate_up_swiglu_triton(x, topk_ids, experts, configs[0], pdl_late=ahead)
     return down_sum_triton(h, topk_ids, topk_weights, experts, out_dtype or x.dtype, configs[1], routing_ahead=ahead)
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: DecodeExperts,
-             out_dtype: torch.dtype | None = None, prefetch: tuple = ()) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) for a decode step: x [T, embd] (bf16/fp16/fp32),
-    topk_ids [T, k] (int32 or int64, on x's device), topk_weights [T, k] -> [T, embd] of out_dtype (x's dtype).
-    `prefetch`: tensors the kernels bring to the L2 meanwhile (STRATA_L2_PREFETCH; no result depends on it)."""
-    if use_triton(x):
-        return moe_gemv_triton(x, topk_ids, topk_weights, experts, out_dtype, prefetch=prefetch)
-    return moe_gemv_ref(x, topk_ids, topk_weights, experts, out_dtype)
+    topk_ids [T, k] (int32 or int64, on x's device), topk_weights [T, k] -> [T, embd] of out_dtype (x's dtype)."""
+    fn = moe_gemv_triton if use_triton(x) else moe_gemv_ref
+    return fn(x, topk_ids, topk_weights, experts, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- references

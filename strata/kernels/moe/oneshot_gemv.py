@@ -33,8 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels import l2_prefetch
-from strata.kernels.l2_prefetch import prefetch_share
 from strata.kernels.moe.decode import DecodeSpec
 from strata.kernels.moe.stream_gemv import STREAM_FORMATS
 from strata.kernels.moe.stream_steps import fetch_x, step_dot
@@ -185,18 +183,12 @@ def _oneshot_gate_up_kernel(x, ids, slot_of, wg, wu, hid, stride_g, stride_u,
                             N_UNITS: tl.constexpr, UNIT_W: tl.constexpr, NT: tl.constexpr, SLOTS: tl.constexpr,
                             BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                             BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-                            SKIP_ABSENT: tl.constexpr = False, PDL: tl.constexpr = 0, pf_a=None, lines_a=0,
-                            pf_b=None, lines_b=0, PF_PER: tl.constexpr = 0):
+                            SKIP_ABSENT: tl.constexpr = False, PDL: tl.constexpr = 0):
     """H[pair, rows] = silu(gate rows . x) * (up rows . x): the gate and up rows of one (token, chosen expert) pair
     loaded at once by one program, SwiGLU in its epilogue. SPLIT > 1: slice s's gate and up dots into
     hid[s, 0 / 1, pair, rows]. SKIP_ABSENT (the misses' launch, most pairs absent): see the branch below. PDL
-    (kernels/pdl.py): the weights an expert's id names, so every load after the wait. PF_PER > 0
-    (STRATA_L2_PREFETCH): before that wait each program asks the L2 for its PF_PER lines of pf_a / pf_b
-    (kernels/l2_prefetch.py: the next layer's dense weights)."""
+    (kernels/pdl.py): the weights an expert's id names, so every load after the wait."""
     pdl_start(PDL)
-    if PF_PER:
-        program = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-        prefetch_share(pf_a, lines_a, pf_b, lines_b, program, PF_PER)
     pdl_wait(PDL)
     gate_up_item(x, ids, slot_of, wg, wu, hid, stride_g, stride_u, tl.program_id(0), tl.program_id(1), N_OUT, TOP_K,
                  K, FMT, N_UNITS, UNIT_W, NT, SLOTS, BN, NU, SPLIT, PER, BLOCK_BYTES, UNITS_PER_BLOCK, SKIP_ABSENT)
@@ -318,23 +310,17 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
 
 
 def launch_oneshot_gate_up(x, topk_ids, g, u, slot_of, hid, spec: DecodeSpec, bn: int, warps: int, split: int = 1,
-                           skip_absent: bool = False, late: bool = False, prefetch: tuple = ()):
+                           skip_absent: bool = False, late: bool = False):
     """`_oneshot_gate_up_kernel` over operands g, u into H [T, k, ff] (float32): gate_up_swiglu's contract.
     `skip_absent`: programs of absent pairs store zeros without loads or dots (DecodeExperts.sparse). `late`
-    (STRATA_PDL=3): the next kernel launches once this one is past its wait (kernels/pdl.py). `prefetch`: 1-2
-    tensors whose bytes the programs bring to the L2 before that wait (STRATA_L2_PREFETCH)."""
+    (STRATA_PDL=3): the next kernel launches once this one is past its wait (kernels/pdl.py)."""
     n_tokens, top_k = topk_ids.shape
     slots = slot_of is not None
     out = hid if split == 1 else torch.empty(split, 2, *hid.shape, dtype=torch.float32, device=hid.device)
     constants = _constants(spec, g.rows, g.cols, 1, slots, bn, split)
-    grid = (n_tokens * top_k, triton.cdiv(g.rows, bn), split)
-    region = l2_prefetch.regions(l2_prefetch.uint8(t) for t in prefetch)
-    extra = {} if not region else dict(zip(("pf_a", "lines_a", "pf_b", "lines_b"), region),
-                                       PF_PER=l2_prefetch.per_program(region, grid[0] * grid[1] * grid[2]))
-    _oneshot_gate_up_kernel[grid](
+    _oneshot_gate_up_kernel[(n_tokens * top_k, triton.cdiv(g.rows, bn), split)](
         x.contiguous(), topk_ids.contiguous(), slot_of if slots else topk_ids, g.raw, u.raw, out, g.stride,
-        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps, **launch_options(x, late),
-        **extra)
+        u.stride, **{**constants, "TOP_K": top_k}, SKIP_ABSENT=skip_absent, num_warps=warps, **launch_options(x, late))
     if split > 1:
         _sum_slices(out, hid, split, True)
     return hid
