@@ -54,10 +54,9 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in [
            "of 256 weights read a copy of their rows re-laid for 16-byte code loads (kernels/quant/q4_0_split.py), "
            "made at the first decode step; costs those weights' bytes again in VRAM (A3B: 0.5 GB; counted by the "
            "placement plan)"),
-    Switch("STRATA_DP4A_PARTS", "", "with STRATA_DP4A: the matvecs it takes, a comma list of qkv, o, experts "
-           "and gate_up (unset: the first three; gate_up: the experts' gate/up alone, float H and the float down "
-           "kernel); the others keep the float kernels (for arms of one package: session 18's increments found only "
-           "q/k/v faster under it)"),
+    Switch("STRATA_DP4A_PARTS", "", "with STRATA_DP4A: the matvecs it takes, a comma list of qkv, o and experts "
+           "(unset: all three); the others keep the float kernels (for arms of one package: session 18's increments "
+           "found only q/k/v faster under it)"),
     Switch("STRATA_PREFILL_MMQ", True, "prompt experts: 0 selects the fp16/bf16 dequantize-then-GEMM path"),
     Switch("STRATA_PF_FUSED", False, "prompt experts: fused int8 gate/up+SwiGLU and down kernels"),
     Switch("STRATA_PF_STREAM_COPIES", False, "prompt streaming: three host-to-device copies an expert (the previous "

@@ -8,14 +8,11 @@ fused kernels run interpreted, `layers.FUSED_ON_CPU`) meets a Q4_0 weight the ke
           epilogue, kernels/attention/decode*.py, could write the codes instead);
   experts `routed_experts` (resident, gate/up/down all Q4_0): gate/up + SwiGLU from the codes `add_norm_route`
           wrote, its epilogue rounding H to codes itself (a row tile of whole 32-row groups; no float H), then the
-          down sum;
-  gate_up (only where STRATA_DP4A_PARTS names it, instead of experts) the experts' gate/up + SwiGLU from the same
-          codes in the tiles of a plain matvec (8 rows: ~6 programs an SM where the 32-row tiles give 1.5), its H
-          float32, then the float kernels' down sum (`gemv.down_sum_triton`): H is never rounded.
+          down sum.
 With STRATA_DP4A_SPLIT too, q/k/v and o (rows of a multiple of 256 weights) read a copy of their rows re-laid for
 16-byte code loads (`split_rows_of`, kernels/quant/q4_0_split.py) instead of the GGUF rows.
 A layer's launches under the switch are so those of the switch unset plus one (o's input rounded).
-STRATA_DP4A_PARTS narrows it to some of the three, or names gate_up (`takes`): the others keep their float kernels, and a norm writes
+STRATA_DP4A_PARTS narrows it to some of the three (`takes`): the others keep their float kernels, and a norm writes
 codes only for a dp4a reader.
 Anything else (other formats, prompt chunks, shapes the kernels refuse) returns None and the caller takes its
 current path, so the switch unset changes nothing.
@@ -40,17 +37,16 @@ MAX_BLOCKS = 4096  # blocks a program holds at once (one-shot: all of a row's), 
 _ATTR = "_strata_dp4a_rows"
 
 
-PARTS = ("qkv", "o", "experts", "gate_up")
-UNNAMED = ("qkv", "o", "experts")  # what STRATA_DP4A takes where STRATA_DP4A_PARTS is unset
+PARTS = ("qkv", "o", "experts")
 
 
 def takes(part: str) -> bool:
-    """Whether STRATA_DP4A takes this part of the step (STRATA_DP4A_PARTS: a comma list, unset UNNAMED's)."""
+    """Whether STRATA_DP4A takes this part of the step (STRATA_DP4A_PARTS: a comma list, unset all of PARTS)."""
     if not switches.get("STRATA_DP4A"):
         return False
     listed = switches.get("STRATA_DP4A_PARTS")
     if not listed:
-        return part in UNNAMED
+        return True
     named = [p.strip() for p in listed.split(",")]
     unknown = [p for p in named if p not in PARTS]
     if unknown:
@@ -163,8 +159,6 @@ def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Ten
     from strata.kernels.moe import dp4a_gemv
 
     top_k = ids.shape[1]
-    if not takes("experts"):  # gate_up: float H, the float down kernel
-        return _gate_up_then_float_down(stack, x, weights, ids, stride_gu)
     # The tiles of a one-row step whatever the rows: a verify window's row then sums as that step's, bit for bit.
     # (the gate/up rows a multiple of 32: its epilogue rounds H per 32 values)
     bn_gu, warps_gu = dp4a_gemv.dp4a_tile(ff, embd // 32, top_k, 2, x.is_cuda, dp4a_gemv.GROUP)
@@ -174,22 +168,6 @@ def routed_experts(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Ten
     y = torch.empty(x.shape[0], embd, dtype=x.dtype, device=x.device)
     return dp4a_gemv.dp4a_down(hq, ids, weights, stack.down.raw, stride_d, embd, y=y, bn=bn_d, warps=warps_d,
                                pdl=True)
-
-
-def _gate_up_then_float_down(stack, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                              stride_gu: int) -> torch.Tensor:
-    """STRATA_DP4A_PARTS=gate_up: the dp4a gate/up + SwiGLU into float32 H, then the float down kernels' sum."""
-    from strata.kernels import pdl
-    from strata.kernels.moe import dp4a_gemv, gemv
-
-    n_experts, ff, embd = stack.gate.shape
-    rows, top_k = ids.shape
-    bn, warps = dp4a_gemv.dp4a_tile(ff, embd // 32, top_k, 2, x.is_cuda)  # a one-row step's tiles, as above
-    ahead = pdl.routing_ahead(x)  # (STRATA_PDL=3: gate/up triggers late, the down kernel reads its routing early)
-    h = dp4a_gemv.dp4a_gate_up(rows_of(x), ids, stack.gate.raw, stack.up.raw, stride_gu, ff, bn=bn, warps=warps,
-                               pdl=True, late=ahead)
-    return gemv.down_sum_triton(h.view(rows, top_k, ff), ids, weights.float(), gemv.DecodeExperts.of_stack(stack),
-                                x.dtype, routing_ahead=ahead)
 
 
 def reads_qkv(model, i: int) -> bool:
@@ -206,7 +184,7 @@ def resident_stack(model, i: int, w=None):
     the layer's own FFN weights: not an MTP block's, whose index is past the trunk's), else None."""
     from strata.engine.experts import ResidentExperts
 
-    if not (takes("experts") or takes("gate_up")) or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
+    if not takes("experts") or not model.dp4a_wired or type(model.experts) is not ResidentExperts:
         return None
     if i >= len(model.ffn) or (w is not None and w is not model.ffn[i]):
         return None

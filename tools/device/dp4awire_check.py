@@ -74,11 +74,10 @@ def main() -> int:
     print(f"{switched}: captured {captured}; dp4a calls {calls}; {line}")
     matvecs = calls.get("split_dp4a_matvec" if args.split else "dp4a_matvec", 0)
     with switches.override(STRATA_DP4A=True):  # STRATA_DP4A_PARTS from the environment: whose launches to expect
-        experts_down = dp4a_step.takes("experts")
-        routed = experts_down or dp4a_step.takes("gate_up")
+        experts = dp4a_step.takes("experts")
         dense = dp4a_step.takes("qkv") or dp4a_step.takes("o")
     ok = (not unset_calls and (matvecs > 0) == dense
-          and (calls.get("dp4a_down", 0) > 0) == experts_down and (calls.get("dp4a_gate_up", 0) > 0) == routed
+          and (calls.get("dp4a_down", 0) > 0) == experts and (calls.get("dp4a_gate_up", 0) > 0) == experts
           and (captured or not want_captured) and diff <= args.bound)
     print(f"logits max diff {diff:.3e} of the largest (bound {args.bound}); {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -10,7 +10,7 @@ make_a3b_bg && BUDGET=$((BUDGET + 60))
 wait_file $A3B 240
 ARGS="$A3B --device cuda --vram-budget 24 --ctx 4096 --tokens 64"
 n=0
-for arm in none qkv attn o route gate_up down norm qkv,o,gate_up,down attn,route,norm gate_up,down none; do
+for arm in none qkv attn o route gate_up down norm qkv,o,gate_up,down attn,route,norm gate_up,down none; do  # (norm: see leave_out.py)
   n=$((n + 1))
   part "leave${n}_${arm//,/+}" 30 python3 tools/device/leave_out.py --leave "${arm/none/}" -- $ARGS
 done

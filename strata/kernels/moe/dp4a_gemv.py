@@ -434,12 +434,11 @@ def dp4a_down(hq, ids: torch.Tensor, weights: torch.Tensor, w: torch.Tensor, str
 
 def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stride: int, n_out: int,
                  swiglu: bool = True, bn: int | None = None, warps: int | None = None,
-                 layout: str | None = None, pdl: bool = False, rounded: str = "", late: bool = False):
+                 layout: str | None = None, pdl: bool = False, rounded: str = ""):
     """H [T * k, n_out] float32 = silu(gate . x[t]) * (up . x[t]) for each pair (t, ids[t, j]), gate and up Q4_0
     experts at `stride` bytes in wg / wu; without swiglu [2, T * k, n_out], the gate and the up dots.
     `rounded` (swiglu, n_out a multiple of 32; bn then one too): "codes" returns H's `quantize_x` triple written by
-    the kernel's epilogue instead (no float H, no rounding launch: the down kernel's input), "both" (H, triple).
-    `late` (with pdl, STRATA_PDL=3): the next kernel launches once this one is past its wait (kernels/pdl.py)."""
+    the kernel's epilogue instead (no float H, no rounding launch: the down kernel's input), "both" (H, triple)."""
     codes, scales, sums = xq
     n_tokens, top_k = ids.shape
     k = codes.shape[1]
@@ -455,7 +454,7 @@ def dp4a_gate_up(xq, ids: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, stri
     shape = (n_tokens * top_k, n_out) if swiglu else (2, n_tokens * top_k, n_out)
     keep_h = rounded != "codes"
     hid = torch.empty(shape if keep_h else (1,), dtype=torch.float32, device=codes.device)
-    options = launch_options(codes, late) if pdl else {}
+    options = launch_options(codes) if pdl else {}
     if rounded:  # quantize32's bytes: no multiply-add contracted in the rounding (nor, so, in the dots before it)
         hq = rounded_rows_buffers(AllocatorScratch(codes.device), n_tokens * top_k, n_out)
         options = {**options, "codes": hq[0], "scales": hq[1], "sums": hq[2], "QUANT": 1, "STORE_H": int(keep_h),
