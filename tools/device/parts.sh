@@ -24,10 +24,15 @@ else
   mkdir -p .devcache && for f in .devcache/*.t?z; do [ -f "$f" ] && tar xaf "$f" -C .devcache && rm "$f"; done
   export TRITON_CACHE_DIR=$PWD/.devcache/triton NUMBA_CACHE_DIR=$PWD/.devcache/numba
 fi
-# One archive each: a call returns files of at most 16 MB (session 4's single archive outgrew it).
+# One archive each, Triton's in two (by its kernels' hash's first character): a call returns files of at most 16 MB
+# (session 4's single archive outgrew it; session 19's Triton one reached it and was left out).
 save_cache() {
   [ -n "${NESTED:-}" ] && return
-  for d in triton numba; do XZ_OPT="-6 -T0" tar cJf "$OUT/cache_$d.txz" -C .devcache $d 2>/dev/null; done
+  XZ_OPT="-6 -T0" tar cJf "$OUT/cache_numba.txz" -C .devcache numba 2>/dev/null
+  for half in A-P Q-Z2-7; do  # (base32 names: 16 characters each)
+    (cd .devcache && ls -d triton/[$half]* 2>/dev/null) | XZ_OPT="-6 -T0" tar cJf "$OUT/cache_triton_$half.txz" \
+      -C .devcache -T - 2>/dev/null
+  done
   ls -la "$OUT"/cache_*.txz
 }
 part() {  # name cap command...
