@@ -109,6 +109,7 @@ def leave(stages: set) -> None:
 
         gemv.down_sum_triton = down
 
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--leave", default="", help=f"a comma list of {', '.join(STAGES)} (empty: none)")
