@@ -10,22 +10,35 @@ import triton.language as tl
 
 
 @triton.jit
+def _float_max(x):
+    """The largest of fp32 x (no NaN) as a max over int32 keys that order as the floats do (the negatives' bits
+    but the sign flipped): in one warp an int32 max is one instruction, a float max log2(32) shuffles."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.max(bits ^ ((bits >> 31) & 0x7FFFFFFF), axis=0)
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr):
     """Logits x [BLOCK] fp32 of experts e (`live` the real ones) -> (weights [KB], ids [KB] int64, slots): the
     softmax's k largest, ties to the lower id, renormalised if asked; slots >= K are padding."""
-    top = tl.max(x, axis=0)
+    top = _float_max(x)
     p = tl.exp(x - top)
     p = p / tl.sum(p, axis=0)
     p = tl.where(live, p, -1.0)
+    # The passes compare p's bits as int32 (non-negative floats order as their bits; the padding's -1.0 is
+    # negative): a warp's int32 max and min are one instruction each (REDUX) where a float max takes log2(32)
+    # dependent shuffles, and the picks are the same.
+    bits = p.to(tl.int32, bitcast=True)
     slots = tl.arange(0, KB)
     chosen_p = tl.zeros((KB,), tl.float32)
     chosen_id = tl.zeros((KB,), tl.int64)
     for j in tl.static_range(K):  # k passes of "largest left, lowest id among equals"
-        best = tl.max(p, axis=0)
-        pick = tl.min(tl.where(p == best, e, BLOCK), axis=0)
-        chosen_p = tl.where(slots == j, best, chosen_p)
+        best = tl.max(bits, axis=0)
+        pick = tl.min(tl.where(bits == best, e, BLOCK), axis=0)
+        chosen_p = tl.where(slots == j, best.to(tl.float32, bitcast=True), chosen_p)
         chosen_id = tl.where(slots == j, pick.to(tl.int64), chosen_id)
-        p = tl.where(e == pick, -1.0, p)
+        bits = tl.where(e == pick, -1, bits)
     if NORMALIZE:
         chosen_p = chosen_p / tl.sum(tl.where(slots < K, chosen_p, 0.0), axis=0)
     return chosen_p, chosen_id, slots

@@ -90,3 +90,23 @@ def test_route_topk_picks_torch_experts_and_weights(normalize):
     assert (weights.cpu() - want_w).abs().max().item() <= 1e-6
     if normalize:
         assert torch.allclose(weights.sum(-1).cpu(), torch.ones(5))
+
+
+@pytest.mark.parametrize("n_experts, k", [(60, 4), (512, 10)])
+def test_route_topk_over_padded_and_negative_rows(n_experts, k):
+    """Rows of only negative logits, one all -inf but one, and expert counts that pad the kernel's block (the
+    softmax's max and the picks compare float bits as integers: the padding's -inf and -1.0 must stay below)."""
+    from strata.kernels.pointwise.route_topk import route_topk_triton
+    from strata.models.layers import route_topk
+
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.randn(4, n_experts, generator=gen)
+    logits[1] = -120.0 - 200.0 * torch.rand(n_experts, generator=gen)  # all far below 0, 200 apart: exp under- or
+    # overflows unless the max subtracted is the largest
+    logits[2] = float("-inf")
+    logits[2, n_experts - 1] = -3.0  # one finite expert: the rest's softmax is exactly zero, ties to the lower ids
+    weights, ids = route_topk_triton(logits.to(DEVICE), k, True)
+    want_w, want_ids = route_topk(logits, k, True)
+    want_ids[2] = torch.tensor([n_experts - 1, *range(k - 1)])  # (torch orders the zeros as it likes)
+    assert torch.equal(ids.cpu(), want_ids)
+    assert (weights.cpu() - want_w).abs().max().item() <= 1e-6
