@@ -148,8 +148,7 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                          DENSE: tl.constexpr, QK: tl.constexpr, PV: tl.constexpr, BY_SPAN: tl.constexpr,
                          PER: tl.constexpr, CELLS: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = 0,
                          IN_ORDER: tl.constexpr = False, turn_k_ptr=None, turn_v_ptr=None, qw_ptr=None, kw_ptr=None,
-                         cos_ptr=None, sin_ptr=None, eps=0.0, TURN: tl.constexpr = False, HALF: tl.constexpr = 0,
-                         EARLY: tl.constexpr = False):
+                         cos_ptr=None, sin_ptr=None, eps=0.0, TURN: tl.constexpr = False, HALF: tl.constexpr = 0):
     pdl_start(PDL)
     pdl_wait(PDL)  # the query, the widths and this step's keys: all written by earlier kernels of the step
     sp = tl.program_id(0)
@@ -159,11 +158,6 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
     d = tl.arange(0, D)
     live = r < G
     head = (qi.to(tl.int64) * n_kv_heads + kvh) * G + r
-    if EARLY:  # this program's first chunk, issued beside the width's load (used below where it is the whole share)
-        cells0 = sp * CH + tl.arange(0, CH)
-        rows0 = cells0.to(tl.int64) * n_kv_heads + kvh
-        k0 = tl.load(k_ptr + rows0[None, :] * D + d[:, None], mask=cells0[None, :] < cap, other=0)
-        v0 = tl.load(v_ptr + rows0[:, None] * D + d[None, :], mask=cells0[:, None] < cap, other=0)
     width = tl.load(width_ptr + qi)
     if TURN:  # STRATA_DECODE_TURN (decode_turn.py): the raw queries turned here (the new key below)
         q = turned_queries(q_ptr, head, live, qw_ptr, cos_ptr, sin_ptr, eps, D, HALF, q_ptr.dtype.element_ty)
@@ -202,15 +196,7 @@ def _decode_short_kernel(q_ptr, ids_ptr, width_ptr, page_table_ptr, k_ptr, v_ptr
                 g3 = tl.arange(0, D // 64)[:, None, None]
                 q3 = tl.load(q_ptr + head[None, :, None] * D + g3 * 64 + tl.arange(0, 64)[None, None, :],
                              mask=live[None, :, None], other=0.0).to(tl.float16)
-        loop_from = begin
-        if EARLY:
-            if per == CH:  # (widths up to CELLS x MAX_SPLITS) one chunk a program: the early one, masked as the
-                # loop would load it (its cells past the width may hold anything: 0 x NaN)
-                valid = cells0 < end
-                v0 = tl.where(valid[:, None], v0, tl.zeros_like(v0))
-                m, l, acc = _chunk_step(q, k0, v0, valid, m, l, acc, scale_log2, QK, PV)
-                loop_from = end
-        for c0 in range(loop_from, end, CH):
+        for c0 in range(begin, end, CH):
             rows, valid = span_rows(ids_row, page_table_ptr, c0, end, kvh, n_kv_heads, CH, DENSE, IN_ORDER)
             if INT8 and QK == "native":
                 m, l, acc = _int8_native_step(q3, rows, valid, k_ptr, v_ptr, ks_ptr, vs_ptr, m, l, acc, scale_log2,
@@ -294,13 +280,6 @@ def precisions(q: torch.Tensor, cache_dtype: torch.dtype, config: ShortConfig) -
     return qk, pv
 
 
-def early(dense: bool, int8: bool, by_span: bool, turn, chunk: int, config: ShortConfig) -> bool:
-    """Whether the launch issues each program's first chunk before it knows the width (EARLY): over a dense fp16 /
-    bf16 cache, where a chunk is the CELLS a program aims at, so that up to CELLS x MAX_SPLITS cells the chunk at
-    split x CELLS is a program's whole share whatever the width."""
-    return dense and not int8 and not by_span and turn is None and chunk == config.cells
-
-
 _compiled: set[tuple] = set()  # launch shapes that compiled and ran once
 _failed: set[tuple] = set()
 
@@ -358,7 +337,6 @@ def decode_short(q: torch.Tensor, n_kv_heads: int, span: int, pointers: tuple, i
     meta = dict(G=group, BM=rows_block(group), D=dim, CH=chunk, SPLITS=splits, INT8=int8, DENSE=dense, QK=qk, PV=pv,
                 BY_SPAN=by_span, PER=config.per_program(span, chunk) if by_span else 0, CELLS=config.cells,
                 MAX_SPLITS=config.max_splits, **({"IN_ORDER": True} if in_order and not dense else {}),
-                **({"EARLY": True} if early(dense, int8, by_span, turn, chunk, config) else {}),
                 **({} if turn is None else turn.constants()),
                 num_warps=config.warps, num_stages=config.stages, **launch_options(q))
     key = (q.device.type, q.dtype, cache_dtype, *meta.values())

@@ -85,35 +85,6 @@ def test_cells_past_the_width_change_nothing(by_span):
     assert torch.equal(decode_attn_dense_triton(q, keys, values, width, 64, short=config), clean)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_the_early_first_chunk_gives_the_loops_bytes(monkeypatch, dtype):
-    """EARLY (a dense cache, a chunk the CELLS a program aims at): each program's first chunk is loaded beside the
-    width and used where it is the program's whole share (widths up to CELLS x MAX_SPLITS); longer rows run the
-    loop. Either way the bytes are the loop's, NaN past the width changes nothing, and a window's rows equal their
-    one-query launches."""
-    config = ShortConfig(cells=16, max_splits=4, chunk=16)  # early up to 64 cells; 65.. split 4 ways by the loop
-    gen = torch.Generator().manual_seed(21)
-    keys = (torch.randn(128, 2, 64, generator=gen) * 1.5).to(dtype).to(DEVICE)
-    values = torch.randn(128, 2, 64, generator=gen).to(dtype).to(DEVICE)
-    q = (torch.randn(6, 8, 64, generator=gen) * 2).to(dtype).to(DEVICE)
-    width = torch.tensor([0, 1, 16, 37, 64, 100], device=DEVICE)
-    assert decode_short.early(True, False, False, None, config.chunk_for("ieee", "ieee", False, 64), config)
-    got = decode_attn_dense_triton(q, keys, values, width, 128, short=config)
-    monkeypatch.setattr(decode_short, "early", lambda *a: False)
-    assert torch.equal(got, decode_attn_dense_triton(q, keys, values, width, 128, short=config))
-    monkeypatch.undo()
-    want = _dense_float64(q, keys, values, width)
-    assert _within(got, want, decode_attn_dense_triton(q, keys, values, width, 128, split=16), values)
-    for r, w in enumerate(width.tolist()):
-        one = decode_attn_dense_triton(q[r:r + 1], keys, values, width[r:r + 1], 128, short=config)
-        assert torch.equal(one, got[r:r + 1])
-        if w < 128:  # past the row's width: NaN and inf, loaded early by some programs, masked
-            dirty_k, dirty_v = keys.clone(), values.clone()
-            dirty_k[w:], dirty_v[w:] = float("nan"), float("inf")
-            assert torch.equal(decode_attn_dense_triton(q[r:r + 1], dirty_k, dirty_v, width[r:r + 1], 128,
-                                                        short=config), one)
-
-
 def test_native_dots_within_the_half_precision_bound():
     """"native" (the default over a fp16 cache): q and P rounded to its dtype, 2^-11 relative each: within 2e-3 of the
     output's largest value."""

@@ -22,7 +22,7 @@ from tests.kernels.sm90 import builds_of, needs_ptxas  # noqa: E402
 def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = False) -> dict:
     """The kernel at A3B's shape (4 programs a KV head, the split form's merge), as the step launches it; over int8
     codes `dots` "native" (the default) or "tf32x3"; `turn`: STRATA_DECODE_TURN's form (raw q, k, v turned inside)."""
-    from strata.kernels.attention.decode_short import DEFAULT, _decode_short_kernel, early
+    from strata.kernels.attention.decode_short import DEFAULT, _decode_short_kernel
     from tests.kernels.sm90 import sass_counts
 
     cache = "*i8" if int8 else "*fp16"
@@ -34,7 +34,6 @@ def build_sm90(int8: bool, dots: str = "native", dim: int = 128, turn: bool = Fa
     constants = dict(G=8, BM=16, D=dim, CH=DEFAULT.chunk_for(qk, pv, int8, dim), SPLITS=4, INT8=int8,
                      DENSE=not int8, QK=qk, PV=pv, BY_SPAN=False, PER=0, CELLS=DEFAULT.cells,
                      MAX_SPLITS=DEFAULT.max_splits, PDL=1)
-    constants["EARLY"] = early(not int8, int8, False, turn or None, constants["CH"], DEFAULT)  # as the step launches
     signature = dict(zip(names, types))
     if turn:
         signature.update(turn_k_ptr="*bf16", turn_v_ptr="*bf16", qw_ptr="*bf16", kw_ptr="*bf16", cos_ptr="*bf16",
