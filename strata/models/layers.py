@@ -104,6 +104,18 @@ def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor
     return routed + shared * torch.sigmoid(gate)[:, None]
 
 
+def embed_rows(embed, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The rows of a token embedding (a QuantWeight) that `ids` name, dequantized to dtype: one launch where the
+    kernel reads the format (kernels/pointwise/embed_rows.py: the same bytes), else a gather and torch's ops."""
+    if (ids.is_cuda or FUSED_ON_CPU) and dtype in (torch.bfloat16, torch.float16) and embed.raw.device == ids.device:
+        from strata.kernels.pointwise.embed_rows import embed_rows_triton
+
+        rows = embed_rows_triton(embed.raw, embed.ggml_type, embed.shape[-1], ids, dtype)
+        if rows is not None:
+            return rows
+    return embed[ids].dequantize(dtype)
+
+
 class Rope:
     """Neox-style rotary embedding: the two halves of each head rotate together."""
 
@@ -111,6 +123,10 @@ class Rope:
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if (positions.is_cuda or FUSED_ON_CPU) and dtype in (torch.bfloat16, torch.float16):
+            from strata.kernels.pointwise.rope_cos_sin import rope_cos_sin_triton
+
+            return rope_cos_sin_triton(positions, self.inv_freq, dtype)  # one launch, not seven
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
