@@ -64,7 +64,7 @@ def test_rope_rows_are_torchs_to_a_rounding_step(dtype, head_dim):
         assert ((got.float() - want.to(dtype).float()).abs() <= step).all()
         if DEVICE == "cuda":  # (the interpreter's conversion to the dtype rounds otherwise: ~half a step off)
             assert (got == want.to(dtype)).float().mean().item() >= 0.95
-    assert torch.equal(cos[0], torch.ones(head_dim, dtype=dtype)) and torch.equal(sin[0], torch.zeros_like(sin[0]))
+    assert torch.equal(cos[0], torch.ones_like(cos[0])) and torch.equal(sin[0], torch.zeros_like(sin[0]))
 
 
 def test_the_model_takes_the_kernel_on_the_gpu_path(monkeypatch):
