@@ -18,8 +18,8 @@ from strata.gguf.reader import GGUFModelFile
 from strata.models import dp4a_step
 from strata.models.config import ModelConfig
 from strata.models.balanced_routing import balanced_routing
-from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route, embed_rows,
-                                  add_rms_norm, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
+from strata.models.layers import (ROUTE_KERNEL_MAX_TOKENS, QKNorm, Rope, add_gated_shared, add_norm_route,
+                                  add_rms_norm, embed_rows, rms_norm, route_topk, shared_gate_add_rms_norm, swiglu)
 from strata.models.moe_chain import chain_config, chained_moe_layer, folds_o, qkv_chain
 from strata.models.stacked_projections import project_inputs, stack_projections
 from strata.models.weights import QuantWeight, linear

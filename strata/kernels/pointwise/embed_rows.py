@@ -13,8 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-FORMATS = {0: 0, 1: 1, 30: 30, 2: 2, 8: 8}  # ggml type ids taken: F32, F16, BF16, Q4_0, Q8_0
-BLOCK_BYTES = {2: 18, 8: 34}  # a 32-weight block: an fp16 scale, then 16 bytes of nibbles / 32 int8 codes
+FORMATS = (0, 1, 30, 2, 8)  # the ggml type ids it reads: F32, F16, BF16, Q4_0, Q8_0 (32-weight blocks: 18, 34 bytes)
 COLS_A_PROGRAM = 2048
 
 
@@ -44,15 +43,15 @@ def _embed_rows_kernel(raw_ptr, ids_ptr, out_ptr, row_bytes, n_cols, FMT: tl.con
 
 def embed_rows_triton(raw: torch.Tensor, ggml_type: int, n_cols: int, ids: torch.Tensor,
                       dtype: torch.dtype) -> torch.Tensor | None:
-    """raw [V, row_bytes] uint8 (an embedding's GGUF rows), ids [T] -> [T, n_cols] of dtype, or None where the format
-    is not one this kernel reads."""
-    fmt = FORMATS.get(int(ggml_type))
-    if fmt is None or raw.dim() != 2 or (fmt in BLOCK_BYTES and n_cols % 32):
+    """raw [V, row_bytes] uint8 (an embedding's GGUF rows, rows at any stride), ids (any shape) -> [*ids.shape,
+    n_cols] of dtype, or None where the format is not one this kernel reads."""
+    fmt = int(ggml_type)
+    if fmt not in FORMATS or raw.dim() != 2 or raw.stride(1) != 1 or (fmt in (2, 8) and n_cols % 32):
         return None
     flat = ids.reshape(-1)
     out = torch.empty(flat.numel(), n_cols, dtype=dtype, device=raw.device)
     if flat.numel():
         block = min(COLS_A_PROGRAM, triton.next_power_of_2(n_cols))
-        _embed_rows_kernel[(flat.numel(), triton.cdiv(n_cols, block))](raw, flat, out, raw.shape[1], n_cols, FMT=fmt,
+        _embed_rows_kernel[(flat.numel(), triton.cdiv(n_cols, block))](raw, flat, out, raw.stride(0), n_cols, FMT=fmt,
                                                                       BLOCK=block, num_warps=4)
     return out.reshape(*ids.shape, n_cols)

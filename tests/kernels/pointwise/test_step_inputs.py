@@ -39,6 +39,17 @@ def test_embedding_rows_are_torchs_dequantized_rows(name, dtype):
         assert ((got.float() - want.float()).abs() <= _ulp(dtype) * want.float().abs()).all()
 
 
+def test_rows_at_a_wider_stride():
+    """The rows of a view whose row stride is wider than a row's bytes (a slice of a padded buffer)."""
+    embed = _embedding("Q8_0", 10, 64)
+    padded = torch.zeros(10, embed.raw.shape[1] + 14, dtype=torch.uint8, device=DEVICE)
+    padded[:, :embed.raw.shape[1]] = embed.raw
+    ids = torch.tensor([9, 2], device=DEVICE)
+    got = embed_rows_triton(padded[:, :embed.raw.shape[1]], 8, 64, ids, torch.float16)
+    want = embed[ids].dequantize(torch.float16)
+    assert ((got.float() - want.float()).abs() <= _ulp(torch.float16) * want.float().abs()).all()
+
+
 def test_other_formats_are_left_to_torch(monkeypatch):
     embed = _embedding("Q4_0", 8, 64)
     assert embed_rows_triton(embed.raw, 12, 64, torch.tensor([1], device=DEVICE), torch.bfloat16) is None  # Q4_K
