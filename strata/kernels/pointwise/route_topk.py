@@ -10,12 +10,24 @@ import triton.language as tl
 
 
 @triton.jit
+def ordered_key(bits):
+    """The int32 bits of float32 values -> int32 keys that order as the floats do (no NaN): the negatives' bits but
+    the sign flipped; the map is its own inverse. In one warp an int32 max or min is one instruction (REDUX), a
+    float max log2(32) dependent shuffles."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def first_max(key, index, BIG: tl.constexpr):
+    """(the largest key, the smallest index holding it; BIG above every index)."""
+    best = tl.max(key, axis=0)
+    return best, tl.min(tl.where(key == best, index, BIG), axis=0)
+
+
+@triton.jit
 def _float_max(x):
-    """The largest of fp32 x (no NaN) as a max over int32 keys that order as the floats do (the negatives' bits
-    but the sign flipped): in one warp an int32 max is one instruction, a float max log2(32) shuffles."""
-    bits = x.to(tl.int32, bitcast=True)
-    key = tl.max(bits ^ ((bits >> 31) & 0x7FFFFFFF), axis=0)
-    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    """The largest of fp32 x (no NaN), by `ordered_key`."""
+    return ordered_key(tl.max(ordered_key(x.to(tl.int32, bitcast=True)), axis=0)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -34,8 +46,7 @@ def softmax_topk(x, e, live, K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK: tl
     chosen_p = tl.zeros((KB,), tl.float32)
     chosen_id = tl.zeros((KB,), tl.int64)
     for j in tl.static_range(K):  # k passes of "largest left, lowest id among equals"
-        best = tl.max(bits, axis=0)
-        pick = tl.min(tl.where(bits == best, e, BLOCK), axis=0)
+        best, pick = first_max(bits, e, BLOCK)
         chosen_p = tl.where(slots == j, best.to(tl.float32, bitcast=True), chosen_p)
         chosen_id = tl.where(slots == j, pick.to(tl.int64), chosen_id)
         bits = tl.where(e == pick, -1, bits)

@@ -3,9 +3,8 @@ largest, -0.0 equal to 0.0), where torch's reduction took ~8 us of an A3B decode
 
 Each program takes CHUNK logits in order and writes its largest key and the first index holding it; the last to
 arrive (a per-device counter, `decode_short.arrival_counters`: every launch leaves it zero for the next) reduces the
-programs' pairs the same way, so the first maximum of the first chunk holding it wins. The keys are the logits' bits
-as int32 that order as the floats do (the negatives' bits but the sign flipped), NaN above +inf, -0.0 read as 0.0:
-an int32 max is one instruction within a warp, a float one log2(32) shuffles.
+programs' pairs the same way, so the first maximum of the first chunk holding it wins. The keys are the logits'
+`route_topk.ordered_key`s (int32 that order as the floats do), NaN above +inf, -0.0 read as 0.0.
 """
 
 from __future__ import annotations
@@ -14,15 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pointwise.route_topk import first_max, ordered_key
+
 CHUNK = 4096  # logits a program: ~37 programs for a 151,936-token vocabulary
 COUNTER = 0  # the arrival counter this launch counts on (no other kernel of a step counts while it runs)
-
-
-@triton.jit
-def _first_max(key, index, BIG: tl.constexpr):
-    """(the largest key, the smallest index holding it)."""
-    best = tl.max(key, axis=0)
-    return best, tl.min(tl.where(key == best, index, BIG), axis=0)
 
 
 @triton.jit
@@ -32,8 +26,8 @@ def _argmax_kernel(x_ptr, n, keys_ptr, firsts_ptr, count_ptr, out_ptr, PROGRAMS:
     i = p * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(x_ptr + i, mask=i < n, other=float("-inf"))
     bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)  # -0.0 as 0.0
-    key = tl.where(x != x, 0x7FFFFFFF, bits ^ ((bits >> 31) & 0x7FFFFFFF))  # NaN above +inf's 0x7F800000
-    best, first = _first_max(key, i, 2147483647)
+    key = tl.where(x != x, 0x7FFFFFFF, ordered_key(bits))  # NaN above +inf's 0x7F800000
+    best, first = first_max(key, i, 2147483647)
     tl.store(keys_ptr + p, best)
     tl.store(firsts_ptr + p, first)
     tl.debug_barrier()  # the pair is written before the program counts itself (release)
@@ -41,7 +35,7 @@ def _argmax_kernel(x_ptr, n, keys_ptr, firsts_ptr, count_ptr, out_ptr, PROGRAMS:
         q = tl.arange(0, PB)
         keys = tl.load(keys_ptr + q, mask=q < PROGRAMS, other=-2147483648, cache_modifier=".cg")
         firsts = tl.load(firsts_ptr + q, mask=q < PROGRAMS, other=2147483647, cache_modifier=".cg")
-        best, _ = _first_max(keys, q, PB)
+        best, _ = first_max(keys, q, PB)
         tl.store(out_ptr, tl.min(tl.where(keys == best, firsts, 2147483647), axis=0).to(tl.int64))
         tl.store(count_ptr, 0)  # ready for the next launch (a graph's next replay)
 
