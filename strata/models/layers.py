@@ -14,11 +14,15 @@ from strata.models.weights import QuantWeight, linear, row_by_row
 FUSED_ON_CPU = False
 
 
+def _kernels_take(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the one-launch kernels (kernels/pointwise) take work on t's device in dtype: on CUDA, below float32
+    (the exact mode stays torch's)."""
+    return (t.is_cuda or FUSED_ON_CPU) and dtype in (torch.bfloat16, torch.float16)
+
+
 def _fused(x: torch.Tensor, *others: torch.Tensor) -> bool:
-    """Whether the one-launch kernels (kernels/pointwise) take this: on CUDA, below float32 (the exact mode stays
-    torch's), every operand in x's dtype."""
-    return ((x.is_cuda or FUSED_ON_CPU) and x.dtype in (torch.bfloat16, torch.float16)
-            and all(t.dtype == x.dtype for t in others))
+    """`_kernels_take` x in its dtype, every operand in that dtype."""
+    return _kernels_take(x, x.dtype) and all(t.dtype == x.dtype for t in others)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quantize: bool = False) -> torch.Tensor:
@@ -107,7 +111,7 @@ def add_gated_shared(routed: torch.Tensor, shared: torch.Tensor, x: torch.Tensor
 def embed_rows(embed, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The rows of a token embedding (a QuantWeight) that `ids` name, dequantized to dtype: one launch where the
     kernel reads the format (kernels/pointwise/embed_rows.py: the same bytes), else a gather and torch's ops."""
-    if (ids.is_cuda or FUSED_ON_CPU) and dtype in (torch.bfloat16, torch.float16) and embed.raw.device == ids.device:
+    if _kernels_take(ids, dtype) and embed.raw.device == ids.device:
         from strata.kernels.pointwise.embed_rows import embed_rows_triton
 
         rows = embed_rows_triton(embed.raw, embed.ggml_type, embed.shape[-1], ids, dtype)
@@ -123,7 +127,7 @@ class Rope:
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if (positions.is_cuda or FUSED_ON_CPU) and dtype in (torch.bfloat16, torch.float16):
+        if _kernels_take(positions, dtype):
             from strata.kernels.pointwise.rope_cos_sin import rope_cos_sin_triton
 
             return rope_cos_sin_triton(positions, self.inv_freq, dtype)  # one launch, not seven
