@@ -81,7 +81,30 @@ def _units(SPLIT: tl.constexpr, PER: tl.constexpr, TOTAL: tl.constexpr, NU: tl.c
     """The flat unit indices [NU] of this program's slice (program axis 2) and which of them exist."""
     lane = tl.arange(0, NU)
     g = tl.program_id(2) * PER + lane
-    return g, (lane < PER) & (g < TOTAL)
+    return g, _known((lane < PER) & (g < TOTAL), _fills(SPLIT, PER, TOTAL, NU))
+
+
+@triton.jit
+def _known(mask, HOLDS: tl.constexpr):
+    """`mask`, or where HOLDS says it is true in every lane, the constant true: a load under a constant mask carries
+    no predicate and no `other` value written to its register first (sm_90, A3B's gate/up program: 1,742 -> 1,593
+    instructions a thread, the PRMTs and LOP3s that zeroed every masked word's register gone)."""
+    if HOLDS:
+        mask = mask | True
+    return mask
+
+
+@triton.constexpr_function
+def _fills(SPLIT, PER, TOTAL, NU):
+    """Whether a program's NU unit lanes all hold units: its slice is NU units and the slices cover TOTAL exactly."""
+    return PER == NU and SPLIT * PER == TOTAL
+
+
+@triton.constexpr_function
+def _all_valid(SPLIT, PER, TOTAL, NU, SLOTS, N_OUT, BN):
+    """Whether every (unit, row) a program reads exists: full unit lanes (`_fills`), experts named by id (no slot
+    table, whose < 0 marks an absent one) and rows that fill the last tile."""
+    return _fills(SPLIT, PER, TOTAL, NU) and not SLOTS and N_OUT % BN == 0
 
 
 @triton.jit
@@ -121,7 +144,7 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     if SKIP_ABSENT:  # the misses' launch: a program none of whose experts is missing stores its zeros, no loads
         if tl.max(index, axis=0) >= 0:
             _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
+                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD, False)
         else:
             if AHEAD:  # (the launches never ask for both; a store still waits)
                 pdl_wait(PDL)
@@ -130,29 +153,31 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                 tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
     else:
         _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
+                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD,
+                   _all_valid(SPLIT, PER, TOP_K * N_UNITS, NU, SLOTS, N_OUT, BN))
 
 
 @triton.jit
 def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT: tl.constexpr,
                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
                BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):
-    """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
+               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr, VALID: tl.constexpr):
+    """The down program's loads, dots and stores (`_oneshot_down_kernel`); VALID: `_all_valid`'s answer."""
     word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
-                                      UNITS_PER_BLOCK)
+                                      UNITS_PER_BLOCK, VALID)
     if AHEAD:
         pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
     down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT, TOP_K, K, FMT, N_UNITS,
-              UNIT_W, ROWS, SHARED)
+              UNIT_W, ROWS, SHARED, VALID)
 
 
 @triton.jit
 def down_fetch(wd, stride_d, rows, t, blk, index, N_OUT: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
-               BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
-    """A down program's weight loads (its experts' rows of its tile), issued together: no activation needed."""
+               BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr = False):
+    """A down program's weight loads (its experts' rows of its tile), issued together: no activation needed.
+    VALID: every unit and row of the tile exists (`_all_valid`), so the loads go unmasked."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
-    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+    bm = _known((index >= 0)[:, None] & (rows < N_OUT)[None, :], VALID)
     w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     return _fetch(FMT, w_at, off, blk, t, bm)
@@ -161,11 +186,12 @@ def down_fetch(wd, stride_d, rows, t, blk, index, N_OUT: tl.constexpr, FMT: tl.c
 @triton.jit
 def down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT: tl.constexpr,
               TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-              ROWS: tl.constexpr, SHARED: tl.constexpr):
-    """A down program's activations, dots and stores over the loaded weights (`down_fetch`)."""
+              ROWS: tl.constexpr, SHARED: tl.constexpr, VALID: tl.constexpr = False):
+    """A down program's activations, dots and stores over the loaded weights (`down_fetch`, VALID as there)."""
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
-        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t,
+                         _known(um & (index >= 0), VALID))
         if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
             out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
         else:  # an expert's weight scales its activations: fewer products than its partial dots
@@ -212,28 +238,30 @@ def gate_up_item(x, ids, slot_of, wg, wu, hid, stride_g, stride_u, pair, tile, N
     if SKIP_ABSENT:  # the misses' launch: a pair whose expert is not missing stores its zeros, no loads or dots
         if tl.max(index, axis=0) >= 0:
             _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
-                          N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
+                          N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK, False)
         else:
             zero = tl.zeros((BN,), tl.float32)
             store_gate_up(hid, pair, rows, zero, zero, N_OUT, rows < N_OUT, SPLIT)
     else:
         _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
-                      N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
+                      N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK,
+                      _all_valid(SPLIT, PER, N_UNITS, NU, SLOTS, N_OUT, BN))
 
 
 @triton.jit
 def _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT: tl.constexpr,
                   TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
                   UNIT_W: tl.constexpr, SPLIT: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                  UNITS_PER_BLOCK: tl.constexpr):
-    """The gate/up program's loads, dots and SwiGLU store (`_oneshot_gate_up_kernel`)."""
+                  UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr):
+    """The gate/up program's loads, dots and SwiGLU store (`_oneshot_gate_up_kernel`); VALID: `_all_valid`'s
+    answer (every unit and row exists: the loads go unmasked)."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
-    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
+    bm = _known((index >= 0)[:, None] & (rows < N_OUT)[None, :], VALID)
     expert = tl.maximum(index, 0).to(tl.int64)[:, None]
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
     u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
-    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
+    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, _known(um & (index >= 0), VALID))
     g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
     u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
     store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
