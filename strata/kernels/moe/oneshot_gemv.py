@@ -114,7 +114,7 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                          BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                          ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                          UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False,
-                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0):
+                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0, PARTS: tl.constexpr = 1):
     """y[t, rows] = sum over chosen experts j and their units of w[t, j] * (unit's rows . h[t, j]'s slice), every
     unit of the slice loaded at once. Program (token group, row tile, slice): SHARED (one operand at stride 0: the
     dense matvec) a group is all ROWS tokens, which reuse the loaded words; else one token. SPLIT > 1: slice s into
@@ -122,11 +122,29 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     AHEAD 1 (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one expert's
     index being 0 without reading `ids`; AHEAD 2 (experts, no slot table, STRATA_PDL=3: the routing is complete
     when this kernel launches) reads the routing through L2 and issues the weight loads before the wait; AHEAD 0
-    reads everything after the wait."""
+    reads everything after the wait. PARTS > 1 (`unit_parts`; routed, one slice, AHEAD 0): `_down_parts`."""
     pdl_start(PDL)
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
+    if PARTS > 1:
+        pdl_wait(PDL)
+        _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS, UNIT_W,
+                    SLOTS, BN, NU, PARTS, BLOCK_BYTES, UNITS_PER_BLOCK)
+    else:
+        _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS,
+                      UNIT_W, SLOTS, BN, NU, SPLIT, PER, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, SKIP_ABSENT,
+                      PDL, AHEAD)
+
+
+@triton.jit
+def _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT: tl.constexpr,
+                  TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+                  UNIT_W: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr,
+                  SPLIT: tl.constexpr, PER: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr,
+                  BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr,
+                  PDL: tl.constexpr, AHEAD: tl.constexpr):
+    """`_oneshot_down_kernel`'s program over one group of NU unit lanes (its slice's units, the rest masked)."""
     g, um = _units(SPLIT, PER, TOP_K * N_UNITS, NU)
     j = g // N_UNITS
     blk = g % N_UNITS
@@ -155,6 +173,43 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
         _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
                    UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD,
                    _all_valid(SPLIT, PER, TOP_K * N_UNITS, NU, SLOTS, N_OUT, BN))
+
+
+@triton.jit
+def _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, token, rows, t, N_OUT: tl.constexpr, TOP_K: tl.constexpr,
+                K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+                SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, PARTS: tl.constexpr,
+                BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
+    """A routed down program whose TOP_K * N_UNITS units are PARTS groups of NU lanes exactly (A3B: 8 x 24 = 3 x 64,
+    where one group of 256 lanes leaves a quarter of every thread's loads and arithmetic masked off): each group's
+    partial dots, added in registers group after group, then one row reduction."""
+    valid: tl.constexpr = _all_valid(1, NU, NU, NU, SLOTS, N_OUT, BN)
+    part = _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 0, N_OUT, TOP_K, K, FMT, N_UNITS,
+                      UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    for p in tl.static_range(1, PARTS):
+        part += _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, p, N_OUT, TOP_K, K, FMT, N_UNITS,
+                           UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    tl.store(y + token.to(tl.int64) * N_OUT + rows, _row_sums(part), mask=_known(rows < N_OUT, valid))
+
+
+@triton.jit
+def _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, P: tl.constexpr, N_OUT: tl.constexpr,
+               TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
+               SLOTS: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+               VALID: tl.constexpr):
+    """Group P's partial dots [NU, BN, NT] (`_down_parts`): its units' weights, their experts' weights applied to
+    the activations as `down_dots` does."""
+    g = P * NU + tl.arange(0, NU)
+    j = g // N_UNITS
+    blk = g % N_UNITS
+    index = tl.load(ids + token * TOP_K + j).to(tl.int32)
+    if SLOTS:
+        index = tl.load(slot_of + index).to(tl.int32)
+    word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
+                                      UNITS_PER_BLOCK, VALID)
+    xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, _known(index >= 0, VALID))
+    weight = tl.load(topk_w + token * TOP_K + j).to(tl.float32)[None, :, None]
+    return step_dot(FMT, word, s0, s1, s2, s3, xa.to(tl.float32) * weight, xb.to(tl.float32) * weight, blk)
 
 
 @triton.jit
@@ -271,6 +326,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def unit_parts(total: int) -> tuple[int, int]:
+    """(PARTS, NU): `total` units as PARTS groups of a power of two NU lanes exactly, for an odd PARTS up to 7
+    (A3B's down: 8 experts x 24 blocks = 3 x 64); (1, the power of two from 1 up) where none fits."""
+    nu = total & -total  # the largest power of two dividing total
+    if total > 0 and 1 < total // nu <= 7 and nu >= 8:
+        return total // nu, nu
+    return 1, _pow2(total)
+
+
 def slice_units(total: int, split: int) -> tuple[int, int]:
     """(PER units a slice, NU: the power of two of lanes that holds them) for `total` units cut in `split`."""
     per = -(-total // split)
@@ -316,6 +380,17 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
                 UNITS_PER_BLOCK=units_per_block)
 
 
+def down_constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool, bn: int, split: int,
+                   shared: bool, one_group: bool = False) -> dict:
+    """`_oneshot_down_kernel`'s shape constants; a routed call's units in PARTS groups where `unit_parts` finds
+    them (one slice; not `one_group`: the misses' launch and the loads before the PDL wait keep one group)."""
+    constants = dict(_constants(spec, n_out, n_in, top_k, slots, bn, split), SHARED=shared, PARTS=1)
+    parts, lanes = unit_parts(constants["PER"])
+    if parts > 1 and not shared and split == 1 and not one_group:
+        constants.update(PARTS=parts, NU=lanes)
+    return constants
+
+
 def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, warps: int,
                         split: int = 1, skip_absent: bool = False, routing_ahead: bool = False):
     """`_oneshot_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract
@@ -326,12 +401,13 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
     shared = d.stride == 0 and top_k == 1 and not slots
     out = y if split == 1 else torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
     groups = 1 if shared else n_tokens
+    ahead = 1 if shared and not skip_absent else 2 if routing_ahead and not (slots or skip_absent) else 0
     _oneshot_down_kernel[(groups, triton.cdiv(d.rows, bn), split)](
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
-        **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
-        SKIP_ABSENT=skip_absent, num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
-        **launch_options(h, AHEAD=1 if shared and not skip_absent else
-                         2 if routing_ahead and not (slots or skip_absent) else 0))
+        **down_constants(spec, d.rows, d.cols, top_k, slots, bn, split, shared, skip_absent or ahead != 0),
+        ROWS=n_tokens if shared else 1, SKIP_ABSENT=skip_absent,
+        num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
+        **launch_options(h, AHEAD=ahead))
     if split > 1:
         _sum_slices(out, y, split, False)
     return y
