@@ -94,6 +94,15 @@ def _known(mask, HOLDS: tl.constexpr):
     return mask
 
 
+@triton.jit
+def _loads_issued(UNMASKED: tl.constexpr):
+    """Where a program's loads went unmasked (`_known`), a CTA barrier after them: ptxas then issues every load before
+    the first product (with the masks it did; without, it left some activation loads after the arithmetic began, a
+    second memory latency in the program: A3B's gate/up and o slower in session 21's first call)."""
+    if UNMASKED:
+        tl.debug_barrier()
+
+
 @triton.constexpr_function
 def _fills(SPLIT, PER, TOTAL, NU):
     """Whether a program's NU unit lanes all hold units: its slice is NU units and the slices cover TOTAL exactly."""
@@ -122,7 +131,7 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     AHEAD 1 (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one expert's
     index being 0 without reading `ids`; AHEAD 2 (experts, no slot table, STRATA_PDL=3: the routing is complete
     when this kernel launches) reads the routing through L2 and issues the weight loads before the wait; AHEAD 0
-    reads everything after the wait. PARTS > 1 (`unit_parts`; routed, one slice, AHEAD 0): `_down_parts`."""
+    reads everything after the wait. PARTS 3 (`unit_parts`; routed, one slice, AHEAD 0): `_down_parts`."""
     pdl_start(PDL)
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -130,7 +139,7 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     if PARTS > 1:
         pdl_wait(PDL)
         _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS, UNIT_W,
-                    SLOTS, BN, NU, PARTS, BLOCK_BYTES, UNITS_PER_BLOCK)
+                    SLOTS, BN, NU, BLOCK_BYTES, UNITS_PER_BLOCK)
     else:
         _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS,
                       UNIT_W, SLOTS, BN, NU, SPLIT, PER, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, SKIP_ABSENT,
@@ -178,38 +187,52 @@ def _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OU
 @triton.jit
 def _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, token, rows, t, N_OUT: tl.constexpr, TOP_K: tl.constexpr,
                 K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-                SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, PARTS: tl.constexpr,
-                BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
-    """A routed down program whose TOP_K * N_UNITS units are PARTS groups of NU lanes exactly (A3B: 8 x 24 = 3 x 64,
-    where one group of 256 lanes leaves a quarter of every thread's loads and arithmetic masked off): each group's
-    partial dots, added in registers group after group, then one row reduction."""
+                SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+                UNITS_PER_BLOCK: tl.constexpr):
+    """A routed down program whose TOP_K * N_UNITS units are 3 groups of NU lanes exactly (A3B: 8 x 24 = 3 x 64,
+    where one group of 256 lanes leaves a quarter of every thread's loads and arithmetic masked off): every group's
+    loads, then each group's partial dots added in registers, then one row reduction. (The groups' loads must come
+    first: group by group, each group's loads waited after the previous group's products, 1.90 ms a step against
+    1.72 in session 21's first call.)"""
     valid: tl.constexpr = _all_valid(1, NU, NU, NU, SLOTS, N_OUT, BN)
-    part = _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 0, N_OUT, TOP_K, K, FMT, N_UNITS,
-                      UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
-    for p in tl.static_range(1, PARTS):
-        part += _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, p, N_OUT, TOP_K, K, FMT, N_UNITS,
-                           UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    w0, d0, a0, b0, c0 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 0, N_OUT, TOP_K, K, FMT,
+                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    w1, d1, a1, b1, c1 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 1, N_OUT, TOP_K, K, FMT,
+                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    w2, d2, a2, b2, c2 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 2, N_OUT, TOP_K, K, FMT,
+                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
+    _loads_issued(True)
+    part = _part_dots(FMT, N_UNITS, NU, 0, w0, d0, a0, b0, c0)
+    part += _part_dots(FMT, N_UNITS, NU, 1, w1, d1, a1, b1, c1)
+    part += _part_dots(FMT, N_UNITS, NU, 2, w2, d2, a2, b2, c2)
     tl.store(y + token.to(tl.int64) * N_OUT + rows, _row_sums(part), mask=_known(rows < N_OUT, valid))
 
 
 @triton.jit
-def _down_part(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, P: tl.constexpr, N_OUT: tl.constexpr,
-               TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-               SLOTS: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-               VALID: tl.constexpr):
-    """Group P's partial dots [NU, BN, NT] (`_down_parts`): its units' weights, their experts' weights applied to
-    the activations as `down_dots` does."""
+def _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, P: tl.constexpr, N_OUT: tl.constexpr,
+                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
+                UNIT_W: tl.constexpr, SLOTS: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+                UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr):
+    """Group P's loads (`_down_parts`): its units' code words and scale fields, activations and experts' weights."""
     g = P * NU + tl.arange(0, NU)
     j = g // N_UNITS
-    blk = g % N_UNITS
     index = tl.load(ids + token * TOP_K + j).to(tl.int32)
     if SLOTS:
         index = tl.load(slot_of + index).to(tl.int32)
-    word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
-                                      UNITS_PER_BLOCK, VALID)
-    xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, _known(index >= 0, VALID))
-    weight = tl.load(topk_w + token * TOP_K + j).to(tl.float32)[None, :, None]
-    return step_dot(FMT, word, s0, s1, s2, s3, xa.to(tl.float32) * weight, xb.to(tl.float32) * weight, blk)
+    word, s0, _, _, _ = down_fetch(wd, stride_d, rows, t, g % N_UNITS, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
+                                   UNITS_PER_BLOCK, VALID)
+    xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + (g % N_UNITS) * UNIT_W, t,
+                     _known(index >= 0, VALID), VALID)
+    return word, s0, xa, xb, tl.load(topk_w + token * TOP_K + j).to(tl.float32)[None, :, None]
+
+
+@triton.jit
+def _part_dots(FMT: tl.constexpr, N_UNITS: tl.constexpr, NU: tl.constexpr, P: tl.constexpr, word, s0, xa, xb,
+               weight):
+    """Group P's partial dots [NU, BN, NT] from its loads (`_part_loads`; one scale field: Q2_0 / Q4_0 / Q8_0),
+    the experts' weights applied to the activations as `down_dots` does."""
+    blk = (P * NU + tl.arange(0, NU)) % N_UNITS
+    return step_dot(FMT, word, s0, s0, s0, s0, xa.to(tl.float32) * weight, xb.to(tl.float32) * weight, blk)
 
 
 @triton.jit
@@ -246,11 +269,14 @@ def down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2,
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
         xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t,
-                         _known(um & (index >= 0), VALID))
+                         _known(um & (index >= 0), VALID), VALID)
         if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
-            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
+            weight = tl.load(topk_w + token).to(tl.float32)
+            _loads_issued(VALID)
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * weight
         else:  # an expert's weight scales its activations: fewer products than its partial dots
             weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
+            _loads_issued(VALID)
             xa = xa.to(tl.float32) * weight
             xb = xb.to(tl.float32) * weight
             out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
@@ -316,7 +342,9 @@ def _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, in
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
     u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
-    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, _known(um & (index >= 0), VALID))
+    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, _known(um & (index >= 0), VALID),
+                     VALID)
+    _loads_issued(VALID)
     g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
     u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
     store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
@@ -327,11 +355,11 @@ def _pow2(n: int) -> int:
 
 
 def unit_parts(total: int) -> tuple[int, int]:
-    """(PARTS, NU): `total` units as PARTS groups of a power of two NU lanes exactly, for an odd PARTS up to 7
-    (A3B's down: 8 experts x 24 blocks = 3 x 64); (1, the power of two from 1 up) where none fits."""
+    """(PARTS, NU): `total` units as 3 groups of a power of two NU lanes exactly (A3B's down: 8 experts x 24 blocks
+    = 3 x 64); else (1, the power of two from 1 up)."""
     nu = total & -total  # the largest power of two dividing total
-    if total > 0 and 1 < total // nu <= 7 and nu >= 8:
-        return total // nu, nu
+    if total > 0 and total // nu == 3 and nu >= 8:
+        return 3, nu
     return 1, _pow2(total)
 
 
@@ -383,10 +411,11 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
 def down_constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool, bn: int, split: int,
                    shared: bool, one_group: bool = False) -> dict:
     """`_oneshot_down_kernel`'s shape constants; a routed call's units in PARTS groups where `unit_parts` finds
-    them (one slice; not `one_group`: the misses' launch and the loads before the PDL wait keep one group)."""
+    them (one slice, a format of one scale a block; not `one_group`: the misses' launch and the loads before the
+    PDL wait keep one group)."""
     constants = dict(_constants(spec, n_out, n_in, top_k, slots, bn, split), SHARED=shared, PARTS=1)
     parts, lanes = unit_parts(constants["PER"])
-    if parts > 1 and not shared and split == 1 and not one_group:
+    if parts > 1 and not shared and split == 1 and not one_group and spec.name != "Q4_K":
         constants.update(PARTS=parts, NU=lanes)
     return constants
 
