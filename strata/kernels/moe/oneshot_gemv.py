@@ -81,39 +81,7 @@ def _units(SPLIT: tl.constexpr, PER: tl.constexpr, TOTAL: tl.constexpr, NU: tl.c
     """The flat unit indices [NU] of this program's slice (program axis 2) and which of them exist."""
     lane = tl.arange(0, NU)
     g = tl.program_id(2) * PER + lane
-    return g, _known((lane < PER) & (g < TOTAL), _fills(SPLIT, PER, TOTAL, NU))
-
-
-@triton.jit
-def _known(mask, HOLDS: tl.constexpr):
-    """`mask`, or where HOLDS says it is true in every lane, the constant true: a load under a constant mask carries
-    no predicate and no `other` value written to its register first (sm_90, A3B's gate/up program: 1,742 -> 1,593
-    instructions a thread, the PRMTs and LOP3s that zeroed every masked word's register gone)."""
-    if HOLDS:
-        mask = mask | True
-    return mask
-
-
-@triton.jit
-def _loads_issued(UNMASKED: tl.constexpr):
-    """Where a program's loads went unmasked (`_known`), a CTA barrier after them: ptxas then issues every load before
-    the first product (with the masks it did; without, it left some activation loads after the arithmetic began, a
-    second memory latency in the program: A3B's gate/up and o slower in session 21's first call)."""
-    if UNMASKED:
-        tl.debug_barrier()
-
-
-@triton.constexpr_function
-def _fills(SPLIT, PER, TOTAL, NU):
-    """Whether a program's NU unit lanes all hold units: its slice is NU units and the slices cover TOTAL exactly."""
-    return PER == NU and SPLIT * PER == TOTAL
-
-
-@triton.constexpr_function
-def _all_valid(SPLIT, PER, TOTAL, NU, SLOTS, N_OUT, BN):
-    """Whether every (unit, row) a program reads exists: full unit lanes (`_fills`), experts named by id (no slot
-    table, whose < 0 marks an absent one) and rows that fill the last tile."""
-    return _fills(SPLIT, PER, TOTAL, NU) and not SLOTS and N_OUT % BN == 0
+    return g, (lane < PER) & (g < TOTAL)
 
 
 @triton.jit
@@ -123,7 +91,7 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
                          BN: tl.constexpr, NU: tl.constexpr, SPLIT: tl.constexpr, PER: tl.constexpr,
                          ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                          UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr = False,
-                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0, PARTS: tl.constexpr = 1):
+                         PDL: tl.constexpr = 0, AHEAD: tl.constexpr = 0):
     """y[t, rows] = sum over chosen experts j and their units of w[t, j] * (unit's rows . h[t, j]'s slice), every
     unit of the slice loaded at once. Program (token group, row tile, slice): SHARED (one operand at stride 0: the
     dense matvec) a group is all ROWS tokens, which reuse the loaded words; else one token. SPLIT > 1: slice s into
@@ -131,29 +99,11 @@ def _oneshot_down_kernel(h, ids, topk_w, slot_of, wd, y, stride_d,
     AHEAD 1 (the dense matvec: one operand, no slot table) issues the weight loads before the wait, its one expert's
     index being 0 without reading `ids`; AHEAD 2 (experts, no slot table, STRATA_PDL=3: the routing is complete
     when this kernel launches) reads the routing through L2 and issues the weight loads before the wait; AHEAD 0
-    reads everything after the wait. PARTS 3 (`unit_parts`; routed, one slice, AHEAD 0): `_down_parts`."""
+    reads everything after the wait."""
     pdl_start(PDL)
     first = tl.program_id(0) * (ROWS if SHARED else 1)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     t = tl.arange(0, NT)
-    if PARTS > 1:
-        pdl_wait(PDL)
-        _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS, UNIT_W,
-                    SLOTS, BN, NU, BLOCK_BYTES, UNITS_PER_BLOCK)
-    else:
-        _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT, TOP_K, K, FMT, N_UNITS,
-                      UNIT_W, SLOTS, BN, NU, SPLIT, PER, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, SKIP_ABSENT,
-                      PDL, AHEAD)
-
-
-@triton.jit
-def _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OUT: tl.constexpr,
-                  TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
-                  UNIT_W: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr,
-                  SPLIT: tl.constexpr, PER: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr,
-                  BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr, SKIP_ABSENT: tl.constexpr,
-                  PDL: tl.constexpr, AHEAD: tl.constexpr):
-    """`_oneshot_down_kernel`'s program over one group of NU unit lanes (its slice's units, the rest masked)."""
     g, um = _units(SPLIT, PER, TOP_K * N_UNITS, NU)
     j = g // N_UNITS
     blk = g % N_UNITS
@@ -171,7 +121,7 @@ def _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OU
     if SKIP_ABSENT:  # the misses' launch: a program none of whose experts is missing stores its zeros, no loads
         if tl.max(index, axis=0) >= 0:
             _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD, False)
+                       UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
         else:
             if AHEAD:  # (the launches never ask for both; a store still waits)
                 pdl_wait(PDL)
@@ -180,82 +130,29 @@ def _down_program(h, ids, topk_w, slot_of, wd, y, stride_d, first, rows, t, N_OU
                 tl.store(y + at * N_OUT + rows, tl.zeros((BN,), tl.float32), mask=rows < N_OUT)
     else:
         _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT, TOP_K, K, FMT, N_UNITS,
-                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD,
-                   _all_valid(SPLIT, PER, TOP_K * N_UNITS, NU, SLOTS, N_OUT, BN))
-
-
-@triton.jit
-def _down_parts(h, ids, topk_w, slot_of, wd, y, stride_d, token, rows, t, N_OUT: tl.constexpr, TOP_K: tl.constexpr,
-                K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-                SLOTS: tl.constexpr, BN: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                UNITS_PER_BLOCK: tl.constexpr):
-    """A routed down program whose TOP_K * N_UNITS units are 3 groups of NU lanes exactly (A3B: 8 x 24 = 3 x 64,
-    where one group of 256 lanes leaves a quarter of every thread's loads and arithmetic masked off): every group's
-    loads, then each group's partial dots added in registers, then one row reduction. (The groups' loads must come
-    first: group by group, each group's loads waited after the previous group's products, 1.90 ms a step against
-    1.72 in session 21's first call.)"""
-    valid: tl.constexpr = _all_valid(1, NU, NU, NU, SLOTS, N_OUT, BN)
-    w0, d0, a0, b0, c0 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 0, N_OUT, TOP_K, K, FMT,
-                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
-    w1, d1, a1, b1, c1 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 1, N_OUT, TOP_K, K, FMT,
-                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
-    w2, d2, a2, b2, c2 = _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, 2, N_OUT, TOP_K, K, FMT,
-                                     N_UNITS, UNIT_W, SLOTS, NU, BLOCK_BYTES, UNITS_PER_BLOCK, valid)
-    _loads_issued(True)
-    part = _part_dots(FMT, N_UNITS, NU, 0, w0, d0, a0, b0, c0)
-    part += _part_dots(FMT, N_UNITS, NU, 1, w1, d1, a1, b1, c1)
-    part += _part_dots(FMT, N_UNITS, NU, 2, w2, d2, a2, b2, c2)
-    tl.store(y + token.to(tl.int64) * N_OUT + rows, _row_sums(part), mask=_known(rows < N_OUT, valid))
-
-
-@triton.jit
-def _part_loads(h, ids, topk_w, slot_of, wd, stride_d, token, rows, t, P: tl.constexpr, N_OUT: tl.constexpr,
-                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
-                UNIT_W: tl.constexpr, SLOTS: tl.constexpr, NU: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr):
-    """Group P's loads (`_down_parts`): its units' code words and scale fields, activations and experts' weights."""
-    g = P * NU + tl.arange(0, NU)
-    j = g // N_UNITS
-    index = tl.load(ids + token * TOP_K + j).to(tl.int32)
-    if SLOTS:
-        index = tl.load(slot_of + index).to(tl.int32)
-    word, s0, _, _, _ = down_fetch(wd, stride_d, rows, t, g % N_UNITS, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
-                                   UNITS_PER_BLOCK, VALID)
-    xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + (g % N_UNITS) * UNIT_W, t,
-                     _known(index >= 0, VALID), VALID)
-    return word, s0, xa, xb, tl.load(topk_w + token * TOP_K + j).to(tl.float32)[None, :, None]
-
-
-@triton.jit
-def _part_dots(FMT: tl.constexpr, N_UNITS: tl.constexpr, NU: tl.constexpr, P: tl.constexpr, word, s0, xa, xb,
-               weight):
-    """Group P's partial dots [NU, BN, NT] from its loads (`_part_loads`; one scale field: Q2_0 / Q4_0 / Q8_0),
-    the experts' weights applied to the activations as `down_dots` does."""
-    blk = (P * NU + tl.arange(0, NU)) % N_UNITS
-    return step_dot(FMT, word, s0, s0, s0, s0, xa.to(tl.float32) * weight, xb.to(tl.float32) * weight, blk)
+                   UNIT_W, BN, ROWS, SHARED, BLOCK_BYTES, UNITS_PER_BLOCK, PDL, AHEAD)
 
 
 @triton.jit
 def _down_rows(h, topk_w, wd, y, stride_d, first, rows, t, j, blk, um, index, N_OUT: tl.constexpr,
                TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
                BN: tl.constexpr, ROWS: tl.constexpr, SHARED: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr, VALID: tl.constexpr):
-    """The down program's loads, dots and stores (`_oneshot_down_kernel`); VALID: `_all_valid`'s answer."""
+               UNITS_PER_BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):
+    """The down program's loads, dots and stores (`_oneshot_down_kernel`)."""
     word, s0, s1, s2, s3 = down_fetch(wd, stride_d, rows, t, blk, index, N_OUT, FMT, N_UNITS, BLOCK_BYTES,
-                                      UNITS_PER_BLOCK, VALID)
+                                      UNITS_PER_BLOCK)
     if AHEAD:
         pdl_wait(PDL)  # the weights above stream while the predecessor finishes; its activations after
     down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT, TOP_K, K, FMT, N_UNITS,
-              UNIT_W, ROWS, SHARED, VALID)
+              UNIT_W, ROWS, SHARED)
 
 
 @triton.jit
 def down_fetch(wd, stride_d, rows, t, blk, index, N_OUT: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
-               BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr = False):
-    """A down program's weight loads (its experts' rows of its tile), issued together: no activation needed.
-    VALID: every unit and row of the tile exists (`_all_valid`), so the loads go unmasked."""
+               BLOCK_BYTES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr):
+    """A down program's weight loads (its experts' rows of its tile), issued together: no activation needed."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
-    bm = _known((index >= 0)[:, None] & (rows < N_OUT)[None, :], VALID)
+    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
     w_at = wd + tl.maximum(index, 0).to(tl.int64)[:, None] * stride_d
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     return _fetch(FMT, w_at, off, blk, t, bm)
@@ -264,19 +161,15 @@ def down_fetch(wd, stride_d, rows, t, blk, index, N_OUT: tl.constexpr, FMT: tl.c
 @triton.jit
 def down_dots(h, topk_w, y, first, rows, t, j, blk, um, index, word, s0, s1, s2, s3, N_OUT: tl.constexpr,
               TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr, UNIT_W: tl.constexpr,
-              ROWS: tl.constexpr, SHARED: tl.constexpr, VALID: tl.constexpr = False):
-    """A down program's activations, dots and stores over the loaded weights (`down_fetch`, VALID as there)."""
+              ROWS: tl.constexpr, SHARED: tl.constexpr):
+    """A down program's activations, dots and stores over the loaded weights (`down_fetch`)."""
     for r in tl.static_range(ROWS if SHARED else 1):
         token = first + r
-        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t,
-                         _known(um & (index >= 0), VALID), VALID)
+        xa, xb = fetch_x(FMT, h + (token * TOP_K + j).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
         if TOP_K == 1:  # one weight a token: applied to the row sums (exact for the dense matvec's ones)
-            weight = tl.load(topk_w + token).to(tl.float32)
-            _loads_issued(VALID)
-            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * weight
+            out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk)) * tl.load(topk_w + token).to(tl.float32)
         else:  # an expert's weight scales its activations: fewer products than its partial dots
             weight = tl.load(topk_w + token * TOP_K + j, mask=um, other=0.0).to(tl.float32)[None, :, None]
-            _loads_issued(VALID)
             xa = xa.to(tl.float32) * weight
             xb = xb.to(tl.float32) * weight
             out = _row_sums(step_dot(FMT, word, s0, s1, s2, s3, xa, xb, blk))
@@ -319,32 +212,28 @@ def gate_up_item(x, ids, slot_of, wg, wu, hid, stride_g, stride_u, pair, tile, N
     if SKIP_ABSENT:  # the misses' launch: a pair whose expert is not missing stores its zeros, no loads or dots
         if tl.max(index, axis=0) >= 0:
             _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
-                          N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK, False)
+                          N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
         else:
             zero = tl.zeros((BN,), tl.float32)
             store_gate_up(hid, pair, rows, zero, zero, N_OUT, rows < N_OUT, SPLIT)
     else:
         _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT, TOP_K, K, FMT,
-                      N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK,
-                      _all_valid(SPLIT, PER, N_UNITS, NU, SLOTS, N_OUT, BN))
+                      N_UNITS, UNIT_W, SPLIT, BLOCK_BYTES, UNITS_PER_BLOCK)
 
 
 @triton.jit
 def _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, index, N_OUT: tl.constexpr,
                   TOP_K: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, N_UNITS: tl.constexpr,
                   UNIT_W: tl.constexpr, SPLIT: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                  UNITS_PER_BLOCK: tl.constexpr, VALID: tl.constexpr):
-    """The gate/up program's loads, dots and SwiGLU store (`_oneshot_gate_up_kernel`); VALID: `_all_valid`'s
-    answer (every unit and row exists: the loads go unmasked)."""
+                  UNITS_PER_BLOCK: tl.constexpr):
+    """The gate/up program's loads, dots and SwiGLU store (`_oneshot_gate_up_kernel`)."""
     ROW_BYTES: tl.constexpr = N_UNITS // UNITS_PER_BLOCK * BLOCK_BYTES
-    bm = _known((index >= 0)[:, None] & (rows < N_OUT)[None, :], VALID)
+    bm = (index >= 0)[:, None] & (rows < N_OUT)[None, :]
     expert = tl.maximum(index, 0).to(tl.int64)[:, None]
     off = (rows * ROW_BYTES)[None, :] + ((blk // UNITS_PER_BLOCK) * BLOCK_BYTES)[:, None]
     g_w, g_0, g_1, g_2, g_3 = _fetch(FMT, wg + expert * stride_g, off, blk, t, bm)
     u_w, u_0, u_1, u_2, u_3 = _fetch(FMT, wu + expert * stride_u, off, blk, t, bm)
-    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, _known(um & (index >= 0), VALID),
-                     VALID)
-    _loads_issued(VALID)
+    xa, xb = fetch_x(FMT, x + (pair // TOP_K).to(tl.int64) * K + blk * UNIT_W, t, um & (index >= 0))
     g = _row_sums(step_dot(FMT, g_w, g_0, g_1, g_2, g_3, xa, xb, blk))
     u = _row_sums(step_dot(FMT, u_w, u_0, u_1, u_2, u_3, xa, xb, blk))
     store_gate_up(hid, pair, rows, g, u, N_OUT, rows < N_OUT, SPLIT)
@@ -352,15 +241,6 @@ def _gate_up_rows(x, wg, wu, hid, stride_g, stride_u, pair, rows, t, blk, um, in
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def unit_parts(total: int) -> tuple[int, int]:
-    """(PARTS, NU): `total` units as 3 groups of a power of two NU lanes exactly (A3B's down: 8 experts x 24 blocks
-    = 3 x 64); else (1, the power of two from 1 up)."""
-    nu = total & -total  # the largest power of two dividing total
-    if total > 0 and total // nu == 3 and nu >= 8:
-        return 3, nu
-    return 1, _pow2(total)
 
 
 def slice_units(total: int, split: int) -> tuple[int, int]:
@@ -408,18 +288,6 @@ def _constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool,
                 UNITS_PER_BLOCK=units_per_block)
 
 
-def down_constants(spec: DecodeSpec, n_out: int, n_in: int, top_k: int, slots: bool, bn: int, split: int,
-                   shared: bool, one_group: bool = False) -> dict:
-    """`_oneshot_down_kernel`'s shape constants; a routed call's units in PARTS groups where `unit_parts` finds
-    them (one slice, a format of one scale a block; not `one_group`: the misses' launch and the loads before the
-    PDL wait keep one group)."""
-    constants = dict(_constants(spec, n_out, n_in, top_k, slots, bn, split), SHARED=shared, PARTS=1)
-    parts, lanes = unit_parts(constants["PER"])
-    if parts > 1 and not shared and split == 1 and not one_group and spec.name != "Q4_K":
-        constants.update(PARTS=parts, NU=lanes)
-    return constants
-
-
 def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSpec, bn: int, warps: int,
                         split: int = 1, skip_absent: bool = False, routing_ahead: bool = False):
     """`_oneshot_down_kernel` over operand d (gemv.ExpertOperand) into y [T, d.rows]: the down kernel's contract
@@ -430,13 +298,12 @@ def launch_oneshot_down(h, topk_ids, topk_weights, d, slot_of, y, spec: DecodeSp
     shared = d.stride == 0 and top_k == 1 and not slots
     out = y if split == 1 else torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
     groups = 1 if shared else n_tokens
-    ahead = 1 if shared and not skip_absent else 2 if routing_ahead and not (slots or skip_absent) else 0
     _oneshot_down_kernel[(groups, triton.cdiv(d.rows, bn), split)](
         h, topk_ids.contiguous(), topk_weights.contiguous(), slot_of if slots else topk_ids, d.raw, out, d.stride,
-        **down_constants(spec, d.rows, d.cols, top_k, slots, bn, split, shared, skip_absent or ahead != 0),
-        ROWS=n_tokens if shared else 1, SKIP_ABSENT=skip_absent,
-        num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
-        **launch_options(h, AHEAD=ahead))
+        **_constants(spec, d.rows, d.cols, top_k, slots, bn, split), ROWS=n_tokens if shared else 1, SHARED=shared,
+        SKIP_ABSENT=skip_absent, num_warps=warps,  # (ROWS only where shared: routed calls of any T share one build)
+        **launch_options(h, AHEAD=1 if shared and not skip_absent else
+                         2 if routing_ahead and not (slots or skip_absent) else 0))
     if split > 1:
         _sum_slices(out, y, split, False)
     return y

@@ -30,14 +30,11 @@ def _field(wm, SHIFT: tl.constexpr, MASK: tl.constexpr, OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _x_run(x_at, t, um, STRIDE: tl.constexpr, WIDTH: tl.constexpr, OFFSET: tl.constexpr,
-           TOGETHER: tl.constexpr = False):
+def _x_run(x_at, t, um, STRIDE: tl.constexpr, WIDTH: tl.constexpr, OFFSET: tl.constexpr):
     """Activations x_at[u] + OFFSET + STRIDE*t + (0..WIDTH-1) as one load [NT, NU, WIDTH] in the words' lane order
-    (as word_loads.pairs: t fastest, then units), converted and split in registers by `step_dot`. TOGETHER: as
-    volatile loads, which ptxas keeps in program order: unmasked, it spread a thread's activation loads between
-    its products, each a memory latency after the last (the one-shot o matvec, session 21)."""
+    (as word_loads.pairs: t fastest, then units), converted and split in registers by `step_dot`."""
     at = x_at[None, :, None] + OFFSET + STRIDE * t[:, None, None] + tl.arange(0, WIDTH)[None, None, :]
-    return tl.load(at, mask=um[None, :, None], other=0.0, volatile=TOGETHER)
+    return tl.load(at, mask=um[None, :, None], other=0.0)
 
 
 @triton.jit
@@ -85,21 +82,20 @@ def fetch_words(FMT: tl.constexpr, w_at, off, blk, t, bm):
 
 
 @triton.jit
-def fetch_x(FMT: tl.constexpr, x_at, t, um, TOGETHER: tl.constexpr = False):
+def fetch_x(FMT: tl.constexpr, x_at, t, um):
     """The activations of each word as loaded ([NT, NU, 4 or 2], twice): Q2_0 weights 8t..8t+3 and 8t+4..8t+7, Q4_K
-    4t..4t+3 of both 32-weight halves, Q4_0 2t, 2t+1 and 2t+16, 2t+17, Q8_0 2t, 2t+1 (the second the first again).
-    TOGETHER: see `_x_run`."""
+    4t..4t+3 of both 32-weight halves, Q4_0 2t, 2t+1 and 2t+16, 2t+17, Q8_0 2t, 2t+1 (the second the first again)."""
     if FMT == 0:
-        xa = _x_run(x_at, t, um, 8, 4, 0, TOGETHER)
-        xb = _x_run(x_at, t, um, 8, 4, 4, TOGETHER)
+        xa = _x_run(x_at, t, um, 8, 4, 0)
+        xb = _x_run(x_at, t, um, 8, 4, 4)
     elif FMT == 10:
-        xa = _x_run(x_at, t, um, 4, 4, 0, TOGETHER)
-        xb = _x_run(x_at, t, um, 4, 4, 32, TOGETHER)
+        xa = _x_run(x_at, t, um, 4, 4, 0)
+        xb = _x_run(x_at, t, um, 4, 4, 32)
     elif FMT == 1:
-        xa = _x_run(x_at, t, um, 2, 2, 0, TOGETHER)
-        xb = _x_run(x_at, t, um, 2, 2, 16, TOGETHER)
+        xa = _x_run(x_at, t, um, 2, 2, 0)
+        xb = _x_run(x_at, t, um, 2, 2, 16)
     else:
-        xa = _x_run(x_at, t, um, 2, 2, 0, TOGETHER)
+        xa = _x_run(x_at, t, um, 2, 2, 0)
         xb = xa
     return xa, xb
 

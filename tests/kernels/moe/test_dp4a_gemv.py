@@ -240,8 +240,8 @@ def build_oneshot_sm90(kind: str, n_out: int, k: int, top_k: int) -> dict:
         kernel = oneshot_gemv._oneshot_down_kernel
         signature = {"h": "*bf16" if kind == "matvec" else "*fp32", "ids": "*i32", "topk_w": "*fp32",
                      "slot_of": "*i32", "wd": "*u8", "y": "*fp32", "stride_d": "i64"}
-        constants = {**oneshot_gemv.down_constants(spec, n_out, k, top_k, False, cfg.bn, cfg.split,
-                                                   kind == "matvec"), "ROWS": 1}
+        constants = {**oneshot_gemv._constants(spec, n_out, k, top_k, False, cfg.bn, cfg.split), "ROWS": 1,
+                     "SHARED": kind == "matvec"}
     regs, stack, executed, _ = sass_counts(kernel, signature, constants, cfg.warps)
     operands, programs = (2, top_k) if kind == "gate_up" else (1, 1)
     threads = 32 * cfg.warps * -(-n_out // cfg.bn) * programs * cfg.split

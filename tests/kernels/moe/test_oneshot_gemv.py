@@ -73,53 +73,6 @@ def test_oneshot_kernels_from_slots_leave_missing_experts_out(device):
     assert torch.equal(down_sum_triton(h, ids, w, sparse, torch.float32, _oneshot(64, 2)), y)
 
 
-def test_oneshot_kernels_load_unmasked_where_every_lane_is_valid_and_give_the_masked_bytes(device):
-    # Tiles whose units, rows and experts all exist load without masks (`_all_valid`); the same experts read through a
-    # slot table (every expert resident, the masks kept) must give the same bytes, and both the float64 values.
-    from strata.bench.moe_decode import routing, slots_of, synthetic_stack
-    from strata.kernels.moe.oneshot_gemv import _all_valid
-
-    stack = synthetic_stack("Q4_0", "Q4_0", 4, 128, 64, seed=67, device=device)
-    gen = torch.Generator().manual_seed(68)
-    ids, w = routing(2, 2, 4, gen, shared=1)
-    x = torch.randn(2, 128, generator=gen)
-    h64, y64 = moe_gemv_float64(x, ids, w, DecodeExperts.of_stack(cpu_stack(stack)))
-    by_id = DecodeExperts.of_stack(stack)
-    by_slot = DecodeExperts.of_slots(*slots_of(stack, torch.randperm(4, generator=gen), 4), stack)
-    up, down = _oneshot(32), _oneshot(128)  # gate/up: 64 rows in two full tiles; down: 2 x 2 units in 4 lanes
-    assert _all_valid(1, 4, 4, 4, False, 128, 128) and _all_valid(1, 4, 4, 4, False, 64, 32)
-    assert not _all_valid(1, 4, 4, 4, True, 128, 128)
-    x, ids, w = x.to(device), ids.to(device), w.to(device)
-    h = gate_up_swiglu_triton(x, ids, by_id, up)
-    y = down_sum_triton(h, ids, w, by_id, torch.float32, down)
-    assert torch.equal(h, gate_up_swiglu_triton(x, ids, by_slot, up))
-    assert torch.equal(y, down_sum_triton(h, ids, w, by_slot, torch.float32, down))
-    assert relative_error(h, h64) <= ERROR_BOUND
-    assert relative_error(y, y64) <= ERROR_BOUND
-
-
-def test_routed_down_in_groups_of_unit_lanes_matches_float64(device):
-    # 3 chosen experts x 8 blocks = 24 units: three groups of 8 lanes (`unit_parts`), where one group of 32 would
-    # mask a quarter off; by id (unmasked) and through a slot table (masked) the same bytes, both within the bound.
-    from strata.bench.moe_decode import routing, slots_of, synthetic_stack
-    from strata.kernels.moe.decode import SPECS
-    from strata.kernels.moe.gemv import down_sum_ref
-    from strata.kernels.moe.oneshot_gemv import down_constants
-
-    assert down_constants(SPECS["Q4_0"], 64, 256, 3, False, 64, 1, False)["PARTS"] == 3
-    assert down_constants(SPECS["Q4_0"], 64, 256, 3, False, 64, 1, False, one_group=True)["PARTS"] == 1
-    stack = synthetic_stack("Q4_0", "Q4_0", 5, 64, 256, seed=69, device=device)
-    gen = torch.Generator().manual_seed(70)
-    ids, w = routing(2, 3, 5, gen, shared=1)
-    h = torch.randn(2, 3, 256, generator=gen)
-    y64 = down_sum_ref(h.double(), ids, w, DecodeExperts.of_stack(cpu_stack(stack)), torch.float64)
-    by_slot = DecodeExperts.of_slots(*slots_of(stack, torch.randperm(5, generator=gen), 5), stack)
-    h, ids, w = h.to(device), ids.to(device), w.to(device)
-    y = down_sum_triton(h, ids, w, DecodeExperts.of_stack(stack), torch.float32, _oneshot(64))
-    assert torch.equal(y, down_sum_triton(h, ids, w, by_slot, torch.float32, _oneshot(64)))
-    assert relative_error(y, y64) <= ERROR_BOUND
-
-
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K"])
 def test_dense_matvec_rows_do_not_depend_on_the_window(device, fmt):
     # The dense matvec reads its weight once for all rows of a verify window; each row's sums must be those of a
@@ -213,8 +166,8 @@ def _build_sm90() -> None:
             constants = {**oneshot_gemv._constants(spec, n_out, n_in, 1, True, cfg.bn, cfg.split), "TOP_K": top_k}
         else:
             kernel, signature = oneshot_gemv._oneshot_down_kernel, {**down, "h": "*bf16"} if kind == "matvec" else down
-            constants = {**oneshot_gemv.down_constants(spec, n_out, n_in, top_k, kind == "down", cfg.bn, cfg.split,
-                                                       kind == "matvec"), "ROWS": rows}
+            constants = {**oneshot_gemv._constants(spec, n_out, n_in, top_k, kind == "down", cfg.bn, cfg.split),
+                         "ROWS": rows, "SHARED": kind == "matvec"}
         attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in signature}
         source = ASTSource(kernel, {**signature, **{k: "constexpr" for k in constants}}, constants, attrs=attrs)
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.warps})

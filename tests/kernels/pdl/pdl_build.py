@@ -34,7 +34,7 @@ def _ptx(kernel, signature: dict, constants: dict, **options) -> str:
                           options=options).asm["ptx"]
 
 
-def _oneshot(kind: str, one_group: bool = False):
+def _oneshot(kind: str):
     """(kernel, signature, constexprs, warps) of the A3B step's one-shot launches: "qkv" (the dense matvec), "down"
     (the experts'), "gate_up"."""
     spec = SPECS["Q4_0"]
@@ -46,8 +46,8 @@ def _oneshot(kind: str, one_group: bool = False):
         return oneshot_gemv._oneshot_gate_up_kernel, sig, c, 4
     shared = kind == "qkv"
     n_out, n_in, top_k = ((HEADS + 2 * KV_HEADS) * DIM, EMBD, 1) if shared else (EMBD, FF, TOP_K)
-    c = oneshot_gemv.down_constants(spec, n_out, n_in, top_k, False, 8, 1, shared, one_group)
-    c.update(ROWS=1)
+    c = oneshot_gemv._constants(spec, n_out, n_in, top_k, False, 8, 1)
+    c.update(ROWS=1, SHARED=shared)
     sig = {"h": BF16 if shared else "*fp32", "ids": "*i32", "topk_w": "*fp32", "slot_of": "*i32", "wd": "*u8",
            "y": BF16, "stride_d": "i64"}
     return oneshot_gemv._oneshot_down_kernel, sig, c, 16
@@ -83,11 +83,9 @@ def kernels():
                                  dict(DIM=DIM, HALF=DIM // 2, BLOCK=DIM, PAGED=False, INT8=False), 1, {})
     yield "decode_short", (decode_short._decode_short_kernel, attn, attn_c, 4, {})
     for kind in ("qkv", "down", "gate_up"):
-        kernel, sig, c, warps = _oneshot(kind, one_group=True)
+        kernel, sig, c, warps = _oneshot(kind)
         yield f"oneshot_{kind}", (kernel, sig, c, warps, {"AHEAD": 1} if kind == "qkv" else {})
-    kernel, sig, c, warps = _oneshot("down")  # the experts' down as launched: 3 groups of 64 unit lanes
-    yield "oneshot_down_parts", (kernel, sig, c, warps, {})
-    kernel, sig, c, warps = _oneshot("down", one_group=True)  # (as its launch: loads before the wait, one group)
+    kernel, sig, c, warps = _oneshot("down")
     yield "oneshot_down_routing_ahead", (kernel, sig, c, warps, {"AHEAD": 2})  # STRATA_PDL=3's experts' down
     yield "split_sum", (wide_gemv._split_sum_kernel, {"part": "*fp32", "out": "*fp32", "n": "i32"},
                         dict(SPLIT=2, SWIGLU=False, BLOCK=1024), 4, {})

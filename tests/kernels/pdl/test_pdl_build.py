@@ -31,7 +31,7 @@ def test_pdl_forms_wait_before_their_stores_and_dependent_loads():
     assert run.returncode == 0, run.stderr[-3000:]
     builds = [json.loads(line) for line in run.stdout.splitlines()]
     assert {b["kernel"] for b in builds} == WEIGHTS_FIRST | {"qk_norm_rope_store", "decode_short", "oneshot_down",
-                                                           "oneshot_down_parts", "oneshot_gate_up", "split_sum"}
+                                                           "oneshot_gate_up", "split_sum"}
     by = {(b["kernel"], b["mode"]): b for b in builds}
     for mode in (1, 2):  # the routing read ahead moves the down kernel's loads, it adds or drops none
         assert by["oneshot_down_routing_ahead", mode]["loads"] == by["oneshot_down", mode]["loads"]
