@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Callable, Iterator
 
@@ -37,7 +38,7 @@ class LLM:
 
     def logits(self, token_ids: list[int]) -> torch.Tensor:
         """The prompt path's logits: float32 [n_tokens, vocab]."""
-        return self.engine.logits(list(token_ids))
+        return self.engine.logits(self._token_ids(token_ids))
 
     def generate(self, prompt: str | list[int], *, max_tokens: int = 256, stop: list[str] | None = None,
                  stream: bool = False, logprobs: int | None = None, cancel: Callable[[], bool] | None = None,
@@ -46,7 +47,7 @@ class LLM:
         repetition_penalty, seed (temperature=0 is greedy). With stream=True, yields Chunks as they come.
         `logprobs=K`: each token's logprob and its K most likely alternatives (Chunk/Completion.logprobs).
         `cancel`: a function asked before each token; when it returns True, generation ends ("cancelled")."""
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._token_ids(prompt)
         return self._run(ids, max_tokens, stop, stream, sampling, logprobs, cancel)
 
     def chat(self, messages: list[dict], *, max_tokens: int = 256, stop: list[str] | None = None,
@@ -55,6 +56,19 @@ class LLM:
         """Answer a conversation ([{"role": "user", "content": "..."}, ...]) through the file's chat template."""
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(template_options or {}))
         return self._run(self.tokenize(text), max_tokens, stop, stream, sampling, logprobs, cancel)
+
+    def _token_ids(self, prompt) -> list[int]:
+        """`prompt`'s token ids as ints, or a StrataError naming the first that is none of the vocabulary's (the
+        embedding would take a negative one from the end and fail on a float or too large one with an IndexError)."""
+        vocab, ids = self.tokenizer.vocab_size, []
+        for at, token in enumerate(prompt):
+            try:
+                ids.append(operator.index(token))  # ints, numpy and torch integer scalars; not floats
+            except TypeError:
+                raise StrataError(f"prompt token {at} is {token!r}, not a token id") from None
+            if isinstance(token, bool) or not 0 <= ids[-1] < vocab:
+                raise StrataError(f"prompt token {at} is {token!r}, outside the vocabulary's ids 0..{vocab - 1}")
+        return ids
 
     def _run(self, ids, max_tokens, stop, stream, sampling, logprobs=None, cancel=None):
         unknown = set(sampling) - set(SamplingParams.__dataclass_fields__)

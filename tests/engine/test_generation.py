@@ -1,5 +1,7 @@
 """Text generation on a tiny synthetic model: determinism, streaming, stop strings, limits, prefix reuse."""
 
+import re
+
 import pytest
 import torch
 
@@ -89,3 +91,16 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
         strata.LLM(tiny_moe, devise="cpu")
     with pytest.raises(StrataError, match="unknown sampling option"):
         tiny_llm.generate("x", temprature=0)
+
+
+@pytest.mark.parametrize("prompt, says", [([600, 3], "prompt token 0 is 600, outside the vocabulary's ids 0..511"),
+                                          ([3, -1], "prompt token 1 is -1, outside"),
+                                          ([3, 4, 2.5], "prompt token 2 is 2.5, not a token id"),
+                                          ([True], "prompt token 0 is True, outside")])
+def test_token_ids_outside_the_vocabulary_are_refused_in_one_line(tiny_llm, prompt, says):
+    # (the embedding would read a negative id from the end and fail on the others with a bare IndexError)
+    with pytest.raises(StrataError, match=re.escape(says)):
+        tiny_llm.generate(prompt, max_tokens=1)
+    with pytest.raises(StrataError, match=re.escape(says)):
+        tiny_llm.logits(prompt)
+    assert tiny_llm.generate([3, torch.tensor(4), 5], max_tokens=1).token_ids  # integer scalars of any kind pass

@@ -16,7 +16,8 @@ import torch
 
 
 def generate(model: str, n: int, kv_dtype: str, device: str) -> dict:
-    sys.path.insert(0, os.getcwd())  # the arm's package, not the repository's
+    """Greedy tokens after a fixed prompt and the logits each was picked from, by the `strata` package imported."""
+    import strata
     from strata.engine.engine import Engine, EngineConfig
 
     engine = Engine(model, EngineConfig(device=device, dtype="bfloat16", n_ctx=4096, kv_dtype=kv_dtype))
@@ -27,10 +28,12 @@ def generate(model: str, n: int, kv_dtype: str, device: str) -> dict:
         out.append(logits[-1].float().cpu().clone())
         logits = engine.decode(tokens[-1], len(prompt) + step)
     graphs = engine.decoder is not None and engine.decoder.capture
-    return {"tokens": tokens, "logits": torch.stack(out), "graphs": graphs, "package": os.getcwd()}
+    return {"tokens": tokens, "logits": torch.stack(out), "graphs": graphs,
+            "package": os.path.dirname(os.path.dirname(strata.__file__))}
 
 
 def compare(a: dict, b: dict) -> bool:
+    """Print how two records agree; whether their tokens are equal."""
     same = a["tokens"] == b["tokens"]
     first = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
     upto = min(first + 1, len(a["tokens"]))  # the steps fed the same tokens (the first differing pick's included)
@@ -53,6 +56,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.compare:
         return 0 if compare(*(torch.load(p) for p in args.compare)) else 1
+    sys.path.insert(0, os.getcwd())  # the arm's package (the directory this runs in), not the repository's
     torch.save(generate(args.model, args.tokens, args.kv_dtype, args.device), args.save)
     return 0
 
