@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
@@ -20,6 +21,12 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name, kind in (("temperature", Real), ("top_k", Integral), ("top_p", Real), ("min_p", Real),
+                           ("repetition_penalty", Real), ("seed", Integral)):
+            value = getattr(self, name)
+            if (value is not None or name != "seed") and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise StrataError(f"sampling: {name} must be {'an integer' if kind is Integral else 'a number'}, "
+                                  f"got {value!r}")
         checks = [
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top_k must be >= 0"),

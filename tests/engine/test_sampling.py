@@ -51,10 +51,17 @@ def test_sampling_follows_the_distribution():
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=2), dict(top_k=-3),
-                                 dict(repetition_penalty=0)])
+                                 dict(repetition_penalty=0), dict(seed="x"), dict(seed=1.5), dict(top_k=2.5),
+                                 dict(temperature="hot"), dict(top_p=None), dict(seed=True)])
 def test_bad_parameters_are_one_line_errors(bad):
     with pytest.raises(StrataError, match="sampling: "):
         SamplingParams(**bad)
+
+
+def test_parameters_of_any_number_type_pass():
+    import numpy as np
+
+    assert SamplingParams(temperature=1, top_k=np.int64(5), top_p=np.float32(0.5), seed=np.int32(3)).top_k == 5
 
 
 @pytest.mark.parametrize("params", [dict(top_k=20, top_p=0.8), dict(top_k=0, top_p=0.9, min_p=0.05),
