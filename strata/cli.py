@@ -38,6 +38,21 @@ def _speculation_args(p: argparse.ArgumentParser) -> None:
                    help="add up to N prompt-lookup drafts where the MTP draft stops")
 
 
+def _whole(low: int, high: int | None = None):
+    """An argparse type: a whole number in low..high (no upper end where high is None), else argparse's one-line
+    error naming the option (a count of 0 reached the benchmarks' arithmetic as a bare traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"at least {low}, not {value}" if high is None else
+                                             f"between {low} and {high}, not {value}")
+        return value
+    return parse
+
+
 def _spec_window(text: str) -> int | str:
     if text == "auto" or text.lstrip("-").isdigit():
         return text if text == "auto" else int(text)
@@ -344,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", default="Q8_0", help="weight type, e.g. F32, Q8_0, Q4_K, Q4_0, Q2_0, IQ2_XS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mtp", action="store_true", help="qwen3next, qwen4exp: add an MTP block (blk.N.nextn.*) for --spec")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=_whole(1), default=None,
                    help="layers instead of the preset's (e.g. a few full-size layers to profile one layer's cost)")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_make_model)
@@ -352,10 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="HTTP server: OpenAI and Anthropic APIs, a chat and monitor page at /")
     _engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=_whole(0, 65535), default=8080)
     p.add_argument("--api-key", default=None, help="required from clients; mandatory when the host is not loopback")
     p.add_argument("--model-name", default=None, help="the model's name in the API (default: the file's stem)")
-    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait while one runs (then 429)")
+    p.add_argument("--max-queue", type=_whole(0), default=16, help="requests that may wait while one runs (then 429)")
     p.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body accepted")
     p.set_defaults(func=cmd_serve)
 
@@ -377,14 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = p.add_subparsers(dest="bench", required=True)
     b = bench.add_parser("generate", help="prompt and decode tokens/s")
     _engine_args(b)
-    b.add_argument("--prompt-tokens", type=int, default=128)
-    b.add_argument("--gen-tokens", type=int, default=32)
-    b.add_argument("--reps", type=int, default=3)
+    b.add_argument("--prompt-tokens", type=_whole(1), default=128)
+    b.add_argument("--gen-tokens", type=_whole(1), default=32)
+    b.add_argument("--reps", type=_whole(1), default=3)
     b.set_defaults(func=cmd_bench)
     b = bench.add_parser("decode", help="decode tokens/s with experts offloaded, beside its floor")
     _engine_args(b)
-    b.add_argument("--tokens", type=int, default=64, help="decode steps to time")
-    b.add_argument("--prompt-tokens", type=int, default=64)
+    b.add_argument("--tokens", type=_whole(1), default=64, help="decode steps to time")
+    b.add_argument("--prompt-tokens", type=_whole(1), default=64)
     b.add_argument("--gpu-floor", default="resident", metavar="resident|bytes|MS",
                    help="offloaded runs: the floor's GPU time a token: the device time of the same model's "
                         "all-resident step, timed after the run where it fits (resident), estimated from the bytes "
@@ -404,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kv-dtype", default="float16")
     b.add_argument("--prefill", default="auto", help="prompt chunk: tokens, auto or auto:MAX")
     b.add_argument("--ctx", default="4096,32768", help="comma-separated prompt lengths (default 4096,32768)")
-    b.add_argument("--reps", type=int, default=1, help="prompts timed per length (median)")
+    b.add_argument("--reps", type=_whole(1), default=1, help="prompts timed per length (median)")
     b.add_argument("--routing", default="model", choices=("model", "balanced"),
                    help="balanced: a load test, every chunk's tokens spread over all experts (outputs not the model's)")
     _placement_args(b)
@@ -413,9 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(b)
     b.add_argument("--windows", default="1,2,3,4", help="the --spec values to compare (1 always runs)")
     b.add_argument("--text", default=None, help="text whose first tokens are the prompt (default: a built-in one)")
-    b.add_argument("--prompt-tokens", type=int, default=256)
-    b.add_argument("--gen-tokens", type=int, default=64)
-    b.add_argument("--reps", type=int, default=2)
+    b.add_argument("--prompt-tokens", type=_whole(1), default=256)
+    b.add_argument("--gen-tokens", type=_whole(1), default=64)
+    b.add_argument("--reps", type=_whole(1), default=2)
     b.set_defaults(func=cmd_bench_spec)
     for name, module, help_text in [
         ("prompt-attn", "prompt_attn", "parity and speed of the prompt-attention kernels against float64"),

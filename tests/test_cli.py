@@ -40,6 +40,14 @@ def test_bad_arguments_are_one_line_errors(tiny_moe):
     assert result.returncode == 2 and result.stderr.strip() == "strata: error: sampling: top_p must be in (0, 1]"
     result = strata("make-model", "--preset", "huge", "-o", "/tmp/never.gguf")
     assert result.returncode == 2 and "unknown --preset huge" in result.stderr
+    # counts of nothing and ports past 65535: argparse's line naming the option (they were tracebacks)
+    for args, says in [(("bench", "decode", tiny_moe, "--tokens", "0"), "argument --tokens: at least 1, not 0"),
+                       (("bench", "generate", tiny_moe, "--reps", "-2"), "argument --reps: at least 1, not -2"),
+                       (("bench", "spec", tiny_moe, "--gen-tokens", "x"), "argument --gen-tokens: a whole number"),
+                       (("serve", tiny_moe, "--port", "99999"), "argument --port: between 0 and 65535, not 99999"),
+                       (("make-model", "--layers", "0", "-o", "/tmp/never.gguf"), "argument --layers: at least 1")]:
+        result = strata(*args)
+        assert result.returncode == 2 and says in result.stderr.strip().splitlines()[-1], (args, result.stderr)
 
 
 def test_offload_flags_plan_and_profile(tiny_moe, tmp_path):
