@@ -63,10 +63,12 @@ class LLM:
         vocab, ids = self.tokenizer.vocab_size, []
         for at, token in enumerate(prompt):
             try:
+                if isinstance(token, bool):
+                    raise TypeError
                 ids.append(operator.index(token))  # ints, numpy and torch integer scalars; not floats
             except TypeError:
                 raise StrataError(f"prompt token {at} is {token!r}, not a token id") from None
-            if isinstance(token, bool) or not 0 <= ids[-1] < vocab:
+            if not 0 <= ids[-1] < vocab:
                 raise StrataError(f"prompt token {at} is {token!r}, outside the vocabulary's ids 0..{vocab - 1}")
         return ids
 

@@ -96,7 +96,7 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
 @pytest.mark.parametrize("prompt, says", [([600, 3], "prompt token 0 is 600, outside the vocabulary's ids 0..511"),
                                           ([3, -1], "prompt token 1 is -1, outside"),
                                           ([3, 4, 2.5], "prompt token 2 is 2.5, not a token id"),
-                                          ([True], "prompt token 0 is True, outside")])
+                                          ([True], "prompt token 0 is True, not a token id")])
 def test_token_ids_outside_the_vocabulary_are_refused_in_one_line(tiny_llm, prompt, says):
     # (the embedding would read a negative id from the end and fail on the others with a bare IndexError)
     with pytest.raises(StrataError, match=re.escape(says)):
