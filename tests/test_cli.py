@@ -45,7 +45,8 @@ def test_bad_arguments_are_one_line_errors(tiny_moe):
                        (("bench", "generate", tiny_moe, "--reps", "-2"), "argument --reps: at least 1, not -2"),
                        (("bench", "spec", tiny_moe, "--gen-tokens", "x"), "argument --gen-tokens: a whole number"),
                        (("serve", tiny_moe, "--port", "99999"), "argument --port: between 0 and 65535, not 99999"),
-                       (("make-model", "--layers", "0", "-o", "/tmp/never.gguf"), "argument --layers: at least 1")]:
+                       (("make-model", "--layers", "0", "-o", "/tmp/never.gguf"), "argument --layers: at least 1"),
+                       (("run", tiny_moe, "-p", "x", "--ctx", "0"), "n_ctx must be in 1..524288, got 0")]:
         result = strata(*args)
         assert result.returncode == 2 and says in result.stderr.strip().splitlines()[-1], (args, result.stderr)
 

@@ -98,7 +98,7 @@ class Engine:
             pin_from_threads()  # before the first pinned allocation: the expert store's, at load
         self.dtype = config.resolve_dtype(self.device)
         model_config = config_of(self.file)
-        self.n_ctx = config.n_ctx or min(model_config.context_length, 4096)
+        self.n_ctx = min(model_config.context_length, 4096) if config.n_ctx is None else config.n_ctx
         if not 0 < self.n_ctx <= MAX_CONTEXT:
             raise StrataError(f"n_ctx must be in 1..{MAX_CONTEXT}, got {self.n_ctx}")
         kv_dtype = check_kind(config.kv_dtype, model_config.head_dim)  # before the weights load
