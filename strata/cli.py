@@ -241,6 +241,10 @@ def cmd_profile(args) -> None:
     from strata.engine.profile import profile_routing
 
     text = Path(args.text).read_text() if Path(args.text).is_file() else args.text
+    try:  # before the run: a folder that cannot be made would lose its counts at the end
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StrataError(f"{args.output}: cannot write there ({error.strerror})") from None
     engine = Engine(args.model, EngineConfig(device=args.device, n_ctx=args.ctx, progress=True, **_placement(args)))
     result = profile_routing(engine, text, args.output)
     print(f"wrote {args.output}: routing counts of {result['tokens']} tokens over {len(result['counts'])} layers")
@@ -252,12 +256,12 @@ def cmd_make_model(args) -> None:
     overrides = {**(_mtp_override(args.arch) if args.mtp else {}), **({"n_layers": args.layers} if args.layers else {})}
     path = make_model(args.output, arch=args.arch, preset=args.preset, quant=args.quant, seed=args.seed, progress=True,
                       **overrides)
+    print(f"wrote {path}")
 
 
 def _mtp_override(arch: str) -> dict:
     """--mtp as the synthetic makers spell it: qwen4exp's one MTP block, else trailing nextn blocks."""
     return {"mtp": True} if arch == "qwen4exp" else {"nextn_layers": 1}
-    print(f"wrote {path}")
 
 
 def cmd_bench(args) -> None:

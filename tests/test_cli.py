@@ -11,7 +11,7 @@ def strata(*args):
 def test_make_model_info_and_run_on_a_dense_model(tmp_path):
     path = tmp_path / "q3.gguf"
     made = strata("make-model", "--arch", "qwen3", "--preset", "tiny", "--quant", "Q4_0", "-o", path)
-    assert made.returncode == 0, made.stderr
+    assert made.returncode == 0 and made.stdout.strip() == f"wrote {path}", made.stderr
     info = strata("info", path, "--ctx", "1024")
     assert info.returncode == 0, info.stderr
     assert "qwen3: 2 layers, hidden 64" in info.stdout and "Q4_0" in info.stdout and "KV cache" in info.stdout
@@ -57,6 +57,9 @@ def test_offload_flags_plan_and_profile(tiny_moe, tmp_path):
     profile = tmp_path / "p.json"
     made = strata("profile", tiny_moe, "some text to route through the experts", "-o", profile, "--device", "cpu")
     assert made.returncode == 0 and profile.exists(), made.stderr
+    (tmp_path / "a_file").write_text("")
+    lost = strata("profile", tiny_moe, "text", "-o", tmp_path / "a_file" / "p.json", "--device", "cpu")
+    assert lost.returncode == 2 and "p.json: cannot write there" in lost.stderr  # said before the run, not after
     run = strata("run", tiny_moe, "-p", "Hi", "-n", "4", "--temp", "0", "--device", "cpu", "--expert-cache", "3",
                  "--expert-profile", profile)
     assert run.returncode == 0, run.stderr
