@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import operator
 import os
+from collections.abc import Iterable
+from numbers import Integral
 from typing import Callable, Iterator
 
 import torch
@@ -47,6 +49,8 @@ class LLM:
         repetition_penalty, seed (temperature=0 is greedy). With stream=True, yields Chunks as they come.
         `logprobs=K`: each token's logprob and its K most likely alternatives (Chunk/Completion.logprobs).
         `cancel`: a function asked before each token; when it returns True, generation ends ("cancelled")."""
+        if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, (str, Iterable)):
+            raise StrataError(f"prompt must be text or a list of token ids, not {type(prompt).__name__}")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._token_ids(prompt)
         return self._run(ids, max_tokens, stop, stream, sampling, logprobs, cancel)
 
@@ -54,6 +58,8 @@ class LLM:
              stream: bool = False, template_options: dict | None = None, logprobs: int | None = None,
              cancel: Callable[[], bool] | None = None, **sampling) -> Completion | Iterator[Chunk]:
         """Answer a conversation ([{"role": "user", "content": "..."}, ...]) through the file's chat template."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise StrataError("messages must be a list of {'role': ..., 'content': ...} dicts")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(template_options or {}))
         return self._run(self.tokenize(text), max_tokens, stop, stream, sampling, logprobs, cancel)
 
@@ -76,8 +82,11 @@ class LLM:
         unknown = set(sampling) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise StrataError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
-        if max_tokens < 1:
-            raise StrataError(f"max_tokens must be at least 1, got {max_tokens}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+            raise StrataError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+        stop = [stop] if isinstance(stop, str) else stop  # one string is one stop string, not one per character
+        if stop is not None and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
+            raise StrataError(f"stop must be a string or a list of strings, got {stop!r}")
         if logprobs is not None and not 0 <= logprobs <= 256:
             raise StrataError(f"logprobs must be between 0 and 256, got {logprobs}")
         params = SamplingParams(**sampling)

@@ -54,6 +54,10 @@ def test_stop_string_cuts_the_text_before_it(tiny_llm):
     assert cut.text == free[: free.index(stop)]
     streamed = "".join(c.text for c in tiny_llm.generate(PROMPT, max_tokens=40, temperature=0, stop=[stop], stream=True))
     assert streamed == cut.text
+    assert tiny_llm.generate(PROMPT, max_tokens=40, temperature=0, stop=stop).text == cut.text  # one string: one stop
+    # (a string is one stop string, not one per character: the first character alone would cut at once)
+    whole = tiny_llm.generate(PROMPT, max_tokens=40, temperature=0, stop=free[0] + "\x00")
+    assert whole.text == free and whole.finish_reason == "length"
 
 
 def test_prefix_reuse_gives_the_same_logits_as_a_fresh_run(tiny_moe):
@@ -91,6 +95,17 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
         strata.LLM(tiny_moe, devise="cpu")
     with pytest.raises(StrataError, match="unknown sampling option"):
         tiny_llm.generate("x", temprature=0)
+
+
+@pytest.mark.parametrize("call, says", [(dict(prompt=None), "prompt must be text or a list of token ids, not NoneType"),
+                                        (dict(prompt=b"hi"), "prompt must be text or a list of token ids, not bytes"),
+                                        (dict(max_tokens="3"), "max_tokens must be a whole number of at least 1"),
+                                        (dict(stop=5), "stop must be a string or a list of strings, got 5")])
+def test_arguments_of_the_wrong_kind_are_refused_in_one_line(tiny_llm, call, says):
+    with pytest.raises(StrataError, match=re.escape(says)):
+        tiny_llm.generate(**{"prompt": "hi", "max_tokens": 1, **call})
+    with pytest.raises(StrataError, match="messages must be a list of"):
+        tiny_llm.chat("hi", max_tokens=1)
 
 
 @pytest.mark.parametrize("prompt, says", [([600, 3], "prompt token 0 is 600, outside the vocabulary's ids 0..511"),
