@@ -116,6 +116,8 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
     work = 512 * (8 * config.n_embd + config.vocab_size) * 4
     budget = None
     if vram_budget_gib is not None:
+        if not vram_budget_gib > 0:  # (NaN too)
+            raise StrataError(f"--vram-budget must be a positive number of GiB, got {vram_budget_gib}")
         budget = int(vram_budget_gib * GiB)
     elif device.type == "cuda":
         budget = torch.cuda.mem_get_info(device)[0]
@@ -125,7 +127,8 @@ def plan_placement(model: GGUFModelFile, config: ModelConfig, device: torch.devi
             raise StrataError(
                 f"{model.path}: dense weights ({dense / GiB:.2f} GiB), KV cache for {n_ctx} tokens ({kv / GiB:.2f} GiB) "
                 f"and work buffers need {fixed / GiB:.2f} GiB but the VRAM budget is {budget / GiB:.2f} GiB "
-                "(lower --ctx, use --kv-dtype with fewer bytes, or a smaller quant)")
+                f"({'raise --vram-budget' if vram_budget_gib is not None else 'free GPU memory'}, lower --ctx, use "
+                "--kv-dtype with fewer bytes, or a smaller quant)")
         room = budget - fixed
     if expert_cache == "auto":
         slots = n_experts if budget is None or not each else min(n_experts, room // each)

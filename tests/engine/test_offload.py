@@ -138,8 +138,11 @@ def test_placement_plan_and_its_errors(tiny_moe):
     assert plan.all_resident and plan.n_slots == plan.n_experts == config.n_layers * config.n_experts
     plan = plan_placement(model, config, torch.device("cpu"), 256, 2, expert_cache=5)
     assert plan.n_slots == 5 and plan.host_expert_bytes == plan.expert_bytes and "5 of 16 experts" in plan.describe()
-    with pytest.raises(StrataError, match="VRAM budget is 0.50 GiB .*lower --ctx"):
+    with pytest.raises(StrataError, match="VRAM budget is 0.50 GiB \\(raise --vram-budget, lower --ctx"):
         plan_placement(model, config, torch.device("cpu"), 256, 2, vram_budget_gib=0.5)
+    for nothing in (0, -3, float("nan")):
+        with pytest.raises(StrataError, match="--vram-budget must be a positive number of GiB"):
+            plan_placement(model, config, torch.device("cpu"), 256, 2, vram_budget_gib=nothing)
     roomy = plan_placement(model, config, torch.device("cpu"), 256, 2, vram_budget_gib=0.8)
     assert roomy.all_resident
     with pytest.raises(StrataError, match="--expert-cache 100000 needs"):
