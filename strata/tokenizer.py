@@ -315,8 +315,11 @@ def _build_backend(
 ) -> _BackendTokenizer:
     try:
         backend = _BackendTokenizer(models.BPE(vocab=first_ids, merges=merges))
-    except Exception as error:  # the Rust side reports a merge of unknown tokens as a plain Exception
-        raise fields.fail("tokenizer.ggml.merges", f"does not fit the vocabulary: {error}") from error
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # the Rust side: a merge of unknown tokens an Exception, a merge whose result
+        # is not in the vocabulary a panic (pyo3's PanicException is a BaseException)
+        raise fields.fail("tokenizer.ggml.merges", f"does not fit the vocabulary: {error}") from None
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"),

@@ -249,6 +249,9 @@ def without(metadata: dict, key: str) -> dict:
         (lambda m: without(m, "tokenizer.ggml.merges"), "tokenizer.ggml.merges"),
         (lambda m: {**m, "tokenizer.ggml.merges": ["Ġt"]}, "tokenizer.ggml.merges"),
         (lambda m: {**m, "tokenizer.ggml.merges": ["Ġ zzz"]}, "tokenizer.ggml.merges"),
+        # a merge whose result is not a token: a panic in the Rust BPE (a BaseException), not a plain Exception
+        (lambda m: {**m, "tokenizer.ggml.tokens": ["a", "b", "c", "d"], "tokenizer.ggml.token_type": [1] * 4,
+                    "tokenizer.ggml.merges": ["a b"]}, "tokenizer.ggml.merges"),
         (lambda m: {**m, "tokenizer.ggml.eos_token_id": 10**6}, "tokenizer.ggml.eos_token_id"),
         (lambda m: {**m, "tokenizer.ggml.bos_token_id": "1"}, "tokenizer.ggml.bos_token_id"),
         (lambda m: {**m, "tokenizer.ggml.add_bos_token": 1}, "tokenizer.ggml.add_bos_token"),

@@ -92,12 +92,12 @@ class Engine:
     def __init__(self, path: str | os.PathLike, config: EngineConfig = EngineConfig()):
         self.config = config
         self.file = GGUFModelFile(path)
+        model_config = config_of(self.file)  # an architecture we do not run is the first thing to say
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata, source=str(self.file.path))
         self.device = config.resolve_device() if not config.gpus else _first_card(config.gpus)
         if self.device.type == "cuda":
             pin_from_threads()  # before the first pinned allocation: the expert store's, at load
         self.dtype = config.resolve_dtype(self.device)
-        model_config = config_of(self.file)
         self.n_ctx = min(model_config.context_length, 4096) if config.n_ctx is None else config.n_ctx
         if not 0 < self.n_ctx <= MAX_CONTEXT:
             raise StrataError(f"n_ctx must be in 1..{MAX_CONTEXT}, got {self.n_ctx}")

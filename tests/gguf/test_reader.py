@@ -131,6 +131,10 @@ def test_unknown_architecture(tmp_path):
     path = tmp_path / "llama.gguf"
     write_gguf(path, "gpt-neox", {"gpt-neox.block_count": 2}, _tiny_tensors())
     assert "unsupported architecture 'gpt-neox'" in _error_line(path)
+    from strata.engine.engine import Engine
+
+    with pytest.raises(StrataError, match="unsupported architecture 'gpt-neox'"):  # not its missing tokenizer first
+        Engine(path)
 
 
 def test_wrong_tensor_shape(tmp_path):
