@@ -87,8 +87,9 @@ class LLM:
         stop = [stop] if isinstance(stop, str) else stop  # one string is one stop string, not one per character
         if stop is not None and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
             raise StrataError(f"stop must be a string or a list of strings, got {stop!r}")
-        if logprobs is not None and not 0 <= logprobs <= 256:
-            raise StrataError(f"logprobs must be between 0 and 256, got {logprobs}")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, Integral)
+                                     or not 0 <= logprobs <= 256):
+            raise StrataError(f"logprobs must be a whole number between 0 and 256, got {logprobs!r}")
         params = SamplingParams(**sampling)
         if stream:
             return stream_completion(self.engine, ids, params, max_tokens, stop, top_logprobs=logprobs, cancel=cancel)

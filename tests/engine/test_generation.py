@@ -100,7 +100,8 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
 @pytest.mark.parametrize("call, says", [(dict(prompt=None), "prompt must be text or a list of token ids, not NoneType"),
                                         (dict(prompt=b"hi"), "prompt must be text or a list of token ids, not bytes"),
                                         (dict(max_tokens="3"), "max_tokens must be a whole number of at least 1"),
-                                        (dict(stop=5), "stop must be a string or a list of strings, got 5")])
+                                        (dict(stop=5), "stop must be a string or a list of strings, got 5"),
+                                        (dict(logprobs="2"), "logprobs must be a whole number between 0 and 256")])
 def test_arguments_of_the_wrong_kind_are_refused_in_one_line(tiny_llm, call, says):
     with pytest.raises(StrataError, match=re.escape(says)):
         tiny_llm.generate(**{"prompt": "hi", "max_tokens": 1, **call})
