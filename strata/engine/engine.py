@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Callable, Iterator
 
 import torch
@@ -31,6 +32,9 @@ from strata.tokenizer import Tokenizer
 QSA_KINDS = ("none", "quest")
 MAX_CONTEXT = 524_288  # nothing is sized by the context up front: caches grow by pages, masks follow the step
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_WHOLE_OPTIONS = ("n_ctx", "cpu_threads", "qsa_budget", "kv_resident", "checkpoints", "suffix_draft")
+_NUMBER_OPTIONS = ("vram_budget", "pcie_frac", "cpu_spin_us", "checkpoint_gib", "spec_min_p")
+_OPTIONAL = ("n_ctx", "kv_resident", "vram_budget")  # None: the default's rule
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,21 @@ class EngineConfig:
     decode_graphs: str = "auto"  # "auto" (CUDA graphs on CUDA), "off", "on", "eager" (their static code, uncaptured)
     gpus: str | None = None  # layers split over these cards ("0,1"; "cpu,cpu" in tests): engine/pipeline.py
     layer_split: str = "auto"  # with gpus: "auto" (by each card's memory) or layer counts per card ("24,24")
+
+    def __post_init__(self):
+        """The numeric options of a number's kind, by name: a string or a fraction there failed deep in loading with
+        a TypeError or ValueError (the CLI's parser gives them their kinds; the Python API does not)."""
+        for name in _WHOLE_OPTIONS + _NUMBER_OPTIONS:
+            value = getattr(self, name)
+            kind = Integral if name in _WHOLE_OPTIONS else Real
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)) or \
+                    value is None and name not in _OPTIONAL:
+                raise StrataError(f"engine option {name} must be {'a whole number' if kind is Integral else 'a number'}"
+                                  f"{' or None' if name in _OPTIONAL else ''}, got {value!r}")
+        cache = self.expert_cache
+        if cache != "auto" and (isinstance(cache, bool) or not isinstance(cache, (Integral, str))
+                                or isinstance(cache, str) and not cache.isdigit()):
+            raise StrataError(f"engine option expert_cache must be 'auto' or a number of experts, got {cache!r}")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

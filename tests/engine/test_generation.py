@@ -95,6 +95,14 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
         strata.LLM(tiny_moe, devise="cpu")
     with pytest.raises(StrataError, match="unknown sampling option"):
         tiny_llm.generate("x", temprature=0)
+    # options of the wrong kind, by name (they failed deep in loading with a TypeError or ValueError)
+    for option, says in [(dict(n_ctx="big"), "n_ctx must be a whole number or None, got 'big'"),
+                         (dict(n_ctx=1.5), "n_ctx must be a whole number or None"),
+                         (dict(vram_budget="12"), "vram_budget must be a number or None"),
+                         (dict(cpu_threads=None), "cpu_threads must be a whole number, got None"),
+                         (dict(expert_cache="lots"), "expert_cache must be 'auto' or a number of experts")]:
+        with pytest.raises(StrataError, match=re.escape(says)):
+            strata.LLM(tiny_moe, device="cpu", **option)
 
 
 @pytest.mark.parametrize("call, says", [(dict(prompt=None), "prompt must be text or a list of token ids, not NoneType"),
