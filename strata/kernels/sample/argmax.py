@@ -35,8 +35,8 @@ def _argmax_kernel(x_ptr, n, keys_ptr, firsts_ptr, count_ptr, out_ptr, PROGRAMS:
         q = tl.arange(0, PB)
         keys = tl.load(keys_ptr + q, mask=q < PROGRAMS, other=-2147483648, cache_modifier=".cg")
         firsts = tl.load(firsts_ptr + q, mask=q < PROGRAMS, other=2147483647, cache_modifier=".cg")
-        best, _ = first_max(keys, q, PB)
-        tl.store(out_ptr, tl.min(tl.where(keys == best, firsts, 2147483647), axis=0).to(tl.int64))
+        _, first = first_max(keys, firsts, 2147483647)  # the first index of the largest key over the chunks
+        tl.store(out_ptr, first.to(tl.int64))
         tl.store(count_ptr, 0)  # ready for the next launch (a graph's next replay)
 
 
