@@ -13,7 +13,7 @@ import torch
 from strata.engine.engine import Engine, EngineConfig
 from strata.engine.generation import Chunk, Completion, complete, stream_completion
 from strata.engine.sampling import SamplingParams
-from strata.errors import StrataError
+from strata.errors import StrataError, number_of_kind
 
 
 class LLM:
@@ -82,13 +82,12 @@ class LLM:
         unknown = set(sampling) - set(SamplingParams.__dataclass_fields__)
         if unknown:
             raise StrataError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+        if not number_of_kind(max_tokens, Integral) or max_tokens < 1:
             raise StrataError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
         stop = [stop] if isinstance(stop, str) else stop  # one string is one stop string, not one per character
         if stop is not None and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
             raise StrataError(f"stop must be a string or a list of strings, got {stop!r}")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, Integral)
-                                     or not 0 <= logprobs <= 256):
+        if logprobs is not None and not (number_of_kind(logprobs, Integral) and 0 <= logprobs <= 256):
             raise StrataError(f"logprobs must be a whole number between 0 and 256, got {logprobs!r}")
         params = SamplingParams(**sampling)
         if stream:

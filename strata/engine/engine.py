@@ -21,7 +21,7 @@ from strata.engine.kv import ResidentKind, check_kind, kv_bytes_per_value
 from strata.engine.quest import DEFAULT_BUDGET, QuestSelector
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.staging import upload
-from strata.errors import StrataError
+from strata.errors import StrataError, number_of_kind
 from strata.gguf.reader import GGUFModelFile
 from strata.engine.offload import offloaded_experts
 from strata.engine.pinned_memory import pin_from_threads
@@ -73,13 +73,11 @@ class EngineConfig:
         for name in _WHOLE_OPTIONS + _NUMBER_OPTIONS:
             value = getattr(self, name)
             kind = Integral if name in _WHOLE_OPTIONS else Real
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)) or \
-                    value is None and name not in _OPTIONAL:
+            if not (number_of_kind(value, kind) or value is None and name in _OPTIONAL):
                 raise StrataError(f"engine option {name} must be {'a whole number' if kind is Integral else 'a number'}"
                                   f"{' or None' if name in _OPTIONAL else ''}, got {value!r}")
         cache = self.expert_cache
-        if cache != "auto" and (isinstance(cache, bool) or not isinstance(cache, (Integral, str))
-                                or isinstance(cache, str) and not cache.isdigit()):
+        if not (cache == "auto" or number_of_kind(cache, Integral) or isinstance(cache, str) and cache.isdigit()):
             raise StrataError(f"engine option expert_cache must be 'auto' or a number of experts, got {cache!r}")
 
     def resolve_device(self) -> torch.device:

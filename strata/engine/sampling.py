@@ -7,7 +7,7 @@ from numbers import Integral, Real
 
 import torch
 
-from strata.errors import StrataError
+from strata.errors import StrataError, number_of_kind
 from strata.kernels.sample import argmax, draw
 
 
@@ -24,7 +24,7 @@ class SamplingParams:
         for name, kind in (("temperature", Real), ("top_k", Integral), ("top_p", Real), ("min_p", Real),
                            ("repetition_penalty", Real), ("seed", Integral)):
             value = getattr(self, name)
-            if (value is not None or name != "seed") and (isinstance(value, bool) or not isinstance(value, kind)):
+            if not (number_of_kind(value, kind) or name == "seed" and value is None):
                 raise StrataError(f"sampling: {name} must be {'an integer' if kind is Integral else 'a number'}, "
                                   f"got {value!r}")
         checks = [
