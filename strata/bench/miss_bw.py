@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-import strata.kernels  # noqa: F401  (the interpreter switch, before Triton is imported)
+from strata.kernels import INTERPRETED  # (the interpreter switch, before Triton is imported)
 from strata.bench.ceilings import graph_us, host_to_device_bandwidth
 from strata.bench.moe_decode import SHAPES as DECODE_SHAPES
 from strata.bench.moe_decode import synthetic_stack
@@ -298,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("miss-bw: needs a CUDA GPU (or --device cpu for a dry run)")
+        return 2
+    if device.type == "cpu" and not INTERPRETED:  # Triton compiled for the GPU cannot launch on CPU tensors
+        print("miss-bw: --device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1 "
+              "(or use --device cuda)")
         return 2
     out = sys.stdout
     pinned = host_to_device_bandwidth(device) if device.type == "cuda" else 1e9

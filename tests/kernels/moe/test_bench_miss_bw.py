@@ -1,6 +1,7 @@
-"""`strata bench miss-bw`: the misses' microbenchmark runs its checks at a tiny shape on the CPU (the same code as
-on the GPU: the in-place misses against float64, the copied ones against the in-place ones), and its sweep lists
-start at the current tiles and turn into MISS_TILES entries that select those tiles."""
+"""`strata bench miss-bw`: the misses' microbenchmark runs its checks at a tiny shape (on the GPU where there is
+one, else under the interpreter: the same code; the in-place misses against float64, the copied ones against the
+in-place ones), and its sweep lists start at the current tiles and turn into MISS_TILES entries that select those
+tiles."""
 
 import pytest
 
@@ -10,10 +11,11 @@ from strata.kernels.moe.decode import decode_spec
 from strata.kernels.moe.gemv import gemv_config
 from strata.kernels.moe.miss_copy import DEFAULT_COPY
 from strata.quant import get_format
+from tests.kernels import DEVICE
 
 
 def test_the_tool_checks_every_path_at_a_tiny_shape(capsys):
-    code = main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "0,1,4"])
+    code = main(["--device", DEVICE, "--shapes", "tiny-q4_0", "--misses", "0,1,4"])
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny-q4_0")]
@@ -47,9 +49,18 @@ def test_the_sweep_prints_a_line_a_config_with_its_error(capsys, monkeypatch):
     tiles = [GemvConfig(bn=64, ns=4, warps=4, wide=True, oneshot=True), GemvConfig(bn=32, ns=4, warps=4, wide=True,
                                                                                     oneshot=True, split=2)]
     monkeypatch.setattr(miss_tiles, "miss_sweep_configs", lambda *a: tiles)  # interpreter-sized, not the GPU's
-    code = main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "none", "--sweep"])
+    code = main(["--device", DEVICE, "--shapes", "tiny-q4_0", "--misses", "none", "--sweep"])
     out = capsys.readouterr().out
     assert code == 0, out
     lines = [line.split() for line in out.splitlines() if line.startswith("  sweep")]
     assert [(w[2], w[3]) for w in lines if w[2] != "gather"] == [("gate_up", "oneshot")] * 2 + [("down", "oneshot")] * 2
     assert sum(w[2] == "gather" for w in lines) == len(COPY_SWEEP) and "FAIL" not in out
+
+
+def test_a_dry_run_on_the_cpu_needs_the_interpreter(capsys, monkeypatch):
+    """On a GPU machine Triton compiles for the GPU: --device cpu is refused in one line, not a launch error."""
+    import strata.bench.miss_bw as miss_bw
+
+    monkeypatch.setattr(miss_bw, "INTERPRETED", False)
+    assert main(["--device", "cpu", "--shapes", "tiny-q4_0", "--misses", "0"]) == 2
+    assert "set TRITON_INTERPRET=1" in capsys.readouterr().out

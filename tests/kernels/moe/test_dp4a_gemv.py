@@ -147,8 +147,9 @@ def test_gate_up_epilogue_writes_the_codes_quantize_x_gives_its_h(device):
     plain = dp4a_gate_up(*args, layout="pairs")
     for bn in (32, 64):
         hid, hq = dp4a_gate_up(*args, bn=bn, layout="pairs", rounded="both")
-        # Equal up to float32 rounding: on CUDA each variant compiles its own FMA contraction of the epilogue.
-        assert torch.allclose(hid, plain, rtol=1e-6, atol=1e-9)
+        # Equal up to float32 rounding: on CUDA each variant compiles its own FMA contraction of the epilogue, so a
+        # value whose dots cancel may differ by a few float32 steps of the largest (not of its own size).
+        torch.testing.assert_close(hid, plain, rtol=1e-6, atol=1e-6 * plain.abs().max().item())
         for got, want in zip(hq, quantize_x(hid)):
             assert got.dtype == want.dtype and torch.equal(got, want)
         for got, want in zip(dp4a_gate_up(*args, bn=bn, layout="pairs", rounded="codes"), hq):

@@ -20,6 +20,10 @@ EPS = 1e-6
 # Float32 arithmetic in another order than float64's (sums over hc*embd products, exp in sigmoid/SiLU): relative to
 # the output's largest value, well within 1e-5 (a float32 step is 6e-8; the sums here are 256 terms long).
 BOUND = 1e-5
+# A prompt's read on CUDA runs its GEMMs on TF32 (hyper_connections._tf32; STRATA_HC_FP32 keeps float32): their
+# inputs keep 10 of float32's 23 mantissa bits (each within 2^-11), so a 256-term sum sits within a few of that of
+# its largest value (the H200: 5.6e-5 for mixed, 2.0e-4 for inject).
+TF32_BOUND = 2 ** -9
 
 
 @pytest.fixture(autouse=True)
@@ -83,17 +87,24 @@ def test_write_stats_matches_float64(n_rows):
     assert torch.allclose(rstd_alone.double(), torch.rsqrt(residual.double().square().mean(-1) + EPS), rtol=BOUND)
 
 
-def _assert_float64_read(residual, w, pending, got, with_inject: bool):
-    """A read with its pending write (new residual, mixed float32, inject) against the float64 write and read."""
+def _assert_float64_read(residual, w, pending, got, with_inject: bool, bound: float = BOUND):
+    """A read with its pending write (new residual, mixed float32, inject) against the float64 write and read; the
+    write is elementwise (BOUND), the read's GEMMs within `bound`."""
     new_residual, mixed, inject = got
     exact_residual = residual.double() + pending[0].double()[:, None, :] * (
         2 * torch.sigmoid(pending[1].double() / HC))[:, :, None]
     assert _rel(new_residual, exact_residual) < BOUND
     exact_mixed, exact_inject = _read_float64(exact_residual, w, EPS)
-    assert mixed.dtype == torch.float32 and _rel(mixed, exact_mixed) < BOUND
+    assert mixed.dtype == torch.float32 and _rel(mixed, exact_mixed) < bound
     assert (inject is None) == (not with_inject)
     if with_inject:
-        assert _rel(inject, exact_inject) < BOUND
+        assert _rel(inject, exact_inject) < bound
+
+
+def _gemm_modes(t: torch.Tensor):
+    """(STRATA_HC_FP32, the bound of a prompt read's GEMMs) for the modes a read over t can take: on CUDA, TF32
+    (the default) and float32; on the CPU, float32 only (TF32 is CUDA's)."""
+    return ((False, TF32_BOUND), (True, BOUND)) if t.is_cuda else ((False, BOUND),)
 
 
 @pytest.mark.parametrize("n_rows", [1, 3, 4])
@@ -198,11 +209,16 @@ def test_prompt_read_matches_float64(monkeypatch, with_inject):
     monkeypatch.setattr(gate_mix, "gate_mix_triton", lambda *a, **k: calls.append(a[0].shape[0]) or kernel(*a, **k))
     w, residual = _weights(70, inject=with_inject), _stack(7, 16)
     pending = (rand((7, EMBD), 17, torch.bfloat16, 2), rand((7, HC), 18, torch.float32, 3))
-    new_residual, mixed, inject = _read_many_rows(residual, w, EPS, pending, torch.float32)  # float32 to check
-    assert calls == [7]
-    _assert_float64_read(residual, w, pending, (new_residual, mixed, inject), with_inject)
+    mixed_by_mode = {}
+    for fp32, bound in _gemm_modes(residual):
+        with switches.override(STRATA_HC_FP32=fp32):
+            new_residual, mixed, inject = _read_many_rows(residual, w, EPS, pending, torch.float32)  # to check
+        _assert_float64_read(residual, w, pending, (new_residual, mixed, inject), with_inject, bound)
+        mixed_by_mode[fp32] = mixed
+    mixed, modes = mixed_by_mode[False], len(mixed_by_mode)  # the default mode's, as the bf16 read below takes it
+    assert calls == [7] * modes
     _, mixed16, _ = hc_write_read(residual, w, EPS, pending, torch.bfloat16)  # a bf16 model's prompt takes it
-    assert calls == [7, 7] and mixed16.dtype == torch.bfloat16
+    assert calls == [7] * (modes + 1) and mixed16.dtype == torch.bfloat16
     assert ((mixed16.float() - mixed).abs() <= 2 ** -7 * mixed.abs()).all()
 
 
@@ -219,10 +235,12 @@ def test_quantized_matrices_take_the_row_wise_kernels():
     wq = HyperConnectionWeights(w.norm, q8(w.down), q8(w.up), q8(w.inject))
     residual = _stack(3, 19)
     pending = (rand((3, EMBD), 20, torch.bfloat16, 2), rand((3, HC), 21, torch.float32, 3))
-    new_residual, mixed, inject = hc_write_read(residual, wq, EPS, pending, torch.bfloat16)
-    exact_mixed, exact_inject = _read_float64(new_residual.double(), wq, EPS)
-    assert mixed.dtype == torch.bfloat16 and _rel(mixed, exact_mixed) < 2 ** -7
-    assert _rel(inject, exact_inject) < BOUND
+    for fp32, bound in _gemm_modes(residual):  # Q8_0 on float32 rows: dequantized, then torch's GEMM
+        with switches.override(STRATA_HC_FP32=fp32):
+            new_residual, mixed, inject = hc_write_read(residual, wq, EPS, pending, torch.bfloat16)
+        exact_mixed, exact_inject = _read_float64(new_residual.double(), wq, EPS)
+        assert mixed.dtype == torch.bfloat16 and _rel(mixed, exact_mixed) < 2 ** -7
+        assert _rel(inject, exact_inject) < bound
 
 
 def test_prompt_gemms_take_tf32_only_inside_the_read():
