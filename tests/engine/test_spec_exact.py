@@ -4,6 +4,8 @@ after keep_rows), so no near-tie of the logits can split --spec from plain greed
 paths (the eager forward, decode_graphs off, and the static step's CPU form, eager) and, through Triton's
 interpreter, the GPU's bf16 kernels (FUSED_ON_CPU: the split-K decode attention, the conv step, the fused norms)."""
 
+import os
+
 import pytest
 import torch
 
@@ -13,6 +15,10 @@ from strata.models import layers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+# The bf16 kernels' tests run the GPU's Triton kernels on CPU tensors: only interpreted (on a GPU machine Triton
+# compiles for the GPU, where the CUDA tests and tools/device/spec_exact_check.py check the windows).
+interpreted_kernels = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                         reason="CPU tensors take Triton only interpreted")
 WINDOWS = ((4, 2), (3, 3), (2, 1), (4, 4))  # (rows, rows kept): rejections and full acceptances
 
 
@@ -96,6 +102,7 @@ def test_window_rows_are_plain_decode_steps_bit_for_bit_float32(model, graphs):
     _check_windows(model, dict(decode_graphs=graphs))
 
 
+@interpreted_kernels
 def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
     """bf16 through the GPU's fused kernels (interpreted): the split-K attention takes each row's own split, the
     GatedDeltaNet conv step runs the window's rows as its steps, and row counts never change a reduction."""
@@ -106,6 +113,7 @@ def test_window_rows_are_plain_decode_steps_bit_for_bit_bf16_kernels(next_mtp):
         layers.FUSED_ON_CPU = False
 
 
+@interpreted_kernels
 def test_qwen4exp_window_rows_are_its_static_steps_bit_for_bit_bf16_kernels(q4):
     """qwen4exp's windows and plain steps through its static step (engine/decode_qwen4exp.py): bf16 through the
     GPU's kernels (interpreted), the QSA layers take each row as its step (the indexer key, the selection by the

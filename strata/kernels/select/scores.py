@@ -15,12 +15,20 @@ import triton.language as tl
 import strata.kernels  # noqa: F401  (the interpreter switch, before Triton compiles anything)
 
 TAIL_BONUS = 1e9
+ROW_EXACT_QUERIES = 4  # up to a verify window's rows (models/weights.py ROW_BY_ROW_MAX_ROWS)
 
 
 def block_scores_ref(q_idx: torch.Tensor, keys: torch.Tensor, dead: torch.Tensor, n_kv: torch.Tensor) -> torch.Tensor:
     """Scores [n_q, n_blocks + 1] (fp32) of queries `q_idx` [n_q, H, Dk] with `n_kv` [n_q] cells in view."""
     all_keys = torch.cat([keys.float(), dead.float()[None]])
-    scores = torch.einsum("qhd,bd->qhb", q_idx.float(), all_keys).relu().sum(1)
+    queries = q_idx.float()
+    if queries.shape[0] <= ROW_EXACT_QUERIES:
+        # einsum folds the rows into one GEMM whose summation order may change with their count: a verify window's
+        # row would then score its blocks unlike plain decoding's one-row step (seen on the H200 host's CPU)
+        raw = torch.cat([torch.einsum("qhd,bd->qhb", queries[r:r + 1], all_keys) for r in range(queries.shape[0])])
+    else:
+        raw = torch.einsum("qhd,bd->qhb", queries, all_keys)
+    scores = raw.relu().sum(1)
     n_kv = n_kv.long().to(q_idx.device)
     n_bid = n_kv // 4
     b = torch.arange(all_keys.shape[0], device=q_idx.device)[None]

@@ -68,6 +68,19 @@ def test_tail_is_always_selected():
         assert set(tail) <= set(ids[i, : int(width[i])].tolist())
 
 
+def test_reference_scores_a_window_row_as_its_one_row_step():
+    """A verify window's query rows (up to 4) score their blocks bit for bit as plain decoding's one-row step does
+    (issue 10's exactness; einsum over the rows folded them into one GEMM of another summation order: 2 heads of 16
+    over 6 keys differed on every row under torch 2.13's CPU GEMM)."""
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(4, 2, 16, generator=g)
+    keys, dead = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+    n_kv = torch.tensor([17, 18, 19, 20])
+    window = block_scores_ref(q, keys, dead, n_kv)
+    for r in range(4):
+        assert torch.equal(window[r], block_scores_ref(q[r:r + 1], keys, dead, n_kv[r:r + 1])[0])
+
+
 def test_block_scores_kernel_matches_reference():
     g = torch.Generator().manual_seed(6)
     n_q, dk, n_blocks = 7, 128, 150
