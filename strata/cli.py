@@ -201,26 +201,36 @@ def cmd_chat(args) -> None:
     sampling = _sampling(args)
     llm = _load(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    print("Type a message; /reset starts over, /quit leaves.", file=sys.stderr)
+    usage = "Type a message; /reset starts over, /quit leaves (// sends a message that starts with /)."
+    print(usage, file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return
-        if line.strip() == "/quit":
+        command = line.strip()
+        if command == "/quit":
             return
-        if line.strip() == "/reset":
+        if command == "/reset":
             messages = messages[:1] if args.system else []
             print("(conversation cleared)", file=sys.stderr)
             continue
-        if not line.strip():
+        if not command:
             continue
-        messages.append({"role": "user", "content": line})
+        if command.startswith("/") and not command.startswith("//"):  # a mistyped command is not sent as a message
+            print(f"(unknown command {command.split()[0]}) {usage}", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": line.lstrip()[1:] if command.startswith("//") else line})
         reply = []
-        for chunk in llm.chat(messages, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling):
-            reply.append(chunk.text)
-            print(chunk.text, end="", flush=True)
+        try:
+            for chunk in llm.chat(messages, max_tokens=args.max_tokens, stop=args.stop, stream=True, **sampling):
+                reply.append(chunk.text)
+                print(chunk.text, end="", flush=True)
+        except StrataError as exc:  # the conversation outgrew the context: say so and keep it, less this message
+            messages.pop()
+            print(f"\n({exc}; /reset starts over)", file=sys.stderr)
+            continue
         print()
         messages.append({"role": "assistant", "content": "".join(reply)})
 

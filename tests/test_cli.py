@@ -35,6 +35,19 @@ def test_chat_session_reset_and_quit(tiny_moe):
     assert "(conversation cleared)" in session.stderr
 
 
+def test_chat_keeps_going_past_a_mistyped_command_and_a_message_too_long(tiny_moe):
+    """An unknown /command is not sent as a message; a message past the context is refused in a line and the
+    session goes on (it ended the program, and the conversation with it)."""
+    long = "many words " * 40
+    session = subprocess.run([sys.executable, "-m", "strata", "chat", str(tiny_moe), "-n", "4", "--seed", "0",
+                              "--ctx", "64"], input=f"/rest\n{long}\nhello\n/quit\n", capture_output=True,
+                             text=True, timeout=300)
+    assert session.returncode == 0, session.stderr
+    assert "(unknown command /rest)" in session.stderr
+    assert "longer than the context" in session.stderr and "/reset starts over)" in session.stderr
+    assert session.stdout.count("> ") == 4  # every line read; one reply, to hello
+
+
 def test_bad_arguments_are_one_line_errors(tiny_moe):
     result = strata("run", tiny_moe, "-p", "x", "--top-p", "0")
     assert result.returncode == 2 and result.stderr.strip() == "strata: error: sampling: top_p must be in (0, 1]"

@@ -23,7 +23,7 @@ from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.staging import upload
 from strata.errors import StrataError, number_of_kind
 from strata.gguf.reader import GGUFModelFile
-from strata.engine.offload import offloaded_experts
+from strata.engine.offload import load_profile, offloaded_experts
 from strata.engine.pinned_memory import pin_from_threads
 from strata.engine.placement import plan_placement
 from strata.models import config_of, load_model
@@ -35,6 +35,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _WHOLE_OPTIONS = ("n_ctx", "cpu_threads", "qsa_budget", "kv_resident", "checkpoints", "suffix_draft")
 _NUMBER_OPTIONS = ("vram_budget", "pcie_frac", "cpu_spin_us", "checkpoint_gib", "spec_min_p")
 _OPTIONAL = ("n_ctx", "kv_resident", "vram_budget")  # None: the default's rule
+_NOT_NEGATIVE = ("cpu_threads", "cpu_spin_us")  # counts and times of the CPU pool (0: its defaults' own meaning)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class EngineConfig:
             if not (number_of_kind(value, kind) or value is None and name in _OPTIONAL):
                 raise StrataError(f"engine option {name} must be {'a whole number' if kind is Integral else 'a number'}"
                                   f"{' or None' if name in _OPTIONAL else ''}, got {value!r}")
+        for name in _NOT_NEGATIVE:  # a negative spin or thread count reached the pool's arithmetic unchecked
+            if not getattr(self, name) >= 0:
+                raise StrataError(f"engine option {name} must be >= 0, got {getattr(self, name)!r}")
         cache = self.expert_cache
         if not (cache == "auto" or number_of_kind(cache, Integral) or isinstance(cache, str) and cache.isdigit()):
             raise StrataError(f"engine option expert_cache must be 'auto' or a number of experts, got {cache!r}")
@@ -139,6 +143,8 @@ class Engine:
             self.model = load_model(self.file, self.device, self.dtype, progress=config.progress, **offload)
             if offload:
                 self.model.experts = offloaded_experts(self.model.expert_stacks, self.plan, self.device, config)
+            elif config.expert_profile:  # no cache to fill, but a wrong file is said now, not on a smaller card
+                load_profile(config.expert_profile, self.model.expert_stacks)
         self.kv = self.model.new_cache(self.n_ctx, ResidentKind(config.kv_resident) if config.kv_resident else kv_dtype)
         if config.qsa == "quest":
             backend = self._kv_backend()

@@ -100,6 +100,9 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
                          (dict(n_ctx=1.5), "n_ctx must be a whole number or None"),
                          (dict(vram_budget="12"), "vram_budget must be a number or None"),
                          (dict(cpu_threads=None), "cpu_threads must be a whole number, got None"),
+                         (dict(cpu_threads=-2), "cpu_threads must be >= 0, got -2"),
+                         (dict(cpu_spin_us=-5.0), "cpu_spin_us must be >= 0, got -5.0"),
+                         (dict(cpu_spin_us=float("nan")), "cpu_spin_us must be >= 0, got nan"),
                          (dict(expert_cache="lots"), "expert_cache must be 'auto' or a number of experts")]:
         with pytest.raises(StrataError, match=re.escape(says)):
             strata.LLM(tiny_moe, device="cpu", **option)

@@ -188,6 +188,11 @@ def test_profile_fills_the_cache_in_its_order(tiny_moe, tmp_path, tiny_llm):
     bad.write_text(json.dumps({"counts": {"0": [1] * 99}}))
     with pytest.raises(StrataError, match="names expert .* which this model lacks"):
         load_profile(str(bad), tiny_llm.engine.model.expert_stacks)
+    # every expert resident (no cache to fill): a profile that does not fit the model is still refused at load
+    with pytest.raises(StrataError, match="names expert .* which this model lacks"):
+        strata.LLM(tiny_moe, device="cpu", expert_profile=str(bad))
+    with pytest.raises(StrataError, match="not a routing profile"):
+        strata.LLM(tiny_moe, device="cpu", expert_profile=str(tmp_path / "missing.json"))
 
 
 def test_hybrid_cache_counts_attention_layers_and_fixed_state(tmp_path):
