@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from strata.kernels import INTERPRETED  # (the interpreter switch, before Triton is imported)
+from strata.kernels import INTERPRETED  # first: it turns the interpreter on without a GPU, before Triton loads
 from strata.bench.ceilings import graph_us, host_to_device_bandwidth
 from strata.bench.moe_decode import SHAPES as DECODE_SHAPES
 from strata.bench.moe_decode import synthetic_stack

@@ -24,7 +24,7 @@ def block_scores_ref(q_idx: torch.Tensor, keys: torch.Tensor, dead: torch.Tensor
     queries = q_idx.float()
     if queries.shape[0] <= ROW_EXACT_QUERIES:
         # einsum folds the rows into one GEMM whose summation order may change with their count: a verify window's
-        # row would then score its blocks unlike plain decoding's one-row step (seen on the H200 host's CPU)
+        # row would then score its blocks unlike plain decoding's one-row step (tests/kernels/select/test_select.py)
         raw = torch.cat([torch.einsum("qhd,bd->qhb", queries[r:r + 1], all_keys) for r in range(queries.shape[0])])
     else:
         raw = torch.einsum("qhd,bd->qhb", queries, all_keys)
