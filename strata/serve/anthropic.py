@@ -1,4 +1,5 @@
-"""Anthropic's Messages API: POST /v1/messages, whole or streamed as its named events."""
+"""Anthropic's Messages API: POST /v1/messages, whole or streamed as its named events, and its token count
+(POST /v1/messages/count_tokens: the conversation as /v1/messages would read it)."""
 
 from __future__ import annotations
 
@@ -71,26 +72,31 @@ class ToolChoice(_Request):
     type: Literal["auto", "any", "tool", "none"]
 
 
-class MessagesRequest(_Request):
+class CountTokensRequest(_Request):
+    """What decides a conversation's prompt: the fields /v1/messages/count_tokens takes."""
+
     model: StrictStr
-    max_tokens: StrictInt
     messages: list[Message] = Field(min_length=1)
     system: StrictStr | list[TextBlock] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: StrictInt
     stop_sequences: list[StrictStr] | None = None
     temperature: Annotated[Number, Field(ge=0, le=1)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     stream: StrictBool = False
-    tools: list[ToolDef] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
 
 
 def _text(content: str | list) -> str:
     return content if isinstance(content, str) else "".join(b.text for b in content if isinstance(b, TextBlock))
 
 
-def template_messages(body: MessagesRequest) -> list[dict]:
+def template_messages(body: CountTokensRequest) -> list[dict]:
     """Anthropic's turns as the chat template's OpenAI-style messages: tool results become `tool` messages."""
     out: list[dict[str, Any]] = []
     if body.system:
@@ -130,10 +136,8 @@ def _tool_use(call: ToolCall) -> dict:
             "input": json.loads(call.arguments)}
 
 
-@router.post("/v1/messages")
-async def messages(request: Request):
-    server: Server = request.app.state.server
-    body: MessagesRequest = await server.read_json(request, MessagesRequest)
+def _render(server: Server, body: CountTokensRequest) -> tuple[list[int], str, list[dict] | None]:
+    """The request's conversation through the chat template: (token ids, text, the tools it was shown)."""
     server.check_model(body.model)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                "parameters": t.input_schema}} for t in body.tools or []] or None
@@ -143,6 +147,22 @@ async def messages(request: Request):
     if body.thinking is not None:
         template_kwargs["enable_thinking"] = body.thinking.type != "disabled"
     ids, prompt = server.render_chat(template_messages(body), tools, template_kwargs)
+    return ids, prompt, tools
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request):
+    server: Server = request.app.state.server
+    body: CountTokensRequest = await server.read_json(request, CountTokensRequest)
+    ids, _, _ = _render(server, body)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+@router.post("/v1/messages")
+async def messages(request: Request):
+    server: Server = request.app.state.server
+    body: MessagesRequest = await server.read_json(request, MessagesRequest)
+    ids, prompt, tools = _render(server, body)
     max_tokens = server.check_prompt(ids, body.max_tokens)
     stops = list(body.stop_sequences or [])
     if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in stops):

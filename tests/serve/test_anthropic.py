@@ -119,3 +119,19 @@ def test_message_start_reports_the_prompt_tokens_read_and_those_from_the_cache(c
     usage = start.message.usage
     # All but the prompt's last token come from the cache; the two together are the whole prompt.
     assert usage.cache_read_input_tokens >= 1 and usage.input_tokens == 1 and usage.output_tokens == 0
+
+
+def test_count_tokens_is_the_prompt_that_messages_reads(client, server):
+    """POST /v1/messages/count_tokens (the official client's messages.count_tokens): the rendered conversation's
+    tokens, the whole prompt that /v1/messages then reads; tools shown to the template count; errors as there."""
+    counted = client.messages.count_tokens(model="tiny", messages=MESSAGES, system="Count.")
+    out = client.messages.create(model="tiny", max_tokens=1, messages=MESSAGES, system="Count.", extra_body=GREEDY)
+    assert counted.input_tokens == out.usage.input_tokens + out.usage.cache_read_input_tokens > 0
+    tools = [{"name": "get_weather", "description": "Weather in a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    with_tools = client.messages.count_tokens(model="tiny", messages=MESSAGES, system="Count.", tools=tools)
+    assert with_tools.input_tokens > counted.input_tokens
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="claude-9", messages=MESSAGES)
+    empty = httpx.post(server.url + "/v1/messages/count_tokens", json={"model": "tiny", "messages": []})
+    assert empty.status_code == 400 and empty.json()["error"]["type"] == "invalid_request_error"
