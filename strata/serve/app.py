@@ -219,7 +219,8 @@ class Server:
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
-            raise ApiError(400, f"{where}: {first['msg']}", param=where) from None
+            message = first["msg"].removeprefix("Value error, ")  # a validator's own words, without pydantic's label
+            raise ApiError(400, f"{where}: {message}", param=where) from None
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None,
                     template_kwargs: dict) -> tuple[list[int], str]:

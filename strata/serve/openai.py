@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr, model_validator
 from sse_starlette import EventSourceResponse
 
 from strata.engine.sampling import SamplingParams
@@ -55,6 +55,14 @@ class Message(_Request):
     name: StrictStr | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> "Message":
+        # As OpenAI's API: only an assistant turn that calls tools may leave its content out (a user turn without
+        # one reached the template as an empty message)
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs its content")
+        return self
 
 
 class FunctionDef(_Request):

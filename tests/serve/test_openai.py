@@ -173,6 +173,10 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(client, server):
     assert wrong_type.status_code == 400 and wrong_type.json()["error"]["param"] == "max_tokens"
     not_a_list = httpx.post(url, json={"model": "tiny", "messages": "hello"})
     assert not_a_list.status_code == 400 and not_a_list.json()["error"]["type"] == "invalid_request_error"
+    no_content = httpx.post(url, json={"model": "tiny", "messages": [{"role": "user"}], "max_tokens": 2})
+    error = no_content.json()["error"]
+    assert no_content.status_code == 400 and error["message"] == "messages.0: a user message needs its content"
+    assert error["param"] == "messages.0"
 
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=2)
