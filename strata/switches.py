@@ -130,6 +130,14 @@ def _parse(switch: Switch, text: str):
         raise StrataError(f"environment switch {switch.name}={text!r} is not a valid {kind.__name__}") from None
 
 
+def check(name: str, text: str) -> None:
+    """A STRATA_ setting given as text (a comparison's configuration): a declared switch and a value of its kind,
+    else a one-line error (a misspelt name would otherwise run the defaults under another label)."""
+    if name not in SWITCHES:
+        raise StrataError(f"{name} is not a Strata switch (strata/switches.py declares them)")
+    _parse(SWITCHES[name], text)
+
+
 def get(name: str):
     """The switch's value: from the environment the first time it is asked for, then fixed for the process."""
     if name not in SWITCHES:

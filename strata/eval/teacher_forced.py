@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata import switches
 from strata.errors import StrataError
 
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -46,6 +47,8 @@ class Arm:
             if not eq:
                 raise StrataError(f"configuration word {word!r} is not NAME=VALUE")
             if _ENV_NAME.fullmatch(name):
+                if name.startswith("STRATA_"):
+                    switches.check(name, value)
                 env[name] = value
             elif _OPTION_NAME.fullmatch(name) and name in EngineConfig.__dataclass_fields__:
                 options[name] = value

@@ -50,7 +50,12 @@ def test_same_configuration_gives_zero_differences_and_a_real_one_does_not(tiny_
 def test_bad_configuration_and_short_text_are_one_line_errors(tiny_moe, text, tmp_path):
     with pytest.raises(StrataError, match="neither an environment variable"):
         Arm.parse("not_an_option=1")
-    assert Arm.parse("STRATA_X=1 kv_dtype=float32") == Arm({"STRATA_X": "1"}, {"kv_dtype": "float32"})
+    assert Arm.parse("STRATA_PDL=0 OMP_NUM_THREADS=2 kv_dtype=float32") == Arm(
+        {"STRATA_PDL": "0", "OMP_NUM_THREADS": "2"}, {"kv_dtype": "float32"})
+    with pytest.raises(StrataError, match="STRATA_PDF is not a Strata switch"):  # a typo ran the defaults as B
+        Arm.parse("STRATA_PDF=0")
+    with pytest.raises(StrataError, match="STRATA_PDL='off' is not a valid int"):
+        Arm.parse("STRATA_PDL=off")
     short = tmp_path / "short.txt"
     short.write_text("too short")
     out = run(tiny_moe, short, "", "")
