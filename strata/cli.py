@@ -478,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         args.tool_options = extra  # a kernel bench: the rest is the tool's
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from strata import switches
+
+    for name in switches.unknown_in_environment():
+        print(f"strata: warning: {name} is not a Strata switch and changes nothing (strata/switches.py declares "
+              "them)", file=sys.stderr)
     try:
         if "model" in vars(args) and args.model is None:  # the commands whose model is optional
             from strata.default_model import resolve_model

@@ -138,6 +138,11 @@ def check(name: str, text: str) -> None:
     _parse(SWITCHES[name], text)
 
 
+def unknown_in_environment() -> list[str]:
+    """STRATA_ names in the environment that no switch declares (a misspelt switch is otherwise ignored unsaid)."""
+    return sorted(name for name in os.environ if name.startswith("STRATA_") and name not in SWITCHES)
+
+
 def get(name: str):
     """The switch's value: from the environment the first time it is asked for, then fixed for the process."""
     if name not in SWITCHES:

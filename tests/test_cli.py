@@ -119,3 +119,15 @@ def test_run_keeps_no_conversation_checkpoints_unless_asked():
     assert _checkpoints(parser.parse_args(["run", "m.gguf", "-p", "x", "--checkpoints", "3"])) == 3
     assert _checkpoints(parser.parse_args(["chat", "m.gguf"])) == EngineConfig.checkpoints > 0
     assert _checkpoints(parser.parse_args(["serve", "m.gguf"])) == EngineConfig.checkpoints
+
+
+def test_a_misspelt_switch_in_the_environment_is_said(tiny_moe):
+    """A STRATA_ variable no switch declares changes nothing: the command says so, and runs."""
+    import os
+
+    env = {**os.environ, "STRATA_PDF": "0", "STRATA_PDL": "0"}
+    info = subprocess.run([sys.executable, "-m", "strata", "info", str(tiny_moe)], capture_output=True, text=True,
+                          env=env)
+    assert info.returncode == 0, info.stderr
+    assert "strata: warning: STRATA_PDF is not a Strata switch and changes nothing" in info.stderr
+    assert "STRATA_PDL" not in info.stderr  # a declared one is not

@@ -8,12 +8,12 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; M=/tmp/models; mkdir -p $M
 A3B=$M/a3b.gguf  # the A3B-shaped Q4_0 qwen3moe of issue 4's calls (`make_a3b_bg` makes it)
 A3B_RESIDENT="python3 -m strata bench decode $A3B --device cuda --vram-budget 24 --ctx 4096 --tokens 64"  # all resident
-if [ -n "${STRATA_PARTS:-}" ]; then
+if [ -n "${DEVICE_PARTS:-}" ]; then
   NESTED=1; L=$OUT/logs; mkdir -p $L
 else
   L=/tmp/logs; mkdir -p $L
   source tools/device/wheels.sh || exit 1
-  export STRATA_PARTS=1
+  export DEVICE_PARTS=1
   export PYTHONUNBUFFERED=1
   # A part cut by its cap first gets SIGUSR1, which makes Python print every thread's stack into its log (where it
   # was stuck), then SIGKILL 5 s later.

@@ -2,6 +2,6 @@
 # GPU machine's Python lacks, and put them and the repo on PYTHONPATH.
 # Inside a batch (tools/device/parts.sh) they are installed already: installing again would replace packages under
 # the batch's other queue.
-[ -n "${STRATA_PARTS:-}" ] && return 0
+[ -n "${DEVICE_PARTS:-}" ] && return 0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD
