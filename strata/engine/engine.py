@@ -35,7 +35,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _WHOLE_OPTIONS = ("n_ctx", "cpu_threads", "qsa_budget", "kv_resident", "checkpoints", "suffix_draft")
 _NUMBER_OPTIONS = ("vram_budget", "pcie_frac", "cpu_spin_us", "checkpoint_gib", "spec_min_p")
 _OPTIONAL = ("n_ctx", "kv_resident", "vram_budget")  # None: the default's rule
-_NOT_NEGATIVE = ("cpu_threads", "cpu_spin_us")  # counts and times of the CPU pool (0: its defaults' own meaning)
+_NOT_NEGATIVE = ("cpu_threads", "cpu_spin_us", "checkpoints", "checkpoint_gib")  # 0: the default's or none
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class EngineConfig:
             if not (number_of_kind(value, kind) or value is None and name in _OPTIONAL):
                 raise StrataError(f"engine option {name} must be {'a whole number' if kind is Integral else 'a number'}"
                                   f"{' or None' if name in _OPTIONAL else ''}, got {value!r}")
-        for name in _NOT_NEGATIVE:  # a negative spin or thread count reached the pool's arithmetic unchecked
+        for name in _NOT_NEGATIVE:  # before anything loads (a negative count reached the pool's arithmetic)
             if not getattr(self, name) >= 0:
                 raise StrataError(f"engine option {name} must be >= 0, got {getattr(self, name)!r}")
         cache = self.expert_cache
@@ -151,8 +151,6 @@ class Engine:
             backend.selector = QuestSelector(backend.n_layers, backend.n_kv_heads, backend.head_dim, self.device,
                                              budget=config.qsa_budget)
         self.cached_tokens: list[int] = []  # the tokens whose keys and values the KV cache holds, in order
-        if config.checkpoints < 0 or config.checkpoint_gib < 0:
-            raise StrataError("checkpoints and checkpoint_gib must be >= 0")
         self.checkpoints = CheckpointStore(config.checkpoints, int(config.checkpoint_gib * (1 << 30))) \
             if config.checkpoints else None
         self.idle_work = IdleWork()  # host work for a streamed prompt's routing waits (engine/idle_work.py)

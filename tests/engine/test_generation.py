@@ -103,6 +103,7 @@ def test_unknown_options_are_refused(tiny_moe, tiny_llm):
                          (dict(cpu_threads=-2), "cpu_threads must be >= 0, got -2"),
                          (dict(cpu_spin_us=-5.0), "cpu_spin_us must be >= 0, got -5.0"),
                          (dict(cpu_spin_us=float("nan")), "cpu_spin_us must be >= 0, got nan"),
+                         (dict(checkpoints=-1), "checkpoints must be >= 0, got -1"),
                          (dict(expert_cache="lots"), "expert_cache must be 'auto' or a number of experts")]:
         with pytest.raises(StrataError, match=re.escape(says)):
             strata.LLM(tiny_moe, device="cpu", **option)
