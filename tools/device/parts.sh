@@ -99,6 +99,16 @@ ab_rounds() {  # ROUNDS CAP "ARM ..." COMMAND...: COMMAND run in each .ab/ARM (a
   local rounds=$1 cap=$2 arms=$3; shift 3
   for round in $(seq "$rounds"); do for arm in $arms; do part "${arm}_$round" "$cap" env -C ".ab/$arm" "$@"; done; done
 }
+arms_tokens() {  # BASE "ARM ...": each arm's greedy tokens and logits (tools/device/arm_tokens.py on $A3B, its own
+  # package) saved, then each ARM's compared with BASE's; logs tokens_ARM and compare_ARM
+  local base=$1 arm
+  for arm in $base $2; do
+    part tokens_$arm 40 env -C .ab/$arm python3 $PWD/tools/device/arm_tokens.py $A3B --save /tmp/tokens_$arm.pt
+  done
+  for arm in $2; do
+    part compare_$arm 20 python3 tools/device/arm_tokens.py --compare /tmp/tokens_$base.pt /tmp/tokens_$arm.pt
+  done
+}
 wait_file() {  # path cap: until the file is there (a model made in the background), at most until cap s into the batch
   while [ ! -f "$1" ] && [ $SECONDS -lt $2 ]; do sleep 2; done
 }

@@ -18,10 +18,6 @@ make_a3b_bg && BUDGET=$((BUDGET + 30))
 part tests_oneshot 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_oneshot_gemv.py
 wait_file $A3B 200
 ab_rounds 2 30 "base mask parts16 parts8 gu80" $A3B_RESIDENT
-for arm in base mask parts16; do
-  part tokens_$arm 40 env -C .ab/$arm python3 $PWD/tools/device/arm_tokens.py $A3B --save /tmp/tokens_$arm.pt
-done
-part compare_mask 20 python3 tools/device/arm_tokens.py --compare /tmp/tokens_base.pt /tmp/tokens_mask.pt
-part compare_parts 20 python3 tools/device/arm_tokens.py --compare /tmp/tokens_base.pt /tmp/tokens_parts16.pt
+arms_tokens base "mask parts16"
 part inc_parts16 40 python3 tools/device/profile_decode.py $A3B --steps 8 --vram-budget 24 --increments
 finish 12

@@ -21,11 +21,7 @@ make_a3b_bg && BUDGET=$((BUDGET + 30))
 part tests_oneshot 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/moe/test_oneshot_gemv.py
 wait_file $A3B 200
 ab_rounds 2 30 "base hold parts16 parts8" $A3B_RESIDENT
-for arm in base hold parts16; do
-  part tokens_$arm 40 env -C .ab/$arm python3 $PWD/tools/device/arm_tokens.py $A3B --save /tmp/tokens_$arm.pt
-done
-part compare_hold 20 python3 tools/device/arm_tokens.py --compare /tmp/tokens_base.pt /tmp/tokens_hold.pt
-part compare_parts 20 python3 tools/device/arm_tokens.py --compare /tmp/tokens_base.pt /tmp/tokens_parts16.pt
+arms_tokens base "hold parts16"
 for arm in base hold parts16; do
   part inc_$arm 40 python3 .ab/$arm/tools/device/profile_decode.py $A3B --steps 8 --vram-budget 24 --increments
 done
